@@ -1,0 +1,5 @@
+import sys
+
+from agentcache.cli import main
+
+sys.exit(main())

@@ -1,0 +1,75 @@
+"""`agentcache` command line. Environment variables are read here and nowhere else."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from agentcache.errors import AgentCacheError
+
+
+def _threads(value: int | None) -> None:
+    import torch
+
+    n = value or int(os.environ.get("AGENTCACHE_NUM_THREADS", "0")) or os.cpu_count() or 1
+    torch.set_num_threads(n)
+
+
+def _cache_dir(value: str | None) -> Path:
+    from agentcache.model.loading import default_cache_dir
+
+    return Path(value or os.environ.get("AGENTCACHE_CACHE_DIR") or default_cache_dir())
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="model folder (default: embedded SmolLM2-135M)")
+    p.add_argument("--cache-dir", default=None, help="cache folder (env AGENTCACHE_CACHE_DIR)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from agentcache.demo import run_demo
+
+    _threads(args.threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return run_demo(args.model, _cache_dir(args.cache_dir), args.strategy, args.turns, args.tokens)
+
+
+def cmd_strategies(args: argparse.Namespace) -> int:
+    from agentcache.reuse import STRATEGIES
+
+    for name in STRATEGIES.names():
+        print(name)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentcache", description="KV-cache reuse for LLM agents."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run a short agent session and compare with full recompute")
+    _common(demo)
+    demo.add_argument("--strategy", default=None, help="reuse strategy (default: the engine's)")
+    demo.add_argument("--turns", type=int, default=6, help="number of agent turns")
+    demo.add_argument("--tokens", type=int, default=24, help="new tokens per turn")
+    demo.set_defaults(func=cmd_demo)
+    strategies = sub.add_parser("strategies", help="list the registered reuse strategies")
+    strategies.set_defaults(func=cmd_strategies)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except AgentCacheError as e:
+        print(f"agentcache: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Errors raised at agentcache's edges. Each message names the problem and the fix."""
+
+
+class AgentCacheError(Exception):
+    """Base class for every error agentcache raises on purpose."""
+
+
+class ModelLoadError(AgentCacheError):
+    """A model folder, package or checkpoint could not be loaded."""
+
+
+class PromptError(AgentCacheError):
+    """A prompt, segment or template is malformed."""
+
+
+class ContextLengthError(PromptError):
+    """A prompt (plus requested new tokens) does not fit the model's context."""
+
+    def __init__(self, num_tokens: int, max_tokens: int, what: str = "prompt") -> None:
+        super().__init__(
+            f"{what} is {num_tokens} tokens but the model's context holds {max_tokens} positions"
+        )
+        self.num_tokens = num_tokens
+        self.max_tokens = max_tokens
+
+
+class OutOfPagesError(AgentCacheError):
+    """The page pool cannot hold a request's working set."""
+
+
+class CacheDirError(AgentCacheError):
+    """The cache folder cannot be created or written."""
+
+
+class UnknownStrategyError(AgentCacheError):
+    """A strategy or policy name is not registered."""
+
+    def __init__(self, kind: str, name: str, known: list[str]) -> None:
+        super().__init__(f"unknown {kind} {name!r}; known: {', '.join(sorted(known))}")

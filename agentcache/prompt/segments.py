@@ -1,0 +1,76 @@
+"""A turn's prompt as ordered segments: static system prefix, per-turn updates, reusable fixed.
+
+    [ system ........ ][ update (length varies) ][ fixed: history, memory ][ update ]
+      reused as prefix   recomputed every turn    reused, shifted position   incl. last token
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from agentcache.errors import PromptError
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+class SegmentKind(StrEnum):
+    SYSTEM = "system"
+    UPDATE = "update"
+    FIXED = "fixed"
+
+    @classmethod
+    def parse(cls, value: str) -> SegmentKind:
+        try:
+            return cls(value)
+        except ValueError:
+            raise PromptError(
+                f"unknown segment kind {value!r}; expected one of: system, update, fixed"
+            ) from None
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One run of prompt text. `role` wraps it as a chat message; `id` names it across turns."""
+
+    kind: SegmentKind
+    text: str
+    id: str | None = None
+    role: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, SegmentKind):
+            object.__setattr__(self, "kind", SegmentKind.parse(str(self.kind)))
+        if self.role is not None and self.role not in ROLES:
+            raise PromptError(f"unknown role {self.role!r}; expected one of: {', '.join(ROLES)}")
+        if not isinstance(self.text, str):
+            raise PromptError(f"segment text must be a string, got {type(self.text).__name__}")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Segment:
+        if "kind" not in d or "text" not in d:
+            raise PromptError(f"a segment needs 'kind' and 'text', got keys {sorted(d)}")
+        return cls(SegmentKind.parse(str(d["kind"])), d["text"], d.get("id"), d.get("role"))
+
+
+@dataclass(frozen=True)
+class SegmentedPrompt:
+    """Ordered segments of one turn. A trailing assistant segment is continued, not closed."""
+
+    segments: tuple[Segment, ...]
+
+    def __init__(self, segments: Iterable[Segment]) -> None:
+        segs = tuple(segments)
+        if not segs or not any(s.text for s in segs):
+            raise PromptError("empty prompt: no segment has any text")
+        object.__setattr__(self, "segments", segs)
+
+    @classmethod
+    def from_dicts(cls, items: Iterable[Mapping[str, Any]]) -> SegmentedPrompt:
+        return cls(Segment.from_dict(d) for d in items)
+
+    @property
+    def text(self) -> str:
+        return "".join(s.text for s in self.segments)

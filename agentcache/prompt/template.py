@@ -1,0 +1,97 @@
+"""Typed prompt templates: a pydantic input model + a jinja2 template that renders segments.
+
+A template marks segments with a block tag per segment:
+
+    {% segment "system", id="sys", role="system" %}You are ...{% endsegment %}
+    {% segment "update", id="obs", role="user" %}{{ observation }}{% endsegment %}
+
+Text outside segment blocks must be whitespace. Undefined variables raise (StrictUndefined).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Generic, TypeVar
+
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension
+from pydantic import BaseModel, ValidationError
+
+from agentcache.errors import PromptError
+from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
+
+_MARK = "\x00SEG\x00"
+_END = "\x00END\x00"
+
+InputT = TypeVar("InputT", bound=BaseModel)
+
+
+class SegmentExtension(Extension):
+    tags = {"segment"}  # noqa: RUF012  (jinja2's class attribute)
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        kind = parser.parse_expression()
+        kwargs = []
+        while parser.stream.skip_if("comma"):
+            key = parser.stream.expect("name").value
+            parser.stream.expect("assign")
+            kwargs.append(nodes.Keyword(key, parser.parse_expression()))
+        body = parser.parse_statements(("name:endsegment",), drop_needle=True)
+        call = self.call_method("_wrap", [kind], kwargs)
+        return nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+    def _wrap(self, kind: str, caller: Any, id: str | None = None, role: str | None = None) -> str:
+        SegmentKind.parse(kind)
+        header = json.dumps({"kind": kind, "id": id, "role": role})
+        return f"{_MARK}{header}\n{caller()}{_END}"
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        undefined=jinja2.StrictUndefined,
+        extensions=[SegmentExtension],
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+class PromptTemplate(Generic[InputT]):
+    """Renders validated inputs to a `SegmentedPrompt`. Raises `PromptError` on bad templates,
+    missing variables or text outside segments; pydantic's `ValidationError` on bad inputs."""
+
+    def __init__(self, source: str, inputs: type[InputT], name: str = "template") -> None:
+        self.name = name
+        self.inputs = inputs
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.TemplateSyntaxError as e:
+            raise PromptError(f"template {name!r} line {e.lineno}: {e.message}") from e
+
+    def render(self, values: InputT | dict[str, Any]) -> SegmentedPrompt:
+        model = values if isinstance(values, BaseModel) else self.inputs.model_validate(values)
+        try:
+            text = self._template.render(**dict(model))
+        except jinja2.UndefinedError as e:
+            raise PromptError(f"template {self.name!r} uses an undefined variable: {e}") from e
+        except PromptError as e:
+            raise PromptError(f"template {self.name!r}: {e}") from e
+        return SegmentedPrompt(self._split(text))
+
+    def _split(self, text: str) -> list[Segment]:
+        segments: list[Segment] = []
+        for chunk in text.split(_MARK):
+            body, _, outside = chunk.rpartition(_END) if _END in chunk else ("", "", chunk)
+            if outside.strip():
+                raise PromptError(
+                    f"template {self.name!r} has text outside any segment: {outside.strip()[:60]!r}"
+                )
+            if body:
+                header, _, seg_text = body.partition("\n")
+                meta = json.loads(header)
+                segments.append(Segment(SegmentKind(meta["kind"]), seg_text, meta["id"], meta["role"]))
+        return segments
+
+
+__all__ = ["PromptTemplate", "ValidationError"]

@@ -1,0 +1,119 @@
+"""The strategy seam: every reuse method, baselines included, behind one interface."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from agentcache.kv.pool import PagePool, SequenceKV
+from agentcache.kv.store import MissReason, SegmentStore
+from agentcache.model.loading import LoadedModel
+from agentcache.prompt.tokenize import TokenizedPrompt
+from agentcache.registry import Registry
+
+
+@dataclass(frozen=True)
+class ReuseContext:
+    """What a strategy may use: the model, the shared segment store, the fast-tier page pool."""
+
+    model: LoadedModel
+    store: SegmentStore
+    pool: PagePool
+
+
+@dataclass(frozen=True)
+class SegmentMiss:
+    segment_id: str | None
+    kind: str
+    num_tokens: int
+    reason: MissReason
+
+
+@dataclass
+class ReuseStats:
+    """What one prefill reused and computed. token-layers: (token, layer) pairs computed."""
+
+    prompt_tokens: int
+    num_layers: int
+    reused_tokens: int = 0
+    recomputed_tokens: int = 0
+    token_layers_computed: int = 0
+    fallbacks: int = 0
+    fallback_reasons: list[str] = field(default_factory=list)
+    misses: list[SegmentMiss] = field(default_factory=list)
+    load_s: float = 0.0
+
+    @property
+    def recompute_fraction(self) -> float:
+        return self.token_layers_computed / max(1, self.prompt_tokens * self.num_layers)
+
+    def fallback(self, reason: str) -> None:
+        self.fallbacks += 1
+        self.fallback_reasons.append(reason)
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    logits: Tensor  # (V,) logits of the token after the prompt
+    positions: Tensor  # (T,) position id each prompt token was encoded at
+    stats: ReuseStats
+
+
+STRATEGIES: Registry[ReuseStrategy] = Registry("reuse strategy")
+
+
+class ReuseStrategy(ABC):
+    """Assembles the KV of every prompt token in `seq` and returns the first-token logits.
+
+    Contract:
+    - `prefill` receives an empty `seq`, extends it to exactly `prompt.num_tokens` tokens and
+      writes K/V for every layer and token; the last prompt token is always computed fresh.
+    - It reads the store (counters move) but never writes it; `commit` writes what later turns
+      may reuse, after generation, given the positions the prompt was encoded at.
+    - With nothing reusable it computes everything (not a fallback); when it had reusable KV but
+      could not use it, it counts a fallback with a reason in `stats`.
+    - The store only returns entries of the same model and tokenizer; strategies rely on that.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, **options: Any) -> None:
+        if options:
+            raise TypeError(f"{self.name} takes no options, got {sorted(options)}")
+
+    @abstractmethod
+    def prefill(self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV) -> PrefillResult:
+        ...
+
+    def commit(
+        self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV, positions: Tensor
+    ) -> None:
+        """Store KV for later turns. Default: nothing."""
+
+
+def compute_suffix(
+    ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV, start: int, stats: ReuseStats
+) -> Tensor:
+    """Compute tokens [start, T) at their natural positions over the K/V already in `seq`
+    (tokens [0, start) must be written for every layer). Returns last-token logits (V,)."""
+    f = ctx.model.forward
+    num_tokens = prompt.num_tokens
+    ids = torch.tensor(prompt.ids[start:], dtype=torch.int64)
+    positions = torch.arange(start, num_tokens)
+    slots = seq.slots()[start:]
+    hidden = f.embed(ids)
+    for layer in range(f.config.num_layers):
+        q, k, v = f.project(layer, hidden, positions)
+        seq.write(layer, slots, k, v)
+        if start == 0:
+            keys, values = k, v
+        else:
+            keys, values = seq.gather(layer)
+        hidden = f.attend(layer, hidden, q, keys, values, None)
+    stats.recomputed_tokens += num_tokens - start
+    stats.token_layers_computed += (num_tokens - start) * f.config.num_layers
+    return f.logits(hidden[-1:])[0]

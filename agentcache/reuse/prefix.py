@@ -1,0 +1,82 @@
+"""`prefix`: reuse the longest exact token prefix, in 16-token blocks (vLLM APC / SGLang radix).
+
+Blocks are keyed by a hash chained over every token before them, so a block hits only when
+the whole prefix up to it is identical: positions never move, reuse is exact.
+
+    prompt : [blk0][blk1][blk2][blk3][..tail..]
+    store  :  hit   hit   miss               -> reuse tokens [0, 32), compute [32, T)
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor
+
+from agentcache.kv.pool import SequenceKV
+from agentcache.kv.store import StoredKV, chain_id
+from agentcache.prompt.tokenize import TokenizedPrompt
+from agentcache.reuse.base import (
+    STRATEGIES,
+    PrefillResult,
+    ReuseContext,
+    ReuseStats,
+    ReuseStrategy,
+    compute_suffix,
+)
+
+ROOT = "prefix-root"
+
+
+def block_chain(ids: tuple[int, ...], block: int) -> list[str]:
+    """Chained content ids of every full block of `ids`."""
+    chain, prev = [], ROOT
+    for start in range(0, len(ids) - block + 1, block):
+        prev = chain_id(prev, ids[start : start + block])
+        chain.append(prev)
+    return chain
+
+
+@STRATEGIES.register("prefix")
+class PrefixReuse(ReuseStrategy):
+    name = "prefix"
+
+    def prefill(self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV) -> PrefillResult:
+        stats = ReuseStats(prompt.num_tokens, ctx.model.config.num_layers)
+        t0 = time.perf_counter()
+        blocks = self._matching_blocks(ctx, prompt)
+        seq.extend(prompt.num_tokens)
+        # the last prompt token is always computed: it produces the first output token
+        num_reused = min(len(blocks) * ctx.pool.config.page_size, prompt.num_tokens - 1)
+        if num_reused > 0:
+            keys = torch.cat([b.keys for b in blocks], dim=1)[:, :num_reused]
+            values = torch.cat([b.values for b in blocks], dim=1)[:, :num_reused]
+            seq.write_all(seq.slots()[:num_reused], keys, values)
+        stats.reused_tokens = num_reused
+        stats.load_s = time.perf_counter() - t0
+        logits = compute_suffix(ctx, prompt, seq, num_reused, stats)
+        return PrefillResult(logits, torch.arange(prompt.num_tokens), stats)
+
+    def _matching_blocks(self, ctx: ReuseContext, prompt: TokenizedPrompt) -> list[StoredKV]:
+        m = ctx.model
+        found = []
+        for cid in block_chain(prompt.ids, ctx.pool.config.page_size):
+            hit = ctx.store.lookup_content(m.model_id, m.tokenizer.tokenizer_id, cid)
+            if hit.kv is None:
+                break
+            found.append(hit.kv)
+        return found
+
+    def commit(
+        self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV, positions: Tensor
+    ) -> None:
+        m = ctx.model
+        block = ctx.pool.config.page_size
+        for i, cid in enumerate(block_chain(prompt.ids, block)):
+            if ctx.store.contains_content(m.model_id, m.tokenizer.tokenizer_id, cid):
+                continue
+            span = slice(i * block, (i + 1) * block)
+            keys, values = seq.gather_all(span)
+            kv = StoredKV(keys, values, positions[span].clone(), m.model_id, m.tokenizer.tokenizer_id)
+            ctx.store.put_content(cid, kv)

@@ -1,0 +1,3 @@
+from agentcache.runtime.engine import Engine, EngineConfig, Generation, GenerationParams, TurnStats
+
+__all__ = ["Engine", "EngineConfig", "Generation", "GenerationParams", "TurnStats"]

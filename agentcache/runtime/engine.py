@@ -1,0 +1,210 @@
+"""The engine: prompt in -> reuse strategy prefill -> decode over paged KV -> commit for reuse.
+
+Requests are served one at a time under a lock, so several threads (sessions) may share one
+engine and the store; each gets the outputs it would get alone.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+import agentcache.reuse  # noqa: F401  (registers strategies)
+from agentcache.errors import ContextLengthError
+from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
+from agentcache.kv.store import SegmentStore
+from agentcache.model.loading import LoadedModel
+from agentcache.prompt.segments import SegmentedPrompt
+from agentcache.prompt.tokenize import TokenizedPrompt, tokenize_prompt
+from agentcache.reuse.base import (
+    STRATEGIES,
+    PrefillResult,
+    ReuseContext,
+    ReuseStrategy,
+    SegmentMiss,
+)
+from agentcache.runtime.sampling import sample
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    strategy: str = "prefix"
+    kv_pages: int = 2048  # fast-tier pages (16 tokens each) shared by running requests
+    store_bytes: int = 4 * GiB  # segment store capacity
+    eviction: str = "lru"
+    page_size: int = 16
+    strategy_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones
+        if self.kv_pages < 1:
+            raise ValueError("kv_pages must be >= 1")
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 0:
+            raise ValueError("max_new_tokens must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError("top_p must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    strategy: str
+    prompt_tokens: int
+    reused_tokens: int
+    recomputed_tokens: int
+    recompute_fraction: float
+    ttft_s: float
+    decode_tokens: int
+    decode_tokens_per_s: float
+    fallbacks: int
+    fallback_reasons: tuple[str, ...]
+    misses: tuple[SegmentMiss, ...]
+
+
+@dataclass(frozen=True)
+class Generation:
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str  # "stop" | "length"
+    first_token_logits: Tensor  # (V,)
+    stats: TurnStats
+
+
+class Engine:
+    def __init__(self, model: LoadedModel, config: EngineConfig | None = None) -> None:
+        self.model = model
+        self.config = config or EngineConfig()
+        c = model.config
+        pool_config = PoolConfig(
+            c.num_layers, c.num_kv_heads, c.head_dim, self.config.kv_pages, self.config.page_size
+        )
+        self.ctx = ReuseContext(
+            model, SegmentStore(self.config.store_bytes, self.config.eviction), PagePool(pool_config)
+        )
+        self._strategies: dict[str, ReuseStrategy] = {}
+        self._lock = threading.RLock()
+
+    @property
+    def store(self) -> SegmentStore:
+        return self.ctx.store
+
+    def strategy(self, name: str | None = None) -> ReuseStrategy:
+        name = name or self.config.strategy
+        if name not in self._strategies:
+            options = self.config.strategy_options.get(name, {})
+            self._strategies[name] = STRATEGIES.get(name)(**options)
+        return self._strategies[name]
+
+    def tokenize(self, prompt: SegmentedPrompt) -> TokenizedPrompt:
+        m = self.model
+        return tokenize_prompt(prompt, m.tokenizer, m.chat_format, m.config.max_position_embeddings)
+
+    def generate(
+        self,
+        prompt: SegmentedPrompt | TokenizedPrompt,
+        params: GenerationParams | None = None,
+        strategy: str | None = None,
+        commit: bool = True,
+    ) -> Generation:
+        params = params or GenerationParams()
+        tokens = prompt if isinstance(prompt, TokenizedPrompt) else self.tokenize(prompt)
+        with self._lock, torch.inference_mode():
+            strat = self.strategy(strategy)
+            seq = SequenceKV(self.ctx.pool)
+            try:
+                t0 = time.perf_counter()
+                pre = strat.prefill(self.ctx, tokens, seq)
+                ttft = time.perf_counter() - t0
+                ids, finish, decode_s = self._decode(seq, pre, params)
+                if commit:
+                    strat.commit(self.ctx, tokens, seq, pre.positions)
+            finally:
+                seq.free()
+        text = self._text(ids, params.stop)
+        s = pre.stats
+        stats = TurnStats(
+            strat.name, s.prompt_tokens, s.reused_tokens, s.recomputed_tokens,
+            s.recompute_fraction, ttft, len(ids), len(ids) / decode_s if decode_s > 0 else 0.0,
+            s.fallbacks, tuple(s.fallback_reasons), tuple(s.misses),
+        )  # fmt: skip
+        return Generation(text, tuple(ids), finish, pre.logits, stats)
+
+    def prefill(
+        self, prompt: TokenizedPrompt, strategy: str | None = None
+    ) -> tuple[SequenceKV, PrefillResult]:
+        """Prefill only; the caller owns the returned sequence and must `free()` it."""
+        with self._lock, torch.inference_mode():
+            seq = SequenceKV(self.ctx.pool)
+            try:
+                return seq, self.strategy(strategy).prefill(self.ctx, prompt, seq)
+            except BaseException:
+                seq.free()
+                raise
+
+    def step(self, seq: SequenceKV, token: int, position: int) -> Tensor:
+        """Append one token at `position` and return the logits after it (V,)."""
+        f = self.model.forward
+        with torch.inference_mode():
+            slot = seq.extend(1)
+            pos = torch.tensor([position])
+            hidden = f.embed(torch.tensor([token]))
+            for layer in range(f.config.num_layers):
+                q, k, v = f.project(layer, hidden, pos)
+                seq.write(layer, slot, k, v)
+                keys, values = seq.gather(layer)
+                hidden = f.attend(layer, hidden, q, keys, values, None)
+            return f.logits(hidden)[0]
+
+    def _decode(
+        self, seq: SequenceKV, pre: PrefillResult, params: GenerationParams
+    ) -> tuple[list[int], str, float]:
+        gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        max_pos = self.model.config.max_position_embeddings
+        position = int(pre.positions.max().item()) + 1
+        if position >= max_pos and params.max_new_tokens > 0:
+            raise ContextLengthError(position + 1, max_pos, "prompt + 1 new token")
+        eos = self.model.tokenizer.eos_token_ids
+        ids: list[int] = []
+        logits = pre.logits
+        t0 = time.perf_counter()
+        finish = "length"
+        while len(ids) < params.max_new_tokens and position < max_pos:
+            token = sample(logits, params.temperature, params.top_p, gen)
+            if token in eos:
+                finish = "stop"
+                break
+            ids.append(token)
+            if params.stop and self._hits_stop(ids, params.stop):
+                finish = "stop"
+                break
+            if len(ids) == params.max_new_tokens:
+                break
+            logits = self.step(seq, token, position)
+            position += 1
+        return ids, finish, time.perf_counter() - t0
+
+    def _hits_stop(self, ids: list[int], stop: tuple[str, ...]) -> bool:
+        text = self.model.tokenizer.decode(ids[-32:])
+        return any(s in text for s in stop)
+
+    def _text(self, ids: list[int], stop: tuple[str, ...]) -> str:
+        text = self.model.tokenizer.decode(ids)
+        cut = min((text.find(s) for s in stop if s in text), default=-1)
+        return text if cut < 0 else text[:cut]

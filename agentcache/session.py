@@ -1,0 +1,55 @@
+"""AgentSession: one agent conversation on an engine, turn by turn, with per-turn stats."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import BaseModel
+
+from agentcache.errors import PromptError
+from agentcache.prompt.segments import Segment, SegmentedPrompt
+from agentcache.prompt.template import PromptTemplate
+from agentcache.runtime.engine import Engine, Generation, GenerationParams
+
+
+class AgentSession:
+    """Holds a template (or takes raw segments) and an engine.
+
+    `turn()` renders the turn's inputs, runs it with the session's strategy and returns the
+    `Generation` (text + `TurnStats`). Sessions sharing an engine may run in different threads.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        template: PromptTemplate[Any] | None = None,
+        strategy: str | None = None,
+        params: GenerationParams | None = None,
+    ) -> None:
+        self.engine = engine
+        self.template = template
+        self.strategy = strategy or engine.config.strategy
+        engine.strategy(self.strategy)  # fail fast on unknown names
+        self.params = params or GenerationParams()
+        self.turns: list[Generation] = []
+
+    def prompt_for(
+        self, inputs: BaseModel | Mapping[str, Any] | SegmentedPrompt | Iterable[Segment]
+    ) -> SegmentedPrompt:
+        if isinstance(inputs, SegmentedPrompt):
+            return inputs
+        if isinstance(inputs, BaseModel | Mapping):
+            if self.template is None:
+                raise PromptError("this session has no template: pass segments, not inputs")
+            return self.template.render(inputs)  # type: ignore[arg-type]
+        return SegmentedPrompt(inputs)
+
+    def turn(
+        self,
+        inputs: BaseModel | Mapping[str, Any] | SegmentedPrompt | Iterable[Segment],
+        params: GenerationParams | None = None,
+    ) -> Generation:
+        result = self.engine.generate(self.prompt_for(inputs), params or self.params, self.strategy)
+        self.turns.append(result)
+        return result
