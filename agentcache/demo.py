@@ -8,7 +8,6 @@ Layout per turn (ChatML on the default model):
 
 from __future__ import annotations
 
-
 from pathlib import Path
 
 import torch
@@ -70,13 +69,16 @@ def run_demo(
         name = engine.config.strategy
         params = GenerationParams(max_new_tokens=tokens)
         progress.update(task, description=f"agent turns (full vs {name})", total=turns)
-        rows, history = [], []
+        rows = []
+        history: list[tuple[str, str]] = []
         for i in range(turns):
             user = USER_TURNS[i % len(USER_TURNS)]
             prompt = build_prompt(history, user)
             ref = engine.generate(prompt, params, strategy="full", commit=False)
             out = engine.generate(prompt, params, strategy=name)
-            rows.append((i + 1, ref, out, first_token_kl(ref.first_token_logits, out.first_token_logits)))
+            rows.append(
+                (i + 1, ref, out, first_token_kl(ref.first_token_logits, out.first_token_logits))
+            )
             history.append((user, out.text))
             progress.advance(task)
     table = Table(title=f"agentcache demo: {loaded.model_id}, strategy {name!r} vs full recompute")
@@ -95,5 +97,3 @@ def run_demo(
     console.print(f"last reply: {rows[-1][2].text!r}")
     console.print(f"store: {engine.store.stats}")
     return 0
-
-

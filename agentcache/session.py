@@ -42,7 +42,7 @@ class AgentSession:
         if isinstance(inputs, BaseModel | Mapping):
             if self.template is None:
                 raise PromptError("this session has no template: pass segments, not inputs")
-            return self.template.render(inputs)  # type: ignore[arg-type]
+            return self.template.render(inputs)
         return SegmentedPrompt(inputs)
 
     def turn(

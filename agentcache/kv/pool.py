@@ -67,7 +67,7 @@ class PagePool:
     def allocate(self, n: int) -> list[PageId]:
         if n > len(self._free):
             raise OutOfPagesError(
-                f"need {n} KV pages but only {len(self._free)} of {self.config.num_pages} are free; "
+                f"need {n} KV pages, only {len(self._free)} of {self.config.num_pages} are free; "
                 "raise the fast-tier capacity (kv_pages) or shorten the prompt"
             )
         pages = [self._free.pop() for _ in range(n)]

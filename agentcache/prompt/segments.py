@@ -1,7 +1,7 @@
 """A turn's prompt as ordered segments: static system prefix, per-turn updates, reusable fixed.
 
-    [ system ........ ][ update (length varies) ][ fixed: history, memory ][ update ]
-      reused as prefix   recomputed every turn    reused, shifted position   incl. last token
+[ system ........ ][ update (length varies) ][ fixed: history, memory ][ update ]
+  reused as prefix   recomputed every turn    reused, shifted position   incl. last token
 """
 
 from __future__ import annotations

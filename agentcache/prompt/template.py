@@ -90,7 +90,9 @@ class PromptTemplate(Generic[InputT]):
             if body:
                 header, _, seg_text = body.partition("\n")
                 meta = json.loads(header)
-                segments.append(Segment(SegmentKind(meta["kind"]), seg_text, meta["id"], meta["role"]))
+                segments.append(
+                    Segment(SegmentKind(meta["kind"]), seg_text, meta["id"], meta["role"])
+                )
         return segments
 
 

@@ -41,7 +41,7 @@ class ReuseStats:
     num_layers: int
     reused_tokens: int = 0
     recomputed_tokens: int = 0
-    token_layers_computed: int = 0
+    token_layers_computed: float = 0.0  # fractional: a Q/K/V-only pass counts its FLOP share
     fallbacks: int = 0
     fallback_reasons: list[str] = field(default_factory=list)
     misses: list[SegmentMiss] = field(default_factory=list)
@@ -86,13 +86,15 @@ class ReuseStrategy(ABC):
             raise TypeError(f"{self.name} takes no options, got {sorted(options)}")
 
     @abstractmethod
-    def prefill(self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV) -> PrefillResult:
-        ...
+    def prefill(
+        self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV
+    ) -> PrefillResult: ...
 
     def commit(
         self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV, positions: Tensor
     ) -> None:
         """Store KV for later turns. Default: nothing."""
+        return None
 
 
 def compute_suffix(

@@ -78,5 +78,7 @@ class PrefixReuse(ReuseStrategy):
                 continue
             span = slice(i * block, (i + 1) * block)
             keys, values = seq.gather_all(span)
-            kv = StoredKV(keys, values, positions[span].clone(), m.model_id, m.tokenizer.tokenizer_id)
+            kv = StoredKV(
+                keys, values, positions[span].clone(), m.model_id, m.tokenizer.tokenizer_id
+            )
             ctx.store.put_content(cid, kv)

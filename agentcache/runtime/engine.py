@@ -21,6 +21,7 @@ from agentcache.kv.store import SegmentStore
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import SegmentedPrompt
 from agentcache.prompt.tokenize import TokenizedPrompt, tokenize_prompt
+from agentcache.reuse import DEFAULT_STRATEGY
 from agentcache.reuse.base import (
     STRATEGIES,
     PrefillResult,
@@ -35,7 +36,7 @@ GiB = 1 << 30
 
 @dataclass(frozen=True)
 class EngineConfig:
-    strategy: str = "prefix"
+    strategy: str = DEFAULT_STRATEGY
     kv_pages: int = 2048  # fast-tier pages (16 tokens each) shared by running requests
     store_bytes: int = 4 * GiB  # segment store capacity
     eviction: str = "lru"
@@ -96,7 +97,9 @@ class Engine:
             c.num_layers, c.num_kv_heads, c.head_dim, self.config.kv_pages, self.config.page_size
         )
         self.ctx = ReuseContext(
-            model, SegmentStore(self.config.store_bytes, self.config.eviction), PagePool(pool_config)
+            model,
+            SegmentStore(self.config.store_bytes, self.config.eviction),
+            PagePool(pool_config),
         )
         self._strategies: dict[str, ReuseStrategy] = {}
         self._lock = threading.RLock()

@@ -1,0 +1,64 @@
+"""`promptcache` (PDC): reuse a segment only where it was cached at the same absolute start.
+
+Each (segment, start) pair is its own store entry, so a segment seen at three starts costs
+three position versions; reuse is exact only when everything before it is unchanged too, and
+approximate (no recompute) otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor
+
+from agentcache.kv.pool import SequenceKV
+from agentcache.prompt.tokenize import TokenizedPrompt
+from agentcache.reuse.base import STRATEGIES, PrefillResult, ReuseContext, ReuseStats, ReuseStrategy
+from agentcache.reuse.segments import commit_segments, find_hits
+
+NAMESPACE = "pdc"
+
+
+@STRATEGIES.register("promptcache")
+class PromptCache(ReuseStrategy):
+    name = "promptcache"
+
+    def prefill(self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV) -> PrefillResult:
+        stats = ReuseStats(prompt.num_tokens, ctx.model.config.num_layers)
+        hits = find_hits(ctx, prompt, stats, NAMESPACE, at_start=True)
+        seq.extend(prompt.num_tokens)
+        t0 = time.perf_counter()
+        slots = seq.slots()
+        computed = torch.ones(prompt.num_tokens, dtype=torch.bool)
+        for h in hits:
+            span = slice(h.start, h.end)
+            seq.write_all(slots[span], h.kv.keys[:, : h.num_tokens], h.kv.values[:, : h.num_tokens])
+            computed[span] = False
+        stats.load_s = time.perf_counter() - t0
+        stats.reused_tokens = int((~computed).sum())
+        logits = compute_subset(ctx, prompt, seq, computed.nonzero().flatten(), stats)
+        return PrefillResult(logits, torch.arange(prompt.num_tokens), stats)
+
+    def commit(
+        self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV, positions: Tensor
+    ) -> None:
+        commit_segments(ctx, prompt, seq, positions, NAMESPACE, at_start=True)
+
+
+def compute_subset(
+    ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV, idx: Tensor, stats: ReuseStats
+) -> Tensor:
+    """Compute tokens `idx` (sorted, last token included) at their own positions, attending
+    over whatever K/V `seq` holds for the others. Returns last-token logits (V,)."""
+    f = ctx.model.forward
+    slots = seq.slots()[idx]
+    hidden = f.embed(torch.tensor(prompt.ids, dtype=torch.int64)[idx])
+    for layer in range(f.config.num_layers):
+        q, k, v = f.project(layer, hidden, idx)
+        seq.write(layer, slots, k, v)
+        keys, values = seq.gather(layer)
+        hidden = f.attend(layer, hidden, q, keys, values, idx)
+    stats.recomputed_tokens += len(idx)
+    stats.token_layers_computed += len(idx) * f.config.num_layers
+    return f.logits(hidden[-1:])[0]

@@ -1,0 +1,325 @@
+"""Position-independent reuse with selective recompute: pic, epic, cacheblend, cacheslide, rpdc.
+
+All five are one mechanism with different selection and fusion settings:
+
+    prompt : [ system ][ update (new length) ][ fixed A ][ fixed B ][ update ][last]
+    cached :  reused                            reused     reused
+    plan   :  positions 0..T-1; cached keys re-rotated from their stored positions
+    layer 0..c-1 : every non-exact token computed fresh          (check strategies only)
+    layer c      : deviation d_i = ||K_i(fresh) - K_i(cached)||^2 of reused tokens
+                   Q = update tokens + last token + boundary tokens + top-ratio by d_i
+    layer > c    : only Q computed; Q's fresh K/V replace (or, WCA, are fused into) cached;
+                   every query attends causally over all T tokens' K/V
+
+`exact_prefix` marks reused segments whose whole preceding context and positions are the ones
+they were computed with: their KV is exact, so they are neither recomputed nor checked.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, fields, replace
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from agentcache.kv.pool import SequenceKV
+from agentcache.kv.store import content_id
+from agentcache.model.config import ModelConfig
+from agentcache.prompt.tokenize import TokenizedPrompt
+from agentcache.reuse.base import PrefillResult, ReuseContext, ReuseStats, ReuseStrategy
+from agentcache.reuse.segments import REUSABLE, SegmentHit, commit_segments, context_ids, find_hits
+
+PLANS = ("true", "mode")
+FUSIONS = ("replace", "wca")
+PROMOTIONS = ("none", "catch-up")
+SELECTIONS = ("deviation", "random")
+
+
+@dataclass(frozen=True)
+class SelectiveOptions:
+    boundary_k: int = 0  # first k tokens of every reused chunk not at index 0 (EPIC)
+    check_layer: int | None = None  # layer whose key deviation ranks tokens; None: no check
+    ratio: float = 0.0  # fraction of reused tokens recomputed by deviation rank
+    fusion: str = "replace"  # recomputed K/V replace cached, or WCA's weighted fusion
+    gate_every: int = 0  # WCA: every n layers, converged tokens leave the recompute set
+    tau: float = 0.12  # WCA: 1 - CKSim < tau means converged
+    promotion: str = "none"  # WCA: refill the set after removals ("catch-up" computes them)
+    plan: str = "true"  # CCPE plan for reused chunks: true positions, or most frequent start
+    exact_prefix: bool = False  # skip recompute for segments whose context is unchanged
+    selection: str = "deviation"  # "random" is an ablation: same budget, random tokens
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = {"plan": PLANS, "fusion": FUSIONS, "promotion": PROMOTIONS}
+        checks["selection"] = SELECTIONS
+        for name, allowed in checks.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not 0.0 <= self.ratio <= 1.0:
+            raise ValueError(f"ratio must be in [0, 1], got {self.ratio}")
+        if self.boundary_k < 0 or self.gate_every < 0:
+            raise ValueError("boundary_k and gate_every must be >= 0")
+
+
+def qkv_fraction(c: ModelConfig) -> float:
+    """Share of a layer's FLOPs spent in the Q/K/V projection (cost of a deviation check)."""
+    qkv = c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+    layer = qkv + c.hidden_size * c.num_heads * c.head_dim + 3 * c.hidden_size * c.intermediate_size
+    return qkv / layer
+
+
+class SelectiveRecompute(ReuseStrategy):
+    """Base of the position-independent strategies; subclasses set `defaults`."""
+
+    defaults: ClassVar[SelectiveOptions] = SelectiveOptions()
+
+    def __init__(self, **options: Any) -> None:
+        known = {f.name for f in fields(SelectiveOptions)}
+        if unknown := set(options) - known:
+            raise TypeError(
+                f"{self.name}: unknown options {sorted(unknown)}; known: {sorted(known)}"
+            )
+        self.options = replace(self.defaults, **options)
+        self._starts: dict[str, Counter[int]] = {}  # CCPE histogram: segment -> start counts
+
+    def prefill(self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV) -> PrefillResult:
+        o = self.options
+        stats = ReuseStats(prompt.num_tokens, ctx.model.config.num_layers)
+        hits = find_hits(ctx, prompt, stats)
+        positions = self._plan(prompt, hits)
+        seq.extend(prompt.num_tokens)
+        t0 = time.perf_counter()
+        reused, exact = self._load(ctx, prompt, seq, hits, positions)
+        stats.load_s = time.perf_counter() - t0
+        stats.reused_tokens = int(reused.sum())
+        base = ~reused  # update tokens, missed segments and the last token
+        for h in hits:
+            if h.start > 0 and not exact[h.start]:
+                base[h.start : h.start + min(o.boundary_k, h.num_tokens)] = True
+        run = _Run(ctx, prompt, seq, positions, stats)
+        logits = run.layers(base, reused & ~exact, exact, o)
+        stats.recomputed_tokens = int(run.ever_computed.sum())
+        return PrefillResult(logits, positions, stats)
+
+    def commit(
+        self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV, positions: Tensor
+    ) -> None:
+        commit_segments(ctx, prompt, seq, positions)
+
+    def _plan(self, prompt: TokenizedPrompt, hits: list[SegmentHit]) -> Tensor:
+        """Positions for every prompt token; records this turn's starts in the histogram."""
+        positions = torch.arange(prompt.num_tokens)
+        if self.options.plan == "mode":
+            for h in hits:
+                counts = self._starts.get(content_id(h.segment.ids, "segment", None))
+                if counts:
+                    start = max(counts.items(), key=lambda kv: (kv[1], -kv[0]))[0]
+                    positions[h.start : h.end] = torch.arange(start, start + h.num_tokens)
+        for seg in prompt.segments:
+            if seg.kind in REUSABLE:
+                key = content_id(seg.ids, "segment", None)
+                self._starts.setdefault(key, Counter())[seg.start] += 1
+        return positions
+
+    def _load(
+        self,
+        ctx: ReuseContext,
+        prompt: TokenizedPrompt,
+        seq: SequenceKV,
+        hits: list[SegmentHit],
+        positions: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """Write re-rotated cached K/V of every hit; return (reused, exact) token masks."""
+        rope = ctx.model.forward.rope
+        slots = seq.slots()
+        reused = torch.zeros(prompt.num_tokens, dtype=torch.bool)
+        exact = torch.zeros(prompt.num_tokens, dtype=torch.bool)
+        contexts = dict(zip((s.start for s in prompt.segments), context_ids(prompt), strict=True))
+        for h in hits:
+            span = slice(h.start, h.end)
+            old, new = h.kv.positions[: h.num_tokens], positions[span]
+            keys = h.kv.keys[:, : h.num_tokens]
+            if not torch.equal(old, new):
+                keys = rope.rerotate(keys, old, new)
+            seq.write_all(slots[span], keys, h.kv.values[:, : h.num_tokens])
+            reused[span] = True
+            if self.options.exact_prefix and h.kv.context_id == contexts[h.start]:
+                exact[span] = bool(torch.equal(old, new))
+        return reused, exact
+
+
+class _Run:
+    """One layer-by-layer selective prefill (see the module docstring for the map)."""
+
+    def __init__(
+        self,
+        ctx: ReuseContext,
+        prompt: TokenizedPrompt,
+        seq: SequenceKV,
+        positions: Tensor,
+        stats: ReuseStats,
+    ) -> None:
+        self.f = ctx.model.forward
+        self.ids = torch.tensor(prompt.ids, dtype=torch.int64)
+        self.seq = seq
+        self.slots = seq.slots()
+        self.positions = positions
+        self.stats = stats
+        self.ever_computed = torch.zeros(prompt.num_tokens, dtype=torch.bool)
+
+    def layers(
+        self, base: Tensor, candidates: Tensor, exact: Tensor, o: SelectiveOptions
+    ) -> Tensor:
+        num_layers = self.f.config.num_layers
+        if o.check_layer is None or not bool(candidates.any()):
+            q_idx = base.nonzero().flatten()
+            hidden = self._through(self.f.embed(self.ids[q_idx]), q_idx, 0, num_layers)
+            return self.f.logits(hidden[-1:])[0]
+        # layers before the check: every token whose KV is not exact is computed fresh
+        all_idx = (~exact).nonzero().flatten()
+        hidden_all = self._through(self.f.embed(self.ids[all_idx]), all_idx, 0, o.check_layer)
+        q, k, v = self.f.project(o.check_layer, hidden_all, self.positions[all_idx])
+        self.stats.token_layers_computed += qkv_fraction(self.f.config) * len(all_idx)
+        cached_k = self.seq.pool.keys[o.check_layer][self.slots]
+        selected, ranked = self._select(base, candidates, all_idx, k, cached_k, o)
+        q_idx = (base | selected).nonzero().flatten()
+        pick = torch.searchsorted(all_idx, q_idx)  # rows of q_idx within all_idx
+        fused = selected[q_idx]
+        self._write(o.check_layer, q_idx, k[pick], v[pick], fused, o)
+        hidden = self._attend(o.check_layer, hidden_all[pick], q[pick], q_idx)
+        self.stats.token_layers_computed += (1 - qkv_fraction(self.f.config)) * len(q_idx)
+        gate = _Gate(o, ranked, selected, hidden_all, all_idx) if o.gate_every else None
+        for layer in range(o.check_layer + 1, num_layers):
+            q, k, v = self.f.project(layer, hidden, self.positions[q_idx])
+            if gate is not None and layer % o.gate_every == 0:
+                q_idx, hidden, q, k, v = gate.apply(self, layer, q_idx, hidden, q, k, v)
+            self._write(layer, q_idx, k, v, gate.in_set(q_idx) if gate else selected[q_idx], o)
+            hidden = self._attend(layer, hidden, q, q_idx)
+            self.stats.token_layers_computed += len(q_idx)
+        return self.f.logits(hidden[-1:])[0]
+
+    def _through(self, hidden: Tensor, idx: Tensor, first: int, last: int) -> Tensor:
+        """Run tokens `idx` through layers [first, last), writing their fresh K/V."""
+        for layer in range(first, last):
+            q, k, v = self.f.project(layer, hidden, self.positions[idx])
+            self.seq.write(layer, self.slots[idx], k, v)
+            hidden = self._attend(layer, hidden, q, idx)
+            self.stats.token_layers_computed += len(idx)
+        self.ever_computed[idx] = True
+        return hidden
+
+    def catch_up(self, hidden: Tensor, idx: Tensor, first: int, last: int) -> Tensor:
+        """Bring promoted tokens' hidden states from layer `first` to `last`, leaving the
+        (cached) K/V they have at those layers untouched."""
+        for layer in range(first, last):
+            q, _, _ = self.f.project(layer, hidden, self.positions[idx])
+            hidden = self._attend(layer, hidden, q, idx)
+            self.stats.token_layers_computed += len(idx)
+        return hidden
+
+    def _attend(self, layer: int, hidden: Tensor, q: Tensor, idx: Tensor) -> Tensor:
+        keys, values = self.seq.gather(layer)
+        return self.f.attend(layer, hidden, q, keys, values, idx)
+
+    def _write(
+        self, layer: int, idx: Tensor, k: Tensor, v: Tensor, fused: Tensor, o: SelectiveOptions
+    ) -> None:
+        """Fresh K/V of `idx` replace cached, except WCA-fused rows (mask `fused`)."""
+        self.ever_computed[idx] = True
+        if o.fusion == "wca" and bool(fused.any()):
+            rows = self.slots[idx[fused]]
+            ck, cv = self.seq.pool.keys[layer][rows], self.seq.pool.values[layer][rows]
+            a = wca_weight(k[fused], ck)[:, None, None]
+            k, v = k.clone(), v.clone()
+            k[fused] = a * k[fused] + (1 - a) * ck
+            v[fused] = a * v[fused] + (1 - a) * cv
+        self.seq.write(layer, self.slots[idx], k, v)
+
+    def _select(
+        self,
+        base: Tensor,
+        candidates: Tensor,
+        all_idx: Tensor,
+        k_fresh: Tensor,
+        cached_k: Tensor,
+        o: SelectiveOptions,
+    ) -> tuple[Tensor, Tensor]:
+        """Top `ratio` of reused tokens by deviation. Returns (selected mask, ranked pool)."""
+        cand = (candidates & ~base).nonzero().flatten()
+        rows = torch.searchsorted(all_idx, cand)
+        dev = (k_fresh[rows] - cached_k[cand]).pow(2).sum(dim=(1, 2))
+        if o.selection == "random":
+            g = torch.Generator().manual_seed(o.seed)
+            dev = torch.rand(len(cand), generator=g)
+        keep = dev > 0
+        cand, dev = cand[keep], dev[keep]
+        budget = min(len(cand), math.ceil(o.ratio * int(candidates.sum())))
+        order = torch.argsort(dev, descending=True)
+        selected = torch.zeros_like(base)
+        selected[cand[order[:budget]]] = True
+        return selected, cand[order[budget:]]
+
+
+def wca_weight(k_fresh: Tensor, k_cached: Tensor) -> Tensor:
+    """a_i = ||K_fresh - K_cached||^2 / ||K_cached||^2, clamped to [0, 1]. (n, H, D) -> (n,)"""
+    num = (k_fresh - k_cached).pow(2).sum(dim=(1, 2))
+    den = k_cached.pow(2).sum(dim=(1, 2)).clamp_min(1e-12)
+    return (num / den).clamp(0.0, 1.0)
+
+
+def cksim(k_fresh: Tensor, k_cached: Tensor) -> Tensor:
+    """Mean over heads of the cosine between fresh and cached keys. (n, H, D) -> (n,)"""
+    return torch.nn.functional.cosine_similarity(k_fresh, k_cached, dim=-1).mean(dim=-1)
+
+
+class _Gate:
+    """WCA's gating: every `gate_every` layers converged selected tokens leave the set;
+    with promotion "catch-up" the next-ranked tokens join, computed up from the check layer."""
+
+    def __init__(
+        self,
+        o: SelectiveOptions,
+        ranked: Tensor,
+        selected: Tensor,
+        hidden_check: Tensor,
+        all_idx: Tensor,
+    ) -> None:
+        self.o = o
+        self.waiting = list(ranked.tolist())  # deviation order, best first
+        self.selected = selected.clone()
+        self.hidden_check = hidden_check  # hidden states entering the check layer, rows all_idx
+        self.all_idx = all_idx
+        self.removed = 0
+        self.promoted = 0
+
+    def in_set(self, q_idx: Tensor) -> Tensor:
+        return self.selected[q_idx]
+
+    def apply(
+        self, run: _Run, layer: int, q_idx: Tensor, hidden: Tensor, q: Tensor, k: Tensor, v: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        cached_k = run.seq.pool.keys[layer][run.slots[q_idx]]
+        sel = self.selected[q_idx]
+        converged = sel & (1 - cksim(k, cached_k) < self.o.tau)
+        keep = ~converged
+        self.selected[q_idx[converged]] = False
+        self.removed += int(converged.sum())
+        q_idx, hidden, q, k, v = q_idx[keep], hidden[keep], q[keep], k[keep], v[keep]
+        n_new = int(converged.sum()) if self.o.promotion == "catch-up" else 0
+        if n_new and self.waiting:
+            new_idx = torch.tensor(sorted(self.waiting[:n_new]), dtype=torch.int64)
+            self.waiting = self.waiting[n_new:]
+            rows = torch.searchsorted(self.all_idx, new_idx)
+            h_new = run.catch_up(self.hidden_check[rows], new_idx, self.o.check_layer or 0, layer)
+            q_new, k_new, v_new = run.f.project(layer, h_new, run.positions[new_idx])
+            self.selected[new_idx] = True
+            self.promoted += len(new_idx)
+            order = torch.argsort(torch.cat([q_idx, new_idx]))
+            q_idx = torch.cat([q_idx, new_idx])[order]
+            hidden = torch.cat([hidden, h_new])[order]
+            q, k, v = (torch.cat(p)[order] for p in ((q, q_new), (k, k_new), (v, v_new)))
+        return q_idx, hidden, q, k, v
