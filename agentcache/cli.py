@@ -38,6 +38,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.model, _cache_dir(args.cache_dir), args.strategy, args.turns, args.tokens)
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from agentcache.bench.cli import run
+
+    _threads(args.threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return run(args, args.model, _cache_dir(args.cache_dir))
+
+
 def cmd_strategies(args: argparse.Namespace) -> int:
     from agentcache.reuse import STRATEGIES
 
@@ -57,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--turns", type=int, default=6, help="number of agent turns")
     demo.add_argument("--tokens", type=int, default=24, help="new tokens per turn")
     demo.set_defaults(func=cmd_demo)
+    from agentcache.bench.cli import add_parser as add_bench
+
+    bench = add_bench(sub)
+    _common(bench)
+    bench.set_defaults(func=cmd_bench)
     strategies = sub.add_parser("strategies", help="list the registered reuse strategies")
     strategies.set_defaults(func=cmd_strategies)
     return parser

@@ -110,8 +110,10 @@ class SegmentStore:
         self.policy = EVICTION_POLICIES.get(policy)() if isinstance(policy, str) else policy
         self.stats = StoreStats()
         self._entries: dict[SegmentKey, StoredKV] = {}
+        self._cids: dict[SegmentKey, str] = {}  # stored key -> its content id
         self._owners: dict[str, set[tuple[str, str]]] = {}  # content id -> (model, tokenizer)
-        self._evicted: OrderedDict[SegmentKey, None] = OrderedDict()
+        # evicted key -> (content id, model, tokenizer); bounded, so `_owners` is bounded too
+        self._evicted: OrderedDict[SegmentKey, tuple[str, str, str]] = OrderedDict()
         self._lock = threading.RLock()
 
     def lookup(
@@ -136,7 +138,7 @@ class SegmentStore:
             self.stats.misses += 1
             if key in self._evicted:
                 return Lookup(None, MissReason.EVICTED)
-            if self._owners.get(cid):
+            if self._owners.get(cid, set()) - {(model_id, tokenizer_id)}:
                 return Lookup(None, MissReason.OTHER_MODEL)
             return Lookup(None, MissReason.NEW)
 
@@ -167,6 +169,7 @@ class SegmentStore:
             while self.stats.bytes + kv.nbytes > self.capacity_bytes:
                 self._evict_one()
             self._entries[key] = kv
+            self._cids[key] = cid
             self._owners.setdefault(cid, set()).add((kv.model_id, kv.tokenizer_id))
             self._evicted.pop(key, None)
             self.policy.on_insert(key, kv.nbytes)
@@ -185,15 +188,21 @@ class SegmentStore:
         self.stats.evictions += 1
         self.stats.entries -= 1
         self.stats.bytes -= kv.nbytes
-        self._evicted[key] = None
+        self._evicted[key] = (self._cids.pop(key), kv.model_id, kv.tokenizer_id)
         if len(self._evicted) > self._EVICTED_MEMORY:
-            self._evicted.popitem(last=False)
+            _, (cid, model_id, tokenizer_id) = self._evicted.popitem(last=False)
+            owners = self._owners.get(cid)
+            if owners is not None:
+                owners.discard((model_id, tokenizer_id))
+                if not owners:
+                    del self._owners[cid]
 
     def clear(self) -> None:
         with self._lock:
             for key in list(self._entries):
                 self.policy.on_remove(key)
             self._entries.clear()
+            self._cids.clear()
             self._owners.clear()
             self.stats.entries = 0
             self.stats.bytes = 0

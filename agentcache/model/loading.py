@@ -113,9 +113,12 @@ def load_folder(folder: Path, name: str | None = None) -> LoadedModel:
             "(expected config.json, *.safetensors and tokenizer files)"
         )
     try:
-        model_type = json.loads(config_file.read_text()).get("model_type")
-    except json.JSONDecodeError as e:
+        raw = json.loads(config_file.read_text(encoding="utf-8"))
+    except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError for a binary file
         raise ModelLoadError(f"{config_file} is not valid JSON: {e}") from e
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{config_file} must hold a JSON object, got {type(raw).__name__}")
+    model_type = raw.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelLoadError(
             f"{folder}: model_type {model_type!r} is not supported; "

@@ -69,8 +69,12 @@ class PromptTemplate(Generic[InputT]):
         except jinja2.TemplateSyntaxError as e:
             raise PromptError(f"template {name!r} line {e.lineno}: {e.message}") from e
 
-    def render(self, values: InputT | dict[str, Any]) -> SegmentedPrompt:
-        model = values if isinstance(values, BaseModel) else self.inputs.model_validate(values)
+    def render(self, values: InputT | BaseModel | dict[str, Any]) -> SegmentedPrompt:
+        if isinstance(values, self.inputs):
+            model: BaseModel = values
+        else:  # a dict, or another model's instance: validate it against this template's inputs
+            data = values.model_dump() if isinstance(values, BaseModel) else values
+            model = self.inputs.model_validate(data)
         try:
             text = self._template.render(**dict(model))
         except jinja2.UndefinedError as e:

@@ -1,0 +1,90 @@
+"""`agentcache bench`: the public way to measure strategies on a workload."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from agentcache.bench.harness import BenchRunner, parse_specs, sweep_specs
+from agentcache.bench.report import table, write_results
+from agentcache.bench.workload import Session, load_workload
+from agentcache.errors import AgentCacheError
+from agentcache.model.loading import load_model
+from agentcache.reuse import DEFAULT_STRATEGY
+
+ALL = "full,prefix,promptcache,pic,cacheblend,epic,cacheslide,default"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("bench", help="measure reuse strategies on workload files (JSONL)")
+    p.add_argument("workloads", nargs="+", type=Path, help="JSON Lines workload files")
+    p.add_argument(
+        "--strategies", default=ALL, help=f"comma list, name or name:key=value (default {ALL})"
+    )
+    p.add_argument("--sweep", action="store_true", help="add budget sweeps (rho, tau, r, k)")
+    p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
+    p.add_argument("--max-sessions", type=int, default=None, help="sessions per file")
+    p.add_argument("--max-turns", type=int, default=None, help="turns per session")
+    p.add_argument("--case", default=None, help="only sessions of this case (swing / shift)")
+    p.add_argument("--new-tokens", type=int, default=None, help="override max_new_tokens")
+    return p
+
+
+def select(args: argparse.Namespace, console: Console) -> tuple[list[Session], list[str]]:
+    sessions: list[Session] = []
+    problems: list[str] = []
+    for path in args.workloads:
+        loaded = load_workload(path)
+        problems += loaded.problems
+        chosen = [s for s in loaded.sessions if args.case in (None, s.case)]
+        sessions += chosen[: args.max_sessions]
+    for p in problems:
+        console.print(f"[yellow]warning:[/] {p}")
+    if args.max_turns or args.new_tokens:
+        from dataclasses import replace
+
+        sessions = [
+            replace(s, turns=tuple(
+                replace(t, max_new_tokens=args.new_tokens or t.max_new_tokens)
+                for t in s.turns[: args.max_turns]
+            ))
+            for s in sessions
+        ]  # fmt: skip
+    if not sessions:
+        raise AgentCacheError("no runnable session in the workload files")
+    return sessions, problems
+
+
+def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> int:
+    console = Console(stderr=True)
+    specs = parse_specs(args.strategies) + (sweep_specs() if args.sweep else [])
+    sessions, problems = select(args, console)
+    model = load_model(model_path, cache_dir)
+    runner = BenchRunner(model, specs)
+    total = sum(len(s.turns) for s in sessions) * len(specs)
+    records = []
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console,
+    ) as progress:  # fmt: skip
+        task = progress.add_task("bench", total=total)
+        for session in sessions:
+
+            def advance(label: str, name: str = session.name) -> None:
+                progress.update(task, advance=1, description=f"{name} {label}")
+
+            records += runner.run_session(session, advance)
+    meta = {
+        "model": model.model_id,
+        "default_strategy": DEFAULT_STRATEGY,
+        "command": "agentcache " + " ".join(sys.argv[1:]),
+        "sessions": [s.name for s in sessions],
+    }
+    results = write_results(args.out, records, meta, problems)
+    print(table(results["strategies"]))
+    print(f"\nwrote {args.out}/results.json, report.md and plots")
+    return 0

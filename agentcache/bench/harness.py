@@ -1,0 +1,223 @@
+"""Run strategies side by side on the same turns and measure TTFT and fidelity vs `full`.
+
+Per turn: `full` prefills and greedily continues (the reference tokens and logits), the limit
+is timed (only update tokens computed, all other KV resident), then every other strategy, in
+an order rotated turn by turn, prefills (timed) and is teacher-forced along the reference
+tokens. Greedy agreement follows from teacher forcing: greedy decoding matches the reference
+exactly as long as the teacher-forced argmax does. Each strategy has its own engine and store.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agentcache.bench.metrics import cksim_by_layer, fidelity
+from agentcache.bench.workload import Session
+from agentcache.kv.pool import SequenceKV
+from agentcache.model.loading import LoadedModel
+from agentcache.prompt.segments import SegmentKind
+from agentcache.prompt.tokenize import TokenizedPrompt
+from agentcache.reuse import DEFAULT_STRATEGY, STRATEGIES
+from agentcache.reuse.base import PrefillResult, ReuseStats
+from agentcache.reuse.promptcache import compute_subset
+from agentcache.runtime.engine import Engine, EngineConfig
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """`name` or `name:key=value:key=value` (options of that strategy)."""
+
+    label: str
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> StrategySpec:
+        name, *pairs = text.strip().split(":")
+        if name == "default":
+            name = DEFAULT_STRATEGY
+        STRATEGIES.get(name)  # unknown names list the known ones
+        options: dict[str, Any] = {}
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            if not sep:
+                raise ValueError(f"strategy option {pair!r} in {text!r} is not key=value")
+            options[key] = _value(value)
+        label = name if not pairs else f"{name}:{':'.join(pairs)}"
+        return cls(label, name, options)
+
+
+def _value(text: str) -> Any:
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+
+
+def parse_specs(text: str) -> list[StrategySpec]:
+    specs = [StrategySpec.parse(t) for t in text.split(",") if t.strip()]
+    if not any(s.label == "full" for s in specs):
+        specs.insert(0, StrategySpec("full", "full"))  # the reference is always measured
+    return specs
+
+
+def sweep_specs() -> list[StrategySpec]:
+    """cacheslide over rho and tau, cacheblend over r, epic and rpdc over their budgets."""
+    texts = [f"cacheslide:ratio={r}" for r in (0.1, 0.5)]
+    texts += [f"cacheslide:tau={t}" for t in (0.05, 0.3)]
+    texts += [f"cacheblend:ratio={r}" for r in (0.05, 0.3, 0.5)]
+    texts += [f"epic:boundary_k={k}" for k in (16, 32)]
+    texts += [f"rpdc:ratio={r}" for r in (0.05, 0.3)]
+    return [StrategySpec.parse(t) for t in texts]
+
+
+Progress = Callable[[str], None]
+
+
+class BenchRunner:
+    def __init__(self, model: LoadedModel, specs: list[StrategySpec], kv_pages: int = 1024) -> None:
+        self.model = model
+        self.specs = specs
+        self.kv_pages = kv_pages
+
+    def _engines(self) -> dict[str, Engine]:
+        return {
+            s.label: Engine(
+                self.model,
+                EngineConfig(
+                    strategy=s.name, kv_pages=self.kv_pages, strategy_options={s.name: s.options}
+                ),
+            )
+            for s in self.specs
+        }
+
+    def run_session(self, session: Session, advance: Progress) -> list[dict[str, Any]]:
+        engines = self._engines()
+        full = engines["full"]
+        others = [s for s in self.specs if s.label != "full"]
+        records = []
+        for ti, turn in enumerate(session.turns):
+            prompt = full.tokenize(turn.prompt)
+            n = max(1, turn.max_new_tokens)
+            seq, pre, ttft_full = _timed_prefill(full, prompt, "full")
+            ref_tokens, ref_logits = _greedy(full, seq, pre, n)
+            ref_keys = seq.gather_all(slice(0, prompt.num_tokens))[0]
+            ttft_limit = _limit(full, prompt, seq)
+            seq.free()
+            base: dict[str, Any] = {
+                "session": session.name,
+                "workload": session.workload,
+                "case": session.case,
+            }
+            base |= {"turn": ti, "prompt_tokens": prompt.num_tokens}
+            base |= {"ttft_full_ms": ttft_full * 1e3, "ttft_limit_ms": ttft_limit * 1e3}
+            records.append(self._record(base, "full", full, pre, ttft_full, ref_logits, ref_logits,
+                                        ref_tokens, ref_keys, ref_keys))  # fmt: skip
+            advance("full")
+            shift = ti % max(1, len(others))
+            for spec in others[shift:] + others[:shift]:
+                engine = engines[spec.label]
+                seq, pre, ttft = _timed_prefill(engine, prompt, spec.name)
+                logits = _teacher_force(engine, seq, pre, ref_tokens)
+                keys = seq.gather_all(slice(0, prompt.num_tokens))[0]
+                engine.strategy(spec.name).commit(engine.ctx, prompt, seq, pre.positions)
+                seq.free()
+                records.append(self._record(base, spec.label, engine, pre, ttft, ref_logits, logits,
+                                            ref_tokens, ref_keys, keys))  # fmt: skip
+                advance(spec.label)
+        return records
+
+    def _record(
+        self,
+        base: dict[str, Any],
+        label: str,
+        engine: Engine,
+        pre: PrefillResult,
+        ttft: float,
+        ref_logits: Tensor,
+        logits: Tensor,
+        ref_tokens: list[int],
+        ref_keys: Tensor,
+        keys: Tensor,
+    ) -> dict[str, Any]:
+        s: ReuseStats = pre.stats
+        pool = engine.ctx.pool
+        return (
+            base
+            | {
+                "strategy": label,
+                "ttft_ms": ttft * 1e3,
+                "reused_tokens": s.reused_tokens,
+                "recomputed_tokens": s.recomputed_tokens,
+                "recompute_fraction": s.recompute_fraction,
+                "load_ms": s.load_s * 1e3,
+                "fallbacks": s.fallbacks,
+                "misses": [m.reason.value for m in s.misses],
+                "fast_tier_kv_bytes_peak": pool.peak_pages_used * pool.config.page_bytes,
+                "store_bytes_peak": engine.store.stats.peak_bytes,
+                "cksim_by_layer": cksim_by_layer(ref_keys, keys),
+            }
+            | fidelity(ref_logits, ref_tokens, logits)
+        )
+
+
+def _timed_prefill(
+    engine: Engine, prompt: TokenizedPrompt, name: str
+) -> tuple[SequenceKV, PrefillResult, float]:
+    t0 = time.perf_counter()
+    seq, pre = engine.prefill(prompt, name)
+    return seq, pre, time.perf_counter() - t0
+
+
+def _greedy(
+    engine: Engine, seq: SequenceKV, pre: PrefillResult, n: int
+) -> tuple[list[int], Tensor]:
+    position = int(pre.positions.max()) + 1
+    logits, tokens = [pre.logits], []
+    for _ in range(n):
+        tokens.append(int(logits[-1].argmax()))
+        if len(tokens) == n:
+            break
+        logits.append(engine.step(seq, tokens[-1], position))
+        position += 1
+    return tokens, torch.stack(logits)
+
+
+def _teacher_force(
+    engine: Engine, seq: SequenceKV, pre: PrefillResult, tokens: list[int]
+) -> Tensor:
+    position = int(pre.positions.max()) + 1
+    logits = [pre.logits]
+    for token in tokens[:-1]:
+        logits.append(engine.step(seq, token, position))
+        position += 1
+    return torch.stack(logits)
+
+
+def _limit(engine: Engine, prompt: TokenizedPrompt, full_seq: SequenceKV) -> float:
+    """TTFT of a perfect cache: only update tokens (and the last) computed, all else resident."""
+    seq = SequenceKV(engine.ctx.pool)
+    try:
+        seq.extend(prompt.num_tokens)
+        keys, values = full_seq.gather_all(slice(0, prompt.num_tokens))
+        seq.write_all(seq.slots(), keys, values)
+        update = torch.zeros(prompt.num_tokens, dtype=torch.bool)
+        for s in prompt.segments:
+            if s.kind == SegmentKind.UPDATE:
+                update[s.start : s.end] = True
+        update[-1] = True
+        stats = ReuseStats(prompt.num_tokens, engine.model.config.num_layers)
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            compute_subset(engine.ctx, prompt, seq, update.nonzero().flatten(), stats)
+            return time.perf_counter() - t0
+    finally:
+        seq.free()

