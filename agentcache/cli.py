@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agentcache", description="KV-cache reuse for LLM agents."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run a short agent session and compare with full recompute")
+    demo_help = "run a short agent session and compare each turn with full recompute"
+    demo = sub.add_parser("demo", help=demo_help, description=demo_help)
     _common(demo)
     demo.add_argument("--strategy", default=None, help="reuse strategy (default: the engine's)")
     demo.add_argument("--turns", type=int, default=6, help="number of agent turns")
@@ -70,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = add_bench(sub)
     _common(bench)
     bench.set_defaults(func=cmd_bench)
-    strategies = sub.add_parser("strategies", help="list the registered reuse strategies")
+    strategies_help = "list the registered reuse strategies"
+    strategies = sub.add_parser("strategies", help=strategies_help, description=strategies_help)
     strategies.set_defaults(func=cmd_strategies)
     return parser
 

@@ -13,6 +13,21 @@ def _no_grad() -> object:
         yield
 
 
+@pytest.fixture(autouse=True)
+def _one_thread_for_tiny_models(request: pytest.FixtureRequest) -> object:
+    """Tiny models gain nothing from intra-op threads, and OpenMP workers spinning on a busy
+    machine make them 10-20x slower; `slow` tests (the real model) keep every thread."""
+    if request.node.get_closest_marker("slow") is not None:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny() -> LoadedModel:
     return tiny_model()

@@ -20,7 +20,8 @@ ALL = "full,prefix,promptcache,pic,cacheblend,epic,cacheslide,default"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = sub.add_parser("bench", help="measure reuse strategies on workload files (JSONL)")
+    about = "measure reuse strategies side by side on workload files (JSON Lines)"
+    p = sub.add_parser("bench", help=about, description=about)
     p.add_argument("workloads", nargs="+", type=Path, help="JSON Lines workload files")
     p.add_argument(
         "--strategies", default=ALL, help=f"comma list, name or name:key=value (default {ALL})"

@@ -139,7 +139,9 @@ def from_hf(hf_model: Any, tokenizer: TextTokenizer, name: str) -> LoadedModel:
     config = ModelConfig.from_hf(hf_model.config)
     sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
     weights = ModelWeights.from_state_dict(sd, config)
-    rope = RotaryEmbedding.from_hf_config(hf_model.config, config.head_dim)
+    rope = RotaryEmbedding.from_hf_config(
+        hf_model.config, config.head_dim, config.max_position_embeddings
+    )
     forward = LlamaForward(config, weights, rope)
     vocab = getattr(tokenizer, "vocab", {})
     return LoadedModel(forward, tokenizer, chat_format_for(vocab), f"{name}#{fingerprint(weights)}")

@@ -32,13 +32,21 @@ def _default_inv_freq(hf_config: Any, head_dim: int) -> Tensor:
 class RotaryEmbedding:
     """RoPE for one model. `inv_freq` is (head_dim/2,) fp32; `attention_factor` scales cos/sin."""
 
-    def __init__(self, inv_freq: Tensor, attention_factor: float, rope_type: str) -> None:
+    def __init__(
+        self, inv_freq: Tensor, attention_factor: float, rope_type: str, max_positions: int = 0
+    ) -> None:
         self.inv_freq = inv_freq.to(torch.float32)
         self.attention_factor = float(attention_factor)
         self.rope_type = rope_type
+        # cos/sin for every position, computed once: the same fp32 products as on the fly
+        self._table: tuple[Tensor, Tensor] | None = None
+        if max_positions > 0:
+            self._table = self._compute_cos_sin(torch.arange(max_positions))
 
     @classmethod
-    def from_hf_config(cls, hf_config: Any, head_dim: int) -> RotaryEmbedding:
+    def from_hf_config(
+        cls, hf_config: Any, head_dim: int, max_positions: int = 0
+    ) -> RotaryEmbedding:
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
         params = getattr(hf_config, "rope_parameters", None) or {}
@@ -49,9 +57,9 @@ class RotaryEmbedding:
                 f"the sequence length); supported: {', '.join(_EXACT_ROPE_TYPES)}"
             )
         if rope_type == "default":
-            return cls(_default_inv_freq(hf_config, head_dim), 1.0, rope_type)
+            return cls(_default_inv_freq(hf_config, head_dim), 1.0, rope_type, max_positions)
         inv_freq, factor = ROPE_INIT_FUNCTIONS[rope_type](hf_config, None)
-        return cls(inv_freq, factor, rope_type)
+        return cls(inv_freq, factor, rope_type, max_positions)
 
     def angles(self, positions: Tensor) -> Tensor:
         """The model's own fp32 angles: (T,) -> (T, head_dim/2)."""
@@ -59,6 +67,12 @@ class RotaryEmbedding:
 
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """(T,) -> cos, sin of shape (T, head_dim), attention factor applied."""
+        table = self._table
+        if table is not None and int(positions.max()) < table[0].shape[0]:
+            return table[0][positions], table[1][positions]
+        return self._compute_cos_sin(positions)
+
+    def _compute_cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         freqs = self.angles(positions)
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos() * self.attention_factor, emb.sin() * self.attention_factor

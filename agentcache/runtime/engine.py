@@ -164,7 +164,7 @@ class Engine:
     def step(self, seq: SequenceKV, token: int, position: int) -> Tensor:
         """Append one token at `position` and return the logits after it (V,)."""
         f = self.model.forward
-        with torch.inference_mode():
+        with self._lock, torch.inference_mode():
             slot = seq.extend(1)
             pos = torch.tensor([position])
             hidden = f.embed(torch.tensor([token]))
@@ -204,7 +204,7 @@ class Engine:
         return ids, finish, time.perf_counter() - t0
 
     def _hits_stop(self, ids: list[int], stop: tuple[str, ...]) -> bool:
-        text = self.model.tokenizer.decode(ids[-32:])
+        text = self.model.tokenizer.decode(ids)
         return any(s in text for s in stop)
 
     def _text(self, ids: list[int], stop: tuple[str, ...]) -> str:
