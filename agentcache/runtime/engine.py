@@ -89,7 +89,13 @@ class Generation:
 
 
 class Engine:
-    def __init__(self, model: LoadedModel, config: EngineConfig | None = None) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        config: EngineConfig | None = None,
+        store: SegmentStore | None = None,
+    ) -> None:
+        """`store` lets several engines share one segment store (entries stay per model)."""
         self.model = model
         self.config = config or EngineConfig()
         c = model.config
@@ -98,7 +104,7 @@ class Engine:
         )
         self.ctx = ReuseContext(
             model,
-            SegmentStore(self.config.store_bytes, self.config.eviction),
+            store or SegmentStore(self.config.store_bytes, self.config.eviction),
             PagePool(pool_config),
         )
         self._strategies: dict[str, ReuseStrategy] = {}

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentcache.bench.harness import BenchRunner, StrategySpec, parse_specs
+from agentcache.bench.report import write_results
+from agentcache.bench.workload import load_workload
+from agentcache.errors import UnknownStrategyError
+from agentcache.model.loading import LoadedModel
+
+REQUIRED = {
+    "ttft_ms_median", "ttft_ratio_vs_full", "ttft_ratio_vs_limit", "first_token_agreement",
+    "greedy_exact_match", "greedy_agree_prefix_mean", "kl_first_token_mean", "tf_kl_mean",
+    "tf_top1_agreement", "top5_overlap_mean", "recompute_fraction_mean",
+    "fast_tier_kv_bytes_peak", "turns",
+}  # fmt: skip
+
+
+def turn(update: str) -> dict[str, object]:
+    return {
+        "max_new_tokens": 4,
+        "segments": [
+            {"kind": "system", "text": "You are an agent. " * 3, "role": "system"},
+            {"kind": "update", "text": update, "id": "mem", "role": "user"},
+            {"kind": "fixed", "text": "History: asked about the weather. " * 2, "role": "user"},
+            {"kind": "update", "text": "The answer is", "role": "assistant"},
+        ],
+    }
+
+
+def write_workload(path: Path) -> Path:
+    good = {"name": "s1", "case": "swing", "turns": [turn("short"), turn("longer memory " * 8)]}
+    bad_kind = {"name": "s2", "turns": [{"segments": [{"kind": "weird", "text": "x"}]}]}
+    path.write_text(json.dumps(good) + "\n" + "{not json\n" + json.dumps(bad_kind) + "\n")
+    return path
+
+
+def test_bad_lines_are_reported_with_line_numbers_and_skipped(tmp_path: Path) -> None:
+    loaded = load_workload(write_workload(tmp_path / "w.jsonl"))
+    assert [s.name for s in loaded.sessions] == ["s1"]
+    assert len(loaded.problems) == 2
+    assert ":2: not valid JSON" in loaded.problems[0]
+    assert ":3:" in loaded.problems[1] and "unknown segment kind 'weird'" in loaded.problems[1]
+
+
+def test_strategy_specs() -> None:
+    specs = parse_specs("pic,cacheblend:ratio=0.3,default")
+    assert [s.label for s in specs] == ["full", "pic", "cacheblend:ratio=0.3", "rpdc"]
+    assert specs[2].options == {"ratio": 0.3}
+    with pytest.raises(UnknownStrategyError, match="known: .*cacheslide"):
+        StrategySpec.parse("nope")
+
+
+def test_bench_end_to_end_on_tiny_model(tiny: LoadedModel, tmp_path: Path) -> None:
+    loaded = load_workload(write_workload(tmp_path / "w.jsonl"))
+    specs = parse_specs("prefix,pic,epic,cacheslide,rpdc")
+    seen: list[str] = []
+    records = BenchRunner(tiny, specs, kv_pages=256).run_session(loaded.sessions[0], seen.append)
+    assert len(records) == len(seen) == 2 * len(specs)
+    results = write_results(
+        tmp_path / "out", records, {"model": tiny.model_id}, list(loaded.problems)
+    )
+    on_disk = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert set(on_disk["strategies"]) == {s.label for s in specs}
+    for summary in on_disk["strategies"].values():
+        assert REQUIRED <= set(summary)
+    full = results["strategies"]["full"]
+    assert full["kl_first_token_mean"] == 0.0 and full["greedy_exact_match"] == 1.0
+    assert on_disk["by_case"]["swing"]["pic"]["turns"] == 2
+    for name in ("report.md", "ttft_ratio.png", "fidelity_vs_ttft.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+    assert "| rpdc |" in (tmp_path / "out" / "report.md").read_text()

@@ -1,0 +1,94 @@
+"""The contract every registered strategy keeps (reuse/base.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentcache.kv.store import MissReason
+from agentcache.model.loading import LoadedModel, from_hf
+from agentcache.model.tokenizer import ByteTokenizer
+from agentcache.prompt import Segment, SegmentedPrompt
+from agentcache.prompt import SegmentKind as K
+from agentcache.reuse import STRATEGIES
+from agentcache.runtime import Engine, GenerationParams
+from agentcache.testing import tiny_hf_model, tiny_model
+
+PARAMS = GenerationParams(max_new_tokens=6)
+
+
+def agent_prompt(update: str) -> SegmentedPrompt:
+    return SegmentedPrompt(
+        [
+            Segment(K.SYSTEM, "You are a careful agent. " * 4, "sys", "system"),
+            Segment(K.UPDATE, update, "memory", "user"),
+            Segment(K.FIXED, "Earlier the user asked about trains to Lyon. " * 3, "h1", "user"),
+            Segment(K.FIXED, "Reflection: check the timetable first. " * 3, "h2", "assistant"),
+            Segment(K.UPDATE, "Now answer the new question:", "obs", "user"),
+        ]
+    )
+
+
+@pytest.mark.parametrize("name", STRATEGIES.names())
+def test_nothing_changed_reproduces_full(tiny: LoadedModel, name: str) -> None:
+    ref = Engine(tiny).generate(agent_prompt("memory v1"), PARAMS, strategy="full")
+    engine = Engine(tiny)
+    engine.generate(agent_prompt("memory v1"), PARAMS, strategy=name)
+    again = engine.generate(agent_prompt("memory v1"), PARAMS, strategy=name)
+    assert again.token_ids == ref.token_ids
+    assert (again.first_token_logits - ref.first_token_logits).abs().max().item() <= 1e-4
+    if name != "full":
+        assert again.stats.reused_tokens > 0
+
+
+@pytest.mark.parametrize("name", STRATEGIES.names())
+def test_changed_update_runs_and_reports(tiny: LoadedModel, name: str) -> None:
+    engine = Engine(tiny)
+    engine.generate(agent_prompt("memory v1"), PARAMS, strategy=name)
+    out = engine.generate(agent_prompt("memory v2, now much longer: " * 6), PARAMS, strategy=name)
+    s = out.stats
+    assert s.strategy == name
+    assert 0 <= s.reused_tokens < s.prompt_tokens
+    assert 0 < s.recompute_fraction <= 1.0 + 1e-9
+    assert s.recomputed_tokens >= 1  # the last token is always computed
+    assert s.reused_tokens + s.recomputed_tokens >= s.prompt_tokens or name == "pic"
+    assert len(out.token_ids) == PARAMS.max_new_tokens or out.finish_reason == "stop"
+
+
+class OtherTokenizer(ByteTokenizer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokenizer_id = "bytes-other"
+
+
+@pytest.mark.parametrize("name", [n for n in STRATEGIES.names() if n != "full"])
+@pytest.mark.parametrize("other", ["model", "tokenizer"])
+def test_never_serves_another_models_segments(tiny: LoadedModel, name: str, other: str) -> None:
+    first = Engine(tiny)
+    first.generate(agent_prompt("memory v1"), PARAMS, strategy=name)
+    if other == "model":
+        model = from_hf(tiny_hf_model(seed=7), ByteTokenizer(), "tiny-llama")
+    else:
+        model = from_hf(tiny_hf_model(seed=0), OtherTokenizer(), "tiny-llama")
+    second = Engine(model, store=first.store)  # one store shared by two engines
+    out = second.generate(agent_prompt("memory v1"), PARAMS, strategy=name)
+    ref = Engine(model).generate(agent_prompt("memory v1"), PARAMS, strategy="full")
+    assert out.stats.reused_tokens == 0
+    assert torch.allclose(out.first_token_logits, ref.first_token_logits, atol=1e-5)
+    reasons = {m.reason for m in out.stats.misses}
+    assert reasons <= {MissReason.OTHER_MODEL, MissReason.NEW}
+    if name not in ("prefix",):
+        assert MissReason.OTHER_MODEL in reasons
+
+
+def test_default_strategy_is_registered() -> None:
+    from agentcache.reuse import DEFAULT_STRATEGY
+    from agentcache.runtime import EngineConfig
+
+    assert EngineConfig().strategy == DEFAULT_STRATEGY
+    assert DEFAULT_STRATEGY in STRATEGIES.names()
+
+
+def test_tiny_fixture_is_deterministic() -> None:
+    a, b = tiny_model(), tiny_model()
+    assert a.model_id == b.model_id

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from agentcache.model.loading import LoadedModel
+from agentcache.reuse.selective import SelectiveOptions, cksim, qkv_fraction, wca_weight
+from agentcache.runtime import Engine, EngineConfig, GenerationParams
+from tests.reuse.test_contract import agent_prompt
+
+ONE = GenerationParams(max_new_tokens=1)
+
+
+def second_turn(tiny: LoadedModel, name: str, **options: object) -> Engine:
+    engine = Engine(tiny, EngineConfig(strategy=name, strategy_options={name: dict(options)}))
+    engine.generate(agent_prompt("memory v1"), ONE)
+    return engine
+
+
+def shifted(engine: Engine):  # type: ignore[no-untyped-def]
+    return engine.generate(agent_prompt("memory v2 is longer than before " * 5), ONE).stats
+
+
+def test_pic_computes_only_update_and_missing_tokens(tiny: LoadedModel) -> None:
+    engine = second_turn(tiny, "pic")
+    prompt = engine.tokenize(agent_prompt("memory v2 is longer than before " * 5))
+    stats = shifted(engine)
+    fixed = sum(len(s.ids) for s in prompt.segments if s.kind in ("system", "fixed"))
+    assert stats.reused_tokens == fixed
+    assert stats.recomputed_tokens == prompt.num_tokens - fixed
+
+
+def test_epic_recomputes_first_k_of_each_non_first_chunk(tiny: LoadedModel) -> None:
+    pic, epic = shifted(second_turn(tiny, "pic")), shifted(second_turn(tiny, "epic", boundary_k=8))
+    assert epic.recomputed_tokens - pic.recomputed_tokens == 2 * 8  # chunks h1, h2; not sys
+
+
+def test_cacheblend_budget_and_layer0(tiny: LoadedModel) -> None:
+    stats = shifted(second_turn(tiny, "cacheblend", ratio=0.25))
+    pic = shifted(second_turn(tiny, "pic"))
+    selected = math.ceil(0.25 * stats.reused_tokens)
+    # every token was computed at layer 0; beyond that, the update tokens plus the selection
+    assert stats.recomputed_tokens == stats.prompt_tokens
+    assert stats.recompute_fraction > pic.recompute_fraction
+    layers, t = tiny.config.num_layers, stats.prompt_tokens
+    q = pic.recomputed_tokens + selected
+    f = qkv_fraction(tiny.config)
+    # layer 0: all tokens; layer 1 (check): Q/K/V for all, the rest for Q; layers 2..: Q
+    expected = (t + f * t + (1 - f) * q + q * (layers - 2)) / (t * layers)
+    assert stats.recompute_fraction == pytest.approx(expected)
+
+
+def test_more_budget_is_closer_to_full(tiny: LoadedModel) -> None:
+    ref = Engine(tiny).generate(
+        agent_prompt("memory v2 is longer than before " * 5), ONE, strategy="full"
+    )
+
+    def kl(name: str, **o: object) -> float:
+        out = second_turn(tiny, name, **o).generate(
+            agent_prompt("memory v2 is longer than before " * 5), ONE
+        )
+        p = torch.log_softmax(ref.first_token_logits.double(), -1)
+        q = torch.log_softmax(out.first_token_logits.double(), -1)
+        return float((p.exp() * (p - q)).sum())
+
+    assert kl("cacheblend", ratio=1.0) < 1e-8  # everything recomputed: exact
+    assert kl("cacheblend", ratio=0.5) <= kl("pic") + 1e-9
+
+
+def test_mode_plan_keeps_cached_positions(tiny: LoadedModel) -> None:
+    engine = second_turn(tiny, "cacheslide", plan="mode")
+    out = engine.generate(agent_prompt("memory v2 is longer than before " * 5), ONE)
+    assert out.stats.reused_tokens > 0  # runs; positions may overlap their neighbours
+
+
+def test_wca_gating_and_promotion_run(tiny: LoadedModel) -> None:
+    removal = shifted(second_turn(tiny, "cacheslide", tau=0.9))
+    promote = shifted(second_turn(tiny, "cacheslide", tau=0.9, promotion="catch-up"))
+    assert promote.recompute_fraction >= removal.recompute_fraction
+
+
+def test_wca_weight_and_cksim() -> None:
+    k = torch.randn(5, 2, 4)
+    assert torch.equal(wca_weight(k, k), torch.zeros(5))
+    assert torch.all(wca_weight(k * 10, k) == 1.0)  # clamped
+    assert torch.allclose(cksim(k, k), torch.ones(5))
+    assert torch.allclose(cksim(-k, k), -torch.ones(5))
+
+
+@pytest.mark.parametrize(
+    "bad", [{"plan": "x"}, {"fusion": "x"}, {"ratio": 1.5}, {"boundary_k": -1}, {"promotion": "x"}]
+)
+def test_bad_options_are_rejected(bad: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        SelectiveOptions(**bad)  # type: ignore[arg-type]
+
+
+def test_unknown_option_names_the_known_ones(tiny: LoadedModel) -> None:
+    engine = Engine(tiny, EngineConfig(strategy="epic", strategy_options={"epic": {"k": 3}}))
+    with pytest.raises(TypeError, match="boundary_k"):
+        engine.strategy()
