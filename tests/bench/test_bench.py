@@ -50,7 +50,7 @@ def test_strategy_specs() -> None:
     specs = parse_specs("pic,cacheblend:ratio=0.3,default")
     assert [s.label for s in specs] == ["full", "pic", "cacheblend:ratio=0.3", "rpdc"]
     assert specs[2].options == {"ratio": 0.3}
-    with pytest.raises(UnknownStrategyError, match="known: .*cacheslide"):
+    with pytest.raises(UnknownStrategyError, match=r"known: .*cacheslide"):
         StrategySpec.parse("nope")
 
 
@@ -66,7 +66,7 @@ def test_bench_end_to_end_on_tiny_model(tiny: LoadedModel, tmp_path: Path) -> No
     on_disk = json.loads((tmp_path / "out" / "results.json").read_text())
     assert set(on_disk["strategies"]) == {s.label for s in specs}
     for summary in on_disk["strategies"].values():
-        assert REQUIRED <= set(summary)
+        assert set(summary) >= REQUIRED
     full = results["strategies"]["full"]
     assert full["kl_first_token_mean"] == 0.0 and full["greedy_exact_match"] == 1.0
     assert on_disk["by_case"]["swing"]["pic"]["turns"] == 2
