@@ -35,7 +35,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     _threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return run_demo(args.model, _cache_dir(args.cache_dir), args.strategy, args.turns, args.tokens)
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    return run_demo(args.model, _cache_dir(args.cache_dir), strategies, args.turns, args.tokens)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -62,7 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo_help = "run a short agent session and compare each turn with full recompute"
     demo = sub.add_parser("demo", help=demo_help, description=demo_help)
     _common(demo)
-    demo.add_argument("--strategy", default=None, help="reuse strategy (default: the engine's)")
+    demo.add_argument(
+        "--strategies",
+        default="prefix,default",
+        help="comma list of strategies compared with full recompute (default: prefix,default)",
+    )
     demo.add_argument("--turns", type=int, default=6, help="number of agent turns")
     demo.add_argument("--tokens", type=int, default=24, help="new tokens per turn")
     demo.set_defaults(func=cmd_demo)

@@ -1,9 +1,11 @@
-"""`agentcache demo`: a support agent's session, each turn run with full recompute and with reuse.
+"""`agentcache demo`: a support agent's session; each turn runs with full recompute and with
+each reuse strategy, and the table compares TTFT, tokens reused and output fidelity.
 
 Layout per turn (ChatML on the default model):
 
-    [system: persona + policy][history: earlier user/assistant turns ...][user: new message]
-     reused                    reused (fixed, grows)                      computed (update)
+    [system: persona + policy][working memory][history: earlier turns ...][user: new message]
+     static prefix             update: changes   fixed: reused, but shifted    update
+                               length each turn  by the memory's new length
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from rich.table import Table
 
 from agentcache.model.loading import load_model
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
-from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
+from agentcache.reuse import DEFAULT_STRATEGY
+from agentcache.runtime.engine import Engine, EngineConfig, Generation, GenerationParams
 
 SYSTEM = (
     "You are Atlas, the support agent of a small cloud-hosting company. Be brief and concrete. "
@@ -39,9 +42,29 @@ USER_TURNS = (
     "Thanks. Summarise what we agreed today in one sentence.",
 )
 
+TICKETS = (
+    "#4411 Droplet fra-1 unreachable 09:00-11:00 (network maintenance overran)",
+    "#4412 duplicate Bucket charge $3.20 on the 14th",
+    "#4413 migration request fra-1 -> tor-1, window Sunday 02:00",
+    "#4414 data deletion request, Bucket archive-2023, awaiting written confirmation",
+    "#4415 Tunnel quote requested",
+)
 
-def build_prompt(history: list[tuple[str, str]], user: str) -> SegmentedPrompt:
-    segs = [Segment(SegmentKind.SYSTEM, SYSTEM, "system", "system")]
+
+def working_memory(turn: int) -> str:
+    """The update segment before the history: its length changes every turn."""
+    open_tickets = TICKETS[: 1 + (turn * 3) % len(TICKETS)]
+    return (
+        f"Working memory (turn {turn + 1}): customer Dana Ruiz, plan Business, "
+        f"{len(open_tickets)} open tickets:\n" + "\n".join(open_tickets)
+    )
+
+
+def build_prompt(turn: int, history: list[tuple[str, str]], user: str) -> SegmentedPrompt:
+    segs = [
+        Segment(SegmentKind.SYSTEM, SYSTEM, "system", "system"),
+        Segment(SegmentKind.UPDATE, working_memory(turn), "memory", "user"),
+    ]
     for i, (u, a) in enumerate(history):
         segs.append(Segment(SegmentKind.FIXED, u, f"user-{i}", "user"))
         segs.append(Segment(SegmentKind.FIXED, a, f"assistant-{i}", "assistant"))
@@ -56,44 +79,58 @@ def first_token_kl(ref: torch.Tensor, other: torch.Tensor) -> float:
 
 
 def run_demo(
-    model: str | None, cache_dir: Path, strategy: str | None, turns: int, tokens: int
+    model: str | None, cache_dir: Path, strategies: list[str], turns: int, tokens: int
 ) -> int:
-    console = Console(width=max(100, Console().width))
+    console = Console(width=max(110, Console().width))
+    names = [DEFAULT_STRATEGY if s == "default" else s for s in strategies]
     with Progress(
         SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
         console=console, transient=True,
     ) as progress:  # fmt: skip
         task = progress.add_task("loading model", total=None)
         loaded = load_model(model, cache_dir)
-        engine = Engine(loaded, EngineConfig(strategy=strategy or EngineConfig.strategy))
-        name = engine.config.strategy
+        engines = {n: Engine(loaded, EngineConfig(strategy=n)) for n in ["full", *names]}
         params = GenerationParams(max_new_tokens=tokens)
-        progress.update(task, description=f"agent turns (full vs {name})", total=turns)
-        rows = []
+        progress.update(task, description="agent turns", total=turns * len(engines))
+        rows: list[dict[str, Generation]] = []
         history: list[tuple[str, str]] = []
         for i in range(turns):
             user = USER_TURNS[i % len(USER_TURNS)]
-            prompt = build_prompt(history, user)
-            ref = engine.generate(prompt, params, strategy="full", commit=False)
-            out = engine.generate(prompt, params, strategy=name)
-            rows.append(
-                (i + 1, ref, out, first_token_kl(ref.first_token_logits, out.first_token_logits))
-            )
-            history.append((user, out.text))
-            progress.advance(task)
-    table = Table(title=f"agentcache demo: {loaded.model_id}, strategy {name!r} vs full recompute")
-    for col in ("turn", "prompt", "reused", "TTFT full", f"TTFT {name}", "speed-up",
-                "KL(first tok)", "same out"):  # fmt: skip
-        table.add_column(col, justify="right")
-    for turn, ref, out, kl in rows:
-        s = out.stats
-        table.add_row(
-            str(turn), str(s.prompt_tokens), f"{s.reused_tokens / s.prompt_tokens:.0%}",
-            f"{ref.stats.ttft_s * 1e3:.0f} ms", f"{s.ttft_s * 1e3:.0f} ms",
-            f"{ref.stats.ttft_s / s.ttft_s:.2f}x", f"{kl:.1e}",
-            "yes" if ref.token_ids == out.token_ids else "no",
-        )  # fmt: skip
-    console.print(table)
-    console.print(f"last reply: {rows[-1][2].text!r}")
-    console.print(f"store: {engine.store.stats}")
+            prompt = build_prompt(i, history, user)
+            row = {}
+            for name, engine in engines.items():
+                row[name] = engine.generate(prompt, params)
+                progress.advance(task)
+            rows.append(row)
+            history.append((user, row["full"].text))
+    console.print(_table(loaded.model_id, names, rows))
+    console.print(
+        "reused = prompt tokens whose KV came from the cache; KL = KL(full || strategy) of the "
+        "first-token distribution; same = identical generated tokens."
+    )
+    console.print(f"last reply: {rows[-1]['full'].text!r}")
     return 0
+
+
+def _table(model_id: str, names: list[str], rows: list[dict[str, Generation]]) -> Table:
+    table = Table(title=f"agentcache demo on {model_id}: reuse vs full recompute, per turn")
+    table.add_column("turn", justify="right")
+    table.add_column("prompt", justify="right")
+    table.add_column("TTFT full", justify="right")
+    for n in names:
+        for col in (f"{n} reused", f"{n} TTFT", f"{n} KL", f"{n} same"):
+            table.add_column(col, justify="right")
+    for i, row in enumerate(rows):
+        ref = row["full"]
+        cells = [str(i + 1), str(ref.stats.prompt_tokens), f"{ref.stats.ttft_s * 1e3:.0f} ms"]
+        for n in names:
+            s = row[n].stats
+            kl = first_token_kl(ref.first_token_logits, row[n].first_token_logits)
+            cells += [
+                f"{s.reused_tokens / s.prompt_tokens:.0%}",
+                f"{s.ttft_s * 1e3:.0f} ms ({ref.stats.ttft_s / s.ttft_s:.1f}x)",
+                f"{kl:.0e}",
+                "yes" if row[n].token_ids == ref.token_ids else "no",
+            ]
+        table.add_row(*cells)
+    return table
