@@ -26,10 +26,17 @@ COLUMNS = (
 )
 
 
+def warm(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A session's first turn finds nothing cached for any strategy: summaries use the later
+    (warm) turns when there are any."""
+    later = [r for r in records if r["turn"] > 0]
+    return later or records
+
+
 def summarize(records: list[dict[str, Any]], key: str | None = None) -> dict[str, Any]:
-    """Aggregate per strategy, optionally split by a record field (case, workload)."""
+    """Aggregate warm turns per strategy, optionally split by a record field (case, workload)."""
     groups: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for r in records:
+    for r in warm(records):
         groups.setdefault(r[key] if key else "", {}).setdefault(r["strategy"], []).append(r)
     out = {g: {s: aggregate(rs) for s, rs in by.items()} for g, by in groups.items()}
     return out[""] if key is None else out
@@ -70,7 +77,7 @@ def _json_default(x: Any) -> Any:
 
 def _cksim(records: list[dict[str, Any]]) -> dict[str, list[float]]:
     by: dict[str, list[list[float]]] = {}
-    for r in records:
+    for r in warm(records):
         by.setdefault(r["strategy"], []).append(r["cksim_by_layer"])
     return {s: [sum(col) / len(col) for col in zip(*rows, strict=True)] for s, rows in by.items()}
 
@@ -97,7 +104,9 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
         "TTFT ratios are medians over turns of (strategy TTFT / `full` TTFT on the same turn); "
         "limit = only update tokens computed with all other KV resident. compute = token-layers "
-        "computed / `full`'s. KL tf / top1 tf: teacher-forced along `full`'s greedy continuation.",
+        "computed / `full`'s. KL tf / top1 tf: teacher-forced along `full`'s greedy continuation. "
+        "Summaries cover warm turns: each session's first turn, where nothing is cached for any "
+        "strategy, is in results.json but not in the tables.",
         "",
         "## All turns",
         "",

@@ -36,7 +36,7 @@ from agentcache.reuse.segments import REUSABLE, SegmentHit, commit_segments, con
 PLANS = ("true", "mode")
 FUSIONS = ("replace", "wca")
 PROMOTIONS = ("none", "catch-up")
-SELECTIONS = ("deviation", "random")
+SELECTIONS = ("deviation", "attention", "weighted", "random")
 
 
 @dataclass(frozen=True)
@@ -50,19 +50,28 @@ class SelectiveOptions:
     promotion: str = "none"  # WCA: refill the set after removals ("catch-up" computes them)
     plan: str = "true"  # CCPE plan for reused chunks: true positions, or most frequent start
     exact_prefix: bool = False  # skip recompute for segments whose context is unchanged
-    selection: str = "deviation"  # "random" is an ablation: same budget, random tokens
+    # rank by key deviation, by the attention the computed tokens pay (attention), by their
+    # product (weighted), or at random (an ablation: same budget, random tokens)
+    selection: str = "deviation"
     seed: int = 0
+    # probe: run the always-computed tokens through the first `probe_layers` layers over the
+    # cached KV, rank reused tokens by the attention the last `probe_window` prompt tokens pay
+    # them, then bring the top `ratio` up to that layer and carry both through the rest
+    probe_layers: int = 0
+    probe_window: int = 32
 
     def __post_init__(self) -> None:
-        checks = {"plan": PLANS, "fusion": FUSIONS, "promotion": PROMOTIONS}
-        checks["selection"] = SELECTIONS
+        checks: dict[str, tuple[str, ...]] = {"plan": PLANS, "fusion": FUSIONS}
+        checks |= {"promotion": PROMOTIONS, "selection": SELECTIONS}
         for name, allowed in checks.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not 0.0 <= self.ratio <= 1.0:
             raise ValueError(f"ratio must be in [0, 1], got {self.ratio}")
-        if self.boundary_k < 0 or self.gate_every < 0:
-            raise ValueError("boundary_k and gate_every must be >= 0")
+        if min(self.boundary_k, self.gate_every, self.probe_layers) < 0 or self.probe_window < 1:
+            raise ValueError("boundary_k, gate_every, probe_layers must be >= 0, probe_window >= 1")
+        if self.probe_layers and self.check_layer is not None:
+            raise ValueError("probe_layers and check_layer are alternative selections: set one")
 
 
 def qkv_fraction(c: ModelConfig) -> float:
@@ -175,6 +184,8 @@ class _Run:
         self, base: Tensor, candidates: Tensor, exact: Tensor, o: SelectiveOptions
     ) -> Tensor:
         num_layers = self.f.config.num_layers
+        if o.probe_layers and bool(candidates.any()):
+            return self._probed(base, candidates, o)
         if o.check_layer is None or not bool(candidates.any()):
             q_idx = base.nonzero().flatten()
             hidden = self._through(self.f.embed(self.ids[q_idx]), q_idx, 0, num_layers)
@@ -185,7 +196,10 @@ class _Run:
         q, k, v = self.f.project(o.check_layer, hidden_all, self.positions[all_idx])
         self.stats.token_layers_computed += qkv_fraction(self.f.config) * len(all_idx)
         cached_k = self.seq.pool.keys[o.check_layer][self.slots]
-        selected, ranked = self._select(base, candidates, all_idx, k, cached_k, o)
+        attn = None
+        if o.selection in ("attention", "weighted"):
+            attn = self._attention_paid(base, all_idx, q, k, cached_k)
+        selected, ranked = self._select(base, candidates, all_idx, k, cached_k, attn, o)
         q_idx = (base | selected).nonzero().flatten()
         pick = torch.searchsorted(all_idx, q_idx)  # rows of q_idx within all_idx
         fused = selected[q_idx]
@@ -202,6 +216,50 @@ class _Run:
             self.stats.token_layers_computed += len(q_idx)
         return self.f.logits(hidden[-1:])[0]
 
+    def _probed(self, base: Tensor, candidates: Tensor, o: SelectiveOptions) -> Tensor:
+        """Probe-guided selection (the module map, with attention instead of deviation):
+
+        layers [0, P)  : Q0 = base tokens computed over cached KV; the last W prompt tokens'
+                         attention onto each reused token is summed over layers 1..P-1
+        select         : S = top ratio of candidates by that attention
+        layers [0, P)  : S computed (its fresh K/V replace cached); Q0 is not redone
+        layers [P, L)  : Q0 + S computed
+        """
+        num_layers = self.f.config.num_layers
+        probe = min(o.probe_layers, num_layers)
+        q_idx = base.nonzero().flatten()
+        hidden = self.f.embed(self.ids[q_idx])
+        score = torch.zeros(len(self.ids))
+        window = q_idx[-o.probe_window :]
+        for layer in range(probe):
+            q, k, v = self.f.project(layer, hidden, self.positions[q_idx])
+            self.seq.write(layer, self.slots[q_idx], k, v)
+            keys, values = self.seq.gather(layer)
+            if layer >= 1:
+                score += self._attention_from(q[-len(window) :], window, keys)
+            hidden = self.f.attend(layer, hidden, q, keys, values, q_idx)
+            self.stats.token_layers_computed += len(q_idx)
+        self.ever_computed[q_idx] = True
+        cand = (candidates & ~base).nonzero().flatten()
+        budget = min(len(cand), math.ceil(o.ratio * int(candidates.sum())))
+        s_idx = cand[score[cand].topk(budget).indices].sort().values
+        h_s = self._through(self.f.embed(self.ids[s_idx]), s_idx, 0, probe)
+        merged = torch.cat([q_idx, s_idx])
+        order = torch.argsort(merged)
+        q_idx, hidden = merged[order], torch.cat([hidden, h_s])[order]
+        hidden = self._through(hidden, q_idx, probe, num_layers)
+        return self.f.logits(hidden[-1:])[0]
+
+    def _attention_from(self, q: Tensor, q_idx: Tensor, keys: Tensor) -> Tensor:
+        """Attention the queries (W, H, Dh) at `q_idx` pay each key (T, Hkv, Dh): mean over
+        heads, max over queries. (T,)"""
+        group = q.shape[1] // keys.shape[1]
+        k = keys.repeat_interleave(group, dim=1)
+        scores = torch.einsum("whd,thd->hwt", q, k) * self.f.scale
+        mask = torch.arange(keys.shape[0])[None, :] <= q_idx[:, None]
+        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+        return probs.mean(dim=0).max(dim=0).values
+
     def _through(self, hidden: Tensor, idx: Tensor, first: int, last: int) -> Tensor:
         """Run tokens `idx` through layers [first, last), writing their fresh K/V."""
         for layer in range(first, last):
@@ -211,6 +269,22 @@ class _Run:
             self.stats.token_layers_computed += len(idx)
         self.ever_computed[idx] = True
         return hidden
+
+    def _attention_paid(
+        self, base: Tensor, all_idx: Tensor, q: Tensor, k_fresh: Tensor, cached_k: Tensor
+    ) -> Tensor:
+        """Mean attention (over heads and the always-computed queries) paid to each token at
+        the check layer, with fresh keys where computed. (T,)"""
+        keys = cached_k.clone()
+        keys[all_idx] = k_fresh
+        base_idx = base.nonzero().flatten()
+        q_base = q[torch.searchsorted(all_idx, base_idx)]  # (B, H, Dh)
+        group = q.shape[1] // keys.shape[1]
+        keys = keys.repeat_interleave(group, dim=1)  # (T, H, Dh)
+        scores = torch.einsum("bhd,thd->hbt", q_base, keys) * self.f.scale
+        mask = torch.arange(keys.shape[0])[None, :] <= base_idx[:, None]  # (B, T)
+        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+        return probs.mean(dim=(0, 1))
 
     def catch_up(self, hidden: Tensor, idx: Tensor, first: int, last: int) -> Tensor:
         """Bring promoted tokens' hidden states from layer `first` to `last`, leaving the
@@ -246,12 +320,15 @@ class _Run:
         all_idx: Tensor,
         k_fresh: Tensor,
         cached_k: Tensor,
+        attn: Tensor | None,
         o: SelectiveOptions,
     ) -> tuple[Tensor, Tensor]:
-        """Top `ratio` of reused tokens by deviation. Returns (selected mask, ranked pool)."""
+        """Top `ratio` of reused tokens by score. Returns (selected mask, ranked pool)."""
         cand = (candidates & ~base).nonzero().flatten()
         rows = torch.searchsorted(all_idx, cand)
         dev = (k_fresh[rows] - cached_k[cand]).pow(2).sum(dim=(1, 2))
+        if attn is not None:
+            dev = attn[cand] if o.selection == "attention" else dev * attn[cand]
         if o.selection == "random":
             g = torch.Generator().manual_seed(o.seed)
             dev = torch.rand(len(cand), generator=g)
