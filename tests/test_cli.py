@@ -52,7 +52,7 @@ def test_demo_help_lists_options(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
     out = capsys.readouterr().out
-    for opt in ("--model", "--cache-dir", "--threads", "--strategy", "--turns", "--tokens"):
+    for opt in ("--model", "--cache-dir", "--threads", "--strategies", "--turns", "--tokens"):
         assert opt in out
 
 
