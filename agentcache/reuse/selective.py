@@ -241,6 +241,8 @@ class _Run:
             self.stats.token_layers_computed += len(q_idx)
         self.ever_computed[q_idx] = True
         cand = (candidates & ~base).nonzero().flatten()
+        if o.selection == "random":  # ablation: the same budget, tokens drawn at random
+            score = torch.rand(len(self.ids), generator=torch.Generator().manual_seed(o.seed))
         budget = min(len(cand), math.ceil(o.ratio * int(candidates.sum())))
         s_idx = cand[score[cand].topk(budget).indices].sort().values
         h_s = self._through(self.f.embed(self.ids[s_idx]), s_idx, 0, probe)

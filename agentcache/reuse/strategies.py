@@ -6,7 +6,7 @@
 | epic       | every cached segment     | + first k=64 tokens of each non-first chunk       |
 | cacheblend | every cached segment     | layer 0 all; top r=0.15 by layer-1 key deviation  |
 | cacheslide | every cached segment     | WCA: layer 0 all; top rho=0.26 fused, tau gating  |
-| rpdc       | exact prefix as is; rest | layer 0 of the rest; boundary k=16 + top r=0.15   |
+| rpdc       | exact prefix as is; rest | probe pass; top 30% by attention of last tokens   |
 """
 
 from __future__ import annotations
@@ -44,8 +44,13 @@ class CacheSlide(SelectiveRecompute):
 
 @STRATEGIES.register("rpdc")
 class RPDC(SelectiveRecompute):
-    """agentcache's default: exact prefix kept as is, chunk-boundary tokens always recomputed,
-    deviation-ranked tokens recomputed with full replacement."""
+    """agentcache's default. Keeps what the data showed works and drops what it showed broken:
+    segments whose context is unchanged are kept exactly (no layer-0 pass over them); reused
+    tokens are ranked not by layer-1 key deviation (which missed the tokens the answer
+    depends on) but by the attention the prompt's last 256 tokens pay them over the first 10
+    layers of a probe pass; the top 30% are recomputed with full replacement (no fusion)."""
 
     name = "rpdc"
-    defaults = SelectiveOptions(boundary_k=16, check_layer=1, ratio=0.15, exact_prefix=True)
+    defaults = SelectiveOptions(
+        probe_layers=10, probe_window=256, ratio=0.3, exact_prefix=True, selection="attention"
+    )
