@@ -31,6 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--max-sessions", type=int, default=None, help="sessions per file")
     p.add_argument("--max-turns", type=int, default=None, help="turns per session")
     p.add_argument("--case", default=None, help="only sessions of this case (swing / shift)")
+    p.add_argument("--sessions", default=None, help="only these sessions (comma list of names)")
     p.add_argument("--new-tokens", type=int, default=None, help="override max_new_tokens")
     return p
 
@@ -41,7 +42,12 @@ def select(args: argparse.Namespace, console: Console) -> tuple[list[Session], l
     for path in args.workloads:
         loaded = load_workload(path)
         problems += loaded.problems
-        chosen = [s for s in loaded.sessions if args.case in (None, s.case)]
+        names = set(args.sessions.split(",")) if args.sessions else None
+        chosen = [
+            s
+            for s in loaded.sessions
+            if args.case in (None, s.case) and (names is None or s.name in names)
+        ]
         sessions += chosen[: args.max_sessions]
     for p in problems:
         console.print(f"[yellow]warning:[/] {p}")
