@@ -226,7 +226,7 @@ class _Run:
         layers [P, L)  : Q0 + S computed
         """
         num_layers = self.f.config.num_layers
-        probe = min(o.probe_layers, num_layers)
+        probe = min(o.probe_layers, num_layers // 2)  # selected tokens need layers after it
         q_idx = base.nonzero().flatten()
         hidden = self.f.embed(self.ids[q_idx])
         score = torch.zeros(len(self.ids))

@@ -101,3 +101,37 @@ def test_unknown_option_names_the_known_ones(tiny: LoadedModel) -> None:
     engine = Engine(tiny, EngineConfig(strategy="epic", strategy_options={"epic": {"k": 3}}))
     with pytest.raises(TypeError, match="boundary_k"):
         engine.strategy()
+
+
+def test_probe_selection_budget_and_fidelity(tiny: LoadedModel) -> None:
+    pic = shifted(second_turn(tiny, "pic"))
+    probed = shifted(second_turn(tiny, "rpdc", ratio=0.5, exact_prefix=False))
+    selected = math.ceil(0.5 * probed.reused_tokens)
+    assert probed.recomputed_tokens == pic.recomputed_tokens + selected
+    expected = (pic.recomputed_tokens + selected) / probed.prompt_tokens
+    assert probed.recompute_fraction == pytest.approx(expected)
+
+    ref = Engine(tiny).generate(
+        agent_prompt("memory v2 is longer than before " * 5), ONE, strategy="full"
+    )
+
+    def kl(name: str, **o: object) -> float:
+        out = second_turn(tiny, name, **o).generate(
+            agent_prompt("memory v2 is longer than before " * 5), ONE
+        )
+        p = torch.log_softmax(ref.first_token_logits.double(), -1)
+        q = torch.log_softmax(out.first_token_logits.double(), -1)
+        return float((p.exp() * (p - q)).sum())
+
+    assert kl("rpdc", ratio=1.0) < kl("pic")
+    assert kl("rpdc", ratio=0.5, selection="random") >= 0.0  # the ablation runs
+
+
+def test_exact_prefix_is_not_recomputed(tiny: LoadedModel) -> None:
+    stats = shifted(second_turn(tiny, "rpdc", ratio=1.0))
+    engine = Engine(tiny)
+    prompt = engine.tokenize(agent_prompt("memory v2 is longer than before " * 5))
+    system = prompt.segments[0]
+    assert system.kind == "system"
+    # everything but the unchanged system prefix is recomputed at ratio 1.0
+    assert stats.recomputed_tokens == prompt.num_tokens - len(system.ids)
