@@ -68,7 +68,7 @@ class RotaryEmbedding:
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """(T,) -> cos, sin of shape (T, head_dim), attention factor applied."""
         table = self._table
-        if table is not None and int(positions.max()) < table[0].shape[0]:
+        if table is not None and (positions.numel() == 0 or int(positions.max()) < len(table[0])):
             return table[0][positions], table[1][positions]
         return self._compute_cos_sin(positions)
 

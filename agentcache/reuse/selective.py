@@ -245,6 +245,8 @@ class _Run:
             score = torch.rand(len(self.ids), generator=torch.Generator().manual_seed(o.seed))
         budget = min(len(cand), math.ceil(o.ratio * int(candidates.sum())))
         s_idx = cand[score[cand].topk(budget).indices].sort().values
+        if budget == 0:  # nothing to promote: finish the probe set
+            return self.f.logits(self._through(hidden, q_idx, probe, num_layers)[-1:])[0]
         h_s = self._through(self.f.embed(self.ids[s_idx]), s_idx, 0, probe)
         merged = torch.cat([q_idx, s_idx])
         order = torch.argsort(merged)

@@ -135,3 +135,10 @@ def test_exact_prefix_is_not_recomputed(tiny: LoadedModel) -> None:
     assert system.kind == "system"
     # everything but the unchanged system prefix is recomputed at ratio 1.0
     assert stats.recomputed_tokens == prompt.num_tokens - len(system.ids)
+
+
+def test_probe_with_zero_budget_equals_pic_compute(tiny: LoadedModel) -> None:
+    pic = shifted(second_turn(tiny, "pic"))
+    zero = shifted(second_turn(tiny, "rpdc", ratio=0.0, exact_prefix=False))
+    assert zero.recomputed_tokens == pic.recomputed_tokens
+    assert zero.recompute_fraction == pytest.approx(pic.recompute_fraction)
