@@ -19,7 +19,6 @@ from rich.table import Table
 
 from agentcache.model.loading import load_model
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
-from agentcache.reuse import DEFAULT_STRATEGY
 from agentcache.runtime.engine import Engine, EngineConfig, Generation, GenerationParams
 
 SYSTEM = (
@@ -82,14 +81,20 @@ def run_demo(
     model: str | None, cache_dir: Path, strategies: list[str], turns: int, tokens: int
 ) -> int:
     console = Console(width=max(110, Console().width))
-    names = [DEFAULT_STRATEGY if s == "default" else s for s in strategies]
+    from agentcache.bench.harness import StrategySpec
+
+    specs = {s.label: s for s in map(StrategySpec.parse, strategies)}
+    names = list(specs)
     with Progress(
         SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
         console=console, transient=True,
     ) as progress:  # fmt: skip
         task = progress.add_task("loading model", total=None)
         loaded = load_model(model, cache_dir)
-        engines = {n: Engine(loaded, EngineConfig(strategy=n)) for n in ["full", *names]}
+        engines = {"full": Engine(loaded, EngineConfig(strategy="full"))}
+        for label, s in specs.items():
+            config = EngineConfig(strategy=s.name, strategy_options={s.name: s.options})
+            engines[label] = Engine(loaded, config)
         params = GenerationParams(max_new_tokens=tokens)
         progress.update(task, description="agent turns", total=turns * len(engines))
         rows: list[dict[str, Generation]] = []
