@@ -36,6 +36,6 @@ test: lint typecheck
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
-# the benchmark figures in docs/benchmarks.md (~30 min on 2 cores)
+# the benchmark figures in docs/benchmarks.md (~40 min on 2 cores)
 bench: setup
 	bash benchmarks/run_docs_bench.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the figures in docs/benchmarks.md (about 30 minutes on 2 CPU cores).
+# Reproduces the figures in docs/benchmarks.md (about 40 minutes on 2 CPU cores).
 # Sessions -01 (shift) and -02 (swing) of each workload, first 4 turns, 32 teacher-forced tokens;
 # then the budget/ablation sweep on one swing session with 16 tokens.
 set -euo pipefail
