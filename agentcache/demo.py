@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from agentcache.bench.metrics import kl as first_token_kl
 from agentcache.model.loading import load_model
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.runtime.engine import Engine, EngineConfig, Generation, GenerationParams
@@ -69,12 +69,6 @@ def build_prompt(turn: int, history: list[tuple[str, str]], user: str) -> Segmen
         segs.append(Segment(SegmentKind.FIXED, a, f"assistant-{i}", "assistant"))
     segs.append(Segment(SegmentKind.UPDATE, user, "user-new", "user"))
     return SegmentedPrompt(segs)
-
-
-def first_token_kl(ref: torch.Tensor, other: torch.Tensor) -> float:
-    p = torch.log_softmax(ref.double(), -1)
-    q = torch.log_softmax(other.double(), -1)
-    return float((p.exp() * (p - q)).sum())
 
 
 def run_demo(
@@ -130,7 +124,7 @@ def _table(model_id: str, names: list[str], rows: list[dict[str, Generation]]) -
         cells = [str(i + 1), str(ref.stats.prompt_tokens), f"{ref.stats.ttft_s * 1e3:.0f} ms"]
         for n in names:
             s = row[n].stats
-            kl = first_token_kl(ref.first_token_logits, row[n].first_token_logits)
+            kl = float(first_token_kl(ref.first_token_logits, row[n].first_token_logits))
             cells += [
                 f"{s.reused_tokens / s.prompt_tokens:.0%}",
                 f"{s.ttft_s * 1e3:.0f} ms ({ref.stats.ttft_s / s.ttft_s:.1f}x)",

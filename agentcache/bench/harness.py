@@ -24,8 +24,7 @@ from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import SegmentKind
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse import DEFAULT_STRATEGY, STRATEGIES
-from agentcache.reuse.base import PrefillResult, ReuseStats
-from agentcache.reuse.promptcache import compute_subset
+from agentcache.reuse.base import PrefillResult, ReuseStats, compute_subset
 from agentcache.runtime.engine import Engine, EngineConfig
 
 

@@ -97,25 +97,21 @@ class ReuseStrategy(ABC):
         return None
 
 
-def compute_suffix(
-    ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV, start: int, stats: ReuseStats
+def compute_subset(
+    ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV, idx: Tensor, stats: ReuseStats
 ) -> Tensor:
-    """Compute tokens [start, T) at their natural positions over the K/V already in `seq`
-    (tokens [0, start) must be written for every layer). Returns last-token logits (V,)."""
+    """Compute tokens `idx` (sorted, last token included) at their natural positions, attending
+    over whatever K/V `seq` holds for the others (written for every layer). Returns last-token
+    logits (V,). With every token in `idx` it is a plain causal prefill."""
     f = ctx.model.forward
-    num_tokens = prompt.num_tokens
-    ids = torch.tensor(prompt.ids[start:], dtype=torch.int64)
-    positions = torch.arange(start, num_tokens)
-    slots = seq.slots()[start:]
-    hidden = f.embed(ids)
+    every_token = len(idx) == seq.num_tokens
+    slots = seq.slots()[idx]
+    hidden = f.embed(torch.tensor(prompt.ids, dtype=torch.int64)[idx])
     for layer in range(f.config.num_layers):
-        q, k, v = f.project(layer, hidden, positions)
+        q, k, v = f.project(layer, hidden, idx)
         seq.write(layer, slots, k, v)
-        if start == 0:
-            keys, values = k, v
-        else:
-            keys, values = seq.gather(layer)
-        hidden = f.attend(layer, hidden, q, keys, values, None)
-    stats.recomputed_tokens += num_tokens - start
-    stats.token_layers_computed += (num_tokens - start) * f.config.num_layers
+        keys, values = (k, v) if every_token else seq.gather(layer)
+        hidden = f.attend(layer, hidden, q, keys, values, None if every_token else idx)
+    stats.recomputed_tokens += len(idx)
+    stats.token_layers_computed += len(idx) * f.config.num_layers
     return f.logits(hidden[-1:])[0]

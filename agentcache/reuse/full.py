@@ -12,7 +12,7 @@ from agentcache.reuse.base import (
     ReuseContext,
     ReuseStats,
     ReuseStrategy,
-    compute_suffix,
+    compute_subset,
 )
 
 
@@ -23,5 +23,5 @@ class FullRecompute(ReuseStrategy):
     def prefill(self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV) -> PrefillResult:
         stats = ReuseStats(prompt.num_tokens, ctx.model.config.num_layers)
         seq.extend(prompt.num_tokens)
-        logits = compute_suffix(ctx, prompt, seq, 0, stats)
+        logits = compute_subset(ctx, prompt, seq, torch.arange(0, prompt.num_tokens), stats)
         return PrefillResult(logits, torch.arange(prompt.num_tokens), stats)

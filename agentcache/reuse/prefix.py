@@ -23,7 +23,7 @@ from agentcache.reuse.base import (
     ReuseContext,
     ReuseStats,
     ReuseStrategy,
-    compute_suffix,
+    compute_subset,
 )
 
 ROOT = "prefix-root"
@@ -55,7 +55,9 @@ class PrefixReuse(ReuseStrategy):
             seq.write_all(seq.slots()[:num_reused], keys, values)
         stats.reused_tokens = num_reused
         stats.load_s = time.perf_counter() - t0
-        logits = compute_suffix(ctx, prompt, seq, num_reused, stats)
+        logits = compute_subset(
+            ctx, prompt, seq, torch.arange(num_reused, prompt.num_tokens), stats
+        )
         return PrefillResult(logits, torch.arange(prompt.num_tokens), stats)
 
     def _matching_blocks(self, ctx: ReuseContext, prompt: TokenizedPrompt) -> list[StoredKV]:

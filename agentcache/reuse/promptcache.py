@@ -14,7 +14,14 @@ from torch import Tensor
 
 from agentcache.kv.pool import SequenceKV
 from agentcache.prompt.tokenize import TokenizedPrompt
-from agentcache.reuse.base import STRATEGIES, PrefillResult, ReuseContext, ReuseStats, ReuseStrategy
+from agentcache.reuse.base import (
+    STRATEGIES,
+    PrefillResult,
+    ReuseContext,
+    ReuseStats,
+    ReuseStrategy,
+    compute_subset,
+)
 from agentcache.reuse.segments import commit_segments, find_hits
 
 NAMESPACE = "pdc"
@@ -44,21 +51,3 @@ class PromptCache(ReuseStrategy):
         self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV, positions: Tensor
     ) -> None:
         commit_segments(ctx, prompt, seq, positions, NAMESPACE, at_start=True)
-
-
-def compute_subset(
-    ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV, idx: Tensor, stats: ReuseStats
-) -> Tensor:
-    """Compute tokens `idx` (sorted, last token included) at their own positions, attending
-    over whatever K/V `seq` holds for the others. Returns last-token logits (V,)."""
-    f = ctx.model.forward
-    slots = seq.slots()[idx]
-    hidden = f.embed(torch.tensor(prompt.ids, dtype=torch.int64)[idx])
-    for layer in range(f.config.num_layers):
-        q, k, v = f.project(layer, hidden, idx)
-        seq.write(layer, slots, k, v)
-        keys, values = seq.gather(layer)
-        hidden = f.attend(layer, hidden, q, keys, values, idx)
-    stats.recomputed_tokens += len(idx)
-    stats.token_layers_computed += len(idx) * f.config.num_layers
-    return f.logits(hidden[-1:])[0]

@@ -255,14 +255,8 @@ class _Run:
         return self.f.logits(hidden[-1:])[0]
 
     def _attention_from(self, q: Tensor, q_idx: Tensor, keys: Tensor) -> Tensor:
-        """Attention the queries (W, H, Dh) at `q_idx` pay each key (T, Hkv, Dh): mean over
-        heads, max over queries. (T,)"""
-        group = q.shape[1] // keys.shape[1]
-        k = keys.repeat_interleave(group, dim=1)
-        scores = torch.einsum("whd,thd->hwt", q, k) * self.f.scale
-        mask = torch.arange(keys.shape[0])[None, :] <= q_idx[:, None]
-        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-        return probs.mean(dim=0).max(dim=0).values
+        """Attention the queries at `q_idx` pay each key: mean over heads, max over queries."""
+        return attention_probs(q, q_idx, keys, self.f.scale).mean(dim=0).max(dim=0).values
 
     def _through(self, hidden: Tensor, idx: Tensor, first: int, last: int) -> Tensor:
         """Run tokens `idx` through layers [first, last), writing their fresh K/V."""
@@ -283,12 +277,7 @@ class _Run:
         keys[all_idx] = k_fresh
         base_idx = base.nonzero().flatten()
         q_base = q[torch.searchsorted(all_idx, base_idx)]  # (B, H, Dh)
-        group = q.shape[1] // keys.shape[1]
-        keys = keys.repeat_interleave(group, dim=1)  # (T, H, Dh)
-        scores = torch.einsum("bhd,thd->hbt", q_base, keys) * self.f.scale
-        mask = torch.arange(keys.shape[0])[None, :] <= base_idx[:, None]  # (B, T)
-        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-        return probs.mean(dim=(0, 1))
+        return attention_probs(q_base, base_idx, keys, self.f.scale).mean(dim=(0, 1))
 
     def catch_up(self, hidden: Tensor, idx: Tensor, first: int, last: int) -> Tensor:
         """Bring promoted tokens' hidden states from layer `first` to `last`, leaving the
@@ -343,6 +332,16 @@ class _Run:
         selected = torch.zeros_like(base)
         selected[cand[order[:budget]]] = True
         return selected, cand[order[budget:]]
+
+
+def attention_probs(q: Tensor, q_idx: Tensor, keys: Tensor, scale: float) -> Tensor:
+    """Causal attention probabilities of queries (W, H, Dh) at prompt indices `q_idx` (W,)
+    over keys (T, Hkv, Dh), GQA groups expanded. -> (H, W, T)"""
+    group = q.shape[1] // keys.shape[1]
+    k = keys.repeat_interleave(group, dim=1)  # (T, H, Dh)
+    scores = torch.einsum("whd,thd->hwt", q, k) * scale
+    mask = torch.arange(keys.shape[0])[None, :] <= q_idx[:, None]  # (W, T)
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
 
 
 def wca_weight(k_fresh: Tensor, k_cached: Tensor) -> Tensor:
