@@ -142,8 +142,9 @@ class HeadPagedKV:
         rows = self.table_fast[layer].gather(1, pages.clamp(min=0))
         rows = rows.masked_fill(pages < 0, NULL_PAGE)
         hkv, n = rows.shape
-        k = self.arena_k[rows.flatten()].view(hkv, n * self.page_size, -1)
-        v = self.arena_v[rows.flatten()].view(hkv, n * self.page_size, -1)
+        flat = rows.flatten()
+        k = self.arena_k.flatten(1).index_select(0, flat).view(hkv, n * self.page_size, -1)
+        v = self.arena_v.flatten(1).index_select(0, flat).view(hkv, n * self.page_size, -1)
         return k, v
 
     def place(self, layer: int, heads: Tensor, wanted: Tensor) -> int:
