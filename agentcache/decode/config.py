@@ -27,7 +27,7 @@ class DecodeConfig:
     policy: str = "dense"
     budget_pages: int = DEFAULT_BUDGET_PAGES
     recent_pages: int = 1
-    gqa_combine: str = "max"
+    gqa_combine: str = "sum"
     profile: Path | None = None
     profile_dir: Path | None = None
     dense_fallback: bool = False

@@ -100,7 +100,7 @@ class MultiScale(DecodePolicy):
     needs_profile = True
     intervals = (4, 16, 64)
 
-    def __init__(self, thresholds: tuple[float, float] = (0.5, 0.8)) -> None:
+    def __init__(self, thresholds: tuple[float, float] = (0.65, 0.75)) -> None:
         lo, hi = thresholds
         if not 0.0 <= lo <= hi <= 1.0:
             raise ValueError(f"thresholds must satisfy 0 <= lo <= hi <= 1, got {thresholds}")
