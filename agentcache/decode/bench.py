@@ -21,6 +21,7 @@ from torch import Tensor
 
 from agentcache.decode.config import DecodeConfig
 from agentcache.decode.decoder import SparseDecoder
+from agentcache.decode.prompts import NEEDLE, SECRET, load_texts, needle_prompt
 from agentcache.decode.setup import DecodeSetup
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.loading import LoadedModel
@@ -39,6 +40,7 @@ class DecodeBenchSettings:
     budget_pages: int = 64
     gqa_combine: str = "sum"
     teacher_forced: bool = True
+    needle_tokens: int = 0  # > 0: also decode this many tokens on a planted-needle prompt
 
     def __post_init__(self) -> None:
         if self.new_tokens < 1 or self.context <= self.new_tokens:
@@ -92,7 +94,50 @@ def run_decode_bench(
                     forced = _run(build, first, start, settings.new_tokens, dense.tokens).tokens
             runs[name] = _record(run, dense, forced)
         per_prompt.append({"prompt_tokens": prompt.num_tokens, "policies": runs})
-    return {"policies": _summarize(per_prompt, settings), "per_prompt": per_prompt}
+    summary = _summarize(per_prompt, settings)
+    out: dict[str, Any] = {"policies": summary, "per_prompt": per_prompt}
+    if settings.needle_tokens:
+        out["needle"] = _needle(engine, setups, settings, on_step)
+        for name, rec in out["needle"]["policies"].items():
+            summary[name]["needle_found"] = rec["found"]
+            summary[name]["needle_answer_same_as_dense"] = rec["same_as_dense"]
+    return out
+
+
+def _needle(
+    engine: Engine,
+    setups: dict[str, DecodeSetup],
+    settings: DecodeBenchSettings,
+    on_step: Callable[[str], None] | None,
+) -> dict[str, Any]:
+    """Greedy answers of every policy to a question about a needle planted mid-context."""
+    model = engine.model
+    prompt = needle_prompt(model, load_texts(None), settings.prompt_tokens)
+    seq, pre = engine.prefill(prompt)
+    try:
+        keys, values = seq.gather_all(slice(0, seq.num_tokens))
+    finally:
+        seq.free()
+    first, start, n = int(pre.logits.argmax()), int(pre.positions.max()) + 1, settings.needle_tokens
+    dense = _run_dense(engine, keys, values, first, start, n, on_step)
+    answers = {"dense": dense.tokens}
+    for name in settings.policies:
+        if name != "dense":
+            build = _sparse_builder(model, setups[name], keys, values, settings)
+            answers[name] = _run(build, first, start, n, None, on_step).tokens
+    texts = {name: model.tokenizer.decode(ids) for name, ids in answers.items()}
+    return {
+        "needle": NEEDLE.strip(),
+        "secret": SECRET,
+        "policies": {
+            name: {
+                "answer": text,
+                "found": SECRET in text,
+                "same_as_dense": answers[name] == answers["dense"],
+            }
+            for name, text in texts.items()
+        },
+    }
 
 
 def _run_dense(
@@ -122,13 +167,12 @@ def _sparse_builder(
     values: Tensor,
     settings: DecodeBenchSettings,
 ) -> Callable[[], SparseDecoder]:
+    max_tokens = keys.shape[1] + max(settings.new_tokens, settings.needle_tokens)
+
     def build() -> SparseDecoder:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a clamped budget is reported in the stats
-            return SparseDecoder(
-                model.forward, setup.plan, setup.config, keys, values,
-                keys.shape[1] + settings.new_tokens,
-            )  # fmt: skip
+            return SparseDecoder(model.forward, setup.plan, setup.config, keys, values, max_tokens)
 
     return build
 

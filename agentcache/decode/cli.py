@@ -54,6 +54,10 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--gqa", choices=GQA_COMBINES, default="sum", help="GQA combine")
     p.add_argument("--profile", type=Path, default=None, help="head profile JSON")
     p.add_argument("--no-teacher-forced", action="store_true", help="skip the forced runs")
+    p.add_argument(
+        "--needle", type=int, default=0, metavar="N",
+        help="also answer a planted-needle question with N tokens per policy (default off)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("bench-decode-out"), help="output folder")
     return p
 
@@ -106,7 +110,7 @@ def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
     try:
         settings = DecodeBenchSettings(
             args.context, args.new_tokens, tuple(p.strip() for p in args.policies.split(",")),
-            args.budget, args.gqa, not args.no_teacher_forced,
+            args.budget, args.gqa, not args.no_teacher_forced, args.needle,
         )  # fmt: skip
     except ValueError as e:
         raise AgentCacheError(str(e)) from e
@@ -129,8 +133,9 @@ def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
     sparse = [p for p in settings.policies if p != "dense"]
     runs = 1 + len(sparse) * (2 if settings.teacher_forced else 1)
     with _progress(console) as progress:
-        task = progress.add_task("bench-decode", total=runs * (settings.new_tokens - 1) * len(
-            prompts))  # fmt: skip
+        steps = runs * (settings.new_tokens - 1) * len(prompts)
+        needle = (1 + len(sparse)) * max(settings.needle_tokens - 1, 0)
+        task = progress.add_task("bench-decode", total=steps + needle)
         results = run_decode_bench(
             model, prompts, settings, config, lambda _: progress.advance(task)
         )

@@ -66,3 +66,20 @@ def token_prompts(
 def tokenized_prompt(model: LoadedModel, ids: list[int]) -> TokenizedPrompt:
     seg = Segment(SegmentKind.SYSTEM, model.tokenizer.decode(ids), "text")
     return TokenizedPrompt((TokenizedSegment(seg, tuple(ids), 0),), tuple(ids))
+
+
+NEEDLE = " The secret passphrase for the archive is blue-harbor-7319. "
+QUESTION = (
+    "\n\nQuestion: what is the secret passphrase for the archive?\n"
+    "Answer: The secret passphrase for the archive is"
+)
+SECRET = "7319"
+
+
+def needle_prompt(model: LoadedModel, texts: list[str], num_tokens: int) -> TokenizedPrompt:
+    """`num_tokens` tokens: essay text with NEEDLE planted halfway, ending in QUESTION."""
+    enc = model.tokenizer.encode
+    needle, question = enc(NEEDLE), enc(QUESTION)
+    haystack = token_prompts(model, texts, num_tokens - len(needle) - len(question), 1)[0].ids
+    half = len(haystack) // 2
+    return tokenized_prompt(model, [*haystack[:half], *needle, *haystack[half:], *question])

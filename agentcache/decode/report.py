@@ -61,9 +61,26 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
         table(results["policies"]),
         "",
+        *_needle_lines(results),
         "![decode](decode.png)",
         "",
     ])  # fmt: skip
+
+
+def _needle_lines(results: dict[str, Any]) -> list[str]:
+    needle = results.get("needle")
+    if not needle:
+        return []
+    lines = [
+        f"Planted needle: `{needle['needle']}` halfway into the context; greedy answers:",
+        "",
+        "| policy | answer | secret found | same as dense |",
+        "|---|---|---|---|",
+    ]
+    for name, rec in needle["policies"].items():
+        answer = rec["answer"].replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| {name} | `{answer}` | {rec['found']} | {rec['same_as_dense']} |")
+    return [*lines, ""]
 
 
 def plot(results: dict[str, Any], out: Path) -> None:

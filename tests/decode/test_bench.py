@@ -27,7 +27,8 @@ def test_bench_decode_writes_every_metric(
     tiny: LoadedModel, profile_file: Path, tmp_path: Path
 ) -> None:
     settings = DecodeBenchSettings(
-        context=600, new_tokens=40, policies=("dense", "quest", "flexicache"), budget_pages=4
+        context=600, new_tokens=40, policies=("dense", "quest", "flexicache"), budget_pages=4,
+        needle_tokens=6,
     )
     prompts = token_prompts(tiny, load_texts(None), settings.prompt_tokens, 1)
     assert prompts[0].num_tokens == 560
@@ -56,7 +57,11 @@ def test_bench_decode_writes_every_metric(
     assert flexi["bytes_promoted_per_rerank"] > 0 and dense["bytes_promoted_per_rerank"] == 0
     assert 0 <= flexi["greedy_agreement_with_dense"] <= 1
     assert flexi["head_reranks_per_step"] < pol["quest"]["head_reranks_per_step"] == 8
-    assert "| flexicache |" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "| flexicache |" in report and "Planted needle" in report
+    needle = json.loads((tmp_path / "results.json").read_text())["needle"]["policies"]
+    assert needle["dense"]["same_as_dense"] and set(needle) == set(pol)
+    assert all(isinstance(pol[n]["needle_found"], bool) for n in pol)
     assert (tmp_path / "decode.png").stat().st_size > 0
 
 
