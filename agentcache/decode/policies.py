@@ -92,26 +92,30 @@ class FlexiCache(DecodePolicy):
 
 @DECODE_POLICIES.register("multiscale")
 class MultiScale(DecodePolicy):
-    """Rerank interval per head from the continuous stability score: the unstable set reranks
-    every step (full KV resident); the other heads are offloaded and rerank every 4, 16 or 64
-    steps by their stability (mean 16-step RCO) against `thresholds` (ascending)."""
+    """Rerank interval per head from the continuous stability score (mean 16-step RCO): the
+    unstable set reranks every step (full KV resident); the other heads are offloaded and rerank
+    every 4, 16 or 64 steps by where their score falls among the stable heads' scores: below
+    the `quantiles[0]` quantile every 4, from there to `quantiles[1]` every 16, above every 64.
+    Rank-based, so the split carries over to models whose scores sit at another level."""
 
     name = "multiscale"
     needs_profile = True
     intervals = (4, 16, 64)
 
-    def __init__(self, thresholds: tuple[float, float] = (0.65, 0.75)) -> None:
-        lo, hi = thresholds
+    def __init__(self, quantiles: tuple[float, float] = (1 / 3, 2 / 3)) -> None:
+        lo, hi = quantiles
         if not 0.0 <= lo <= hi <= 1.0:
-            raise ValueError(f"thresholds must satisfy 0 <= lo <= hi <= 1, got {thresholds}")
-        self.thresholds = (lo, hi)
+            raise ValueError(f"quantiles must satisfy 0 <= lo <= hi <= 1, got {quantiles}")
+        self.quantiles = (lo, hi)
 
     def plan(self, num_layers: int, num_kv_heads: int, profile: HeadProfile | None) -> HeadPlan:
         assert profile is not None
         s = profile.stability_tensor()
-        lo, hi = self.thresholds
+        unstable = profile.unstable_mask()
         interval = _fill(num_layers, num_kv_heads, self.intervals[0])
-        interval[s >= lo] = self.intervals[1]
-        interval[s >= hi] = self.intervals[2]
-        interval[profile.unstable_mask()] = 1
+        if bool((~unstable).any()):
+            lo, hi = torch.quantile(s[~unstable], torch.tensor(self.quantiles, dtype=s.dtype))
+            interval[s >= lo] = self.intervals[1]
+            interval[s >= hi] = self.intervals[2]
+        interval[unstable] = 1
         return HeadPlan(True, interval, interval > 1)

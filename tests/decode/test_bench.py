@@ -27,7 +27,10 @@ def test_bench_decode_writes_every_metric(
     tiny: LoadedModel, profile_file: Path, tmp_path: Path
 ) -> None:
     settings = DecodeBenchSettings(
-        context=600, new_tokens=40, policies=("dense", "quest", "flexicache"), budget_pages=4,
+        context=600,
+        new_tokens=40,
+        policies=("dense", "quest", "flexicache"),
+        budget_pages=4,
         needle_tokens=6,
     )
     prompts = token_prompts(tiny, load_texts(None), settings.prompt_tokens, 1)
