@@ -26,7 +26,7 @@ class DecodeConfig:
 
     policy: str = "dense"
     budget_pages: int = DEFAULT_BUDGET_PAGES
-    recent_pages: int = 1
+    recent_pages: int = 2
     gqa_combine: str = "sum"
     profile: Path | None = None
     profile_dir: Path | None = None

@@ -104,7 +104,7 @@ def test_small_budget_selects_the_needle_page(
         dec.kv.sync(layer)
         pages = dec.pages(layer)
         assert bool((pages == 20).any(1).all()), f"layer {layer}: {pages}"
-        assert pages.shape[1] == 1 + 3 + 1  # sink + budget + newest
+        assert pages.shape[1] == 1 + 3 + 2  # sink + budget + two newest pages
         for h in range(c.num_kv_heads):
             assert 20 in dec.kv.resident_pages(layer, h)
         out = dec._attend(layer, qg).view(c.num_heads, c.head_dim)

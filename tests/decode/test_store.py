@@ -129,8 +129,8 @@ def test_budget_larger_than_context_is_clamped_with_a_warning(tiny: LoadedModel)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         dec = SparseDecoder(tiny.forward, plan, DecodeConfig("quest", 64), keys, keys, 120)
-    assert any("clamped to 6" in str(w.message) for w in caught)
-    assert dec.stats().budget_pages == 6 and dec.stats().budget_clamped
+    assert any("clamped to 5" in str(w.message) for w in caught)
+    assert dec.stats().budget_pages == 5 and dec.stats().budget_clamped
 
 
 @pytest.mark.parametrize("budget", [0, -3])
