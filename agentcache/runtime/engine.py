@@ -202,7 +202,11 @@ class Engine:
         ids: list[int] = []
         logits = pre.logits
         t0 = time.perf_counter()
-        sparse = self.decode.decoder(self.model, seq, seq.num_tokens + params.max_new_tokens)
+        sparse = (  # built only if a step will run
+            self.decode.decoder(self.model, seq, seq.num_tokens + params.max_new_tokens)
+            if params.max_new_tokens > 1
+            else None
+        )
         finish = "length"
         while len(ids) < params.max_new_tokens and position < max_pos:
             token = sample(logits, params.temperature, params.top_p, gen)

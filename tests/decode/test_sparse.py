@@ -109,3 +109,18 @@ def test_small_budget_selects_the_needle_page(
             assert 20 in dec.kv.resident_pages(layer, h)
         out = dec._attend(layer, qg).view(c.num_heads, c.head_dim)
         assert bool((out > 6.0).all())  # the needle's value dominates every query head
+
+
+def test_sparse_decode_keeps_reuse_working(
+    tiny: LoadedModel, long_prompt: SegmentedPrompt, profile_file: Path
+) -> None:
+    config = DecodeConfig("flexicache", budget_pages=4, profile=profile_file)
+    e = Engine(tiny, EngineConfig(strategy="prefix", kv_pages=256, decode=config))
+    params = GenerationParams(max_new_tokens=20)
+    first = e.generate(long_prompt, params)
+    second = e.generate(long_prompt, params)
+    assert second.stats.reused_tokens > 0 and second.token_ids == first.token_ids
+    assert first.stats.decode is not None and first.stats.decode.steps == 19
+    assert e.ctx.pool.num_used == 0  # the sequence's pages are released after decode
+    one = e.generate(long_prompt, GenerationParams(max_new_tokens=1))
+    assert one.stats.decode is None and len(one.token_ids) == 1  # no step, no decoder built
