@@ -79,8 +79,9 @@ def run_profile(args: argparse.Namespace, model_path: str | None, cache_dir: Pat
         budget_pages=args.budget, unstable_fraction=args.unstable_fraction,
         gqa_combine=args.gqa, steps=args.steps,
     )  # fmt: skip
+    texts = load_texts(args.prompts)
     model = load_model(model_path, cache_dir)
-    prompts = token_prompts(model, load_texts(args.prompts), args.context, args.num_prompts)
+    prompts = token_prompts(model, texts, args.context, args.num_prompts)
     with _progress(console) as progress:
         task = progress.add_task("profile-heads", total=settings.steps * len(prompts))
         try:
@@ -114,15 +115,14 @@ def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
         )  # fmt: skip
     except ValueError as e:
         raise AgentCacheError(str(e)) from e
+    texts = load_texts(args.prompts)
     model = load_model(model_path, cache_dir)
     if settings.context > model.config.max_position_embeddings:
         raise AgentCacheError(
             f"context {settings.context} exceeds the model's "
             f"{model.config.max_position_embeddings} positions (context = prompt + new tokens)"
         )
-    prompts = token_prompts(
-        model, load_texts(args.prompts), settings.prompt_tokens, args.num_prompts
-    )
+    prompts = token_prompts(model, texts, settings.prompt_tokens, args.num_prompts)
 
     def config(policy: str) -> DecodeConfig:
         return DecodeConfig(
