@@ -21,7 +21,7 @@ from torch import Tensor
 
 from agentcache.decode.config import DecodeConfig
 from agentcache.decode.decoder import SparseDecoder
-from agentcache.decode.prompts import NEEDLE, SECRET, load_texts, needle_prompt
+from agentcache.decode.prompts import NEEDLE, SECRET, needle_prompt
 from agentcache.decode.setup import DecodeSetup
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.loading import LoadedModel
@@ -69,8 +69,10 @@ def run_decode_bench(
     settings: DecodeBenchSettings,
     decode_config: Callable[[str], DecodeConfig],
     on_step: Callable[[str], None] | None = None,
+    texts: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Results keyed by policy (see module doc), plus per-prompt records."""
+    """Results keyed by policy (see module doc), plus per-prompt records. The needle prompt's
+    haystack comes from `texts` (default: the first prompt's text)."""
     engine = Engine(model, EngineConfig(strategy="full", kv_pages=2 + settings.context // PAGE))
     setups = {p: DecodeSetup.resolve(model, decode_config(p)) for p in settings.policies}
     per_prompt = []
@@ -97,7 +99,8 @@ def run_decode_bench(
     summary = _summarize(per_prompt, settings)
     out: dict[str, Any] = {"policies": summary, "per_prompt": per_prompt}
     if settings.needle_tokens:
-        out["needle"] = _needle(engine, setups, settings, on_step)
+        haystack = texts or [model.tokenizer.decode(list(prompts[0].ids))]
+        out["needle"] = _needle(engine, setups, settings, haystack, on_step)
         for name, rec in out["needle"]["policies"].items():
             summary[name]["needle_found"] = rec["found"]
             summary[name]["needle_answer_same_as_dense"] = rec["same_as_dense"]
@@ -108,11 +111,12 @@ def _needle(
     engine: Engine,
     setups: dict[str, DecodeSetup],
     settings: DecodeBenchSettings,
+    texts: list[str],
     on_step: Callable[[str], None] | None,
 ) -> dict[str, Any]:
     """Greedy answers of every policy to a question about a needle planted mid-context."""
     model = engine.model
-    prompt = needle_prompt(model, load_texts(None), settings.prompt_tokens)
+    prompt = needle_prompt(model, texts, settings.prompt_tokens)
     seq, pre = engine.prefill(prompt)
     try:
         keys, values = seq.gather_all(slice(0, seq.num_tokens))
@@ -125,7 +129,7 @@ def _needle(
         if name != "dense":
             build = _sparse_builder(model, setups[name], keys, values, settings)
             answers[name] = _run(build, first, start, n, None, on_step).tokens
-    texts = {name: model.tokenizer.decode(ids) for name, ids in answers.items()}
+    decoded = {name: model.tokenizer.decode(ids) for name, ids in answers.items()}
     return {
         "needle": NEEDLE.strip(),
         "secret": SECRET,
@@ -135,7 +139,7 @@ def _needle(
                 "found": SECRET in text,
                 "same_as_dense": answers[name] == answers["dense"],
             }
-            for name, text in texts.items()
+            for name, text in decoded.items()
         },
     }
 

@@ -137,7 +137,7 @@ def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
         needle = (1 + len(sparse)) * max(settings.needle_tokens - 1, 0)
         task = progress.add_task("bench-decode", total=steps + needle)
         results = run_decode_bench(
-            model, prompts, settings, config, lambda _: progress.advance(task)
+            model, prompts, settings, config, lambda _: progress.advance(task), texts
         )
     results.update(
         model=model.model_id,

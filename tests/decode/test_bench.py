@@ -9,9 +9,10 @@ import pytest
 
 from agentcache.decode.bench import DecodeBenchSettings, run_decode_bench
 from agentcache.decode.config import DecodeConfig
-from agentcache.decode.prompts import load_texts, token_prompts
+from agentcache.decode.prompts import token_prompts
 from agentcache.decode.report import write_report
 from agentcache.model.loading import LoadedModel
+from tests.decode.conftest import TEXT
 
 KEYS = (
     "fast_tier_kv_bytes",
@@ -33,7 +34,7 @@ def test_bench_decode_writes_every_metric(
         budget_pages=4,
         needle_tokens=6,
     )
-    prompts = token_prompts(tiny, load_texts(None), settings.prompt_tokens, 1)
+    prompts = token_prompts(tiny, [TEXT], settings.prompt_tokens, 1)
     assert prompts[0].num_tokens == 560
 
     def config(policy: str) -> DecodeConfig:

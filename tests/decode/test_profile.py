@@ -20,7 +20,7 @@ from agentcache.errors import ProfileError
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import SegmentedPrompt
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
-from tests.decode.conftest import make_profile
+from tests.decode.conftest import TEXT, make_profile
 
 
 def test_rco_identical_sets_is_one_and_disjoint_is_zero() -> None:
@@ -121,9 +121,9 @@ def test_profiler_scores_every_head_and_measures_both_gqa_combines(
     tiny: LoadedModel, tmp_path: Path
 ) -> None:
     from agentcache.decode.profiler import ProfileSettings, plot_profile, profile_heads
-    from agentcache.decode.prompts import load_texts, token_prompts
+    from agentcache.decode.prompts import token_prompts
 
-    prompts = token_prompts(tiny, load_texts(None), 400, 2)
+    prompts = token_prompts(tiny, [TEXT], 400, 2)
     steps = []
     settings = ProfileSettings(budget_pages=8, steps=34, unstable_fraction=0.25)
     prof = profile_heads(tiny, prompts, settings, lambda: steps.append(1))
@@ -142,8 +142,8 @@ def test_profiler_scores_every_head_and_measures_both_gqa_combines(
 
 def test_profiler_rejects_prompts_too_short_for_the_budget(tiny: LoadedModel) -> None:
     from agentcache.decode.profiler import ProfileSettings, profile_heads
-    from agentcache.decode.prompts import load_texts, token_prompts
+    from agentcache.decode.prompts import token_prompts
 
-    prompts = token_prompts(tiny, load_texts(None), 100, 1)
+    prompts = token_prompts(tiny, [TEXT], 100, 1)
     with pytest.raises(ValueError, match="more than 66 pages"):
         profile_heads(tiny, prompts, ProfileSettings(budget_pages=64, steps=4))
