@@ -66,7 +66,7 @@ def api_error(e: AgentCacheError) -> APIError:
 
 
 def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
-    config = config or ServerConfig(engine.model.model_id)
+    config = config or ServerConfig(engine.model.model_id.split("#", 1)[0])
     chat = ChatEngine(engine)
     metrics = ServerMetrics(engine.store)
     app = FastAPI(title="agentcache", version="0.1.0")

@@ -13,11 +13,16 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     p.add_argument("--strategy", default=None, help="reuse strategy (default: the default one)")
     p.add_argument("--served-model-name", default=None,
-                   help="the `model` clients pass (default: the model's id)")  # fmt: skip
+                   help="the `model` clients pass (default: the model's name)")  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=256,
                    help="max_tokens when a request sets none (default: 256)")  # fmt: skip
     p.add_argument("--kv-pages", type=int, default=2048, help="fast-tier KV pages of 16 tokens")
     return p
+
+
+def served_name(model_id: str) -> str:
+    """`name#weights-fingerprint` -> `name`."""
+    return model_id.split("#", 1)[0]
 
 
 def serve(args: argparse.Namespace, model: str | None, cache_dir: Path) -> int:
@@ -35,6 +40,6 @@ def serve(args: argparse.Namespace, model: str | None, cache_dir: Path) -> int:
     if args.strategy:
         config = EngineConfig(strategy=args.strategy, kv_pages=args.kv_pages)
     engine = Engine(loaded, config)
-    server = ServerConfig(args.served_model_name or loaded.model_id, args.max_tokens)
+    server = ServerConfig(args.served_model_name or served_name(loaded.model_id), args.max_tokens)
     uvicorn.run(create_app(engine, server), host=args.host, port=args.port, log_level="info")
     return 0
