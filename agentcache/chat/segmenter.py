@@ -11,6 +11,11 @@ whose id is derived from the fingerprint, so the id stays the same when an earli
 changes length and shifts it. Unseen messages are update segments: `new` past the end of the
 previous request, `changed` where the previous request had another message at that index.
 
+Isolation (the default): non-system segments are scoped to their conversation
+(`Segment.scope`), so a conversation reuses only its own history and the shared system prefix;
+its outputs are then the ones it would get alone, whatever other conversations run. Without
+isolation, identical text computed in another conversation (another context) is reused too.
+
 The conversation is named by the caller (a header, the `user` field) or, failing that, by the
 fingerprints of its opening messages (leading system messages + the first other message), which
 agents resend unchanged every turn. Misclassification only costs speed, never correctness: the
@@ -77,11 +82,14 @@ class ConversationTracker:
     """Thread-safe, bounded (LRU over conversations) memory of the messages each conversation
     has shown the engine."""
 
-    def __init__(self, max_conversations: int = 4096, max_seen: int = 4096) -> None:
+    def __init__(
+        self, max_conversations: int = 4096, max_seen: int = 4096, isolate: bool = True
+    ) -> None:
         if max_conversations < 1 or max_seen < 1:
             raise ValueError("max_conversations and max_seen must be >= 1")
         self.max_conversations = max_conversations
         self.max_seen = max_seen
+        self.isolate = isolate
         self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -122,26 +130,29 @@ class ConversationTracker:
             assert seg.id is not None and seg.role is not None
             plan.append(MessagePlan(seg.id, index, seg.role, seg.kind, status))
 
+        scope = conv_id if self.isolate else None
         for i, (msg, text, fp) in enumerate(zip(messages, texts, fps, strict=True)):
             used[fp] = used.get(fp, 0) + 1
             sid = f"msg-{fp}" if used[fp] == 1 else f"msg-{fp}-{used[fp]}"
+            role = msg.chat_role
             if i < n_system:
-                add(Segment(SegmentKind.SYSTEM, text, sid, msg.chat_role), i, "system")
+                add(Segment(SegmentKind.SYSTEM, text, sid, role), i, "system")
             elif fp in seen:
-                add(Segment(SegmentKind.FIXED, text, sid, msg.chat_role), i, "seen")
+                add(Segment(SegmentKind.FIXED, text, sid, role, scope), i, "seen")
             else:
                 status = "changed" if i < len(last) else "new"
-                add(Segment(SegmentKind.UPDATE, text, sid, msg.chat_role), i, status)
+                add(Segment(SegmentKind.UPDATE, text, sid, role, scope), i, status)
         if tools:  # one system message after the leading ones: the static prefix grows
             text = render_tools(tools)
             sid = f"{TOOLS_ID}{fingerprint('system', text)}"
             segs.insert(n_system, Segment(SegmentKind.SYSTEM, text, sid, "system"))
             plan.insert(n_system, MessagePlan(sid, None, "system", SegmentKind.SYSTEM, "tools"))
         if prefill is not None:
-            add(Segment(SegmentKind.UPDATE, prefill, PREFILL_ID, "assistant"), None, "prefill")
+            prefill_seg = Segment(SegmentKind.UPDATE, prefill, PREFILL_ID, "assistant", scope)
+            add(prefill_seg, None, "prefill")
         elif messages[-1].chat_role == "assistant":
             # a complete assistant message is closed; the reply opens a new one
-            gen = Segment(SegmentKind.UPDATE, "", GENERATION_PROMPT_ID, "assistant")
+            gen = Segment(SegmentKind.UPDATE, "", GENERATION_PROMPT_ID, "assistant", scope)
             add(gen, None, "generation-prompt")
         return ChatPrompt(SegmentedPrompt(segs), tuple(plan), conv_id, tuple(fps))
 

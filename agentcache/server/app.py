@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from agentcache.chat.runner import ChatEngine, ChatResult, PreparedChat
+from agentcache.chat.segmenter import ConversationTracker
 from agentcache.errors import AgentCacheError, ContextLengthError, OutOfPagesError, PromptError
 from agentcache.runtime.engine import Engine
 from agentcache.server.convert import (
@@ -43,6 +44,7 @@ ENDPOINTS = ("/v1/chat/completions", "/v1/models", "/health", "/metrics")
 class ServerConfig:
     model_name: str  # the name clients pass as `model`
     default_max_tokens: int = 256  # when a request sets none (clamped to the context left)
+    isolate_conversations: bool = True  # reuse only a conversation's own history (+ system)
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -67,7 +69,7 @@ def api_error(e: AgentCacheError) -> APIError:
 
 def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
     config = config or ServerConfig(engine.model.model_id.split("#", 1)[0])
-    chat = ChatEngine(engine)
+    chat = ChatEngine(engine, ConversationTracker(isolate=config.isolate_conversations))
     metrics = ServerMetrics(engine.store)
     app = FastAPI(title="agentcache", version="0.1.0")
     app.state.chat = chat

@@ -16,6 +16,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="the `model` clients pass (default: the model's name)")  # fmt: skip
     p.add_argument("--max-tokens", type=int, default=256,
                    help="max_tokens when a request sets none (default: 256)")  # fmt: skip
+    share = (
+        "let conversations reuse each other's identical messages (outputs then depend on what "
+        "else ran; default: only the system prefix is shared)"
+    )
+    p.add_argument("--share-history", action="store_true", help=share)
     p.add_argument("--kv-pages", type=int, default=2048, help="fast-tier KV pages of 16 tokens")
     return p
 
@@ -40,6 +45,9 @@ def serve(args: argparse.Namespace, model: str | None, cache_dir: Path) -> int:
     if args.strategy:
         config = EngineConfig(strategy=args.strategy, kv_pages=args.kv_pages)
     engine = Engine(loaded, config)
-    server = ServerConfig(args.served_model_name or served_name(loaded.model_id), args.max_tokens)
+    server = ServerConfig(
+        args.served_model_name or served_name(loaded.model_id), args.max_tokens,
+        isolate_conversations=not args.share_history,
+    )  # fmt: skip
     uvicorn.run(create_app(engine, server), host=args.host, port=args.port, log_level="info")
     return 0

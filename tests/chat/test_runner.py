@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agentcache.chat.messages import ChatMessage
 from agentcache.chat.runner import ChatEngine, ChatRequest
+from agentcache.chat.segmenter import ConversationTracker
 from agentcache.model.loading import LoadedModel
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
 from agentcache.testing import tiny_model
@@ -79,3 +82,20 @@ def test_streamed_pieces_add_up_to_the_content(tiny: LoadedModel) -> None:
     r = ce.run(ce.prepare(req), on_text=pieces.append)
     assert "".join(pieces) == r.content == r.text
     assert len(r.generation.token_ids) == r.completion_tokens > 0
+
+
+@pytest.mark.parametrize(("isolate", "status"), [(True, "miss"), (False, "hit")])
+def test_conversations_reuse_each_others_messages_only_when_sharing(
+    tiny: LoadedModel, isolate: bool, status: str
+) -> None:
+    ce = ChatEngine(Engine(tiny, EngineConfig(kv_pages=256)), ConversationTracker(isolate=isolate))
+    system = ChatMessage("system", "Agent. " * 4)
+    b1 = [system, ChatMessage("user", "task B")]
+    reply = ce.complete(b1, PARAMS, conversation="B").message()  # seen by B, not stored
+    # A sends the very same text (stored under A's scope, or shared when not isolating)
+    ce.complete([system, ChatMessage("user", "task A"), reply, ChatMessage("user", "more")],
+                PARAMS, conversation="A")  # fmt: skip
+    r = ce.complete([*b1, reply, ChatMessage("user", "next")], PARAMS, conversation="B")
+    seg = next(s for s in r.report.segments if s.message_index == 2)
+    assert (seg.kind, seg.status) == ("fixed", status)
+    assert statuses(r)[0] == ("hit", None)  # the system prefix is shared either way
