@@ -128,3 +128,14 @@ def test_create_agent_runs_a_tool_end_to_end(tiny: LoadedModel) -> None:
     assert final["reused_tokens"] > 0
     statuses = {s["segment_id"][:9]: s["status"] for s in final["segments"]}
     assert statuses["__tools__"] == "hit"
+
+
+def test_structured_output_reports_a_parse_failure_instead_of_inventing(
+    tiny: LoadedModel,
+) -> None:
+    structured = make(tiny).with_structured_output(Lookup, include_raw=True)
+    out = structured.invoke([HumanMessage("look up 'cache'")])
+    assert isinstance(out, dict)
+    assert out["parsed"] is None  # the random model does not complete the JSON
+    assert out["raw"].invalid_tool_calls
+    assert out["raw"].response_metadata["agentcache"]["segments"][-1]["reason"] == "prefill"

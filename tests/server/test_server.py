@@ -197,3 +197,50 @@ def test_forced_tool_choice_starts_the_reply_with_the_call(server_url: str) -> N
     r = httpx.post(f"{server_url}/v1/chat/completions", json=unknown)
     assert r.status_code == 400 and "rm" in _error(r)["message"]
     assert json.loads(json.dumps(r.json()))  # a plain JSON body
+
+
+def test_stop_strings_cut_the_reply_streaming_or_not(server_url: str) -> None:
+    c = client(server_url)
+    messages = [{"role": "user", "content": "write something"}]
+    free = c.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=16)  # type: ignore[arg-type]
+    text = free.choices[0].message.content or ""
+    stop = text[5:7]
+    assert len(stop) == 2
+    cut = c.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        temperature=0,
+        max_tokens=16,
+        stop=[stop],  # type: ignore[arg-type]
+    )
+    assert cut.choices[0].message.content == text[: text.find(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    stream = c.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        temperature=0,
+        max_tokens=16,
+        stop=[stop],
+        stream=True,  # type: ignore[arg-type]
+    )
+    assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == (
+        cut.choices[0].message.content
+    )
+
+
+def test_sampling_with_a_seed_repeats(server_url: str) -> None:
+    c = client(server_url)
+    messages = [{"role": "user", "content": "pick a word"}]
+
+    def sample(seed: int) -> str | None:
+        r = c.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            temperature=1.0,
+            seed=seed,
+            max_tokens=12,  # type: ignore[arg-type]
+        )
+        return r.choices[0].message.content
+
+    assert sample(7) == sample(7)
+    assert len({sample(s) for s in range(4)}) > 1
