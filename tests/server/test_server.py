@@ -244,3 +244,44 @@ def test_sampling_with_a_seed_repeats(server_url: str) -> None:
 
     assert sample(7) == sample(7)
     assert len({sample(s) for s in range(4)}) > 1
+
+
+def test_a_client_leaving_mid_stream_does_not_stop_the_server(server_url: str) -> None:
+    c = client(server_url)
+    messages = [{"role": "user", "content": "tell a long story"}]
+    stream = c.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=64,
+        stream=True,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    next(iter(stream))  # the role chunk
+    stream.close()
+    r = httpx.post(f"{server_url}/v1/chat/completions", json=GOOD)
+    assert r.status_code == 200
+
+
+def test_tool_call_history_round_trips(server_url: str) -> None:
+    tool = {"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}
+    call = {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "what is here?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "README.md setup.py"},
+    ]
+    body = {**GOOD, "messages": messages, "tools": [tool]}
+    first = httpx.post(f"{server_url}/v1/chat/completions", json=body).json()
+    kinds = [(s["role"], s["kind"]) for s in first["agentcache"]["segments"]]
+    assert kinds[:5] == [("system", "system"), ("system", "system"), ("user", "update"),
+                         ("assistant", "update"), ("tool", "update")]  # fmt: skip
+    reply = first["choices"][0]["message"]
+    again = {**body, "messages": [*messages, reply, {"role": "user", "content": "and now?"}]}
+    second = httpx.post(f"{server_url}/v1/chat/completions", json=again).json()
+    segments = second["agentcache"]["segments"]
+    by_index = {s["message_index"]: s for s in segments if s["message_index"] is not None}
+    # the tool call and its result were stored last turn: fixed now, and found
+    assert (by_index[2]["kind"], by_index[2]["status"]) == ("fixed", "hit")
+    assert (by_index[3]["kind"], by_index[3]["status"]) == ("fixed", "hit")
+    assert by_index[5]["kind"] == "update"
