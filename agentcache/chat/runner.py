@@ -10,7 +10,7 @@ from agentcache.chat.diagnostics import ReuseReport, build_report
 from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec
 from agentcache.chat.segmenter import ChatPrompt, ConversationTracker
 from agentcache.chat.stream import TextStream
-from agentcache.chat.tools import TOOL_CALL_OPEN, InvalidToolCall, parse_tool_calls
+from agentcache.chat.tools import TOOL_CALL_OPEN, InvalidToolCall, ParsedReply, parse_tool_calls
 from agentcache.errors import ContextLengthError
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.runtime.engine import Engine, Generation, GenerationParams
@@ -42,6 +42,9 @@ class ChatResult:
     finish_reason: str  # stop | length | tool_calls
     generation: Generation
     report: ReuseReport
+    # streamed pieces that the final content did not extend (decoding a prefix of the ids
+    # gave other text); the stream then ends without the rest. Counted by the server.
+    stream_mismatch: bool = False
 
     @property
     def prompt_tokens(self) -> int:
@@ -103,8 +106,8 @@ class ChatEngine:
 
         gen = self.engine.generate(prepared.tokens, req.params, req.strategy, on_token=on_token)
         text = (req.prefill or "") + gen.text
-        parsed = parse_tool_calls(text) if req.tools else parse_tool_calls("")
-        content = parsed.content if req.tools else text
+        parsed = parse_tool_calls(text) if req.tools else ParsedReply(text, (), ())
+        content = parsed.content
         if on_text is not None:
             rest = stream.finish(content)
             if rest:
@@ -112,8 +115,9 @@ class ChatEngine:
         finish = "tool_calls" if parsed.tool_calls else gen.finish_reason
         report = build_report(prepared.chat, prepared.tokens, gen.stats)
         result = ChatResult(
-            text, content, parsed.tool_calls, parsed.invalid_tool_calls, finish, gen, report
-        )
+            text, content, parsed.tool_calls, parsed.invalid_tool_calls, finish, gen, report,
+            stream_mismatch=stream.mismatches > 0,
+        )  # fmt: skip
         self.tracker.record(prepared.chat, result.message())
         return result
 

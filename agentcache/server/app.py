@@ -172,6 +172,8 @@ async def _stream(
                 break
             result: ChatResult = item
             metrics.record_turn(result.report, result.completion_tokens)
+            if result.stream_mismatch:
+                metrics.stream_mismatches.inc()
             if result.tool_calls:
                 calls = message_body(result)["tool_calls"]
                 yield chunk(rid, created, model, {"tool_calls": calls}, None)

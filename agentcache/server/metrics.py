@@ -41,6 +41,10 @@ class ServerMetrics:
         self.fallbacks = Counter(
             "agentcache_fallbacks", "reusable KV a strategy could not use", registry=r
         )
+        self.stream_mismatches = Counter(
+            "agentcache_stream_mismatches", "streams whose pieces differ from the final text",
+            registry=r,
+        )  # fmt: skip
         store_bytes = Gauge(
             "agentcache_store_bytes", "bytes held by the segment store", ["tier"], registry=r
         )

@@ -95,3 +95,10 @@ def test_text_stream_stop_string_and_final_flush() -> None:
     assert shown == "abc"
     assert shown + stream.finish("abc ") == "abc "
     assert stream.mismatches == 0
+
+
+def test_text_stream_counts_a_final_text_that_does_not_extend_what_was_shown() -> None:
+    stream = TextStream(lambda ids: "abc def"[: 2 * len(ids)], (), ())
+    shown = "".join(stream.push(i) for i in range(4))
+    assert shown == "abc def"
+    assert stream.finish("abX") == "" and stream.mismatches == 1

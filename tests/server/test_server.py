@@ -126,6 +126,7 @@ def test_models_health_and_metrics(server_url: str) -> None:
     assert samples['agentcache_cache_hits_total{tier="memory"}'] >= 1
     assert samples['agentcache_cache_misses_total{reason="new"}'] >= 1
     assert samples["agentcache_fallbacks_total"] == 0
+    assert samples["agentcache_stream_mismatches_total"] == 0
 
 
 def _error(r: httpx.Response) -> dict[str, Any]:
