@@ -107,6 +107,7 @@ class ReflexionInputs(_Inputs):
     question: str = Field(min_length=1)
     scratchpad: list[Step] = []  # steps of this trial already shown: fixed
     latest: Step | None = None  # the step shown for the first time: update
+    feedback: str = ""  # the evaluator's verdict, asked to reflect on: update
     reply_prefix: str = ""
 
     @model_validator(mode="after")

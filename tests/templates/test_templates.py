@@ -116,7 +116,7 @@ def test_fixed_keys_unchanged_when_only_updates_change(tiny: LoadedModel) -> Non
             "memgpt",
             {"last_modified": "t", "blocks": [{"label": "Bad Label", "value": ""}]},
             "label",
-        ),  # noqa: E501
+        ),
         ("memgpt", {"blocks": [{"label": "human", "value": "x"}]}, "last_modified"),
         ("swe_agent", {"task": "t", "steps_left": -1}, "steps_left"),
         ("swe_agent", {"tools": []}, "task"),
@@ -136,7 +136,7 @@ def test_cross_field_rules_are_validation_errors() -> None:
     msgs = [
         {"index": 3, "role": "user", "content": "a"},
         {"index": 2, "role": "user", "content": "b"},
-    ]  # noqa: E501
+    ]
     with pytest.raises(ValidationError, match=r"indices must increase"):
         t.render({"last_modified": "t", "blocks": [{"label": "h", "value": ""}], "history": msgs})
     with pytest.raises(ValidationError, match="past max_trials"):
@@ -149,7 +149,7 @@ def test_malformed_template_is_a_prompt_error() -> None:
         PromptTemplate(source, TEMPLATES.get("memgpt"), name="memgpt-broken")
     stray = template_source("swe_agent").replace(
         '{% segment "fixed", id="instance"', 'oops {% segment "fixed", id="instance"'
-    )  # noqa: E501
+    )
     with pytest.raises(PromptError, match="outside any segment: 'oops'"):
         PromptTemplate(stray, TEMPLATES.get("swe_agent"), name="x").render({"task": "t"})
 
