@@ -33,6 +33,7 @@ class SWEResult:
     submitted: bool
     passed: bool
     steps: int
+    trajectory: tuple[Step, ...]  # the executed actions (normalised) and their outputs
 
 
 def parse_command(text: str) -> str | None:
@@ -93,4 +94,4 @@ class SWEAgent(AgentLoop):
             if ws.submitted:
                 break
         passed, _ = task.check(ws.relative())
-        return SWEResult(ws.submitted, passed, len(steps))
+        return SWEResult(ws.submitted, passed, len(steps), tuple(steps))

@@ -45,9 +45,9 @@ MEMGPT_TOOLS = (
 SWE_AGENT_SYSTEM = (
     "You are a helpful assistant that can interact with a computer to solve tasks. You work in "
     "a repository through a shell, one command at a time.\n"
-    "Your response must contain exactly ONE bash code block with ONE command, preceded by a "
-    "THOUGHT line that explains your reasoning:\n"
-    "THOUGHT: <reasoning>\n```bash\n<command>\n```\n"
+    "Each response is one THOUGHT line that explains your reasoning, then exactly ONE bash code "
+    "block with ONE command, for example:\n"
+    "THOUGHT: I should first see which files the repository has.\n```bash\nls\n```\n"
     "After each command you get its output as an observation. When the task is done, run "
     "`submit`."
 )
