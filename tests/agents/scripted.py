@@ -3,10 +3,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from agentcache_agents import AgentLoop
-
 from agentcache.runtime.engine import Generation
 from agentcache.session import AgentSession
+from agentcache_agents import AgentLoop
 
 
 class ScriptedSession(AgentSession):

@@ -4,6 +4,9 @@ import json
 from collections.abc import Mapping
 
 import pytest
+
+from agentcache.model.loading import LoadedModel
+from agentcache.runtime.engine import Engine, EngineConfig
 from agentcache_agents import (
     AgentLoop,
     BlockSpec,
@@ -13,9 +16,6 @@ from agentcache_agents import (
     SWEAgent,
     SWETask,
 )
-
-from agentcache.model.loading import LoadedModel
-from agentcache.runtime.engine import Engine, EngineConfig
 from tests.agents.scripted import script
 
 PASSAGES = {
