@@ -62,6 +62,7 @@ class Workspace:
         return out
 
     def _cmd_ls(self, args: list[str]) -> str:
+        args = [a for a in args if not a.startswith("-")]  # options change only the format
         d = self._path(args[0]) if args else self.cwd
         if d not in self._dirs():
             return f"ls: cannot access '{args[0]}': No such file or directory"

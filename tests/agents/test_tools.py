@@ -46,7 +46,7 @@ def check(files: Mapping[str, str]) -> tuple[bool, str]:
 
 def test_workspace_commands() -> None:
     ws = Workspace({"src/calc.py": "def add(a, b):\n    return a - b\n", "README": "hi\n"}, check)
-    assert ws.run("ls") == "README\nsrc"
+    assert ws.run("ls") == ws.run("ls -la") == "README\nsrc"
     assert ws.run("cd nowhere").endswith("No such file or directory")
     assert ws.run("cd src") == "" and ws.run("pwd") == "/repo/src"
     assert ws.run("cat calc.py") == "   1  def add(a, b):\n   2      return a - b"
