@@ -20,8 +20,8 @@ demo: setup
 	$(BIN)/agentcache demo
 
 lint: setup
-	$(BIN)/ruff check agentcache adapters tests benchmarks
-	$(BIN)/ruff format --check agentcache adapters tests benchmarks
+	$(BIN)/ruff check agentcache adapters tests benchmarks examples
+	$(BIN)/ruff format --check agentcache adapters tests benchmarks examples
 
 typecheck: setup
 	$(BIN)/mypy
