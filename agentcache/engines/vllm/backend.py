@@ -20,7 +20,11 @@ from typing import Any
 import torch
 
 from agentcache.engines.vllm import require_vllm
-from agentcache.engines.vllm.config import ConnectorSettings, default_model_folder, kv_transfer_config
+from agentcache.engines.vllm.config import (
+    ConnectorSettings,
+    default_model_folder,
+    kv_transfer_config,
+)
 from agentcache.engines.vllm.plan import RequestSpec
 from agentcache.model.loading import DEFAULT_MODEL
 from agentcache.model.tokenizer import HFTokenizer, chat_format_for

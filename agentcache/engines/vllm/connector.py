@@ -99,7 +99,7 @@ def merge_stats(into: dict[str, Any], more: dict[str, Any]) -> None:
         if isinstance(value, int | float) and isinstance(old, int | float):
             into[key] = old + value
         elif isinstance(value, list) and isinstance(old, list):
-            into[key] = old + value
+            into[key] = [*old, *value]
         else:
             into[key] = value
 
@@ -119,7 +119,7 @@ class AgentCacheConnector(KVConnectorBase_V1):
         role: KVConnectorRole,
         kv_cache_config: KVCacheConfig | None = None,
     ) -> None:
-        super().__init__(vllm_config, role, kv_cache_config)  # type: ignore[arg-type]
+        super().__init__(vllm_config, role, kv_cache_config)
         assert vllm_config.kv_transfer_config is not None
         self.settings = ConnectorSettings.from_extra(
             vllm_config.kv_transfer_config.kv_connector_extra_config
@@ -138,7 +138,7 @@ class AgentCacheConnector(KVConnectorBase_V1):
         self.model_id = ident.model_id + suffix
         self.tokenizer_id = ident.tokenizer_id
         self.num_layers = ident.num_layers
-        self.store = FolderSegmentStore(self.settings.store_dir, self.settings.store_bytes)
+        self.store = FolderSegmentStore(Path(self.settings.store_dir), self.settings.store_bytes)
         self.prefix = PrefixTransfer(self.store, self.model_id, self.tokenizer_id)
         # scheduler side
         self._specs: dict[str, RequestSpec] = {}
@@ -266,13 +266,21 @@ class AgentCacheConnector(KVConnectorBase_V1):
             )
         spec = groups[0].kv_cache_spec
         static = self._vllm_config.compilation_config.static_forward_context
-        backend = static[names[0]].attn_backend.get_name()
+        layer = static[names[0]]
+        backend = layer.attn_backend.get_name()
         shape = KVShape(int(spec.num_kv_heads), int(spec.head_size), self.block_size)
+        cache_dtype = str(self._vllm_config.cache_config.cache_dtype)
+        isa = getattr(layer, "isa", None)
+        if backend == "CPU_ATTN" and isa is None:
+            from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+            isa = _get_attn_isa(self.dtype, self.block_size, shape.head_size, cache_dtype)
         layout = layout_for(
             backend,
             shape,
             int(getattr(spec, "head_size_v", spec.head_size)),
-            str(self._vllm_config.cache_config.cache_dtype),
+            cache_dtype,
+            cpu_isa=isa,
         )
         self._paged = PagedKV([kv_caches[n] for n in names], layout)
 

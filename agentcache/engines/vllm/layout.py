@@ -3,8 +3,12 @@
 vLLM 0.32 hands every attention layer one tensor of logical shape [B, H, N, C] (blocks, KV heads,
 tokens of a block, content), C = 2 * head_size. What C means depends on the attention backend:
 
-    CPU_ATTN      memory is [B, H, 2, N, D]: per block and head, N keys then N values
-                  (the backend views it as [B, H, 2N, D] and splits dim 2); C is not per token
+    CPU_ATTN      memory per block and head is [keys | values] (the backend views it as
+      isa "vec"   [B, H, 2N, D] and splits dim 2), and C is not per token: the "vec" kernel
+                  (x86, block size a multiple of 32, no AMX/bf16) keeps the keys transposed,
+                  [D, N], and the values [N, D]. Measured against agentcache's own forward
+                  on the default model: reading keys as [N, D] is off by ~20 (tests pin it).
+                  The other CPU kernels (amx, neon, vec16, ...) are not verified: refused.
     FLASH_ATTN,   C = [key (D) | value (D)] of one token: k = kv[b, :, n, :D], v = kv[b, :, n, D:]
     TRITON_ATTN,  (the backend splits the last axis at head_size); strides may be permuted
     FLEX_ATTENTION
@@ -25,6 +29,7 @@ from torch import Tensor
 from agentcache.engines.vllm import UnsupportedKVLayoutError
 
 CPU_BACKENDS = ("CPU_ATTN",)
+CPU_ISAS = ("vec",)  # CPU attention kernels whose block interior is verified
 SPLIT_LAST_BACKENDS = ("FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION")
 
 
@@ -93,9 +98,10 @@ class KVLayout(ABC):
 
 
 class CpuLayout(KVLayout):
-    """vLLM's CPU attention: [B, H, N, 2D] whose memory is [B, H, 2, N, D]."""
+    """vLLM's CPU attention, "vec" kernel: [B, H, N, 2D] whose memory per block and head is
+    keys [D, N] (transposed) then values [N, D]."""
 
-    name = "CPU_ATTN"
+    name = "CPU_ATTN/vec"
 
     def check(self, layer: Tensor) -> None:
         super().check(layer)
@@ -105,20 +111,24 @@ class CpuLayout(KVLayout):
                 "CPU backend's K-then-V block interior cannot be viewed per token"
             )
 
-    def _view(self, layer: Tensor) -> Tensor:
+    def _keys(self, layer: Tensor) -> Tensor:  # (B, H, D, N)
         s = self.shape
-        return layer.view(layer.shape[0], s.num_kv_heads, 2, s.block_size, s.head_size)
+        return layer.view(-1, s.num_kv_heads, 2, s.head_size, s.block_size)[:, :, 0]
+
+    def _values(self, layer: Tensor) -> Tensor:  # (B, H, N, D)
+        s = self.shape
+        return layer.view(-1, s.num_kv_heads, 2, s.block_size, s.head_size)[:, :, 1]
 
     def read_run(self, layer: Tensor, block: int, start: int, end: int) -> tuple[Tensor, Tensor]:
-        kv = self._view(layer)[block, :, :, start:end]  # (H, 2, n, D)
-        return kv[:, 0].transpose(0, 1), kv[:, 1].transpose(0, 1)
+        k = self._keys(layer)[block, :, :, start:end].permute(2, 0, 1)  # (n, H, D)
+        v = self._values(layer)[block, :, start:end].transpose(0, 1)
+        return k, v
 
     def write_run(
         self, layer: Tensor, block: int, start: int, end: int, k: Tensor, v: Tensor
     ) -> None:
-        kv = self._view(layer)[block, :, :, start:end]
-        kv[:, 0] = k.transpose(0, 1)
-        kv[:, 1] = v.transpose(0, 1)
+        self._keys(layer)[block, :, :, start:end] = k.permute(1, 2, 0)
+        self._values(layer)[block, :, start:end] = v.transpose(0, 1)
 
 
 class SplitLastLayout(KVLayout):
@@ -143,6 +153,7 @@ def layout_for(
     head_size_v: int,
     cache_dtype: str,
     layer: Tensor | None = None,
+    cpu_isa: str | None = None,
 ) -> KVLayout:
     """The layout of `backend`'s KV tensor, or `UnsupportedKVLayoutError` saying why not."""
     if head_size_v != shape.head_size:
@@ -157,6 +168,11 @@ def layout_for(
         )
     layout: KVLayout
     if backend in CPU_BACKENDS:
+        if cpu_isa not in CPU_ISAS:
+            raise UnsupportedKVLayoutError(
+                f"vLLM's CPU attention kernel {cpu_isa!r} keeps KV in a block layout the "
+                f"connector has not verified; verified: {', '.join(CPU_ISAS)} (float32 on x86)"
+            )
         layout = CpuLayout(shape)
     elif backend in SPLIT_LAST_BACKENDS:
         layout = SplitLastLayout(shape)

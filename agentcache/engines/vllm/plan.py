@@ -128,7 +128,7 @@ def claim_segments(
     if num_computed >= last:
         return 0
     for s in spec.spans:
-        if s.kind in REUSABLE and s.end > num_computed and s.start < last:
-            if present(segment_content_id(token_ids[s.start : s.end])):
-                return last - num_computed
+        in_span = s.kind in REUSABLE and s.end > num_computed and s.start < last
+        if in_span and present(segment_content_id(token_ids[s.start : s.end])):
+            return last - num_computed
     return 0
