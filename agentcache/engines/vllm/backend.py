@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from agentcache.engines.vllm.config import (
     kv_transfer_config,
 )
 from agentcache.engines.vllm.plan import RequestSpec
+from agentcache.engines.vllm.storage import read_report
 from agentcache.model.loading import DEFAULT_MODEL
 from agentcache.model.tokenizer import HFTokenizer, chat_format_for
 from agentcache.prompt.segments import SegmentedPrompt
@@ -89,9 +91,10 @@ class VLLMBackend:
             "gpu_memory_utilization": 0.1,  # on CPU: the share of RAM checked at start-up
             "disable_log_stats": True,
         }
+        self.store_dir = c.store_dir or ConnectorSettings().store_dir
         if c.reuse == "agentcache":
             settings = ConnectorSettings(
-                store_dir=c.store_dir or ConnectorSettings().store_dir,
+                store_dir=self.store_dir,
                 store_bytes=c.store_bytes,
                 strategy=c.strategy,
                 model_name=name,
@@ -100,6 +103,7 @@ class VLLMBackend:
         if c.in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.llm = vllm.LLM(**kwargs)
+        self.last_transfer: dict[str, Any] = {}  # the connector's report on the latest turn
 
     def strategy(self, name: str | None = None) -> str:
         """Validate a strategy name (unknown names list the known ones)."""
@@ -117,9 +121,8 @@ class VLLMBackend:
 
         extra: dict[str, Any] = {}
         if self.config.reuse == "agentcache":
-            extra["kv_transfer_params"] = RequestSpec.from_prompt(
-                tokens, self.strategy(strategy)
-            ).to_params()
+            spec = RequestSpec.from_prompt(tokens, self.strategy(strategy))
+            extra["kv_transfer_params"] = spec.with_report(uuid.uuid4().hex).to_params()
         return SamplingParams(
             temperature=params.temperature,
             top_p=params.top_p,
@@ -152,19 +155,34 @@ class VLLMBackend:
         comp = out.outputs[0]
         ids = tuple(int(t) for t in comp.token_ids if int(t) not in self.tokenizer.eos_token_ids)
         finish = "stop" if comp.finish_reason == "stop" else "length"
-        info = (out.kv_transfer_params or {}).get("agentcache", {})
+        info = self.transfer_report(sp, out)
+        # vLLM computed what it had not cached (its prefix cache + the connector's span); the
+        # connector's engine computed `computed_tokens` more (the last token counted twice)
         cached = int(out.num_cached_tokens or 0)
-        reused = cached + int(info.get("reused_tokens", 0)) if info else cached
+        computed = min(
+            tokens.num_tokens, tokens.num_tokens - cached + int(info.get("computed_tokens", 0))
+        )
         stats = TurnStats(
             self.config.reuse if self.config.reuse != "agentcache" else self.strategy(strategy),
-            tokens.num_tokens, reused, tokens.num_tokens - reused,
-            (tokens.num_tokens - reused) / max(1, tokens.num_tokens), wall, len(ids),
+            tokens.num_tokens, tokens.num_tokens - computed, computed,
+            computed / max(1, tokens.num_tokens), wall, len(ids),
             len(ids) / wall if wall > 0 else 0.0, int(info.get("fallbacks", 0)),
             tuple(info.get("fallback_reasons", ())), (),
         )  # fmt: skip
         return Generation(
             self.tokenizer.decode(ids), ids, finish, self._first_logits(comp.logprobs), stats
         )
+
+    def transfer_report(self, sampling_params: Any, out: Any) -> dict[str, Any]:
+        """What the connector did for a finished request: the scheduler's part (in its
+        kv_transfer_params) and the worker's (its report file), merged."""
+        info = dict((out.kv_transfer_params or {}).get("agentcache", {}))
+        sent = (sampling_params.extra_args or {}).get("kv_transfer_params", {})
+        report = sent.get("agentcache", {}).get("report")
+        if report:
+            info |= read_report(Path(self.store_dir), report)
+        self.last_transfer = info
+        return info
 
     def _first_logits(self, logprobs: Any) -> torch.Tensor:
         """Log-probabilities of the first token's top `logprobs` candidates, -inf elsewhere."""

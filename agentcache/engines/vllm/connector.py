@@ -45,7 +45,10 @@ from agentcache.engines.vllm.config import ConnectorSettings  # noqa: E402
 from agentcache.engines.vllm.identity import model_identity  # noqa: E402
 from agentcache.engines.vllm.layout import KVShape, layout_for  # noqa: E402
 from agentcache.engines.vllm.plan import RequestSpec, claim_prefix, claim_segments  # noqa: E402
-from agentcache.engines.vllm.storage import FolderSegmentStore  # noqa: E402
+from agentcache.engines.vllm.storage import (  # noqa: E402
+    FolderSegmentStore,
+    write_report,
+)
 from agentcache.engines.vllm.transfer import (  # noqa: E402
     PagedKV,
     PrefixTransfer,
@@ -151,6 +154,7 @@ class AgentCacheConnector(KVConnectorBase_V1):
         self._filler: SegmentFiller | None = None
         self._step_stats: dict[str, RequestStats] = {}
         self._failed_blocks: set[int] = set()
+        self._reports: dict[str, str] = {}  # request -> report file name
 
     # ---------------------------------------------------------------- scheduler side
 
@@ -226,7 +230,7 @@ class AgentCacheConnector(KVConnectorBase_V1):
         if load is None and not save:
             return
         live.saved = live.saved or save
-        spec = live.spec if self.settings.segments else RequestSpec()
+        spec = live.spec if self.settings.segments else RequestSpec(report=live.spec.report)
         meta.work.append(
             RequestWork(req_id, live.token_ids, list(live.block_ids), spec, load, save)
         )
@@ -303,6 +307,8 @@ class AgentCacheConnector(KVConnectorBase_V1):
         assert isinstance(meta, AgentCacheMetadata)
         paged = self._paged
         for work in meta.work:
+            if work.spec.report:
+                self._reports[work.req_id] = work.spec.report
             if work.load is None:
                 continue
             assert paged is not None, "register_kv_caches was not called"
@@ -358,4 +364,8 @@ class AgentCacheConnector(KVConnectorBase_V1):
             return None
         stats = {k: v.as_dict() for k, v in self._step_stats.items()}
         self._step_stats = {}
+        for req_id, s in stats.items():
+            report = self._reports.get(req_id)
+            if report is not None:  # vLLM finishes a request before the worker's last word
+                write_report(Path(self.settings.store_dir), report, s)
         return AgentCacheWorkerMetadata(stats)

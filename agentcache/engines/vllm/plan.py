@@ -43,6 +43,10 @@ class RequestSpec:
 
     spans: tuple[SegmentSpan, ...] = ()
     strategy: str | None = None
+    report: str | None = None  # name of the worker's report file for this request
+
+    def with_report(self, report: str) -> RequestSpec:
+        return RequestSpec(self.spans, self.strategy, report)
 
     @property
     def mode(self) -> str:
@@ -50,7 +54,7 @@ class RequestSpec:
 
     def to_params(self) -> dict[str, Any]:
         spans = [[s.kind.value, s.start, s.end, s.id] for s in self.spans]
-        return {PARAMS_KEY: {"segments": spans, "strategy": self.strategy}}
+        return {PARAMS_KEY: {"segments": spans, "strategy": self.strategy, "report": self.report}}
 
     @classmethod
     def from_prompt(cls, prompt: TokenizedPrompt, strategy: str | None) -> RequestSpec:
@@ -78,8 +82,10 @@ class RequestSpec:
             expect = end
         if spans and expect != num_tokens:
             raise PromptError(f"segment spans cover {expect} tokens, the prompt has {num_tokens}")
-        strategy = body.get("strategy")
-        return cls(tuple(spans), str(strategy) if strategy else None)
+        strategy, report = body.get("strategy"), body.get("report")
+        if report is not None and not str(report).isalnum():
+            raise PromptError(f"report name {report!r} must be alphanumeric")
+        return cls(tuple(spans), str(strategy) if strategy else None, report and str(report))
 
     def tokenized(self, token_ids: Sequence[int]) -> TokenizedPrompt:
         """The prompt as agentcache's engine sees it (texts are not needed for reuse)."""

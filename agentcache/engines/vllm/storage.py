@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -114,3 +116,37 @@ class FolderSegmentStore(SegmentStore):
             )  # fmt: skip
         except (KeyError, TypeError, ValueError, RuntimeError):
             return None
+
+
+def write_report(folder: Path, name: str, stats: dict[str, Any]) -> None:
+    """Add a request's worker-side counters to `folder/reports/name.json` (atomic rename).
+
+    vLLM finishes a request (and returns its kv_transfer_params) before the worker's counters
+    of the request's last step reach the scheduler, so the worker reports through the folder
+    every engine of a fleet already shares."""
+    path = folder / "reports" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    merged = read_report(folder, name, remove=False)
+    for key, value in stats.items():
+        old = merged.get(key)
+        if isinstance(value, int | float) and isinstance(old, int | float):
+            merged[key] = old + value
+        elif isinstance(value, list) and isinstance(old, list):
+            merged[key] = [*old, *value]
+        else:
+            merged[key] = value
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(merged, f)
+    os.replace(tmp, path)
+
+
+def read_report(folder: Path, name: str, remove: bool = True) -> dict[str, Any]:
+    path = folder / "reports" / f"{name}.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if remove:
+        path.unlink(missing_ok=True)
+    return dict(data)
