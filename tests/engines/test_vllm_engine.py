@@ -37,7 +37,6 @@ print("RESULT " + json.dumps({"tokens": list(out.outputs[0].token_ids), "info": 
 SESSION_SCRIPT = """
 import json, sys
 import torch
-from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
 from agentcache.model.loading import load_model
 from agentcache.prompt.segments import Segment, SegmentedPrompt
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
@@ -59,9 +58,9 @@ def turn(state):
 states = ["Notes: budget 900 EUR.", "Notes: budget 900 EUR. Flights from Berlin cost 120 EUR. "
           "Hotels in Lisbon average 95 EUR a night; Porto 80 EUR. The user prefers the coast. " * 3]
 params = GenerationParams(max_new_tokens=1)
-backend = VLLMBackend(VLLMConfig(reuse="agentcache", strategy="rpdc", store_dir=store,
-                                 kv_cache_bytes=256 << 20, max_model_len=2048))
-session = AgentSession(backend, params=params)
+session = AgentSession.create("vllm", strategy="rpdc", params=params, reuse="agentcache",
+                              store_dir=store, kv_cache_bytes=256 << 20, max_model_len=2048)
+backend = session.engine
 out = []
 for s in states:
     g = session.turn(turn(s))

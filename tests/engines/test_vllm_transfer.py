@@ -181,3 +181,13 @@ def test_core_package_never_imports_vllm() -> None:
         "agentcache.engines.vllm.transfer; assert 'vllm' not in sys.modules, 'vllm imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_session_backend_setting(tiny: LoadedModel) -> None:
+    from agentcache.runtime.backends import create_engine
+    from agentcache.session import AgentSession
+
+    with pytest.raises(ValueError, match="unknown backend 'tgi'; known: embedded, vllm"):
+        create_engine("tgi")
+    session = AgentSession(Engine(tiny), strategy="pic")
+    assert session.turn(_prompt("a")).stats.strategy == "pic"
