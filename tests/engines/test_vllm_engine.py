@@ -59,7 +59,8 @@ states = ["Notes: budget 900 EUR.", "Notes: budget 900 EUR. Flights from Berlin 
           "Hotels in Lisbon average 95 EUR a night; Porto 80 EUR. The user prefers the coast. " * 3]
 params = GenerationParams(max_new_tokens=1)
 session = AgentSession.create("vllm", strategy="rpdc", params=params, reuse="agentcache",
-                              store_dir=store, kv_cache_bytes=256 << 20, max_model_len=2048)
+                              store_dir=store, kv_cache_bytes=256 << 20, max_model_len=2048,
+                              min_reused_fraction=0.0)
 backend = session.engine
 out = []
 for s in states:

@@ -51,6 +51,16 @@ def test_segment_claim_covers_up_to_the_last_token_when_a_segment_is_stored() ->
     assert claim_segments(spec, ids, 0, lambda c: c == update) == 0  # updates are not reused
 
 
+def test_segment_claim_needs_the_stored_share_of_the_span() -> None:
+    ids = list(range(64))
+    spec = RequestSpec(SPANS, "rpdc")
+    fixed = segment_content_id(ids[25:60])  # 35 of the 63 tokens before the last
+    assert claim_segments(spec, ids, 0, lambda c: c == fixed, 0.5) == 63
+    assert claim_segments(spec, ids, 0, lambda c: c == fixed, 0.6) == 0
+    system = segment_content_id(ids[0:10])
+    assert claim_segments(spec, ids, 0, lambda c: c in (fixed, system), 0.6) == 63
+
+
 def test_spec_round_trips_through_params_and_tokenizes() -> None:
     spec = RequestSpec(SPANS, "pic")
     back = RequestSpec.parse(spec.to_params(), 64)

@@ -44,6 +44,7 @@ class VLLMConfig:
     model: str | None = None  # model folder; None: the embedded default, converted once
     reuse: str = "agentcache"
     strategy: str = DEFAULT_STRATEGY
+    min_reused_fraction: float = 0.5  # see ConnectorSettings
     store_dir: str | None = None  # shared segment folder (default ~/.cache/agentcache/vllm-store)
     store_bytes: int = 2 * GiB
     kv_cache_bytes: int = 1 * GiB  # vLLM's own paged KV memory
@@ -98,6 +99,7 @@ class VLLMBackend:
                 store_bytes=c.store_bytes,
                 strategy=c.strategy,
                 model_name=name,
+                min_reused_fraction=c.min_reused_fraction,
             )
             kwargs["kv_transfer_config"] = kv_transfer_config(settings)
         if c.in_process:

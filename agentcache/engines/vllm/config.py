@@ -29,9 +29,14 @@ class ConnectorSettings:
     segments: bool = True
     strategy: str = DEFAULT_STRATEGY
     model_name: str | None = None
+    # claim a span only when stored segments cover this share of it: the filler computes
+    # the rest on agentcache's engine, slower per token than vLLM's kernels (docs/vllm.md)
+    min_reused_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names list the known ones
+        if not 0.0 <= self.min_reused_fraction <= 1.0:
+            raise ValueError("min_reused_fraction must be in [0, 1]")
         if self.store_bytes < 0:
             raise ValueError("store_bytes must be >= 0")
 

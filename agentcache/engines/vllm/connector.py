@@ -177,6 +177,7 @@ class AgentCacheConnector(KVConnectorBase_V1):
                 ids,
                 num_computed_tokens,
                 lambda cid: self.store.contains_content(self.model_id, self.tokenizer_id, cid),
+                self.settings.min_reused_fraction,
             )
         else:
             n = claim_prefix(ids, self.block_size, num_computed_tokens, self.prefix.present)

@@ -127,14 +127,19 @@ def claim_segments(
     token_ids: Sequence[int],
     num_computed: int,
     present: Callable[[str], bool],
+    min_reused_fraction: float = 0.0,
 ) -> int:
-    """Every token from `num_computed` to the last prompt token, if a reusable segment in that
-    span is stored (the filler computes what is not); otherwise nothing (vLLM computes it)."""
+    """Every token from `num_computed` to the last prompt token, if stored reusable segments
+    cover at least `min_reused_fraction` of that span (and at least one token): the filler
+    computes the rest. Otherwise nothing: vLLM computes the span, faster than the filler."""
     last = len(token_ids) - 1
     if num_computed >= last:
         return 0
+    stored = 0
     for s in spec.spans:
         in_span = s.kind in REUSABLE and s.end > num_computed and s.start < last
         if in_span and present(segment_content_id(token_ids[s.start : s.end])):
-            return last - num_computed
-    return 0
+            stored += min(s.end, last) - max(s.start, num_computed)
+    if stored == 0 or stored < min_reused_fraction * (last - num_computed):
+        return 0
+    return last - num_computed
