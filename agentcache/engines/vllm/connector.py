@@ -22,6 +22,7 @@ the pages can be reused.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,9 @@ from agentcache.engines.vllm.transfer import (  # noqa: E402
     layer_order,
     save_segments,
 )
+from agentcache.errors import PromptError  # noqa: E402
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -149,6 +153,7 @@ class AgentCacheConnector(KVConnectorBase_V1):
         self._to_load: dict[str, tuple[int, int]] = {}
         self._live: dict[str, _Live] = {}
         self._finished_stats: dict[str, dict[str, Any]] = {}
+        self._rejected: dict[str, str] = {}  # request -> why its segment spec was refused
         # worker side
         self._paged: PagedKV | None = None
         self._filler: SegmentFiller | None = None
@@ -162,7 +167,13 @@ class AgentCacheConnector(KVConnectorBase_V1):
         spec = self._specs.get(request.request_id)
         if spec is None:
             params = getattr(request, "kv_transfer_params", None)
-            spec = RequestSpec.parse(params, len(request.prompt_token_ids or []))
+            try:
+                spec = RequestSpec.parse(params, len(request.prompt_token_ids or []))
+            except PromptError as e:  # one bad request must not stop the engine: prefix mode
+                logger.warning("agentcache: request %s: %s; exact prefix reuse only",
+                               request.request_id, e)  # fmt: skip
+                self._rejected[request.request_id] = str(e)
+                spec = RequestSpec()
             self._specs[request.request_id] = spec
         return spec
 
@@ -250,8 +261,15 @@ class AgentCacheConnector(KVConnectorBase_V1):
         spec = self._specs.pop(req_id, RequestSpec())
         start, end = self._claims.pop(req_id, (0, 0))
         self._to_load.pop(req_id, None)
-        stats = {"mode": spec.mode, "vllm_cached_tokens": start, "planned_tokens": end - start}
+        stats: dict[str, Any] = {"mode": spec.mode, "vllm_cached_tokens": start}
+        stats["planned_tokens"] = end - start
         stats |= self._finished_stats.pop(req_id, {})
+        if req_id in self._rejected:
+            stats["fallbacks"] = stats.get("fallbacks", 0) + 1
+            stats["fallback_reasons"] = [
+                *stats.get("fallback_reasons", []),
+                self._rejected.pop(req_id),
+            ]
         return False, {"agentcache": stats}
 
     # ---------------------------------------------------------------- worker side
