@@ -178,7 +178,9 @@ def test_core_package_never_imports_vllm() -> None:
     code = (
         "import sys, agentcache.cli, agentcache.runtime.engine, agentcache.session, "
         "agentcache.engines.vllm, agentcache.engines.vllm.backend, agentcache.engines.vllm.config, "
-        "agentcache.engines.vllm.transfer; assert 'vllm' not in sys.modules, 'vllm imported'"
+        "agentcache.engines.vllm.transfer, agentcache.engines.vllm.bench, "
+        "agentcache.engines.vllm.cli, agentcache.runtime.backends; "
+        "assert 'vllm' not in sys.modules, 'vllm imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
