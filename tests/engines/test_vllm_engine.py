@@ -112,3 +112,23 @@ def test_shifted_segments_are_served_by_the_connector(tmp_path: Path) -> None:
     assert info["vllm_cached_tokens"] + info["claimed_tokens"] == second["prompt"] - 1
     assert info["reused_tokens"] > 0 and info["fallbacks"] == 0
     assert [t["token"] for t in turns] == result["engine"]
+
+
+BF16_SCRIPT = """
+import json, sys
+from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
+try:
+    VLLMBackend(VLLMConfig(dtype="bfloat16", store_dir=sys.argv[1], kv_cache_bytes=128 << 20,
+                           max_model_len=1024))
+    print("RESULT " + json.dumps({"raised": None}))
+except Exception as e:
+    print("RESULT " + json.dumps({"raised": type(e).__name__, "message": str(e)}))
+"""
+
+
+def test_unsupported_kv_setup_is_refused_at_start_up(tmp_path: Path) -> None:
+    """bf16 KV cannot take the float32 filler's KV (and bf16 selects the CPU "amx" kernel,
+    whose block layout is unverified): vLLM does not start, with a message saying why."""
+    result = _run(BF16_SCRIPT, str(tmp_path / "store"))
+    assert result["raised"] == "UnsupportedKVLayoutError"
+    assert "dtype='float32'" in str(result["message"])
