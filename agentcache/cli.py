@@ -47,6 +47,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run(args, args.model, _cache_dir(args.cache_dir))
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from agentcache.server.cli import serve
+
+    _threads(args.threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return serve(args, args.model, _cache_dir(args.cache_dir))
+
+
 def cmd_strategies(args: argparse.Namespace) -> int:
     from agentcache.reuse import STRATEGIES
 
@@ -92,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench = add_bench(sub)
     _common(bench)
     bench.set_defaults(func=cmd_bench)
+    from agentcache.server.cli import add_parser as add_serve
+
+    serve = add_serve(sub)
+    _common(serve)
+    serve.set_defaults(func=cmd_serve)
     from agentcache.decode.cli import add_bench_parser, add_profile_parser
 
     for add, func in (

@@ -10,11 +10,14 @@ from pydantic import BaseModel
 from agentcache.errors import PromptError
 from agentcache.prompt.segments import Segment, SegmentedPrompt
 from agentcache.prompt.template import PromptTemplate
-from agentcache.runtime.engine import Engine, Generation, GenerationParams
+from agentcache.reuse import DEFAULT_STRATEGY
+from agentcache.runtime.backends import TurnEngine, create_engine
+from agentcache.runtime.engine import Generation, GenerationParams
 
 
 class AgentSession:
-    """Holds a template (or takes raw segments) and an engine.
+    """Holds a template (or takes raw segments) and an engine: the embedded `Engine` or
+    any other `TurnEngine` (e.g. vLLM; see `AgentSession.create(backend=...)`).
 
     `turn()` renders the turn's inputs, runs it with the session's strategy and returns the
     `Generation` (text + `TurnStats`). Sessions sharing an engine may run in different threads.
@@ -22,7 +25,7 @@ class AgentSession:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: TurnEngine,
         template: PromptTemplate[Any] | None = None,
         strategy: str | None = None,
         params: GenerationParams | None = None,
@@ -33,6 +36,20 @@ class AgentSession:
         engine.strategy(self.strategy)  # fail fast on unknown names
         self.params = params or GenerationParams()
         self.turns: list[Generation] = []
+
+    @classmethod
+    def create(
+        cls,
+        backend: str = "embedded",
+        model: str | None = None,
+        template: PromptTemplate[Any] | None = None,
+        strategy: str | None = None,
+        params: GenerationParams | None = None,
+        **engine_options: Any,
+    ) -> AgentSession:
+        """A session on a new engine of `backend` ("embedded" or "vllm")."""
+        engine = create_engine(backend, model, strategy or DEFAULT_STRATEGY, **engine_options)
+        return cls(engine, template, strategy, params)
 
     def prompt_for(
         self, inputs: BaseModel | Mapping[str, Any] | SegmentedPrompt | Iterable[Segment]

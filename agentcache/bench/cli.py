@@ -33,6 +33,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--case", default=None, help="only sessions of this case (swing / shift)")
     p.add_argument("--sessions", default=None, help="only these sessions (comma list of names)")
     p.add_argument("--new-tokens", type=int, default=None, help="override max_new_tokens")
+    p.add_argument(
+        "--backend",
+        choices=("embedded", "vllm"),
+        default="embedded",
+        help="vllm: vLLM + agentcache's connector vs vLLM prefix caching (see docs/vllm.md)",
+    )
     return p
 
 
@@ -70,6 +76,10 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
     console = Console(stderr=True)
     specs = parse_specs(args.strategies) + (sweep_specs() if args.sweep else [])
     sessions, problems = select(args, console)
+    if args.backend == "vllm":
+        from agentcache.engines.vllm.cli import run_vllm
+
+        return run_vllm(args, sessions, console)
     model = load_model(model_path, cache_dir)
     runner = BenchRunner(model, specs)
     total = sum(len(s.turns) for s in sessions) * len(specs)

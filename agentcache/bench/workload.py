@@ -1,7 +1,9 @@
 """Workload files: JSON Lines, one agent session per line (format in docs/benchmarks.md).
 
-A bad line (invalid JSON, unknown segment kind, missing fields) is reported with its line
-number and skipped; the rest of the file still runs.
+A session gives each turn's segments, or names a shipped template and gives each turn's inputs
+(docs/templates.md); session-level `inputs` are defaults under every turn's. A bad line
+(invalid JSON, unknown segment kind or template, inputs the template rejects, missing fields)
+is reported with its line number and skipped; the rest of the file still runs.
 """
 
 from __future__ import annotations
@@ -11,8 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from agentcache.errors import AgentCacheError, PromptError
 from agentcache.prompt.segments import SegmentedPrompt
+from agentcache.prompt.template import PromptTemplate
+from agentcache.templates import load_template
 
 
 @dataclass(frozen=True)
@@ -38,16 +44,11 @@ class LoadedWorkload:
 def parse_session(obj: Any, default_name: str, workload: str) -> Session:
     if not isinstance(obj, dict) or not isinstance(obj.get("turns"), list) or not obj["turns"]:
         raise PromptError("a session needs a non-empty 'turns' list")
-    if "template" in obj:
-        raise PromptError(
-            "template-named sessions are not supported by this version; give segments"
-        )
+    template = _template(obj)
     turns = []
     for i, t in enumerate(obj["turns"]):
-        if not isinstance(t, dict) or not isinstance(t.get("segments"), list):
-            raise PromptError(f"turn {i} needs a 'segments' list")
         try:
-            prompt = SegmentedPrompt.from_dicts(t["segments"])
+            prompt = _prompt(t, template, obj.get("inputs", {}))
         except PromptError as e:
             raise PromptError(f"turn {i}: {e}") from e
         turns.append(Turn(prompt, int(t.get("max_new_tokens", 32))))
@@ -56,6 +57,43 @@ def parse_session(obj: Any, default_name: str, workload: str) -> Session:
         str(obj.get("workload", workload)),
         str(obj.get("case", "")),
         tuple(turns),
+    )
+
+
+def _template(obj: dict[str, Any]) -> PromptTemplate[Any] | None:
+    if "template" not in obj:
+        return None
+    if not isinstance(obj.get("inputs", {}), dict):
+        raise PromptError("session 'inputs' must be an object")
+    try:
+        return load_template(str(obj["template"]))
+    except PromptError:
+        raise
+    except AgentCacheError as e:  # an unknown name: the message lists the known ones
+        raise PromptError(str(e)) from e
+
+
+def _prompt(
+    turn: Any, template: PromptTemplate[Any] | None, defaults: dict[str, Any]
+) -> SegmentedPrompt:
+    if not isinstance(turn, dict):
+        raise PromptError("a turn must be an object")
+    if template is None:
+        if not isinstance(turn.get("segments"), list):
+            raise PromptError("needs a 'segments' list (or name a template and give 'inputs')")
+        return SegmentedPrompt.from_dicts(turn["segments"])
+    if "segments" in turn or not isinstance(turn.get("inputs"), dict):
+        raise PromptError(f"template {template.name!r}: needs an 'inputs' object, not segments")
+    try:
+        return template.render({**defaults, **turn["inputs"]})
+    except ValidationError as e:
+        raise PromptError(f"template {template.name!r} inputs: {_errors(e)}") from e
+
+
+def _errors(e: ValidationError) -> str:
+    """pydantic's errors on one line: `field.sub: message; ...`."""
+    return "; ".join(
+        f"{'.'.join(map(str, err['loc'])) or 'inputs'}: {err['msg']}" for err in e.errors()
     )
 
 

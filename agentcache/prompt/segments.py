@@ -33,12 +33,15 @@ class SegmentKind(StrEnum):
 
 @dataclass(frozen=True)
 class Segment:
-    """One run of prompt text. `role` wraps it as a chat message; `id` names it across turns."""
+    """One run of prompt text. `role` wraps it as a chat message; `id` names it across turns.
+    `scope`, when set, keeps its cached KV private: only prompts whose segment has the same
+    scope reuse it (e.g. one conversation's history); None shares it by content."""
 
     kind: SegmentKind
     text: str
     id: str | None = None
     role: str | None = None
+    scope: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, SegmentKind):

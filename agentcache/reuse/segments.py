@@ -35,6 +35,12 @@ class SegmentHit:
         return self.segment.start + self.num_tokens
 
 
+def scoped(namespace: str, seg: TokenizedSegment) -> str:
+    """A segment with a scope is keyed in its own namespace, so other scopes never see it."""
+    scope = seg.segment.scope
+    return namespace if scope is None else f"{namespace}@{scope}"
+
+
 def context_ids(prompt: TokenizedPrompt) -> list[str]:
     """Chained id of the tokens before each segment."""
     ids, prev = [], "context-root"
@@ -58,7 +64,8 @@ def find_hits(
         if seg.kind not in REUSABLE:
             continue
         start = seg.start if at_start else None
-        found = ctx.store.lookup(m.model_id, m.tokenizer.tokenizer_id, seg.ids, namespace, start)
+        space = scoped(namespace, seg)
+        found = ctx.store.lookup(m.model_id, m.tokenizer.tokenizer_id, seg.ids, space, start)
         if found.kv is None:
             assert found.miss is not None
             stats.misses.append(SegmentMiss(seg.segment.id, seg.kind, len(seg.ids), found.miss))
@@ -82,7 +89,7 @@ def commit_segments(
     m = ctx.model
     for seg, context in zip(prompt.segments, context_ids(prompt), strict=True):
         start = seg.start if at_start else None
-        cid = content_id(seg.ids, namespace, start)
+        cid = content_id(seg.ids, scoped(namespace, seg), start)
         if ctx.store.contains_content(m.model_id, m.tokenizer.tokenizer_id, cid):
             continue
         span = slice(seg.start, seg.end)

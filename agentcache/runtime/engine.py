@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,7 +140,9 @@ class Engine:
         params: GenerationParams | None = None,
         strategy: str | None = None,
         commit: bool = True,
+        on_token: Callable[[int], None] | None = None,
     ) -> Generation:
+        """`on_token` is called with each new token id as it is chosen (for streaming)."""
         params = params or GenerationParams()
         tokens = prompt if isinstance(prompt, TokenizedPrompt) else self.tokenize(prompt)
         with self._lock, torch.inference_mode():
@@ -149,7 +152,7 @@ class Engine:
                 t0 = time.perf_counter()
                 pre = strat.prefill(self.ctx, tokens, seq)
                 ttft = time.perf_counter() - t0
-                ids, finish, decode_s, dstats = self._decode(seq, pre, params)
+                ids, finish, decode_s, dstats = self._decode(seq, pre, params, on_token)
                 if commit:
                     strat.commit(self.ctx, tokens, seq, pre.positions)
             finally:
@@ -191,7 +194,11 @@ class Engine:
             return f.logits(hidden)[0]
 
     def _decode(
-        self, seq: SequenceKV, pre: PrefillResult, params: GenerationParams
+        self,
+        seq: SequenceKV,
+        pre: PrefillResult,
+        params: GenerationParams,
+        on_token: Callable[[int], None] | None = None,
     ) -> tuple[list[int], str, float, DecodeStats | None]:
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         max_pos = self.model.config.max_position_embeddings
@@ -214,6 +221,8 @@ class Engine:
                 finish = "stop"
                 break
             ids.append(token)
+            if on_token is not None:
+                on_token(token)
             if params.stop and self._hits_stop(ids, params.stop):
                 finish = "stop"
                 break

@@ -1,0 +1,106 @@
+"""Why-no-hit: per response, what was reused and, per segment, why it was not.
+
+Each prompt segment gets one status:
+- `hit`: a system/fixed segment found in the store (the strategy reused its KV, possibly
+  recomputing some of its tokens, counted in `recomputed_tokens`);
+- `miss`: a system/fixed segment not found, with the store's reason: `new` (never stored),
+  `evicted` (dropped for space), `other-model` (stored by another model or tokenizer),
+  `checksum` (a stored copy failed its check and was not served);
+- `computed`: an update segment, computed by design, with why it was an update: `new` or
+  `changed` message, `prefill`, `generation-prompt`;
+- `not-looked-up`: the strategy does not look segments up (`full` reuses nothing, `prefix`
+  reuses whole 16-token blocks of the exact prefix); the totals still say what was reused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from agentcache.chat.segmenter import ChatPrompt
+from agentcache.prompt.segments import SegmentKind
+from agentcache.prompt.tokenize import GENERATION_PROMPT_ID, TokenizedPrompt
+from agentcache.reuse.base import SegmentMiss
+from agentcache.runtime.engine import TurnStats
+
+# strategies that reuse no segment-keyed KV, so record no per-segment lookups
+NO_SEGMENT_LOOKUP = frozenset({"full", "prefix"})
+
+
+@dataclass(frozen=True)
+class SegmentReport:
+    segment_id: str
+    message_index: int | None
+    role: str | None
+    kind: str
+    num_tokens: int
+    status: str  # hit | miss | computed | not-looked-up
+    reason: str | None  # miss reason, or why the segment was an update
+
+
+@dataclass(frozen=True)
+class ReuseReport:
+    strategy: str
+    conversation_id: str
+    prompt_tokens: int
+    reused_tokens: int
+    recomputed_tokens: int
+    recompute_fraction: float
+    ttft_s: float
+    fallbacks: int
+    fallback_reasons: tuple[str, ...]
+    segments: tuple[SegmentReport, ...]
+
+    @property
+    def misses(self) -> tuple[SegmentReport, ...]:
+        return tuple(s for s in self.segments if s.status == "miss")
+
+    @property
+    def reused_fraction(self) -> float:
+        return self.reused_tokens / max(1, self.prompt_tokens)
+
+    def why_no_hit(self) -> list[str]:
+        """One line per segment that was not reused, e.g. `msg-3f.. (user #4, 37 tokens):
+        miss: evicted`."""
+        lines = []
+        for s in self.segments:
+            if s.status == "hit":
+                continue
+            where = f"{s.role} #{s.message_index}" if s.message_index is not None else s.role
+            lines.append(f"{s.segment_id} ({where}, {s.num_tokens} tokens): {s.status}: {s.reason}")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["reused_fraction"] = round(self.reused_fraction, 4)
+        d["fallback_reasons"] = list(self.fallback_reasons)
+        d["segments"] = [asdict(s) for s in self.segments]
+        return d
+
+
+def build_report(chat: ChatPrompt, tokens: TokenizedPrompt, stats: TurnStats) -> ReuseReport:
+    misses: dict[str | None, SegmentMiss] = {m.segment_id: m for m in stats.misses}
+    by_id = {p.segment_id: p for p in chat.plan}
+    segments = []
+    for ts in tokens.segments:
+        seg = ts.segment
+        plan = by_id.get(seg.id or "")
+        index = plan.message_index if plan else None
+        if seg.kind == SegmentKind.UPDATE:
+            reason = plan.status if plan else ("generation-prompt" if seg.id == GENERATION_PROMPT_ID
+                                               else "update")  # fmt: skip
+            status = "computed"
+        elif stats.strategy in NO_SEGMENT_LOOKUP:
+            status, reason = "not-looked-up", f"strategy {stats.strategy} reuses no segments"
+        elif seg.id in misses:
+            status, reason = "miss", str(misses[seg.id].reason)
+        else:
+            status, reason = "hit", None
+        segments.append(
+            SegmentReport(seg.id or "", index, seg.role, str(seg.kind), len(ts.ids), status, reason)
+        )
+    return ReuseReport(
+        stats.strategy, chat.conversation_id, stats.prompt_tokens, stats.reused_tokens,
+        stats.recomputed_tokens, stats.recompute_fraction, stats.ttft_s, stats.fallbacks,
+        stats.fallback_reasons, tuple(segments),
+    )  # fmt: skip

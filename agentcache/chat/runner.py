@@ -1,0 +1,137 @@
+"""One chat completion on an engine: segment, tokenize, generate (optionally streaming text),
+parse tool calls, report reuse, remember the turn for the conversation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from agentcache.chat.diagnostics import ReuseReport, build_report
+from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec
+from agentcache.chat.segmenter import ChatPrompt, ConversationTracker
+from agentcache.chat.stream import TextStream
+from agentcache.chat.tools import TOOL_CALL_OPEN, InvalidToolCall, ParsedReply, parse_tool_calls
+from agentcache.errors import ContextLengthError
+from agentcache.prompt.tokenize import TokenizedPrompt
+from agentcache.runtime.engine import Engine, Generation, GenerationParams
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: tuple[ChatMessage, ...]
+    params: GenerationParams = field(default_factory=GenerationParams)
+    tools: tuple[ToolSpec, ...] = ()
+    conversation: str | None = None  # caller-given conversation id
+    prefill: str | None = None  # text the reply starts with; the model continues it
+    strategy: str | None = None
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    request: ChatRequest
+    chat: ChatPrompt
+    tokens: TokenizedPrompt
+
+
+@dataclass(frozen=True)
+class ChatResult:
+    text: str  # the whole reply, prefill included
+    content: str  # the reply without tool-call blocks
+    tool_calls: tuple[ToolCall, ...]
+    invalid_tool_calls: tuple[InvalidToolCall, ...]
+    finish_reason: str  # stop | length | tool_calls
+    generation: Generation
+    report: ReuseReport
+    # streamed pieces that the final content did not extend (decoding a prefix of the ids
+    # gave other text); the stream then ends without the rest. Counted by the server.
+    stream_mismatch: bool = False
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.generation.stats.prompt_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.generation.token_ids)
+
+    def message(self) -> ChatMessage:
+        return ChatMessage("assistant", self.content, self.tool_calls)
+
+
+class ChatEngine:
+    """Chat front of an `Engine`. Thread-safe: the engine serializes generation, the tracker
+    locks its own state."""
+
+    def __init__(self, engine: Engine, tracker: ConversationTracker | None = None) -> None:
+        self.engine = engine
+        self.tracker = tracker or ConversationTracker()
+
+    @property
+    def max_context(self) -> int:
+        return self.engine.model.config.max_position_embeddings
+
+    def prepare(self, request: ChatRequest, clamp_max_tokens: bool = False) -> PreparedChat:
+        """Segment and tokenize; raises PromptError / ContextLengthError on bad input.
+        `clamp_max_tokens` lowers max_new_tokens to the context left instead of raising."""
+        chat = self.tracker.segment(
+            request.messages, request.tools, request.conversation, request.prefill
+        )
+        tokens = self.engine.tokenize(chat.prompt)
+        left = self.max_context - tokens.num_tokens
+        if clamp_max_tokens and 0 < left < request.params.max_new_tokens:
+            params = replace(request.params, max_new_tokens=left)
+            request = replace(request, params=params)
+        needed = tokens.num_tokens + request.params.max_new_tokens
+        if needed > self.max_context:
+            raise ContextLengthError(needed, self.max_context, "prompt + max_tokens")
+        return PreparedChat(request, chat, tokens)
+
+    def run(
+        self, prepared: PreparedChat, on_text: Callable[[str], None] | None = None
+    ) -> ChatResult:
+        """Generate. `on_text` receives the reply's content as it is produced, in pieces whose
+        concatenation is the final `content` (tool-call blocks and stop strings held back)."""
+        req = prepared.request
+        tok = self.engine.model.tokenizer
+        holds = (TOOL_CALL_OPEN,) if req.tools else ()
+        stream = TextStream(tok.decode, req.params.stop, holds, req.prefill or "")
+        on_token = None
+        if on_text is not None:
+            on_text(stream.start())
+
+            def on_token(token: int) -> None:
+                piece = stream.push(token)
+                if piece:
+                    on_text(piece)
+
+        gen = self.engine.generate(prepared.tokens, req.params, req.strategy, on_token=on_token)
+        text = (req.prefill or "") + gen.text
+        parsed = parse_tool_calls(text) if req.tools else ParsedReply(text, (), ())
+        content = parsed.content
+        if on_text is not None:
+            rest = stream.finish(content)
+            if rest:
+                on_text(rest)
+        finish = "tool_calls" if parsed.tool_calls else gen.finish_reason
+        report = build_report(prepared.chat, prepared.tokens, gen.stats)
+        result = ChatResult(
+            text, content, parsed.tool_calls, parsed.invalid_tool_calls, finish, gen, report,
+            stream_mismatch=stream.mismatches > 0,
+        )  # fmt: skip
+        self.tracker.record(prepared.chat, result.message())
+        return result
+
+    def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        params: GenerationParams | None = None,
+        tools: Sequence[ToolSpec] = (),
+        conversation: str | None = None,
+        prefill: str | None = None,
+        strategy: str | None = None,
+    ) -> ChatResult:
+        request = ChatRequest(
+            tuple(messages), params or GenerationParams(), tuple(tools), conversation, prefill,
+            strategy,
+        )  # fmt: skip
+        return self.run(self.prepare(request))

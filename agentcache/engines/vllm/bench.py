@@ -1,0 +1,194 @@
+"""`agentcache bench --backend vllm`: vLLM + agentcache vs vLLM's prefix caching alone.
+
+Each configuration runs in a process of its own (a fresh vLLM engine, an empty prefix cache,
+for agentcache an empty segment folder) over the same turns:
+
+    none              vLLM without any reuse: the fidelity reference
+    prefix            vLLM's automatic prefix caching alone (the baseline)
+    agentcache:NAME   vLLM's prefix caching + agentcache's connector, reuse strategy NAME
+
+Per turn: TTFT = wall time of a one-token `generate` call (prompt in -> first token out), the
+first token and the top-5 candidates. Reported: TTFT per turn, the median over warm turns
+(every turn but each session's first), the median per-turn ratio to `prefix`, first-token
+agreement and top-5 overlap against `none`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentcache.bench.workload import Session, parse_session
+
+TURN_PREFIX = "TURN "
+
+
+def _configs(strategies: list[str]) -> list[str]:
+    return ["none", "prefix"] + [f"agentcache:{s}" for s in strategies]
+
+
+def run_config(config: str, sessions_file: Path, out_file: Path, store_dir: str) -> None:
+    """One configuration over every session (runs in its own process)."""
+    from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
+    from agentcache.runtime.engine import GenerationParams
+
+    reuse, _, strategy = config.partition(":")
+    sessions = [
+        parse_session(json.loads(line), f"s{i}", "")
+        for i, line in enumerate(sessions_file.read_text().splitlines())
+    ]
+    options: dict[str, Any] = {"reuse": reuse, "store_dir": store_dir, "logprobs": 5}
+    if strategy:
+        options["strategy"] = strategy
+    t0 = time.perf_counter()
+    backend = VLLMBackend(VLLMConfig(**options))
+    startup = time.perf_counter() - t0
+    records = []
+    for session in sessions:
+        for ti, turn in enumerate(session.turns):
+            g = backend.generate(turn.prompt, GenerationParams(max_new_tokens=1))
+            logits = g.first_token_logits
+            info = backend.last_transfer
+            records.append({
+                "config": config, "session": session.name, "workload": session.workload,
+                "case": session.case, "turn": ti, "prompt_tokens": g.stats.prompt_tokens,
+                "ttft_ms": g.stats.ttft_s * 1e3,
+                "first_token": int(logits.argmax()),
+                "top5": logits.topk(5).indices.tolist(),
+                "vllm_cached_tokens": int(info.get("vllm_cached_tokens", 0)),
+                "claimed_tokens": int(info.get("claimed_tokens", 0)),
+                "engine_reused_tokens": int(info.get("reused_tokens", 0)),
+                "engine_computed_tokens": int(info.get("computed_tokens", 0)),
+                "fill_ms": float(info.get("fill_ms", 0.0)),
+                "fallbacks": int(info.get("fallbacks", 0)),
+            })  # fmt: skip
+            print(f"{TURN_PREFIX}{config} {session.name} {ti}", flush=True)
+    out_file.write_text(json.dumps({"startup_s": startup, "records": records}))
+
+
+def run_all(
+    sessions: list[Session],
+    strategies: list[str],
+    out: Path,
+    advance: Callable[[str], None],
+) -> dict[str, Any]:
+    """Every configuration in its own process; returns the merged results (also written)."""
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="agentcache-vllm-bench-"))
+    sessions_file = work / "sessions.jsonl"
+    sessions_file.write_text("\n".join(json.dumps(_session_json(s)) for s in sessions))
+    runs: dict[str, Any] = {}
+    for config in _configs(strategies):
+        result = work / f"{config.replace(':', '_')}.json"
+        store = work / f"store-{config.replace(':', '_')}"
+        args = [sys.executable, "-m", "agentcache.engines.vllm.bench", config,
+                str(sessions_file), str(result), str(store)]  # fmt: skip
+        with subprocess.Popen(args, stdout=subprocess.PIPE, text=True) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith(TURN_PREFIX):
+                    advance(line.removeprefix(TURN_PREFIX).strip())
+        if proc.returncode != 0:
+            raise RuntimeError(f"vLLM bench configuration {config} failed (exit {proc.returncode})")
+        runs[config] = json.loads(result.read_text())
+    results = summarize(runs)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "report.md").write_text(report_markdown(results))
+    plot(results, out / "ttft_per_turn.png")
+    return results
+
+
+def _session_json(s: Session) -> dict[str, Any]:
+    turns = []
+    for t in s.turns:
+        segs = [{"kind": g.kind.value, "text": g.text, "id": g.id, "role": g.role}
+                for g in t.prompt.segments]  # fmt: skip
+        turns.append({"segments": segs, "max_new_tokens": t.max_new_tokens})
+    return {"name": s.name, "workload": s.workload, "case": s.case, "turns": turns}
+
+
+def summarize(runs: dict[str, Any]) -> dict[str, Any]:
+    records = [r for run in runs.values() for r in run["records"]]
+    ref = {(r["session"], r["turn"]): r for r in records if r["config"] == "none"}
+    base = {(r["session"], r["turn"]): r for r in records if r["config"] == "prefix"}
+    summary = {}
+    for config, run in runs.items():
+        rows = run["records"]
+        warm = [r for r in rows if r["turn"] > 0]
+        key = [(r["session"], r["turn"]) for r in warm]
+        summary[config] = {
+            "startup_s": run["startup_s"],
+            "turns": len(rows),
+            "ttft_ms_median_warm": statistics.median(r["ttft_ms"] for r in warm),
+            "ttft_ratio_vs_prefix_warm": statistics.median(
+                r["ttft_ms"] / base[k]["ttft_ms"] for r, k in zip(warm, key, strict=True)
+            ),
+            "first_token_agreement": statistics.fmean(
+                float(r["first_token"] == ref[(r["session"], r["turn"])]["first_token"])
+                for r in rows
+            ),
+            "top5_overlap": statistics.fmean(
+                len(set(r["top5"]) & set(ref[(r["session"], r["turn"])]["top5"])) / 5 for r in rows
+            ),
+            "claimed_fraction_warm": statistics.fmean(
+                r["claimed_tokens"] / r["prompt_tokens"] for r in warm
+            ),
+            "fallbacks": sum(r["fallbacks"] for r in rows),
+        }
+    return {"configs": summary, "records": records, "command": " ".join(sys.argv)}
+
+
+def report_markdown(results: dict[str, Any]) -> str:
+    lines = [
+        "| config | warm TTFT ms (median) | TTFT / prefix (warm, median) | first-token agreement "
+        "vs none | top-5 overlap | claimed / prompt (warm) | fallbacks |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, s in results["configs"].items():
+        lines.append(
+            f"| {name} | {s['ttft_ms_median_warm']:.0f} | {s['ttft_ratio_vs_prefix_warm']:.2f} | "
+            f"{s['first_token_agreement']:.2f} | {s['top5_overlap']:.2f} | "
+            f"{s['claimed_fraction_warm']:.2f} | {s['fallbacks']} |"
+        )
+    lines += ["", "| session | turn | tokens | " + " | ".join(results["configs"]) + " |"]
+    lines.append("|---|---|---|" + "---|" * len(results["configs"]))
+    by_turn: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in results["records"]:
+        by_turn.setdefault((r["session"], r["turn"]), {})[r["config"]] = r
+    for (session, turn), row in by_turn.items():
+        cells = " | ".join(f"{row[c]['ttft_ms']:.0f}" for c in results["configs"])
+        tokens = next(iter(row.values()))["prompt_tokens"]
+        lines.append(f"| {session} | {turn} | {tokens} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    configs = list(results["configs"])
+    for i, config in enumerate(configs):
+        rows = [r for r in results["records"] if r["config"] == config]
+        xs = [j + i / (len(configs) + 1) for j in range(len(rows))]
+        ax.bar(xs, [r["ttft_ms"] / 1e3 for r in rows], width=1 / (len(configs) + 1), label=config)
+    ax.set_xlabel("turn (sessions in order)")
+    ax.set_ylabel("TTFT (s)")
+    ax.set_title("vLLM TTFT per turn")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    run_config(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])

@@ -1,0 +1,49 @@
+"""`agentcache bench --backend vllm`: progress and the summary table."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from agentcache.bench.workload import Session
+from agentcache.engines.vllm import require_vllm
+from agentcache.reuse import DEFAULT_STRATEGY, STRATEGIES
+
+BASELINES = ("full", "prefix")  # measured by vLLM itself (no reuse / prefix caching)
+
+
+def vllm_strategies(text: str, default_list: bool) -> list[str]:
+    """The connector strategies to measure: `default` unless named."""
+    if default_list:
+        return [DEFAULT_STRATEGY]
+    names = [DEFAULT_STRATEGY if t == "default" else t for t in text.split(",") if t.strip()]
+    for name in names:
+        if ":" in name:
+            raise ValueError(f"--backend vllm takes strategy names without options, got {name!r}")
+        STRATEGIES.get(name)
+    return [n for n in names if n not in BASELINES] or [DEFAULT_STRATEGY]
+
+
+def run_vllm(args: argparse.Namespace, sessions: list[Session], console: Console) -> int:
+    from agentcache.bench.cli import ALL
+    from agentcache.engines.vllm.bench import _configs, report_markdown, run_all
+
+    require_vllm()  # a clear error before anything starts
+    strategies = vllm_strategies(args.strategies, args.strategies == ALL)
+    total = len(_configs(strategies)) * sum(len(s.turns) for s in sessions)
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console,
+    ) as progress:  # fmt: skip
+        task = progress.add_task("vLLM bench", total=total)
+        results = run_all(
+            sessions,
+            strategies,
+            args.out,
+            lambda d: progress.update(task, advance=1, description=d),
+        )
+    print(report_markdown({"configs": results["configs"], "records": []}).split("\n\n")[0])
+    print(f"\nwrote {args.out}/results.json, report.md and ttft_per_turn.png")
+    return 0

@@ -1,0 +1,76 @@
+"""Settings of the connector, and the vLLM arguments that load it. No vLLM import here."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from agentcache.model.loading import default_cache_dir
+from agentcache.reuse import DEFAULT_STRATEGY, STRATEGIES
+
+CONNECTOR_CLASS = "AgentCacheConnector"
+CONNECTOR_MODULE = "agentcache.engines.vllm.connector"
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class ConnectorSettings:
+    """What the connector reads from `kv_connector_extra_config`.
+
+    store_dir: the shared segment folder (every engine that should share KV points here);
+    store_bytes: the in-memory tier in front of it; segments: serve segment spans with a reuse
+    strategy (False: exact prefix blocks only); strategy: the default one for segment requests;
+    model_name: the name model ids are built from (the folder's name by default).
+    """
+
+    store_dir: str = str(default_cache_dir() / "vllm-store")
+    store_bytes: int = 2 * GiB
+    segments: bool = True
+    strategy: str = DEFAULT_STRATEGY
+    model_name: str | None = None
+    # claim a span only when stored segments cover this share of it: the filler computes
+    # the rest on agentcache's engine, slower per token than vLLM's kernels (docs/vllm.md)
+    min_reused_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        STRATEGIES.get(self.strategy)  # unknown names list the known ones
+        if not 0.0 <= self.min_reused_fraction <= 1.0:
+            raise ValueError("min_reused_fraction must be in [0, 1]")
+        if self.store_bytes < 0:
+            raise ValueError("store_bytes must be >= 0")
+
+    @classmethod
+    def from_extra(cls, extra: dict[str, Any] | None) -> ConnectorSettings:
+        body = dict((extra or {}).get("agentcache", {}))
+        known = set(cls.__dataclass_fields__)
+        if unknown := set(body) - known:
+            raise ValueError(f"unknown agentcache connector settings {sorted(unknown)}; "
+                             f"known: {sorted(known)}")  # fmt: skip
+        return cls(**body)
+
+    def to_extra(self) -> dict[str, Any]:
+        return {"agentcache": asdict(self)}
+
+
+def kv_transfer_config(settings: ConnectorSettings) -> Any:
+    """vLLM's `KVTransferConfig` that loads agentcache's connector (imports vLLM)."""
+    from agentcache.engines.vllm import require_vllm
+
+    require_vllm()
+    from vllm.config import KVTransferConfig
+
+    return KVTransferConfig(
+        kv_connector=CONNECTOR_CLASS,
+        kv_connector_module_path=CONNECTOR_MODULE,
+        kv_role="kv_both",
+        kv_connector_extra_config=settings.to_extra(),
+        kv_load_failure_policy="recompute",  # a block that fails its checksum is recomputed
+    )
+
+
+def default_model_folder(cache_dir: Path | None = None) -> Path:
+    """The converted safetensors folder of the embedded default model (converted once)."""
+    from agentcache.model.loading import convert_default_model
+
+    return convert_default_model(cache_dir or default_cache_dir())

@@ -1,0 +1,145 @@
+"""What the connector claims for a request, decided without vLLM (pure, unit-tested).
+
+Two modes, chosen per request:
+
+- **prefix** (any request): the prompt is cut into vLLM blocks; block i's content id chains
+  the ids of every block before it (`chain_id`), so a hit means the whole prefix up to it is
+  identical. The claim is the longest run of stored blocks, ending before the last prompt
+  token (vLLM always computes at least one token). Loaded KV is exact: vLLM's own.
+- **segments** (requests that carry agentcache segment spans): if any reusable segment
+  (system / fixed) after the tokens vLLM already has is in the store, the connector claims
+  every token from there up to the last prompt token, and fills the span by running an
+  agentcache reuse strategy (see `transfer.SegmentFiller`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentcache.errors import PromptError
+from agentcache.kv.store import chain_id, content_id
+from agentcache.prompt.segments import Segment, SegmentKind
+from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment
+from agentcache.reuse.segments import REUSABLE
+
+PARAMS_KEY = "agentcache"  # key in SamplingParams.extra_args["kv_transfer_params"]
+PREFIX_NAMESPACE = "vllm-prefix"
+SEGMENT_NAMESPACE = "segment"  # the namespace agentcache's own engine stores segments under
+
+
+@dataclass(frozen=True)
+class SegmentSpan:
+    kind: SegmentKind
+    start: int
+    end: int
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """What a request asks of the connector: segment spans and a strategy, or nothing."""
+
+    spans: tuple[SegmentSpan, ...] = ()
+    strategy: str | None = None
+    report: str | None = None  # name of the worker's report file for this request
+
+    def with_report(self, report: str) -> RequestSpec:
+        return RequestSpec(self.spans, self.strategy, report)
+
+    @property
+    def mode(self) -> str:
+        return "segments" if self.spans else "prefix"
+
+    def to_params(self) -> dict[str, Any]:
+        spans = [[s.kind.value, s.start, s.end, s.id] for s in self.spans]
+        return {PARAMS_KEY: {"segments": spans, "strategy": self.strategy, "report": self.report}}
+
+    @classmethod
+    def from_prompt(cls, prompt: TokenizedPrompt, strategy: str | None) -> RequestSpec:
+        spans = tuple(SegmentSpan(s.kind, s.start, s.end, s.segment.id) for s in prompt.segments)
+        return cls(spans, strategy)
+
+    @classmethod
+    def parse(cls, params: dict[str, Any] | None, num_tokens: int) -> RequestSpec:
+        """Read a request's kv_transfer_params; bad spans are a `PromptError`."""
+        body = (params or {}).get(PARAMS_KEY)
+        if not body:
+            return cls()
+        raw = body.get("segments") or []
+        spans, expect = [], 0
+        for item in raw:
+            if not isinstance(item, list | tuple) or len(item) != 4:
+                raise PromptError(f"segment span {item!r} is not [kind, start, end, id]")
+            kind, start, end, sid = item
+            if start != expect or end <= start:
+                raise PromptError(
+                    f"segment spans must tile the prompt in order: got [{start}, {end}) "
+                    f"after token {expect}"
+                )
+            spans.append(SegmentSpan(SegmentKind.parse(str(kind)), int(start), int(end), sid))
+            expect = end
+        if spans and expect != num_tokens:
+            raise PromptError(f"segment spans cover {expect} tokens, the prompt has {num_tokens}")
+        strategy, report = body.get("strategy"), body.get("report")
+        if report is not None and not str(report).isalnum():
+            raise PromptError(f"report name {report!r} must be alphanumeric")
+        return cls(tuple(spans), str(strategy) if strategy else None, report and str(report))
+
+    def tokenized(self, token_ids: Sequence[int]) -> TokenizedPrompt:
+        """The prompt as agentcache's engine sees it (texts are not needed for reuse)."""
+        segs = tuple(
+            TokenizedSegment(Segment(s.kind, "", s.id), tuple(token_ids[s.start : s.end]), s.start)
+            for s in self.spans
+        )
+        return TokenizedPrompt(segs, tuple(token_ids))
+
+
+def prefix_chunk_ids(token_ids: Sequence[int], block_size: int) -> list[str]:
+    """Chained content id of every full block of `token_ids`."""
+    ids, prev = [], PREFIX_NAMESPACE
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        prev = chain_id(prev, token_ids[start : start + block_size])
+        ids.append(prev)
+    return ids
+
+
+def claim_prefix(
+    token_ids: Sequence[int], block_size: int, num_computed: int, present: Callable[[str], bool]
+) -> int:
+    """Tokens after `num_computed` the store holds as whole blocks, ending before the last token."""
+    limit = (len(token_ids) - 1) // block_size  # blocks wholly before the last prompt token
+    hits = 0
+    for cid in prefix_chunk_ids(token_ids, block_size)[:limit]:
+        if not present(cid):
+            break
+        hits += 1
+    return max(0, hits * block_size - num_computed)
+
+
+def segment_content_id(token_ids: Sequence[int]) -> str:
+    return content_id(token_ids, SEGMENT_NAMESPACE, None)
+
+
+def claim_segments(
+    spec: RequestSpec,
+    token_ids: Sequence[int],
+    num_computed: int,
+    present: Callable[[str], bool],
+    min_reused_fraction: float = 0.0,
+) -> int:
+    """Every token from `num_computed` to the last prompt token, if stored reusable segments
+    cover at least `min_reused_fraction` of that span (and at least one token): the filler
+    computes the rest. Otherwise nothing: vLLM computes the span, faster than the filler."""
+    last = len(token_ids) - 1
+    if num_computed >= last:
+        return 0
+    stored = 0
+    for s in spec.spans:
+        in_span = s.kind in REUSABLE and s.end > num_computed and s.start < last
+        if in_span and present(segment_content_id(token_ids[s.start : s.end])):
+            stored += min(s.end, last) - max(s.start, num_computed)
+    if stored == 0 or stored < min_reused_fraction * (last - num_computed):
+        return 0
+    return last - num_computed

@@ -1,0 +1,152 @@
+"""A segment store several processes share: agentcache's `SegmentStore` in memory, written
+through to a folder of checksummed files.
+
+vLLM runs its scheduler and its workers in processes of their own, and several engines may
+serve one fleet; all of them find a segment by the same content key (model + tokenizer + token
+ids), so a file named by that key is the simplest shared tier. Each file is
+
+    blake2b-256 digest (32 bytes) | torch.save({keys, values, positions, meta})
+
+written to a temporary name and renamed, so a reader never sees half a file. A file whose
+digest does not match its bytes is a miss (`MissReason.CHECKSUM`), counted, and never served.
+The memory tier in front is the ordinary byte-bounded `SegmentStore` with its eviction policy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentcache.kv.store import Lookup, MissReason, SegmentKey, SegmentStore, StoredKV, _digest
+
+_DIGEST = 32
+
+
+class FolderSegmentStore(SegmentStore):
+    """`SegmentStore` whose entries also live in `folder`, visible to every process."""
+
+    def __init__(self, folder: Path, capacity_bytes: int, policy: str = "lru") -> None:
+        super().__init__(capacity_bytes, policy)
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.checksum_failures = 0
+        self.folder_hits = 0
+        self.folder_writes = 0
+
+    def _path(self, model_id: str, tokenizer_id: str, cid: str) -> Path:
+        key = SegmentKey(_digest(model_id, tokenizer_id, cid))
+        return self.folder / key[:2] / f"{key}.kv"
+
+    def lookup_content(self, model_id: str, tokenizer_id: str, cid: str) -> Lookup:
+        found = super().lookup_content(model_id, tokenizer_id, cid)
+        if found.hit:
+            return found
+        path = self._path(model_id, tokenizer_id, cid)
+        if not path.is_file():
+            return found
+        kv = self._read(path)
+        if kv is None:
+            self.checksum_failures += 1
+            return Lookup(None, MissReason.CHECKSUM)
+        if (kv.model_id, kv.tokenizer_id) != (model_id, tokenizer_id):
+            return Lookup(None, MissReason.OTHER_MODEL)
+        self.folder_hits += 1
+        with self._lock:  # the miss above was counted; this is a hit of the folder tier
+            self.stats.misses -= 1
+            self.stats.hits += 1
+        super().put_content(cid, kv)
+        return Lookup(kv, None)
+
+    def contains_content(self, model_id: str, tokenizer_id: str, cid: str) -> bool:
+        return super().contains_content(model_id, tokenizer_id, cid) or (
+            self._path(model_id, tokenizer_id, cid).is_file()
+        )
+
+    def put_content(self, cid: str, kv: StoredKV) -> bool:
+        path = self._path(kv.model_id, kv.tokenizer_id, cid)
+        if not path.is_file():
+            self._write(path, kv)
+        return super().put_content(cid, kv)
+
+    def _write(self, path: Path, kv: StoredKV) -> None:
+        buf = io.BytesIO()
+        meta = {"model_id": kv.model_id, "tokenizer_id": kv.tokenizer_id}
+        meta["context_id"] = kv.context_id or ""
+        torch.save(
+            {"keys": kv.keys.contiguous(), "values": kv.values.contiguous(),
+             "positions": kv.positions.contiguous(), "meta": meta},
+            buf,
+        )  # fmt: skip
+        payload = buf.getvalue()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(hashlib.blake2b(payload, digest_size=_DIGEST).digest())
+                f.write(payload)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        self.folder_writes += 1
+
+    @staticmethod
+    def _read(path: Path) -> StoredKV | None:
+        """The entry in `path`, or None when its bytes fail the checksum or do not parse."""
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        digest, payload = data[:_DIGEST], data[_DIGEST:]
+        if hashlib.blake2b(payload, digest_size=_DIGEST).digest() != digest:
+            return None
+        try:
+            obj = torch.load(io.BytesIO(payload), weights_only=True)
+            meta = obj["meta"]
+            return StoredKV(
+                obj["keys"], obj["values"], obj["positions"], meta["model_id"],
+                meta["tokenizer_id"], meta["context_id"] or None,
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError, RuntimeError):
+            return None
+
+
+def write_report(folder: Path, name: str, stats: dict[str, Any]) -> None:
+    """Add a request's worker-side counters to `folder/reports/name.json` (atomic rename).
+
+    vLLM finishes a request (and returns its kv_transfer_params) before the worker's counters
+    of the request's last step reach the scheduler, so the worker reports through the folder
+    every engine of a fleet already shares."""
+    path = folder / "reports" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    merged = read_report(folder, name, remove=False)
+    for key, value in stats.items():
+        old = merged.get(key)
+        if isinstance(value, int | float) and isinstance(old, int | float):
+            merged[key] = old + value
+        elif isinstance(value, list) and isinstance(old, list):
+            merged[key] = [*old, *value]
+        else:
+            merged[key] = value
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(merged, f)
+    os.replace(tmp, path)
+
+
+def read_report(folder: Path, name: str, remove: bool = True) -> dict[str, Any]:
+    path = folder / "reports" / f"{name}.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if remove:
+        path.unlink(missing_ok=True)
+    return dict(data)

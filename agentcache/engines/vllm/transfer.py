@@ -1,0 +1,211 @@
+"""The connector's worker-side mechanics, free of vLLM (so they are tested without it).
+
+    PagedKV         vLLM's per-layer paged tensors, in layer order, read/written per token span
+    PrefixTransfer  exact prefix blocks: paged KV <-> store entries keyed by chained block ids
+    SegmentFiller   shifted fixed segments: runs an agentcache reuse strategy on the same
+                    weights and writes the KV of the claimed span into vLLM's pages
+    save_segments   stores every segment of a finished prefill not stored yet, from the pages
+
+Who computes what in segment mode (span = [num_computed, last prompt token)):
+    [0, num_computed)          vLLM's own prefix cache (exact)
+    span, reused segments      cached KV, keys re-rotated to their new positions (connector)
+    span, update tokens +      computed fresh by agentcache's engine over the assembled KV
+      strategy-selected tokens   (connector)
+    last prompt token (+ any   vLLM, attending over everything above
+      tokens after the span)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agentcache.engines.vllm.layout import KVLayout, slots_of
+from agentcache.engines.vllm.plan import (
+    RequestSpec,
+    prefix_chunk_ids,
+    segment_content_id,
+)
+from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
+from agentcache.kv.store import SegmentStore, StoredKV
+from agentcache.model.loading import LoadedModel
+from agentcache.reuse.base import STRATEGIES, ReuseContext, ReuseStats, ReuseStrategy
+from agentcache.reuse.segments import context_ids
+
+_LAYER_INDEX = re.compile(r"\.(\d+)\.")
+
+
+def layer_order(names: Sequence[str]) -> list[str]:
+    """Attention layer names sorted by their layer number ("model.layers.7.self_attn.attn")."""
+
+    def index(name: str) -> int:
+        m = _LAYER_INDEX.search(name)
+        if m is None:
+            raise ValueError(f"cannot tell the layer number of KV cache {name!r}")
+        return int(m.group(1))
+
+    return sorted(names, key=index)
+
+
+class PagedKV:
+    """vLLM's KV tensors of every layer, in layer order, seen through one layout."""
+
+    def __init__(self, layers: Sequence[Tensor], layout: KVLayout) -> None:
+        self.layers = list(layers)
+        self.layout = layout
+        self.block_size = layout.shape.block_size
+        for layer in self.layers:
+            layout.check(layer)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.layers[0].dtype
+
+    def read(self, block_ids: Sequence[int], start: int, end: int) -> tuple[Tensor, Tensor]:
+        """K and V of tokens [start, end): two (L, n, H, D) float32 tensors."""
+        slots = slots_of(list(block_ids), self.block_size, start, end)
+        ks, vs = zip(*(self.layout.read(t, slots) for t in self.layers), strict=True)
+        return torch.stack(ks).float(), torch.stack(vs).float()
+
+    def write(
+        self, block_ids: Sequence[int], start: int, end: int, keys: Tensor, values: Tensor
+    ) -> None:
+        """Write (L, n, H, D) K/V into tokens [start, end)."""
+        if keys.shape[0] != len(self.layers) or keys.shape[1] != end - start:
+            raise ValueError(
+                f"KV of shape {list(keys.shape)} does not fit {len(self.layers)} layers x "
+                f"{end - start} tokens"
+            )
+        slots = slots_of(list(block_ids), self.block_size, start, end)
+        for layer, k, v in zip(self.layers, keys, values, strict=True):
+            self.layout.write(layer, slots, k, v)
+
+
+@dataclass
+class RequestStats:
+    """What the connector did for one request (returned in the request's kv_transfer_params)."""
+
+    mode: str = "prefix"
+    claimed_tokens: int = 0  # tokens the connector filled (the rest: vLLM)
+    reused_tokens: int = 0  # of those, cached KV (re-rotated where shifted)
+    computed_tokens: int = 0  # of those, computed by agentcache's engine
+    stored_entries: int = 0
+    load_failures: int = 0
+    fallbacks: int = 0
+    fallback_reasons: list[str] = field(default_factory=list)
+    fill_ms: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class PrefixTransfer:
+    """Exact prefix blocks between vLLM's pages and the store."""
+
+    def __init__(self, store: SegmentStore, model_id: str, tokenizer_id: str) -> None:
+        self.store = store
+        self.model_id = model_id
+        self.tokenizer_id = tokenizer_id
+
+    def present(self, cid: str) -> bool:
+        return self.store.contains_content(self.model_id, self.tokenizer_id, cid)
+
+    def load(
+        self, kv: PagedKV, token_ids: Sequence[int], block_ids: Sequence[int], start: int, end: int
+    ) -> list[int]:
+        """Copy stored blocks into tokens [start, end) (block aligned). Returns the vLLM block
+        ids that could not be loaded (missing, or failed their checksum): never served."""
+        bs = kv.block_size
+        chunks = prefix_chunk_ids(token_ids, bs)
+        failed = []
+        for b in range(start // bs, end // bs):
+            found = self.store.lookup_content(self.model_id, self.tokenizer_id, chunks[b])
+            if found.kv is None:
+                failed.append(block_ids[b])
+                continue
+            kv.write(block_ids, b * bs, (b + 1) * bs, found.kv.keys, found.kv.values)
+        return failed
+
+    def save(self, kv: PagedKV, token_ids: Sequence[int], block_ids: Sequence[int]) -> int:
+        """Store every full block of the prompt not stored yet. Returns entries written."""
+        bs, written = kv.block_size, 0
+        for b, cid in enumerate(prefix_chunk_ids(token_ids, bs)):
+            if self.present(cid):
+                continue
+            keys, values = kv.read(block_ids, b * bs, (b + 1) * bs)
+            stored = StoredKV(
+                keys, values, torch.arange(b * bs, (b + 1) * bs), self.model_id, self.tokenizer_id
+            )
+            written += int(self.store.put_content(cid, stored))
+        return written
+
+
+def save_segments(
+    store: SegmentStore,
+    model_id: str,
+    tokenizer_id: str,
+    kv: PagedKV,
+    spec: RequestSpec,
+    token_ids: Sequence[int],
+    block_ids: Sequence[int],
+) -> int:
+    """Store every segment of the prompt not stored yet, as agentcache's engine commits them
+    (update segments too: today's update is tomorrow's history). Returns entries written."""
+    prompt = spec.tokenized(token_ids)
+    written = 0
+    for seg, context in zip(prompt.segments, context_ids(prompt), strict=True):
+        cid = segment_content_id(seg.ids)
+        if store.contains_content(model_id, tokenizer_id, cid):
+            continue
+        keys, values = kv.read(block_ids, seg.start, seg.end)
+        positions = torch.arange(seg.start, seg.end)
+        stored = StoredKV(keys, values, positions, model_id, tokenizer_id, context)
+        written += int(store.put_content(cid, stored))
+    return written
+
+
+class SegmentFiller:
+    """Fills a claimed span with an agentcache reuse strategy run on the same weights."""
+
+    def __init__(
+        self, model: LoadedModel, store: SegmentStore, max_tokens: int, default_strategy: str
+    ) -> None:
+        c = model.config
+        pages = -(-max_tokens // 16) + 1
+        pool = PagePool(PoolConfig(c.num_layers, c.num_kv_heads, c.head_dim, pages, 16))
+        self.ctx = ReuseContext(model, store, pool)
+        self.default_strategy = default_strategy
+        STRATEGIES.get(default_strategy)
+        self._strategies: dict[str, ReuseStrategy] = {}
+
+    def strategy(self, name: str | None) -> ReuseStrategy:
+        name = name or self.default_strategy
+        if name not in self._strategies:
+            self._strategies[name] = STRATEGIES.get(name)()
+        return self._strategies[name]
+
+    def fill(
+        self,
+        kv: PagedKV,
+        spec: RequestSpec,
+        token_ids: Sequence[int],
+        block_ids: Sequence[int],
+        start: int,
+        end: int,
+    ) -> ReuseStats:
+        """Assemble the whole prompt's KV with the strategy and write tokens [start, end)."""
+        prompt = spec.tokenized(token_ids)
+        seq = SequenceKV(self.ctx.pool)
+        try:
+            with torch.inference_mode():
+                pre = self.strategy(spec.strategy).prefill(self.ctx, prompt, seq)
+                keys, values = seq.gather_all(slice(start, end))
+            kv.write(block_ids, start, end, keys, values)
+        finally:
+            seq.free()
+        return pre.stats

@@ -1,0 +1,58 @@
+"""Execution backends behind one session surface: the embedded engine or vLLM.
+
+`create_engine("embedded")` is agentcache's own `Engine`; `create_engine("vllm")` is vLLM with
+agentcache's KV connector (`agentcache.engines.vllm`, imported only then). Both give
+`config.strategy`, `strategy(name)`, `tokenize(prompt)` and `generate(prompt, params,
+strategy)`, so `AgentSession` and the agent code above it run unchanged on either.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from agentcache.prompt.segments import SegmentedPrompt
+from agentcache.prompt.tokenize import TokenizedPrompt
+from agentcache.reuse import DEFAULT_STRATEGY
+from agentcache.runtime.engine import Generation, GenerationParams
+
+BACKENDS = ("embedded", "vllm")
+
+
+class TurnEngine(Protocol):
+    """What a session needs from an execution engine."""
+
+    @property
+    def config(self) -> Any: ...  # has `.strategy`, the default strategy name
+
+    def strategy(self, name: str | None = None) -> object: ...
+
+    def tokenize(self, prompt: SegmentedPrompt) -> TokenizedPrompt: ...
+
+    def generate(
+        self,
+        prompt: SegmentedPrompt | TokenizedPrompt,
+        params: GenerationParams | None = None,
+        strategy: str | None = None,
+        commit: bool = True,
+    ) -> Generation: ...
+
+
+def create_engine(
+    backend: str = "embedded",
+    model: str | None = None,
+    strategy: str = DEFAULT_STRATEGY,
+    cache_dir: Path | None = None,
+    **options: Any,
+) -> TurnEngine:
+    """An engine of `backend`; `options` go to `EngineConfig` or `VLLMConfig`."""
+    if backend == "embedded":
+        from agentcache.model.loading import load_model
+        from agentcache.runtime.engine import Engine, EngineConfig
+
+        return Engine(load_model(model, cache_dir), EngineConfig(strategy=strategy, **options))
+    if backend == "vllm":
+        from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
+
+        return VLLMBackend(VLLMConfig(model=model, strategy=strategy, **options), cache_dir)
+    raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")

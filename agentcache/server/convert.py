@@ -1,0 +1,147 @@
+"""OpenAI request body -> ChatRequest, and ChatResult -> OpenAI response bodies."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agentcache.chat.messages import ChatMessage, ToolSpec
+from agentcache.chat.runner import ChatRequest, ChatResult
+from agentcache.chat.tools import forced_call_prefix
+from agentcache.errors import PromptError
+from agentcache.runtime.engine import GenerationParams
+from agentcache.server.errors import APIError
+from agentcache.server.schemas import ChatCompletionRequest, ToolChoiceIn
+
+
+def to_chat_request(
+    body: ChatCompletionRequest, conversation: str | None, default_max_tokens: int
+) -> tuple[ChatRequest, bool]:
+    """Returns the request and whether max_tokens was left to the server (then it is clamped
+    to the context left)."""
+    try:
+        messages = tuple(ChatMessage.from_openai(m.model_dump()) for m in body.messages)
+    except PromptError as e:
+        raise APIError(400, str(e), "invalid_value", "messages") from None
+    tools = _tools(body)
+    if body.tool_choice is not None and body.tool_choice != "none" and not tools:
+        raise APIError(400, "tool_choice needs tools", "invalid_value", "tool_choice")
+    max_tokens = (
+        body.max_completion_tokens if body.max_completion_tokens is not None else (body.max_tokens)
+    )
+    params = GenerationParams(
+        max_new_tokens=default_max_tokens if max_tokens is None else max_tokens,
+        temperature=body.temperature, top_p=body.top_p, seed=body.seed,
+        stop=body.stop_strings(),
+    )  # fmt: skip
+    request = ChatRequest(
+        messages, params, tools, conversation or body.user, _prefill(body, tools), None
+    )
+    return request, max_tokens is None
+
+
+def _tools(body: ChatCompletionRequest) -> tuple[ToolSpec, ...]:
+    if not body.tools or body.tool_choice == "none":
+        return ()
+    specs = []
+    for i, tool in enumerate(body.tools):
+        try:
+            specs.append(ToolSpec.from_openai(tool.model_dump()))
+        except PromptError as e:
+            raise APIError(400, f"tools[{i}]: {e}", "invalid_tool_schema", f"tools[{i}]") from None
+    return tuple(specs)
+
+
+def _prefill(body: ChatCompletionRequest, tools: tuple[ToolSpec, ...]) -> str | None:
+    """tool_choice that forces a call starts the reply with the call's opening (see tools.py)."""
+    choice = body.tool_choice
+    if isinstance(choice, ToolChoiceIn):
+        if choice.function.name not in {t.name for t in tools}:
+            raise APIError(400, f"tool_choice names unknown tool {choice.function.name!r}",
+                           "invalid_value", "tool_choice")  # fmt: skip
+        return forced_call_prefix(choice.function.name)
+    if choice == "required":
+        return forced_call_prefix(tools[0].name if len(tools) == 1 else None)
+    return None
+
+
+def message_body(result: ChatResult) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": result.content}
+    if result.tool_calls:
+        msg["content"] = result.content or None
+        msg["tool_calls"] = [tool_call_body(c, i) for i, c in enumerate(result.tool_calls)]
+    return msg
+
+
+def tool_call_body(call: Any, index: int | None = None) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments_json()},
+    }
+    if index is not None:
+        d["index"] = index
+    return d
+
+
+def usage_body(result: ChatResult) -> dict[str, Any]:
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": result.report.reused_tokens},
+    }
+
+
+def completion_body(result: ChatResult, rid: str, created: int, model: str) -> dict[str, Any]:
+    message = message_body(result)
+    for call in message.get("tool_calls", ()):
+        call.pop("index", None)
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": result.finish_reason,
+                "logprobs": None,
+            }
+        ],
+        "usage": usage_body(result),
+        "agentcache": result.report.to_dict(),
+    }
+
+
+def reuse_headers(result: ChatResult) -> dict[str, str]:
+    r = result.report
+    misses: dict[str, int] = {}
+    for s in r.misses:
+        misses[s.reason or "unknown"] = misses.get(s.reason or "unknown", 0) + 1
+    return {
+        "X-Agentcache-Conversation": r.conversation_id,
+        "X-Agentcache-Prompt-Tokens": str(r.prompt_tokens),
+        "X-Agentcache-Reused-Tokens": str(r.reused_tokens),
+        "X-Agentcache-Recomputed-Tokens": str(r.recomputed_tokens),
+        "X-Agentcache-TTFT-Ms": f"{r.ttft_s * 1000:.1f}",
+        "X-Agentcache-Misses": ",".join(f"{k}:{v}" for k, v in sorted(misses.items())),
+    }
+
+
+def chunk(
+    rid: str, created: int, model: str, delta: dict[str, Any] | None, finish: str | None = None,
+    **extra: Any,
+) -> str:  # fmt: skip
+    """One SSE event; `delta=None` sends `choices: []` (the usage chunk)."""
+    choices = [] if delta is None else [
+        {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+    ]  # fmt: skip
+    body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": choices, **extra}  # fmt: skip
+    return sse(body)
+
+
+def sse(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"

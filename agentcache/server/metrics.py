@@ -1,0 +1,67 @@
+"""Prometheus metrics of one server, in its own registry (no process-global state)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from agentcache.chat.diagnostics import ReuseReport
+from agentcache.kv.store import SegmentStore
+
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# The segment store is one in-memory tier today; the label leaves room for host/disk tiers.
+STORE_TIER = "memory"
+
+
+class ServerMetrics:
+    def __init__(self, store: SegmentStore) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "agentcache_requests", "HTTP requests", ["endpoint", "status"], registry=r
+        )
+        self.ttft = Histogram(
+            "agentcache_ttft_seconds", "prefill time to first token", buckets=TTFT_BUCKETS,
+            registry=r,
+        )  # fmt: skip
+        self.prompt_tokens = Counter("agentcache_prompt_tokens", "prompt tokens", registry=r)
+        self.reused_tokens = Counter(
+            "agentcache_reused_tokens", "prompt tokens whose KV was reused", registry=r
+        )
+        self.recomputed_tokens = Counter(
+            "agentcache_recomputed_tokens", "prompt tokens computed", registry=r
+        )
+        self.completion_tokens = Counter(
+            "agentcache_completion_tokens", "generated tokens", registry=r
+        )
+        self.cache_hits = Counter(
+            "agentcache_cache_hits", "segments found in the store", ["tier"], registry=r
+        )
+        self.cache_misses = Counter(
+            "agentcache_cache_misses", "segments not found, by reason", ["reason"], registry=r
+        )
+        self.fallbacks = Counter(
+            "agentcache_fallbacks", "reusable KV a strategy could not use", registry=r
+        )
+        self.stream_mismatches = Counter(
+            "agentcache_stream_mismatches", "streams whose pieces differ from the final text",
+            registry=r,
+        )  # fmt: skip
+        store_bytes = Gauge(
+            "agentcache_store_bytes", "bytes held by the segment store", ["tier"], registry=r
+        )
+        store_bytes.labels(STORE_TIER).set_function(lambda: store.stats.bytes)
+
+    def record_turn(self, report: ReuseReport, completion_tokens: int) -> None:
+        self.ttft.observe(report.ttft_s)
+        self.prompt_tokens.inc(report.prompt_tokens)
+        self.reused_tokens.inc(report.reused_tokens)
+        self.recomputed_tokens.inc(report.recomputed_tokens)
+        self.completion_tokens.inc(completion_tokens)
+        self.fallbacks.inc(report.fallbacks)
+        for seg in report.segments:
+            if seg.status == "hit":
+                self.cache_hits.labels(STORE_TIER).inc()
+            elif seg.status == "miss":
+                self.cache_misses.labels(seg.reason or "unknown").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

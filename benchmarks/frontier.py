@@ -1,0 +1,139 @@
+"""Fidelity-vs-compute frontier from `agentcache bench` results.
+
+Reads one or more results.json files (each from a run that swept settings of several
+strategies), and for every workload and case:
+
+- plots teacher-forced KL against recompute fraction, one line per strategy family
+  (`rpdc`, `rpdc:ratio=0.15`, ... are one family), on a log scale;
+- checks the frontier claim for each baseline default: is there a setting of the family named
+  by `--family` (default `rpdc`) with compute <= the baseline's and both KL figures <= the
+  baseline's? The answer, and the setting that wins, go in a markdown table.
+
+Compute (token-layers computed / full's) is the cost axis because it is deterministic;
+TTFT follows it within one run (see docs/benchmarks.md) but is noisy on a shared machine.
+
+    python benchmarks/frontier.py /tmp/exp/*/results.json --out docs/bench/frontier
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+# pic recomputes only what every strategy must (update tokens): nothing can cost less, so it
+# is the quality floor, compared by KL alone (the `vs pic` column), not a frontier point
+BASELINES = ("cacheblend", "epic", "cacheslide")
+
+
+def family(label: str) -> str:
+    return label.split(":", 1)[0]
+
+
+def groups(results: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
+    """(workload, case) -> strategy label -> summary, merged over the given runs."""
+    out: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for r in results:
+        workloads = list(r["by_workload"])
+        for case, by_strategy in r["by_case"].items():
+            # each run covers one workload; its by_case summaries belong to it
+            key = (workloads[0], case)
+            out.setdefault(key, {}).update(by_strategy)
+    return out
+
+
+def dominance(
+    rows: dict[str, dict[str, Any]], fam: str
+) -> list[tuple[str, str | None, dict[str, Any]]]:
+    """For each baseline default present: the cheapest `fam` setting that is no costlier and
+    no less faithful on both KL figures, or None."""
+    out = []
+    mine = {k: v for k, v in rows.items() if family(k) == fam}
+    for base in BASELINES:
+        if base not in rows:
+            continue
+        b = rows[base]
+        wins = [
+            (v["recompute_fraction_mean"], k)
+            for k, v in mine.items()
+            if v["recompute_fraction_mean"] <= b["recompute_fraction_mean"] + 1e-9
+            and v["tf_kl_mean"] <= b["tf_kl_mean"]
+            and v["kl_first_token_mean"] <= b["kl_first_token_mean"]
+        ]
+        out.append((base, min(wins)[1] if wins else None, b))
+    return out
+
+
+def plot(grouped: dict[tuple[str, str], dict[str, dict[str, Any]]], path: Path) -> None:
+    keys = sorted(grouped)
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 4.0), squeeze=False)
+    colors: dict[str, str] = {}
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, key in zip(axes[0], keys, strict=True):
+        rows = {k: v for k, v in grouped[key].items() if k != "full"}
+        for fam in sorted({family(k) for k in rows}):
+            pts = sorted(
+                (v["recompute_fraction_mean"], max(v["tf_kl_mean"], 1e-7), k)
+                for k, v in rows.items()
+                if family(k) == fam
+            )
+            color = colors.setdefault(fam, palette[len(colors) % len(palette)])
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=color, label=fam)
+        ax.set_yscale("log")
+        ax.set_title(f"{key[0]}, {key[1]}")
+        ax.set_xlabel("recompute fraction (of full)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("teacher-forced KL vs full (lower is better)")
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def table(grouped: dict[tuple[str, str], dict[str, dict[str, Any]]], fam: str) -> str:
+    lines = [
+        f"| workload | case | baseline | its compute | its KL tf | cheapest `{fam}` setting "
+        "at <= compute and <= both KLs | its compute | its KL tf | default's KL tf / pic's |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key in sorted(grouped):
+        rows = grouped[key]
+        floor = ""
+        if fam in rows and "pic" in rows and rows["pic"]["tf_kl_mean"] > 0:
+            floor = f"{rows[fam]['tf_kl_mean'] / rows['pic']['tf_kl_mean']:.2f}"
+        for base, win, b in dominance(rows, fam):
+            head = f"| {key[0]} | {key[1]} | {base} | {b['recompute_fraction_mean']:.3f} "
+            head += f"| {b['tf_kl_mean']:.1e} "
+            if win is None:
+                lines.append(head + f"| none | - | - | {floor} |")
+                continue
+            w = rows[win]
+            lines.append(
+                head + f"| {win} | {w['recompute_fraction_mean']:.3f} | {w['tf_kl_mean']:.1e} "
+                f"| {floor} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("results", nargs="+", type=Path)
+    p.add_argument("--family", default="rpdc")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    grouped = groups([json.loads(r.read_text()) for r in args.results])
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot(grouped, args.out / "frontier.png")
+    text = table(grouped, args.family)
+    (args.out / "frontier.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

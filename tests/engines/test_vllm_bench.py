@@ -1,0 +1,45 @@
+"""The vLLM bench's summary and strategy parsing (no vLLM)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentcache.engines.vllm.bench import plot, report_markdown, summarize
+from agentcache.engines.vllm.cli import vllm_strategies
+
+
+def _run(config: str, ttfts: list[float], tokens: list[int]) -> dict[str, object]:
+    records = [
+        {"config": config, "session": "s", "turn": i, "prompt_tokens": 100, "ttft_ms": t,
+         "first_token": tok, "top5": [tok, 1, 2, 3, 4], "claimed_tokens": 50 if i else 0,
+         "fallbacks": 0}
+        for i, (t, tok) in enumerate(zip(ttfts, tokens, strict=True))
+    ]  # fmt: skip
+    return {"startup_s": 1.0, "records": records}
+
+
+def test_summary_ratios_and_agreement(tmp_path: Path) -> None:
+    runs = {
+        "none": _run("none", [100, 100, 100], [5, 6, 7]),
+        "prefix": _run("prefix", [100, 80, 60], [5, 6, 7]),
+        "agentcache:rpdc": _run("agentcache:rpdc", [100, 40, 60], [5, 6, 9]),
+    }
+    s = summarize(runs)["configs"]
+    assert s["agentcache:rpdc"]["ttft_ratio_vs_prefix_warm"] == pytest.approx(0.75)
+    assert s["agentcache:rpdc"]["first_token_agreement"] == pytest.approx(2 / 3)
+    assert s["agentcache:rpdc"]["top5_overlap"] == pytest.approx((1 + 1 + 0.8) / 3)
+    assert s["agentcache:rpdc"]["claimed_fraction_warm"] == pytest.approx(0.5)
+    assert s["prefix"]["ttft_ms_median_warm"] == pytest.approx(70)
+    results = summarize(runs)
+    assert "| agentcache:rpdc | 50 | 0.75 | 0.67 |" in report_markdown(results)
+    plot(results, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_vllm_strategies() -> None:
+    assert vllm_strategies("anything", default_list=True) == ["rpdc"]
+    assert vllm_strategies("full,prefix,default,pic", default_list=False) == ["rpdc", "pic"]
+    with pytest.raises(ValueError, match="without options"):
+        vllm_strategies("rpdc:ratio=0.5", default_list=False)

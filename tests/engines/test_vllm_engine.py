@@ -1,0 +1,134 @@
+"""vLLM end to end (marker `vllm`: needs the vllm extra; each engine start is ~20 s on CPU).
+
+Every engine runs in a subprocess of its own, so "two engine processes" is literal and the
+test process never imports vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+PREFIX_SCRIPT = """
+import json, sys
+from pathlib import Path
+from vllm import SamplingParams
+from agentcache.bench.workload import load_workload
+from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
+
+store, reuse = sys.argv[1], sys.argv[2]
+b = VLLMBackend(VLLMConfig(reuse=reuse, store_dir=store, kv_cache_bytes=256 << 20,
+                           max_model_len=4096))
+turn = load_workload(Path("benchmarks/workloads/memgpt.jsonl")).sessions[0].turns[0]
+ids = list(b.tokenize(turn.prompt).ids[:400])
+out = b.llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=16),
+                     use_tqdm=False)[0]
+info = (out.kv_transfer_params or {}).get("agentcache", {})
+print("RESULT " + json.dumps({"tokens": list(out.outputs[0].token_ids), "info": info}))
+"""
+
+SESSION_SCRIPT = """
+import json, sys
+import torch
+from agentcache.model.loading import load_model
+from agentcache.prompt.segments import Segment, SegmentedPrompt
+from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
+from agentcache.session import AgentSession
+
+store = sys.argv[1]
+system = ("You are a travel agent. You plan trips, check the weather tool and keep notes. "
+          "Answer briefly and cite the notes you used. ") * 6
+history = [
+    "User: I want to visit Lisbon in May. Assistant: Lisbon in May is warm and dry; I noted it.",
+    "Tool weather(Lisbon, May): average high 22C, low 14C, rain on 4 days of 31.",
+    "User: Also consider Porto. Assistant: Porto is cooler and wetter than Lisbon in May.",
+]
+def turn(state):
+    segs = [Segment("system", system, "sys", "system"), Segment("update", state, "state", "user")]
+    segs += [Segment("fixed", h, f"h{i}", "user") for i, h in enumerate(history)]
+    segs += [Segment("update", "Which city is warmer in May, and by how much? The", "q", "user")]
+    return SegmentedPrompt(segs)
+states = ["Notes: budget 900 EUR.", "Notes: budget 900 EUR. Flights from Berlin cost 120 EUR. "
+          "Hotels in Lisbon average 95 EUR a night; Porto 80 EUR. The user prefers the coast. " * 3]
+params = GenerationParams(max_new_tokens=1)
+session = AgentSession.create("vllm", strategy="rpdc", params=params, reuse="agentcache",
+                              store_dir=store, kv_cache_bytes=256 << 20, max_model_len=2048,
+                              min_reused_fraction=0.0)
+backend = session.engine
+out = []
+for s in states:
+    g = session.turn(turn(s))
+    out.append({"token": g.token_ids[0], "info": backend.last_transfer,
+                "reused": g.stats.reused_tokens, "prompt": g.stats.prompt_tokens})
+engine = Engine(load_model(None), EngineConfig(strategy="rpdc"))
+ref = [engine.generate(turn(s), params).token_ids[0] for s in states]
+print("RESULT " + json.dumps({"turns": out, "engine": ref}))
+"""
+
+
+def _run(script: str, *args: str) -> dict[str, object]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return dict(json.loads(lines[-1].removeprefix("RESULT ")))
+
+
+def test_prefix_kv_stored_by_one_engine_is_loaded_by_another(tmp_path: Path) -> None:
+    """Greedy tokens with KV loaded from the store == with no connector at all."""
+    store = str(tmp_path / "store")
+    reference = _run(PREFIX_SCRIPT, store, "none")
+    first = _run(PREFIX_SCRIPT, store, "agentcache")  # computes, then stores its blocks
+    second = _run(PREFIX_SCRIPT, store, "agentcache")  # a fresh process: loads them
+    assert first["info"]["stored_entries"] == 12  # type: ignore[index]
+    assert second["info"]["claimed_tokens"] == 384  # type: ignore[index]
+    assert second["info"]["load_failures"] == 0  # type: ignore[index]
+    assert first["tokens"] == reference["tokens"]
+    assert second["tokens"] == reference["tokens"]
+
+
+def test_shifted_segments_are_served_by_the_connector(tmp_path: Path) -> None:
+    """Turn 2's update grows, so its history shifts: vLLM's prefix cache stops at the system
+    prompt; the connector claims the rest, reuses the history re-rotated, and the first token
+    is the one agentcache's own engine gives with the same strategy."""
+    result = _run(SESSION_SCRIPT, str(tmp_path / "store"))
+    turns = result["turns"]
+    assert isinstance(turns, list)
+    first, second = turns
+    assert first["info"]["claimed_tokens"] == 0 and first["info"]["stored_entries"] > 0
+    info = second["info"]
+    assert info["mode"] == "segments" and info["claimed_tokens"] > 0
+    assert info["vllm_cached_tokens"] + info["claimed_tokens"] == second["prompt"] - 1
+    assert info["reused_tokens"] > 0 and info["fallbacks"] == 0
+    assert [t["token"] for t in turns] == result["engine"]
+
+
+BF16_SCRIPT = """
+import json, sys
+from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
+try:
+    VLLMBackend(VLLMConfig(dtype="bfloat16", store_dir=sys.argv[1], kv_cache_bytes=128 << 20,
+                           max_model_len=1024))
+    print("RESULT " + json.dumps({"raised": None}))
+except Exception as e:
+    print("RESULT " + json.dumps({"raised": type(e).__name__, "message": str(e)}))
+"""
+
+
+def test_unsupported_kv_setup_is_refused_at_start_up(tmp_path: Path) -> None:
+    """bf16 KV cannot take the float32 filler's KV (and bf16 selects the CPU "amx" kernel,
+    whose block layout is unverified): vLLM does not start, with a message saying why."""
+    result = _run(BF16_SCRIPT, str(tmp_path / "store"))
+    assert result["raised"] == "UnsupportedKVLayoutError"
+    assert "dtype='float32'" in str(result["message"])

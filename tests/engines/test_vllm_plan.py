@@ -1,0 +1,85 @@
+"""What the connector claims, and request segment specs (no vLLM)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentcache.engines.vllm.plan import (
+    RequestSpec,
+    SegmentSpan,
+    claim_prefix,
+    claim_segments,
+    prefix_chunk_ids,
+    segment_content_id,
+)
+from agentcache.errors import PromptError
+from agentcache.prompt.segments import SegmentKind
+
+
+def test_prefix_claim_is_the_stored_run_of_blocks_before_the_last_token() -> None:
+    ids = list(range(100))
+    chunks = prefix_chunk_ids(ids, 32)
+    assert len(chunks) == 3
+    assert claim_prefix(ids, 32, 0, lambda c: True) == 96
+    assert claim_prefix(ids, 32, 32, lambda c: True) == 64  # vLLM already has block 0
+    assert claim_prefix(ids, 32, 0, lambda c: c != chunks[1]) == 32  # a gap ends the run
+    assert claim_prefix(ids[:96], 32, 0, lambda c: True) == 64  # never the last token
+
+
+def test_prefix_chunk_ids_chain_the_whole_prefix() -> None:
+    a = prefix_chunk_ids([1] * 32 + [2] * 32, 32)
+    b = prefix_chunk_ids([3] * 32 + [2] * 32, 32)
+    assert a[1] != b[1]  # same block, different prefix
+
+
+SPANS = (
+    SegmentSpan(SegmentKind.SYSTEM, 0, 10, "sys"),
+    SegmentSpan(SegmentKind.UPDATE, 10, 25, "u"),
+    SegmentSpan(SegmentKind.FIXED, 25, 60, "h"),
+    SegmentSpan(SegmentKind.UPDATE, 60, 64, "q"),
+)
+
+
+def test_segment_claim_covers_up_to_the_last_token_when_a_segment_is_stored() -> None:
+    ids = list(range(64))
+    spec = RequestSpec(SPANS, "rpdc")
+    fixed = segment_content_id(ids[25:60])
+    assert claim_segments(spec, ids, 0, lambda c: c == fixed) == 63
+    assert claim_segments(spec, ids, 32, lambda c: c == fixed) == 31
+    assert claim_segments(spec, ids, 0, lambda c: False) == 0
+    update = segment_content_id(ids[10:25])
+    assert claim_segments(spec, ids, 0, lambda c: c == update) == 0  # updates are not reused
+
+
+def test_segment_claim_needs_the_stored_share_of_the_span() -> None:
+    ids = list(range(64))
+    spec = RequestSpec(SPANS, "rpdc")
+    fixed = segment_content_id(ids[25:60])  # 35 of the 63 tokens before the last
+    assert claim_segments(spec, ids, 0, lambda c: c == fixed, 0.5) == 63
+    assert claim_segments(spec, ids, 0, lambda c: c == fixed, 0.6) == 0
+    system = segment_content_id(ids[0:10])
+    assert claim_segments(spec, ids, 0, lambda c: c in (fixed, system), 0.6) == 63
+
+
+def test_spec_round_trips_through_params_and_tokenizes() -> None:
+    spec = RequestSpec(SPANS, "pic")
+    back = RequestSpec.parse(spec.to_params(), 64)
+    assert back == spec and back.mode == "segments"
+    prompt = back.tokenized(list(range(64)))
+    assert [s.start for s in prompt.segments] == [0, 10, 25, 60]
+    assert prompt.segments[2].ids == tuple(range(25, 60))
+    assert RequestSpec.parse(None, 64).mode == "prefix"
+
+
+@pytest.mark.parametrize(
+    ("spans", "message"),
+    [
+        ([["fixed", 0, 10, None], ["fixed", 12, 64, None]], "tile the prompt"),
+        ([["fixed", 0, 10, None]], "cover 10 tokens"),
+        ([["memory", 0, 64, None]], "unknown segment kind"),
+        ([["fixed", 0, 64]], "is not"),
+    ],
+)
+def test_bad_spans_are_prompt_errors(spans: list[list[object]], message: str) -> None:
+    with pytest.raises(PromptError, match=message):
+        RequestSpec.parse({"agentcache": {"segments": spans}}, 64)

@@ -1,0 +1,288 @@
+"""The server through the real `openai` client against a live uvicorn on loopback."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from agentcache.model.loading import LoadedModel
+from tests.server.conftest import MODEL, live_server, tiny_app
+
+SYSTEM = "You are a build agent. Tools: ls, cat, grep, make. Reply with one command. " * 3
+USERS = ("list the files", "open the README", "run the tests", "show the failures")
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def agent_loop(url: str, task: str, turns: int = 4, max_tokens: int = 8) -> list[Any]:
+    """An unmodified OpenAI-client agent: resend the whole history every turn."""
+    c = client(url)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    replies = []
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"{task}: {USERS[turn % len(USERS)]}"})
+        r = c.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            temperature=0,
+            max_tokens=max_tokens,  # type: ignore[arg-type]
+        )
+        replies.append(r)
+        messages.append({"role": "assistant", "content": r.choices[0].message.content})
+    return replies
+
+
+def test_agent_loop_reuses_prompt_tokens_and_matches_full(tiny: LoadedModel) -> None:
+    with live_server(tiny_app(tiny)) as url:
+        reused = agent_loop(url, "task")
+    with live_server(tiny_app(tiny, "full")) as url:
+        full = agent_loop(url, "task")
+    texts = [r.choices[0].message.content for r in reused]
+    assert texts == [r.choices[0].message.content for r in full]
+    cached = [r.usage.prompt_tokens_details.cached_tokens for r in reused]
+    assert cached[0] == 0
+    assert all(c > 0 for c in cached[1:])
+    last = reused[-1].model_extra["agentcache"]
+    assert last["reused_tokens"] == cached[-1]
+    assert last["reused_tokens"] + last["recomputed_tokens"] >= last["prompt_tokens"]
+    statuses = {s["status"] for s in last["segments"]}
+    assert "hit" in statuses  # system prompt and earlier messages found in the store
+    # the previous reply is fixed (we generated it) but was never stored: a `new` miss
+    misses = [s for s in last["segments"] if s["status"] == "miss"]
+    assert [(s["role"], s["reason"]) for s in misses] == [("assistant", "new")]
+    assert all(r.usage.prompt_tokens_details.cached_tokens == 0 for r in full)
+
+
+def test_streaming_equals_non_streaming(tiny: LoadedModel) -> None:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]
+    with live_server(tiny_app(tiny)) as url:
+        whole = client(url).chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            temperature=0,
+            max_tokens=12,  # type: ignore[arg-type]
+        )
+    with live_server(tiny_app(tiny)) as url:
+        stream = client(url).chat.completions.create(
+            model=MODEL, messages=messages, temperature=0, max_tokens=12, stream=True,  # type: ignore[arg-type]
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        chunks = list(stream)
+    pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert "".join(pieces) == whole.choices[0].message.content
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finish) == 1
+    assert finish[0].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert finish[0].model_extra["agentcache"]["prompt_tokens"] == whole.usage.prompt_tokens
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_eight_concurrent_loops_equal_their_solo_runs(tiny: LoadedModel) -> None:
+    tasks = [f"project-{i}" for i in range(8)]
+    solo = []
+    for task in tasks:  # each alone on a fresh server
+        with live_server(tiny_app(tiny)) as url:
+            solo.append([r.choices[0].message.content for r in agent_loop(url, task, 3)])
+    with live_server(tiny_app(tiny)) as url, ThreadPoolExecutor(8) as pool:
+        runs = list(pool.map(lambda t: agent_loop(url, t, 3), tasks))
+    together = [[r.choices[0].message.content for r in run] for run in runs]
+    assert together == solo
+    assert all(run[-1].usage.prompt_tokens_details.cached_tokens > 0 for run in runs)
+
+
+def test_conversation_header_and_reuse_headers(server_url: str) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+    r = httpx.post(f"{server_url}/v1/chat/completions", json=body,
+                   headers={"X-Agentcache-Conversation": "c-42"})  # fmt: skip
+    assert r.status_code == 200
+    assert r.headers["x-agentcache-conversation"] == "id:c-42"
+    assert int(r.headers["x-agentcache-prompt-tokens"]) == r.json()["usage"]["prompt_tokens"]
+    assert r.headers["x-agentcache-reused-tokens"] == "0"
+
+
+def test_models_health_and_metrics(server_url: str) -> None:
+    c = client(server_url)
+    assert [m.id for m in c.models.list()] == [MODEL]
+    assert httpx.get(f"{server_url}/health").json()["status"] == "ok"
+    agent_loop(server_url, "metrics", turns=2, max_tokens=4)
+    text = httpx.get(f"{server_url}/metrics").text
+    samples = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert samples['agentcache_requests_total{endpoint="/v1/chat/completions",status="200"}'] == 2
+    assert samples["agentcache_ttft_seconds_count"] == 2
+    assert samples["agentcache_reused_tokens_total"] > 0
+    assert samples["agentcache_recomputed_tokens_total"] > 0
+    assert samples['agentcache_cache_hits_total{tier="memory"}'] >= 1
+    assert samples['agentcache_cache_misses_total{reason="new"}'] >= 1
+    assert samples["agentcache_fallbacks_total"] == 0
+    assert samples["agentcache_stream_mismatches_total"] == 0
+
+
+def _error(r: httpx.Response) -> dict[str, Any]:
+    body = r.json()
+    assert set(body) == {"error"}
+    assert {"message", "type", "param", "code"} <= set(body["error"])
+    return dict(body["error"])
+
+
+GOOD = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+BAD_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "needle"),
+    [
+        ({**GOOD, "model": "gpt-9"}, 404, "model_not_found", "gpt-9"),
+        ({**GOOD, "messages": [{"role": "wizard", "content": "x"}]}, 400, "invalid_value",
+         "wizard"),
+        ({**GOOD, "max_tokens": 100_000}, 400, "context_length_exceeded", "context"),
+        ({**GOOD, "tools": [BAD_TOOL]}, 400, "invalid_tool_schema", "objekt"),
+        ({**GOOD, "tools": [{"type": "function", "function": {"name": "f",
+          "parameters": {"type": "object", "properties": {"a": 3}}}}]}, 400,
+         "invalid_tool_schema", "properties.a"),
+        ({**GOOD, "messages": []}, 400, "invalid_value", "messages"),
+        ({**GOOD, "temperature": -1}, 400, "invalid_value", "temperature"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_a_4xx_with_an_openai_error(
+    server_url: str, body: dict[str, Any], status: int, code: str, needle: str
+) -> None:
+    r = httpx.post(f"{server_url}/v1/chat/completions", json=body)
+    assert r.status_code == status
+    err = _error(r)
+    assert err["code"] == code
+    assert needle in err["message"]
+    assert httpx.post(f"{server_url}/v1/chat/completions", json=GOOD).status_code == 200
+
+
+def test_invalid_json_is_a_400_and_the_server_keeps_serving(server_url: str) -> None:
+    r = httpx.post(f"{server_url}/v1/chat/completions", content=b'{"model": "tiny", "mess',
+                   headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 400
+    assert _error(r)["code"] == "invalid_json"
+    assert httpx.post(f"{server_url}/v1/chat/completions", json=GOOD).status_code == 200
+
+
+def test_openai_client_raises_typed_errors(server_url: str) -> None:
+    c = client(server_url)
+    with pytest.raises(openai.NotFoundError):
+        c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="context"):
+        c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=10**6
+        )
+
+
+def test_forced_tool_choice_starts_the_reply_with_the_call(server_url: str) -> None:
+    params = {"type": "object", "properties": {"path": {"type": "string"}}}
+    tool = {"type": "function", "function": {"name": "ls", "parameters": params}}
+    choice = {"type": "function", "function": {"name": "ls"}}
+    body = {**GOOD, "tools": [tool], "tool_choice": choice}
+    r = httpx.post(f"{server_url}/v1/chat/completions", json=body)
+    assert r.status_code == 200
+    segments = r.json()["agentcache"]["segments"]
+    assert [s["reason"] for s in segments if s["status"] == "computed"][-1] == "prefill"
+    assert any(s["segment_id"].startswith("__tools__") for s in segments)
+    unknown = {**body, "tool_choice": {"type": "function", "function": {"name": "rm"}}}
+    r = httpx.post(f"{server_url}/v1/chat/completions", json=unknown)
+    assert r.status_code == 400 and "rm" in _error(r)["message"]
+    assert json.loads(json.dumps(r.json()))  # a plain JSON body
+
+
+def test_stop_strings_cut_the_reply_streaming_or_not(server_url: str) -> None:
+    c = client(server_url)
+    messages = [{"role": "user", "content": "write something"}]
+    free = c.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=16)  # type: ignore[arg-type]
+    text = free.choices[0].message.content or ""
+    stop = text[5:7]
+    assert len(stop) == 2
+    cut = c.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        temperature=0,
+        max_tokens=16,
+        stop=[stop],  # type: ignore[arg-type]
+    )
+    assert cut.choices[0].message.content == text[: text.find(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    stream = c.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        temperature=0,
+        max_tokens=16,
+        stop=[stop],
+        stream=True,  # type: ignore[arg-type]
+    )
+    assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == (
+        cut.choices[0].message.content
+    )
+
+
+def test_sampling_with_a_seed_repeats(server_url: str) -> None:
+    c = client(server_url)
+    messages = [{"role": "user", "content": "pick a word"}]
+
+    def sample(seed: int) -> str | None:
+        r = c.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            temperature=1.0,
+            seed=seed,
+            max_tokens=12,  # type: ignore[arg-type]
+        )
+        return r.choices[0].message.content
+
+    assert sample(7) == sample(7)
+    assert len({sample(s) for s in range(4)}) > 1
+
+
+def test_a_client_leaving_mid_stream_does_not_stop_the_server(server_url: str) -> None:
+    c = client(server_url)
+    messages = [{"role": "user", "content": "tell a long story"}]
+    stream = c.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=64,
+        stream=True,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    next(iter(stream))  # the role chunk
+    stream.close()
+    r = httpx.post(f"{server_url}/v1/chat/completions", json=GOOD)
+    assert r.status_code == 200
+
+
+def test_tool_call_history_round_trips(server_url: str) -> None:
+    tool = {"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}
+    call = {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "what is here?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "README.md setup.py"},
+    ]
+    body = {**GOOD, "messages": messages, "tools": [tool]}
+    first = httpx.post(f"{server_url}/v1/chat/completions", json=body).json()
+    kinds = [(s["role"], s["kind"]) for s in first["agentcache"]["segments"]]
+    assert kinds[:5] == [("system", "system"), ("system", "system"), ("user", "update"),
+                         ("assistant", "update"), ("tool", "update")]  # fmt: skip
+    reply = first["choices"][0]["message"]
+    again = {**body, "messages": [*messages, reply, {"role": "user", "content": "and now?"}]}
+    second = httpx.post(f"{server_url}/v1/chat/completions", json=again).json()
+    segments = second["agentcache"]["segments"]
+    by_index = {s["message_index"]: s for s in segments if s["message_index"] is not None}
+    # the tool call and its result were stored last turn: fixed now, and found
+    assert (by_index[2]["kind"], by_index[2]["status"]) == ("fixed", "hit")
+    assert (by_index[3]["kind"], by_index[3]["status"]) == ("fixed", "hit")
+    assert by_index[5]["kind"] == "update"
