@@ -63,6 +63,22 @@ def cmd_strategies(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile_heads(args: argparse.Namespace) -> int:
+    from agentcache.decode.cli import run_profile
+
+    _threads(args.threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return run_profile(args, args.model, _cache_dir(args.cache_dir))
+
+
+def cmd_bench_decode(args: argparse.Namespace) -> int:
+    from agentcache.decode.cli import run_bench
+
+    _threads(args.threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return run_bench(args, args.model, _cache_dir(args.cache_dir))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentcache", description="KV-cache reuse for LLM agents."
@@ -89,6 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve = add_serve(sub)
     _common(serve)
     serve.set_defaults(func=cmd_serve)
+    from agentcache.decode.cli import add_bench_parser, add_profile_parser
+
+    for add, func in (
+        (add_profile_parser, cmd_profile_heads),
+        (add_bench_parser, cmd_bench_decode),
+    ):
+        _common(sub_parser := add(sub))
+        sub_parser.set_defaults(func=func)
     strategies_help = "list the registered reuse strategies"
     strategies = sub.add_parser("strategies", help=strategies_help, description=strategies_help)
     strategies.set_defaults(func=cmd_strategies)

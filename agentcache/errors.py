@@ -37,3 +37,7 @@ class UnknownStrategyError(AgentCacheError):
 
     def __init__(self, kind: str, name: str, known: list[str]) -> None:
         super().__init__(f"unknown {kind} {name!r}; known: {', '.join(sorted(known))}")
+
+
+class ProfileError(AgentCacheError):
+    """A head-stability profile is missing, corrupted, or belongs to another model."""

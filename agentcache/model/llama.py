@@ -121,8 +121,12 @@ class LlamaForward:
         None means the queries are the last T context tokens in order (plain causal).
         Returns the layer's output hidden states (T, D).
         """
-        w = self.weights.layers[layer]
         attn = attention(q, keys, values, query_index, self.scale)  # (T, H*Dh)
+        return self.finish(layer, hidden, attn)
+
+    def finish(self, layer: int, hidden: Tensor, attn: Tensor) -> Tensor:
+        """Output projection and MLP of `layer` given its attention output `attn` (T, H*Dh)."""
+        w = self.weights.layers[layer]
         hidden = hidden + F.linear(attn, w.wo)
         x = rms_norm(hidden, w.post_norm, self.config.rms_norm_eps)
         return hidden + F.linear(F.silu(F.linear(x, w.w_gate)) * F.linear(x, w.w_up), w.w_down)

@@ -16,6 +16,9 @@ import torch
 from torch import Tensor
 
 import agentcache.reuse  # noqa: F401  (registers strategies)
+from agentcache.decode.config import DecodeConfig
+from agentcache.decode.decoder import DecodeStats
+from agentcache.decode.setup import DecodeSetup
 from agentcache.errors import ContextLengthError
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
 from agentcache.kv.store import SegmentStore
@@ -43,6 +46,7 @@ class EngineConfig:
     eviction: str = "lru"
     page_size: int = 16
     strategy_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)  # decode policy (default dense)
 
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones
@@ -78,6 +82,9 @@ class TurnStats:
     fallbacks: int
     fallback_reasons: tuple[str, ...]
     misses: tuple[SegmentMiss, ...]
+    decode_policy: str = "dense"
+    decode_fallbacks: int = 0  # 1 when the configured decode policy fell back to dense
+    decode: DecodeStats | None = None  # sparse decode figures (None for dense)
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,7 @@ class Engine:
             PagePool(pool_config),
         )
         self._strategies: dict[str, ReuseStrategy] = {}
+        self.decode = DecodeSetup.resolve(model, self.config.decode)
         self._lock = threading.RLock()
 
     @property
@@ -144,7 +152,7 @@ class Engine:
                 t0 = time.perf_counter()
                 pre = strat.prefill(self.ctx, tokens, seq)
                 ttft = time.perf_counter() - t0
-                ids, finish, decode_s = self._decode(seq, pre, params, on_token)
+                ids, finish, decode_s, dstats = self._decode(seq, pre, params, on_token)
                 if commit:
                     strat.commit(self.ctx, tokens, seq, pre.positions)
             finally:
@@ -154,7 +162,8 @@ class Engine:
         stats = TurnStats(
             strat.name, s.prompt_tokens, s.reused_tokens, s.recomputed_tokens,
             s.recompute_fraction, ttft, len(ids), len(ids) / decode_s if decode_s > 0 else 0.0,
-            s.fallbacks, tuple(s.fallback_reasons), tuple(s.misses),
+            s.fallbacks, tuple(s.fallback_reasons), tuple(s.misses), self.decode.policy,
+            int(self.decode.fallback_reason is not None), dstats,
         )  # fmt: skip
         return Generation(text, tuple(ids), finish, pre.logits, stats)
 
@@ -190,7 +199,7 @@ class Engine:
         pre: PrefillResult,
         params: GenerationParams,
         on_token: Callable[[int], None] | None = None,
-    ) -> tuple[list[int], str, float]:
+    ) -> tuple[list[int], str, float, DecodeStats | None]:
         gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         max_pos = self.model.config.max_position_embeddings
         position = int(pre.positions.max().item()) + 1
@@ -200,6 +209,11 @@ class Engine:
         ids: list[int] = []
         logits = pre.logits
         t0 = time.perf_counter()
+        sparse = (  # built only if a step will run
+            self.decode.decoder(self.model, seq, seq.num_tokens + params.max_new_tokens)
+            if params.max_new_tokens > 1
+            else None
+        )
         finish = "length"
         while len(ids) < params.max_new_tokens and position < max_pos:
             token = sample(logits, params.temperature, params.top_p, gen)
@@ -214,9 +228,10 @@ class Engine:
                 break
             if len(ids) == params.max_new_tokens:
                 break
-            logits = self.step(seq, token, position)
+            logits = sparse.step(token, position) if sparse else self.step(seq, token, position)
             position += 1
-        return ids, finish, time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        return ids, finish, elapsed, sparse.stats() if sparse else None
 
     def _hits_stop(self, ids: list[int], stop: tuple[str, ...]) -> bool:
         text = self.model.tokenizer.decode(ids)

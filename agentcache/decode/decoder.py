@@ -1,0 +1,201 @@
+"""Sparse decode over per-head pages: MinMax scoring, per-head top-K + sink + newest pages,
+periodic rerank with incremental promotion, attention batched over heads.
+
+Pages attended by KV head h at a step (logical page ids, in token order):
+
+    [0 (sink)] + sel[h] (top-K at h's last rerank, -1 padded) + [tail_start[h] .. newest]
+
+At a rerank the newest `recent_pages` pages form the tail and the top-K is taken among pages
+1 .. tail_start-1; pages opened since then join the tail, so nothing recent is skipped.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from agentcache.decode.config import DecodeConfig
+from agentcache.decode.minmax import MinMaxMeta
+from agentcache.decode.policies import HeadPlan
+from agentcache.decode.store import HeadPagedKV
+from agentcache.model.llama import LlamaForward
+
+
+@dataclass(frozen=True)
+class DecodeStats:
+    steps: int
+    fast_tier_kv_bytes: int  # arena of head-pages (allocated capacity)
+    metadata_bytes: int  # MinMax metadata, also in the fast tier
+    host_tier_kv_bytes: int
+    head_reranks: int  # (layer, head) re-scorings
+    rerank_s: float  # time in scoring, top-K and promotion
+    rerank_steps: int  # steps in which at least one offloaded head reranked
+    pages_promoted: int  # head-pages copied host -> fast tier after the first step
+    initial_pages_promoted: int  # first step: the initial top-K of offloaded heads
+    bytes_promoted: int
+    table_rows_synced: int
+    budget_pages: int  # after clamping
+    budget_clamped: bool
+
+    @property
+    def bytes_promoted_per_rerank(self) -> float:
+        return self.bytes_promoted / self.rerank_steps if self.rerank_steps else 0.0
+
+
+def clamp_budget(budget: int, num_pages: int, recent: int) -> tuple[int, bool]:
+    """Budgets beyond the pages a sequence can rank (all but sink and tail) are clamped."""
+    most = max(1, num_pages - 1 - recent)
+    if budget > most:
+        warnings.warn(
+            f"decode budget of {budget} pages exceeds the {most} rankable pages of this "
+            f"sequence; clamped to {most} (every page is attended)",
+            stacklevel=3,
+        )
+        return most, True
+    return budget, False
+
+
+class SparseDecoder:
+    """One sequence's decode state. Built from its prefilled K/V (L, T, Hkv, Dh); `step` appends
+    a token and returns the logits after it."""
+
+    def __init__(
+        self,
+        forward: LlamaForward,
+        plan: HeadPlan,
+        config: DecodeConfig,
+        keys: Tensor,
+        values: Tensor,
+        max_tokens: int,
+    ) -> None:
+        c = forward.config
+        page = 16
+        self.f, self.config, self.page = forward, config, page
+        self.group = c.num_heads // c.num_kv_heads
+        t = keys.shape[1]
+        max_pages = -(-max_tokens // page)
+        self.recent = config.recent_pages
+        self.budget, self.clamped = clamp_budget(config.budget_pages, max_pages, self.recent)
+        self.interval = plan.rerank_interval.clone()
+        capacity = 1 + self.budget + self.recent + (-(-self.interval // page))
+        offload = plan.offload & (capacity < max_pages)
+        self.kv = HeadPagedKV(c.head_dim, page, max_pages, capacity, offload)
+        self.kv.load(keys, values)
+        self.meta = MinMaxMeta(c.num_layers, c.num_kv_heads, c.head_dim, max_pages, page)
+        self.meta.build(keys)
+        n_pages = -(-t // page)
+        self.sel = torch.full((c.num_layers, c.num_kv_heads, self.budget), -1, dtype=torch.int64)
+        self.tail_start = torch.full(
+            (c.num_layers, c.num_kv_heads), max(1, n_pages - self.recent), dtype=torch.int64
+        )
+        self.steps = 0
+        self._reranks = 0
+        self._rerank_s = 0.0
+        self._rerank_steps = 0
+        self._promoted = 0
+        self._initial_promoted = self._place_initial(n_pages)
+
+    def _place_initial(self, n_pages: int) -> int:
+        """Offloaded heads start with the sink and the tail resident; their first top-K comes
+        at the first step, when a query exists."""
+        promoted = 0
+        for layer, heads in enumerate(self.kv.offloaded_heads):
+            if len(heads):
+                tail = torch.arange(int(self.tail_start[layer, 0]), n_pages)
+                wanted = torch.cat([torch.zeros(1, dtype=torch.int64), tail]).expand(len(heads), -1)
+                promoted += self.kv.place(layer, heads, wanted)
+        return promoted
+
+    def stats(self) -> DecodeStats:
+        return DecodeStats(
+            self.steps, self.kv.fast_tier_bytes, self.meta.nbytes, self.kv.host_tier_bytes,
+            self._reranks, self._rerank_s, self._rerank_steps, self._promoted,
+            self._initial_promoted, self._promoted * self.kv.page_bytes, self.kv.rows_synced,
+            self.budget, self.clamped,
+        )  # fmt: skip
+
+    def step(self, token: int, position: int) -> Tensor:
+        """Append `token` at `position`; returns the logits after it (V,)."""
+        f = self.f
+        t = self.kv.append_token()
+        pos = torch.tensor([position])
+        hidden = f.embed(torch.tensor([token]))
+        promoted = 0
+        for layer in range(f.config.num_layers):
+            q, k, v = f.project(layer, hidden, pos)
+            self.kv.write(layer, t, k[0], v[0])
+            self.meta.append(layer, k[0], t)
+            qg = q[0].view(-1, self.group, q.shape[-1])  # (Hkv, G, Dh)
+            promoted += self._rerank(layer, qg)
+            self.kv.sync(layer)
+            attn = self._attend(layer, qg)
+            hidden = f.finish(layer, hidden, attn)
+        if self.steps == 0:
+            self._initial_promoted += promoted
+        elif self._offloaded_due():
+            self._promoted += promoted
+            self._rerank_steps += 1
+        self.steps += 1
+        return f.logits(hidden)[0]
+
+    def _offloaded_due(self) -> bool:
+        due = (self.steps % self.interval) == 0
+        return bool((due & self.kv.offload).any())
+
+    def pages(self, layer: int) -> Tensor:
+        """Logical pages each KV head attends at `layer` now: (Hkv, n), -1 padded."""
+        n_pages = -(-self.kv.num_tokens // self.page)
+        ts = self.tail_start[layer]
+        width = n_pages - int(ts.min())
+        tail = ts[:, None] + torch.arange(max(width, 0))
+        tail = tail.masked_fill(tail >= n_pages, -1)
+        sink = torch.zeros(len(ts), 1, dtype=torch.int64)
+        return torch.cat([sink, self.sel[layer], tail], dim=1)
+
+    def _attend(self, layer: int, qg: Tensor) -> Tensor:
+        pages = self.pages(layer)  # (Hkv, n)
+        k, v = self.kv.gather(layer, pages)  # (Hkv, n*page, Dh)
+        token = pages[:, :, None] * self.page + torch.arange(self.page)
+        valid = ((pages[:, :, None] >= 0) & (token < self.kv.num_tokens)).flatten(1)
+        return page_attention(qg, k, v, valid, self.f.scale)
+
+    def _rerank(self, layer: int, qg: Tensor) -> int:
+        """Re-score the heads of `layer` due this step; returns head-pages promoted."""
+        due = torch.nonzero((self.steps % self.interval[layer]) == 0).flatten()
+        if len(due) == 0:
+            return 0
+        t0 = time.perf_counter()
+        n_pages = -(-self.kv.num_tokens // self.page)
+        tail_start = max(1, n_pages - self.recent)
+        k = min(self.budget, tail_start - 1)
+        sel = torch.full((len(due), self.budget), -1, dtype=torch.int64)
+        if k > 0:
+            scores = self.meta.scores(layer, qg, due, self.config.gqa_combine)  # (n, P)
+            top = scores[:, 1:tail_start].topk(k, dim=1).indices + 1
+            sel[:, :k] = top.sort(dim=1).values
+        self.sel[layer, due] = sel
+        self.tail_start[layer, due] = tail_start
+        promoted = 0
+        off = due[self.kv.offload[layer, due]]
+        if len(off):
+            tail = torch.arange(tail_start, n_pages).expand(len(off), -1)
+            sink = torch.zeros(len(off), 1, dtype=torch.int64)
+            wanted = torch.cat([sink, sel[self.kv.offload[layer, due]], tail], dim=1)
+            promoted = self.kv.place(layer, off, wanted)
+        self._reranks += len(due)
+        self._rerank_s += time.perf_counter() - t0
+        return promoted
+
+
+def page_attention(qg: Tensor, k: Tensor, v: Tensor, valid: Tensor, scale: float) -> Tensor:
+    """Decode attention of one token, batched over KV heads.
+
+    qg (Hkv, G, Dh); k/v (Hkv, S, Dh); valid (Hkv, S) -> (H*Dh) in query-head order."""
+    scores = (qg @ k.transpose(1, 2)) * scale  # (Hkv, G, S)
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return (probs @ v).reshape(1, -1)

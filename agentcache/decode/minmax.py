@@ -1,0 +1,76 @@
+"""MinMax page metadata (Quest): per layer, KV head and page, the key's min and max per dim.
+
+    kmin / kmax : (L, Hkv, max_pages, Dh)   page p covers tokens [p * page_size, (p+1) * page_size)
+
+The metadata stays in the fast tier for every page, resident or not, so any page can be scored
+without reading its keys. For a query q the page's score bounds q . k over its keys from above:
+
+    score(page) = sum_d max(q_d * max_d, q_d * min_d) = relu(q) . max + min(q, 0) . min
+
+(the second form, valid because max_d >= min_d, is two matmuls instead of an elementwise max).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+GQA_COMBINES = ("sum", "max")
+
+
+class MinMaxMeta:
+    def __init__(
+        self, num_layers: int, num_kv_heads: int, head_dim: int, max_pages: int, page_size: int
+    ) -> None:
+        shape = (num_layers, num_kv_heads, max_pages, head_dim)
+        self.kmin = torch.full(shape, float("inf"))
+        self.kmax = torch.full(shape, float("-inf"))
+        self.page_size = page_size
+        self.num_tokens = 0
+
+    @property
+    def num_pages(self) -> int:
+        return -(-self.num_tokens // self.page_size)
+
+    @property
+    def nbytes(self) -> int:
+        return self.kmin.nbytes + self.kmax.nbytes
+
+    def build(self, keys: Tensor) -> None:
+        """Metadata of a prefilled sequence: keys (L, T, Hkv, Dh)."""
+        n_layers, t, hkv, dh = keys.shape
+        pages = -(-t // self.page_size)
+        pad = pages * self.page_size - t
+        k = keys.permute(0, 2, 1, 3)  # (L, Hkv, T, Dh)
+        lo = torch.nn.functional.pad(k, (0, 0, 0, pad), value=float("inf"))
+        hi = torch.nn.functional.pad(k, (0, 0, 0, pad), value=float("-inf"))
+        lo = lo.reshape(n_layers, hkv, pages, self.page_size, dh).amin(3)
+        hi = hi.reshape(n_layers, hkv, pages, self.page_size, dh).amax(3)
+        self.kmin[:, :, :pages] = lo
+        self.kmax[:, :, :pages] = hi
+        self.num_tokens = t
+
+    def append(self, layer: int, k: Tensor, token_index: int) -> None:
+        """Fold the key (Hkv, Dh) of token `token_index` into its page at `layer`."""
+        p = token_index // self.page_size
+        torch.minimum(self.kmin[layer, :, p], k, out=self.kmin[layer, :, p])
+        torch.maximum(self.kmax[layer, :, p], k, out=self.kmax[layer, :, p])
+        self.num_tokens = max(self.num_tokens, token_index + 1)
+
+    def scores(self, layer: int, q: Tensor, heads: Tensor | None, combine: str) -> Tensor:
+        """Page scores (n, P) for query heads grouped per KV head: q (Hkv, G, Dh).
+
+        `heads` (n,) restricts scoring to some KV heads (None: all). The G query heads of a KV
+        head are combined by `combine`: "sum" of their bounds or their "max".
+        """
+        p = self.num_pages
+        hi, lo = self.kmax[layer, :, :p], self.kmin[layer, :, :p]  # (Hkv, P, Dh)
+        if heads is not None:
+            q, hi, lo = q[heads], hi[heads], lo[heads]
+        s = q.clamp(min=0) @ hi.transpose(1, 2) + q.clamp(max=0) @ lo.transpose(1, 2)  # (n, G, P)
+        return s.sum(1) if combine == "sum" else s.amax(1)
+
+
+def reference_scores(q: Tensor, kmin: Tensor, kmax: Tensor) -> Tensor:
+    """Literal Quest bound, elementwise: q (G, Dh), kmin/kmax (P, Dh) -> (G, P)."""
+    return torch.maximum(q[:, None] * kmax[None], q[:, None] * kmin[None]).sum(-1)

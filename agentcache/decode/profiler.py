@@ -1,0 +1,190 @@
+"""Head-stability profiler: dense greedy decode on sample prompts, recording each step's top-K
+pages per (layer, KV head) by MinMax score, then RCO over windows (see profile.py).
+
+It also measures, for each GQA combine ("sum", "max"), the attention recall of the selection:
+the share of the dense attention mass of every query head that falls in the selected pages
+(top-K + sink + newest), averaged over heads, layers and steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor
+
+from agentcache.decode.minmax import GQA_COMBINES, MinMaxMeta
+from agentcache.decode.profile import (
+    DEFAULT_UNSTABLE_FRACTION,
+    DEFAULT_WINDOW,
+    HeadProfile,
+    unstable_set,
+    window_rco,
+)
+from agentcache.model.loading import LoadedModel
+from agentcache.prompt.tokenize import TokenizedPrompt
+from agentcache.runtime.engine import Engine, EngineConfig
+
+PAGE = 16
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    budget_pages: int = 64
+    window: int = DEFAULT_WINDOW
+    extra_windows: tuple[int, ...] = (4, 64)
+    unstable_fraction: float = DEFAULT_UNSTABLE_FRACTION
+    recent_pages: int = 1
+    gqa_combine: str = "sum"  # the combine whose top-K sets are profiled
+    steps: int = 128
+
+    def __post_init__(self) -> None:
+        if self.budget_pages < 1 or self.steps < 2 or self.window < 2:
+            raise ValueError("budget_pages >= 1, steps >= 2 and window >= 2 are required")
+        if self.gqa_combine not in GQA_COMBINES:
+            raise ValueError(f"gqa_combine must be one of {GQA_COMBINES}")
+
+
+@dataclass
+class _Trace:
+    sets: list[Tensor]  # per step (L, Hkv, K) page ids
+    candidates: list[int]  # per step, rankable pages
+    recall: dict[str, list[float]]
+
+
+def profile_heads(
+    model: LoadedModel,
+    prompts: list[TokenizedPrompt],
+    settings: ProfileSettings,
+    on_step: Callable[[], None] | None = None,
+) -> HeadProfile:
+    """Profile `model` on `prompts` (each must have more than budget + 2 pages)."""
+    c = model.config
+    windows = (settings.window, *settings.extra_windows)
+    totals = {w: torch.zeros(c.num_layers, c.num_kv_heads, dtype=torch.float64) for w in windows}
+    recall: dict[str, list[float]] = {name: [] for name in GQA_COMBINES}
+    engine = Engine(model, EngineConfig(strategy="full", kv_pages=_pages_for(prompts, settings)))
+    for prompt in prompts:
+        trace = _trace(engine, prompt, settings, on_step)
+        sets = torch.stack(trace.sets)
+        for w in windows:
+            totals[w] += window_rco(sets, trace.candidates, w) / len(prompts)
+        for name in GQA_COMBINES:
+            recall[name] += trace.recall[name]
+    stability = totals[settings.window]
+    return HeadProfile(
+        model_id=model.model_id,
+        num_layers=c.num_layers,
+        num_kv_heads=c.num_kv_heads,
+        stability=stability.tolist(),
+        unstable=unstable_set(stability, settings.unstable_fraction),
+        rco_by_window={str(w): totals[w].tolist() for w in settings.extra_windows},
+        gqa_recall={n: sum(r) / len(r) for n, r in recall.items()},
+        settings={
+            **asdict(settings),
+            "prompts": len(prompts),
+            "prompt_tokens": [p.num_tokens for p in prompts],
+        },
+    )
+
+
+def _pages_for(prompts: list[TokenizedPrompt], settings: ProfileSettings) -> int:
+    return 2 + max(p.num_tokens for p in prompts) // PAGE
+
+
+def _trace(
+    engine: Engine,
+    prompt: TokenizedPrompt,
+    settings: ProfileSettings,
+    on_step: Callable[[], None] | None,
+) -> _Trace:
+    f = engine.model.forward
+    c = f.config
+    n_pages = -(-(prompt.num_tokens + settings.steps) // PAGE)
+    if prompt.num_tokens // PAGE - 1 - settings.recent_pages <= settings.budget_pages:
+        raise ValueError(
+            f"profiling prompts need more than {settings.budget_pages + 2} pages "
+            f"({(settings.budget_pages + 2) * PAGE} tokens); got {prompt.num_tokens} tokens"
+        )
+    seq, pre = engine.prefill(prompt)
+    try:
+        keys, values = seq.gather_all(slice(0, seq.num_tokens))
+    finally:
+        seq.free()
+    t = keys.shape[1]
+    kbuf = torch.zeros(c.num_layers, c.num_kv_heads, n_pages * PAGE, c.head_dim)
+    vbuf = torch.zeros_like(kbuf)
+    kbuf[:, :, :t], vbuf[:, :, :t] = keys.transpose(1, 2), values.transpose(1, 2)
+    meta = MinMaxMeta(c.num_layers, c.num_kv_heads, c.head_dim, n_pages, PAGE)
+    meta.build(keys)
+    trace = _Trace([], [], {name: [] for name in GQA_COMBINES})
+    token, position = int(pre.logits.argmax()), int(pre.positions.max()) + 1
+    group = c.num_heads // c.num_kv_heads
+    with torch.inference_mode():
+        for _ in range(settings.steps):
+            hidden = f.embed(torch.tensor([token]))
+            pages = -(-(t + 1) // PAGE)
+            tail = max(1, pages - settings.recent_pages)
+            step_sets = []
+            for layer in range(c.num_layers):
+                q, k, v = f.project(layer, hidden, torch.tensor([position]))
+                kbuf[layer, :, t], vbuf[layer, :, t] = k[0], v[0]
+                meta.append(layer, k[0], t)
+                qg = q[0].view(c.num_kv_heads, group, c.head_dim)
+                probs = torch.softmax(qg @ kbuf[layer, :, : t + 1].transpose(1, 2) * f.scale, -1)
+                attn = (probs @ vbuf[layer, :, : t + 1]).reshape(1, -1)
+                mass = _page_mass(probs, pages)  # (Hkv, G, P)
+                for name in GQA_COMBINES:
+                    top = _top(meta.scores(layer, qg, None, name), tail, settings.budget_pages)
+                    trace.recall[name].append(_recall(mass, top, tail))
+                    if name == settings.gqa_combine:
+                        step_sets.append(top)
+                hidden = f.finish(layer, hidden, attn)
+            trace.sets.append(torch.stack(step_sets))
+            trace.candidates.append(tail - 1)
+            token = int(f.logits(hidden)[0].argmax())
+            t, position = t + 1, position + 1
+            if on_step:
+                on_step()
+    return trace
+
+
+def _top(scores: Tensor, tail: int, budget: int) -> Tensor:
+    """Top-`budget` rankable pages (1 .. tail-1) per head: (Hkv, K)."""
+    return scores[:, 1:tail].topk(min(budget, tail - 1), dim=1).indices + 1
+
+
+def _page_mass(probs: Tensor, pages: int) -> Tensor:
+    hkv, g, n = probs.shape
+    padded = torch.nn.functional.pad(probs, (0, pages * PAGE - n))
+    return padded.view(hkv, g, pages, PAGE).sum(-1)
+
+
+def _recall(mass: Tensor, top: Tensor, tail: int) -> float:
+    kept = mass[:, :, 0] + mass[:, :, tail:].sum(-1)
+    idx = top[:, None, :].expand(-1, mass.shape[1], -1)
+    kept = kept + mass.gather(2, idx).sum(-1)
+    return float(kept.mean())
+
+
+def plot_profile(profile: HeadProfile, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = profile.stability_tensor().numpy()
+    fig, ax = plt.subplots(figsize=(2.5 + 0.6 * profile.num_kv_heads, 1.5 + 0.22 * len(s)))
+    im = ax.imshow(s, aspect="auto", cmap="viridis", vmin=0, vmax=1)
+    for layer, head in profile.unstable:
+        ax.text(head, layer, "x", ha="center", va="center", color="red", fontsize=8)
+    ax.set_xlabel("KV head")
+    ax.set_ylabel("layer")
+    ax.set_xticks(range(profile.num_kv_heads))
+    window = profile.settings.get("window", DEFAULT_WINDOW)
+    ax.set_title(f"Head stability (mean RCO, {window}-step windows)\nx = unstable", fontsize=9)
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

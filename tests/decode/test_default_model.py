@@ -1,0 +1,33 @@
+"""Sparse decode on the real default model (slow: loads SmolLM2-135M)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+
+from agentcache.decode.bench import DecodeBenchSettings, run_decode_bench
+from agentcache.decode.config import DecodeConfig
+from agentcache.decode.prompts import load_texts, token_prompts
+
+
+@pytest.mark.slow
+def test_full_budget_sparse_decode_matches_dense_on_the_default_model() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from agentcache.model.loading import load_model
+
+    model = load_model(None)
+    settings = DecodeBenchSettings(
+        context=1040, new_tokens=16, policies=("dense", "quest"), budget_pages=10_000,
+        teacher_forced=False,
+    )  # fmt: skip
+    workload = Path(__file__).parents[2] / "benchmarks" / "workloads" / "memgpt.jsonl"
+    prompts = token_prompts(model, load_texts(workload), settings.prompt_tokens, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = run_decode_bench(model, prompts, settings, lambda p: DecodeConfig(p, 10_000))
+    quest = results["per_prompt"][0]["policies"]["quest"]
+    assert quest["greedy_agreement_with_dense"] == 1.0
+    assert quest["decode"]["budget_clamped"]

@@ -1,0 +1,72 @@
+"""Contract suite over every registered decode policy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentcache.decode.policies import DECODE_POLICIES
+from agentcache.decode.profile import HeadProfile
+from agentcache.errors import UnknownStrategyError
+
+L, H = 5, 4
+
+
+def profile() -> HeadProfile:
+    torch.manual_seed(0)
+    stability = torch.rand(L, H).tolist()
+    return HeadProfile("m#1", L, H, stability, [(0, 0), (3, 2), (4, 1), (1, 3), (2, 2)])
+
+
+@pytest.mark.parametrize("name", DECODE_POLICIES.names())
+def test_plan_contract(name: str) -> None:
+    policy = DECODE_POLICIES.get(name)()
+    prof = profile()
+    before = prof.to_json()
+    plan = policy.plan(L, H, prof if policy.needs_profile else None)
+    assert prof.to_json() == before  # plan mutates nothing
+    assert plan.rerank_interval.shape == plan.offload.shape == (L, H)
+    assert plan.rerank_interval.dtype == torch.int64 and plan.offload.dtype == torch.bool
+    assert bool((plan.rerank_interval >= 1).all())
+    assert not bool((plan.offload & (plan.rerank_interval == 1)).any())
+    if not plan.sparse:
+        assert not bool(plan.offload.any())
+    if policy.needs_profile:
+        unstable = prof.unstable_mask()
+        assert bool((plan.rerank_interval[unstable] == 1).all())  # unstable heads: every step
+        assert not bool(plan.offload[unstable].any())  # and full KV in the fast tier
+        assert bool(plan.offload[~unstable].all())
+
+
+def test_flexicache_stable_heads_rerank_every_16_steps() -> None:
+    plan = DECODE_POLICIES.get("flexicache")().plan(L, H, profile())
+    assert sorted(set(plan.rerank_interval.flatten().tolist())) == [1, 16]
+    assert int(plan.offload.sum()) == L * H - 5
+
+
+def test_multiscale_interval_grows_with_stability() -> None:
+    prof = profile()
+    plan = DECODE_POLICIES.get("multiscale")(quantiles=(0.25, 0.5)).plan(L, H, prof)
+    s = prof.stability_tensor()
+    stable = ~prof.unstable_mask()
+    iv = plan.rerank_interval
+    order = s[stable].argsort()
+    by_rank = iv[stable][order].tolist()  # intervals of the stable heads, least stable first
+    assert by_rank == sorted(by_rank) and set(by_rank) == {4, 16, 64}
+    assert sorted(set(iv[~stable].tolist())) == [1]
+
+
+def test_unknown_policy_lists_the_known_ones() -> None:
+    with pytest.raises(UnknownStrategyError, match="flexicache"):
+        DECODE_POLICIES.get("nope")
+
+
+@pytest.mark.parametrize("kw", [{"stable_interval": 0}])
+def test_flexicache_rejects_bad_interval(kw: dict[str, int]) -> None:
+    with pytest.raises(ValueError):
+        DECODE_POLICIES.get("flexicache")(**kw)
+
+
+def test_multiscale_rejects_unordered_thresholds() -> None:
+    with pytest.raises(ValueError):
+        DECODE_POLICIES.get("multiscale")(quantiles=(0.9, 0.1))

@@ -1,0 +1,126 @@
+"""Sparse decode against its reference, dense decode."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentcache.decode.config import DecodeConfig
+from agentcache.decode.decoder import SparseDecoder, page_attention
+from agentcache.decode.policies import DECODE_POLICIES
+from agentcache.decode.prompts import tokenized_prompt
+from agentcache.model.llama import attention
+from agentcache.model.loading import LoadedModel
+from agentcache.prompt.segments import SegmentedPrompt
+from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
+
+# the sparse kernel sums in a different order than SDPA: fp32 rounding only
+LOGIT_ATOL = 1e-4
+
+
+def engine(model: LoadedModel, **decode: object) -> Engine:
+    config = DecodeConfig(**decode)  # type: ignore[arg-type]
+    return Engine(model, EngineConfig(strategy="full", kv_pages=256, decode=config))
+
+
+def test_page_attention_over_every_page_equals_dense_attention() -> None:
+    torch.manual_seed(0)
+    s, hkv, g, dh = 37, 2, 3, 16
+    q = torch.randn(1, hkv * g, dh)
+    keys, values = torch.randn(s, hkv, dh), torch.randn(s, hkv, dh)
+    pad = 48 - s  # three pages, the last one partly filled
+    k = torch.nn.functional.pad(keys.transpose(0, 1), (0, 0, 0, pad))
+    v = torch.nn.functional.pad(values.transpose(0, 1), (0, 0, 0, pad))
+    valid = (torch.arange(48) < s).expand(hkv, -1)
+    got = page_attention(q[0].view(hkv, g, dh), k, v, valid, dh**-0.5)
+    ref = attention(q, keys, values, torch.tensor([s - 1]), dh**-0.5)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("policy", ["quest", "flexicache", "multiscale"])
+def test_full_budget_equals_dense_decode(
+    tiny: LoadedModel, long_prompt: SegmentedPrompt, profile_file: Path, policy: str
+) -> None:
+    params = GenerationParams(max_new_tokens=40)
+    dense = engine(tiny).generate(long_prompt, params, commit=False)
+    with pytest.warns(UserWarning, match="clamped"):
+        sparse = engine(tiny, policy=policy, budget_pages=10_000, profile=profile_file).generate(
+            long_prompt, params, commit=False
+        )
+    assert sparse.token_ids == dense.token_ids
+    assert sparse.stats.decode_policy == policy
+    assert sparse.stats.decode is not None and sparse.stats.decode.budget_clamped
+    assert dense.stats.decode is None and dense.stats.decode_policy == "dense"
+
+
+def test_full_budget_logits_match_dense_step_by_step(tiny: LoadedModel) -> None:
+    e = engine(tiny)
+    torch.manual_seed(0)
+    ids = torch.randint(0, 256, (150,)).tolist()
+    seq, _ = e.prefill(tokenized_prompt(tiny, ids))
+    keys, values = seq.gather_all(slice(0, seq.num_tokens))
+    plan = DECODE_POLICIES.get("quest")().plan(4, 2, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dec = SparseDecoder(tiny.forward, plan, DecodeConfig("quest", 10_000), keys, values, 200)
+    try:
+        for i, token in enumerate(torch.randint(0, 256, (40,)).tolist()):
+            ref = e.step(seq, token, 150 + i)
+            got = dec.step(token, 150 + i)
+            torch.testing.assert_close(got, ref, rtol=0, atol=LOGIT_ATOL)
+    finally:
+        seq.free()
+
+
+def needle_decoder(tiny: LoadedModel, policy: str, profile: Path | None) -> SparseDecoder:
+    """A decoder over 40 pages of weak random keys with one needle key at token 333 (page 20)
+    aligned with the query used in the tests."""
+    c = tiny.config
+    torch.manual_seed(0)
+    keys = 0.05 * torch.randn(c.num_layers, 640, c.num_kv_heads, c.head_dim)
+    values = torch.randn(c.num_layers, 640, c.num_kv_heads, c.head_dim)
+    keys[:, 333] = 3.0 * torch.ones(c.head_dim)
+    values[:, 333] = 7.0
+    config = DecodeConfig(policy, budget_pages=3, profile=profile)
+    from agentcache.decode.setup import DecodeSetup
+
+    plan = DecodeSetup.resolve(tiny, config).plan
+    return SparseDecoder(tiny.forward, plan, config, keys, values, 700)
+
+
+@pytest.mark.parametrize("policy", ["quest", "flexicache", "multiscale"])
+def test_small_budget_selects_the_needle_page(
+    tiny: LoadedModel, profile_file: Path, policy: str
+) -> None:
+    dec = needle_decoder(tiny, policy, profile_file)
+    c = tiny.config
+    g = c.num_heads // c.num_kv_heads
+    qg = torch.ones(c.num_kv_heads, g, c.head_dim)
+    for layer in range(c.num_layers):
+        dec._rerank(layer, qg)
+        dec.kv.sync(layer)
+        pages = dec.pages(layer)
+        assert bool((pages == 20).any(1).all()), f"layer {layer}: {pages}"
+        assert pages.shape[1] == 1 + 3 + 2  # sink + budget + two newest pages
+        for h in range(c.num_kv_heads):
+            assert 20 in dec.kv.resident_pages(layer, h)
+        out = dec._attend(layer, qg).view(c.num_heads, c.head_dim)
+        assert bool((out > 6.0).all())  # the needle's value dominates every query head
+
+
+def test_sparse_decode_keeps_reuse_working(
+    tiny: LoadedModel, long_prompt: SegmentedPrompt, profile_file: Path
+) -> None:
+    config = DecodeConfig("flexicache", budget_pages=4, profile=profile_file)
+    e = Engine(tiny, EngineConfig(strategy="prefix", kv_pages=256, decode=config))
+    params = GenerationParams(max_new_tokens=20)
+    first = e.generate(long_prompt, params)
+    second = e.generate(long_prompt, params)
+    assert second.stats.reused_tokens > 0 and second.token_ids == first.token_ids
+    assert first.stats.decode is not None and first.stats.decode.steps == 19
+    assert e.ctx.pool.num_used == 0  # the sequence's pages are released after decode
+    one = e.generate(long_prompt, GenerationParams(max_new_tokens=1))
+    assert one.stats.decode is None and len(one.token_ids) == 1  # no step, no decoder built
