@@ -40,7 +40,7 @@ def example_engine(args: argparse.Namespace) -> Engine:
 def print_run(title: str, loop: AgentLoop, console: Console | None = None) -> None:
     console = console or Console(width=140)
     strategy = loop.session.strategy
-    console.print(
-        turn_table(f"{title} on {loop.session.engine.model.model_id} ({strategy})", loop.records)
-    )
+    engine = loop.session.engine
+    model = engine.model.model_id if isinstance(engine, Engine) else type(engine).__name__
+    console.print(turn_table(f"{title} on {model} ({strategy})", loop.records))
     console.print(summary_line(loop))
