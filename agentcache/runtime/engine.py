@@ -30,6 +30,8 @@ from agentcache.reuse.base import (
     SegmentMiss,
 )
 from agentcache.runtime.sampling import sample
+from agentcache.tiers.store import TierConfig, TieredSegmentStore
+from agentcache.tiers.versions import adopt_recomputed
 
 GiB = 1 << 30
 
@@ -42,6 +44,7 @@ class EngineConfig:
     eviction: str = "lru"
     page_size: int = 16
     strategy_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tiers: TierConfig | None = None  # None: one in-memory SegmentStore of store_bytes
 
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones
@@ -104,11 +107,20 @@ class Engine:
         )
         self.ctx = ReuseContext(
             model,
-            store or SegmentStore(self.config.store_bytes, self.config.eviction),
+            store or self._new_store(pool_config),
             PagePool(pool_config),
+            self.config.tiers is not None and self.config.tiers.decoupled_load,
         )
         self._strategies: dict[str, ReuseStrategy] = {}
         self._lock = threading.RLock()
+
+    def _new_store(self, pool: PoolConfig) -> SegmentStore:
+        tiers = self.config.tiers
+        if tiers is None:
+            return SegmentStore(self.config.store_bytes, self.config.eviction)
+        tokens = min(pool.num_pages * pool.page_size, self.model.config.max_position_embeddings)
+        tiers.check_working_set(pool.page_bytes // pool.page_size, tokens)
+        return TieredSegmentStore(tiers, self.config.eviction)
 
     @property
     def store(self) -> SegmentStore:
@@ -144,6 +156,8 @@ class Engine:
                 ids, finish, decode_s = self._decode(seq, pre, params)
                 if commit:
                     strat.commit(self.ctx, tokens, seq, pre.positions)
+                    if pre.stats.dirty is not None and self._adopts():
+                        adopt_recomputed(self.ctx, tokens, seq, pre.positions, pre.stats.dirty)
             finally:
                 seq.free()
         text = self._text(ids, params.stop)
@@ -154,6 +168,9 @@ class Engine:
             s.fallbacks, tuple(s.fallback_reasons), tuple(s.misses),
         )  # fmt: skip
         return Generation(text, tuple(ids), finish, pre.logits, stats)
+
+    def _adopts(self) -> bool:
+        return self.config.tiers is not None and self.config.tiers.adopt_recomputed
 
     def prefill(
         self, prompt: TokenizedPrompt, strategy: str | None = None
