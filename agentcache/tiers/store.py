@@ -340,7 +340,8 @@ class TieredSegmentStore(SegmentStore):
         for extent in plan.extents:
             keys = [PageKey(k) for k in extent]
             try:
-                self._make_room(level + 1, self._bytes(keys, below))
+                # full size: making room below may drop the extent's own outdated copies
+                self._make_room(level + 1, sum(self._pages[k].nbytes for k in keys))
                 keys = [k for k in keys if k in self._pages]  # eviction below may take some
                 pages = [(k, p) for k in keys if (p := tier.read(k)) is not None]
                 self._write_below(below, pages)
