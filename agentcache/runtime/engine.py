@@ -80,6 +80,7 @@ class TurnStats:
     fallbacks: int
     fallback_reasons: tuple[str, ...]
     misses: tuple[SegmentMiss, ...]
+    load_overlap: float | None = None  # share of the KV load hidden behind compute
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ class Engine:
         stats = TurnStats(
             strat.name, s.prompt_tokens, s.reused_tokens, s.recomputed_tokens,
             s.recompute_fraction, ttft, len(ids), len(ids) / decode_s if decode_s > 0 else 0.0,
-            s.fallbacks, tuple(s.fallback_reasons), tuple(s.misses),
+            s.fallbacks, tuple(s.fallback_reasons), tuple(s.misses), s.load_overlap,
         )  # fmt: skip
         return Generation(text, tuple(ids), finish, pre.logits, stats)
 

@@ -239,6 +239,17 @@ class TieredSegmentStore(SegmentStore):
                 self._commit(key, seg)
         return written
 
+    def demote_all(self) -> None:
+        """Persist, then drop every copy above the disk tier: the state of a store whose KV
+        was all spilled (what a TTFT-from-disk measurement starts from)."""
+        self.persist()
+        with self._lock:
+            for tier in self.tiers[:-1]:
+                keys = [pk for pk, s in self._pages.items() if tier.name in s.stale]
+                tier.drop(keys)
+                for pk in keys:
+                    del self._pages[pk].stale[tier.name]
+
     def page_info(self, model_id: str, tokenizer_id: str, cid: str) -> list[PageInfo]:
         """Each page of a stored segment as its fastest tier's spill policy would see it."""
         key = SegmentKey(_digest(model_id, tokenizer_id, cid))
