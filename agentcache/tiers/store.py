@@ -222,17 +222,23 @@ class TieredSegmentStore(SegmentStore):
 
     def persist(self) -> int:
         """Write every page without a current disk copy to disk (copies stay where they
-        are), one write call per segment, and commit the segments; returns pages written."""
+        are), one write call per segment, and commit the segments; returns pages written.
+        Raises TierError when the disk tier fails or has no room."""
         disk = self.tiers[-1]
         if not isinstance(disk, DiskTier):
             raise ValueError("persist() needs a disk tier (TierConfig.disk_dir)")
         written = 0
         with self._lock:
             for key, seg in list(self._segments.items()):
+                if key not in self._segments:  # evicted to make room for an earlier one
+                    continue
                 todo = [k for k in seg.pages if self._pages[k].stale.get("disk") != 0]
                 if todo:
                     with self._pin(key):
-                        self._make_room(len(self.tiers) - 1, self._bytes(todo, disk))
+                        try:
+                            self._make_room(len(self.tiers) - 1, self._bytes(todo, disk))
+                        except _NoRoom as e:
+                            raise TierError(f"persist: {e}") from e
                     pages = [(k, self._read_current(k)) for k in todo]
                     self._write_below(disk, [(k, p) for k, p in pages if p is not None])
                     written += len(todo)
@@ -245,7 +251,11 @@ class TieredSegmentStore(SegmentStore):
         self.persist()
         with self._lock:
             for tier in self.tiers[:-1]:
-                keys = [pk for pk, s in self._pages.items() if tier.name in s.stale]
+                keys = [
+                    pk
+                    for pk, s in self._pages.items()
+                    if tier.name in s.stale and s.stale.get("disk") == 0
+                ]
                 tier.drop(keys)
                 for pk in keys:
                     del self._pages[pk].stale[tier.name]
