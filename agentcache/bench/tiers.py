@@ -65,6 +65,7 @@ def run_policy(
         writes = {
             "write_amplification": disk.bytes_written / max(1, required),
             "write_calls": disk.write_calls,
+            "disk_write_s": disk.write_s,
             "disk_bytes_written": disk.bytes_written,
             "persist_required_bytes": store.tier_stats.persist_required_bytes,
             "disk_pages_written": disk.writes,

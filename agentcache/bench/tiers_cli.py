@@ -24,6 +24,7 @@ COLUMNS = (
     ("write_amplification", "write amp.", "{:.2f}"),
     ("write_calls", "write calls", "{:d}"),
     ("disk_bytes_written", "MiB written", "{:.0f}"),
+    ("disk_write_s", "write s", "{:.1f}"),
     ("dropped_clean", "clean drops", "{:d}"),
     ("ttft_disk_over_resident", "TTFT disk/resident", "{:.2f}"),
     ("throughput_turns_per_s", "turns/s", "{:.3f}"),

@@ -48,9 +48,10 @@ class PageData:
 @dataclass
 class TierCounters:
     """Per-tier counters. bytes/pages: held now; hits: pages a lookup served from this tier;
-    loads: pages read out of it; writes/write_calls: pages written into it and the calls that
-    wrote them; bytes_written includes per-call headers; corrupt: reads that failed their
-    checksum or found the page file missing; failed_writes: write calls that raised."""
+    loads: pages read out of it; writes/write_calls/write_s: pages written into it, the calls
+    that wrote them and the seconds spent in them; bytes_written includes per-call headers;
+    corrupt: reads that failed their checksum or found the page file missing; failed_writes:
+    write calls that raised."""
 
     bytes: int = 0
     pages: int = 0
@@ -62,6 +63,7 @@ class TierCounters:
     bytes_written: int = 0
     corrupt: int = 0
     failed_writes: int = 0
+    write_s: float = 0.0  # wall time spent inside write calls
 
 
 class Tier(ABC):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -180,12 +181,14 @@ class DiskTier(Tier):
             off += len(blob)
         line = _line({"op": "put", "file": name, "pages": entries})
         final = self.folder / "extents" / name
+        t0 = time.perf_counter()
         try:
             tmp = final.with_suffix(".tmp")
             self._durable_write(tmp, b"".join(blobs))
             os.replace(tmp, final)
             self._append(line)
         except OSError as e:
+            self.counters.write_s += time.perf_counter() - t0
             self.counters.failed_writes += 1
             (self.folder / "extents" / (name[:-4] + ".tmp")).unlink(missing_ok=True)
             final.unlink(missing_ok=True)
@@ -193,6 +196,7 @@ class DiskTier(Tier):
                 f"disk tier: writing {len(pages)} pages to {self.folder} failed "
                 f"({os.strerror(e.errno) if e.errno else e}); the pages stay in the tiers above"
             ) from e
+        self.counters.write_s += time.perf_counter() - t0
         self._apply({"op": "put", "file": name, "pages": entries})
         self._count_write(pages, 0, off + len(line))
         self.counters.peak_bytes = max(self.counters.peak_bytes, self.counters.bytes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -25,6 +26,7 @@ class MemoryTier(Tier):
     def write(self, pages: Sequence[tuple[PageKey, PageData]]) -> None:
         held = sum(self._pages[k].nbytes for k, _ in pages if k in self._pages)
         self._check_room(pages, held)
+        t0 = time.perf_counter()
         nbytes = 0
         for key, page in pages:
             self._pages[key] = PageData(
@@ -32,6 +34,7 @@ class MemoryTier(Tier):
             )
             nbytes += page.nbytes
         self.counters.pages = len(self._pages)
+        self.counters.write_s += time.perf_counter() - t0
         self._count_write(pages, nbytes - held, nbytes)
 
     def _copy(self, t: torch.Tensor) -> torch.Tensor:
