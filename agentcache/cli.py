@@ -55,6 +55,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(args, args.model, _cache_dir(args.cache_dir))
 
 
+def cmd_bench_tiers(args: argparse.Namespace) -> int:
+    from agentcache.bench.tiers_cli import run
+
+    _threads(args.threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return run(args, args.model, _cache_dir(args.cache_dir))
+
+
 def cmd_strategies(args: argparse.Namespace) -> int:
     from agentcache.reuse import STRATEGIES
 
@@ -113,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         _common(sub_parser := add(sub))
         sub_parser.set_defaults(func=func)
+    from agentcache.bench.tiers_cli import add_parser as add_bench_tiers
+
+    bench_tiers = add_bench_tiers(sub)
+    _common(bench_tiers)
+    bench_tiers.set_defaults(func=cmd_bench_tiers)
     strategies_help = "list the registered reuse strategies"
     strategies = sub.add_parser("strategies", help=strategies_help, description=strategies_help)
     strategies.set_defaults(func=cmd_strategies)

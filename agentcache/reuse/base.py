@@ -23,6 +23,7 @@ class ReuseContext:
     model: LoadedModel
     store: SegmentStore
     pool: PagePool
+    decoupled_load: bool = False  # SLIDE: land cached KV layer by layer on a loader thread
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class ReuseStats:
     fallback_reasons: list[str] = field(default_factory=list)
     misses: list[SegmentMiss] = field(default_factory=list)
     load_s: float = 0.0
+    load_overlap: float | None = None  # share of the load hidden behind compute (decoupled)
+    # reused tokens whose K/V was recomputed or fused at layer >= 1: they differ from the
+    # stored copy (re-rotation alone does not count: the stored copy reproduces it). (T,)
+    dirty: Tensor | None = None
 
     @property
     def recompute_fraction(self) -> float:

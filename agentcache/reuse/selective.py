@@ -32,6 +32,7 @@ from agentcache.model.config import ModelConfig
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse.base import PrefillResult, ReuseContext, ReuseStats, ReuseStrategy
 from agentcache.reuse.segments import REUSABLE, SegmentHit, commit_segments, context_ids, find_hits
+from agentcache.tiers.overlay import DirectKV, OverlayKV, PendingLoad
 
 PLANS = ("true", "mode")
 FUSIONS = ("replace", "wca")
@@ -102,16 +103,28 @@ class SelectiveRecompute(ReuseStrategy):
         positions = self._plan(prompt, hits)
         seq.extend(prompt.num_tokens)
         t0 = time.perf_counter()
-        reused, exact = self._load(ctx, prompt, seq, hits, positions)
-        stats.load_s = time.perf_counter() - t0
+        loads, reused, exact = self._loads(ctx, prompt, seq, hits, positions)
+        rope = ctx.model.forward.rope
+        if ctx.decoupled_load and loads:
+            kv: DirectKV = OverlayKV(seq, loads, rope, reused)
+        else:
+            DirectKV.load_all(seq, loads, rope)
+            kv = DirectKV(seq)
+            stats.load_s = time.perf_counter() - t0
         stats.reused_tokens = int(reused.sum())
         base = ~reused  # update tokens, missed segments and the last token
         for h in hits:
             if h.start > 0 and not exact[h.start]:
                 base[h.start : h.start + min(o.boundary_k, h.num_tokens)] = True
-        run = _Run(ctx, prompt, seq, positions, stats)
+        run = _Run(ctx, prompt, seq, positions, stats, kv)
         logits = run.layers(base, reused & ~exact, exact, o)
+        stats.load_overlap = kv.finish()
+        if isinstance(kv, OverlayKV):
+            stats.load_s = kv.load_s
+        for reason in kv.fallbacks:
+            stats.fallback(reason)
         stats.recomputed_tokens = int(run.ever_computed.sum())
+        stats.dirty = run.dirty & reused
         return PrefillResult(logits, positions, stats)
 
     def commit(
@@ -134,16 +147,17 @@ class SelectiveRecompute(ReuseStrategy):
                 self._starts.setdefault(key, Counter())[seg.start] += 1
         return positions
 
-    def _load(
+    def _loads(
         self,
         ctx: ReuseContext,
         prompt: TokenizedPrompt,
         seq: SequenceKV,
         hits: list[SegmentHit],
         positions: Tensor,
-    ) -> tuple[Tensor, Tensor]:
-        """Write re-rotated cached K/V of every hit; return (reused, exact) token masks."""
-        rope = ctx.model.forward.rope
+    ) -> tuple[list[PendingLoad], Tensor, Tensor]:
+        """The cached K/V of every hit to load (re-rotated to `positions`), and the
+        (reused, exact) token masks."""
+        loads = []
         slots = seq.slots()
         reused = torch.zeros(prompt.num_tokens, dtype=torch.bool)
         exact = torch.zeros(prompt.num_tokens, dtype=torch.bool)
@@ -151,14 +165,12 @@ class SelectiveRecompute(ReuseStrategy):
         for h in hits:
             span = slice(h.start, h.end)
             old, new = h.kv.positions[: h.num_tokens], positions[span]
-            keys = h.kv.keys[:, : h.num_tokens]
-            if not torch.equal(old, new):
-                keys = rope.rerotate(keys, old, new)
-            seq.write_all(slots[span], keys, h.kv.values[:, : h.num_tokens])
+            keys, values = h.kv.keys[:, : h.num_tokens], h.kv.values[:, : h.num_tokens]
+            loads.append(PendingLoad(slots[span], keys, values, old, new))
             reused[span] = True
             if self.options.exact_prefix and h.kv.context_id == contexts[h.start]:
                 exact[span] = bool(torch.equal(old, new))
-        return reused, exact
+        return loads, reused, exact
 
 
 class _Run:
@@ -171,14 +183,17 @@ class _Run:
         seq: SequenceKV,
         positions: Tensor,
         stats: ReuseStats,
+        kv: DirectKV,
     ) -> None:
         self.f = ctx.model.forward
         self.ids = torch.tensor(prompt.ids, dtype=torch.int64)
         self.seq = seq
+        self.kv = kv  # every K/V write and read goes through it (decoupled or direct)
         self.slots = seq.slots()
         self.positions = positions
         self.stats = stats
         self.ever_computed = torch.zeros(prompt.num_tokens, dtype=torch.bool)
+        self.dirty = torch.zeros(prompt.num_tokens, dtype=torch.bool)  # written at layer >= 1
 
     def layers(
         self, base: Tensor, candidates: Tensor, exact: Tensor, o: SelectiveOptions
@@ -195,7 +210,7 @@ class _Run:
         hidden_all = self._through(self.f.embed(self.ids[all_idx]), all_idx, 0, o.check_layer)
         q, k, v = self.f.project(o.check_layer, hidden_all, self.positions[all_idx])
         self.stats.token_layers_computed += qkv_fraction(self.f.config) * len(all_idx)
-        cached_k = self.seq.pool.keys[o.check_layer][self.slots]
+        cached_k = self.kv.cached(o.check_layer, torch.arange(len(self.ids)))[0]
         attn = None
         if o.selection in ("attention", "weighted"):
             attn = self._attention_paid(base, all_idx, q, k, cached_k)
@@ -233,9 +248,10 @@ class _Run:
         window = q_idx[-o.probe_window :]
         for layer in range(probe):
             q, k, v = self.f.project(layer, hidden, self.positions[q_idx])
-            self.seq.write(layer, self.slots[q_idx], k, v)
-            keys, values = self.seq.gather(layer)
+            self.kv.write(layer, q_idx, k, v)
+            keys, values = self.kv.gather(layer)
             if layer >= 1:
+                self.dirty[q_idx] = True
                 score += self._attention_from(q[-len(window) :], window, keys)
             hidden = self.f.attend(layer, hidden, q, keys, values, q_idx)
             self.stats.token_layers_computed += len(q_idx)
@@ -262,10 +278,12 @@ class _Run:
         """Run tokens `idx` through layers [first, last), writing their fresh K/V."""
         for layer in range(first, last):
             q, k, v = self.f.project(layer, hidden, self.positions[idx])
-            self.seq.write(layer, self.slots[idx], k, v)
+            self.kv.write(layer, idx, k, v)
             hidden = self._attend(layer, hidden, q, idx)
             self.stats.token_layers_computed += len(idx)
         self.ever_computed[idx] = True
+        if last > 1:
+            self.dirty[idx] = True
         return hidden
 
     def _attention_paid(
@@ -289,7 +307,7 @@ class _Run:
         return hidden
 
     def _attend(self, layer: int, hidden: Tensor, q: Tensor, idx: Tensor) -> Tensor:
-        keys, values = self.seq.gather(layer)
+        keys, values = self.kv.gather(layer)
         return self.f.attend(layer, hidden, q, keys, values, idx)
 
     def _write(
@@ -297,14 +315,15 @@ class _Run:
     ) -> None:
         """Fresh K/V of `idx` replace cached, except WCA-fused rows (mask `fused`)."""
         self.ever_computed[idx] = True
+        if layer >= 1:
+            self.dirty[idx] = True
         if o.fusion == "wca" and bool(fused.any()):
-            rows = self.slots[idx[fused]]
-            ck, cv = self.seq.pool.keys[layer][rows], self.seq.pool.values[layer][rows]
+            ck, cv = self.kv.cached(layer, idx[fused])
             a = wca_weight(k[fused], ck)[:, None, None]
             k, v = k.clone(), v.clone()
             k[fused] = a * k[fused] + (1 - a) * ck
             v[fused] = a * v[fused] + (1 - a) * cv
-        self.seq.write(layer, self.slots[idx], k, v)
+        self.kv.write(layer, idx, k, v)
 
     def _select(
         self,
@@ -382,7 +401,7 @@ class _Gate:
     def apply(
         self, run: _Run, layer: int, q_idx: Tensor, hidden: Tensor, q: Tensor, k: Tensor, v: Tensor
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        cached_k = run.seq.pool.keys[layer][run.slots[q_idx]]
+        cached_k = run.kv.cached(layer, q_idx)[0]
         sel = self.selected[q_idx]
         converged = sel & (1 - cksim(k, cached_k) < self.o.tau)
         keep = ~converged

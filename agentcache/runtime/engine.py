@@ -34,6 +34,8 @@ from agentcache.reuse.base import (
     SegmentMiss,
 )
 from agentcache.runtime.sampling import sample
+from agentcache.tiers.store import TierConfig, TieredSegmentStore
+from agentcache.tiers.versions import adopt_recomputed
 
 GiB = 1 << 30
 
@@ -47,6 +49,7 @@ class EngineConfig:
     page_size: int = 16
     strategy_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     decode: DecodeConfig = field(default_factory=DecodeConfig)  # decode policy (default dense)
+    tiers: TierConfig | None = None  # None: one in-memory SegmentStore of store_bytes
 
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones
@@ -85,6 +88,7 @@ class TurnStats:
     decode_policy: str = "dense"
     decode_fallbacks: int = 0  # 1 when the configured decode policy fell back to dense
     decode: DecodeStats | None = None  # sparse decode figures (None for dense)
+    load_overlap: float | None = None  # share of the KV load hidden behind compute
 
 
 @dataclass(frozen=True)
@@ -112,12 +116,21 @@ class Engine:
         )
         self.ctx = ReuseContext(
             model,
-            store or SegmentStore(self.config.store_bytes, self.config.eviction),
+            store or self._new_store(pool_config),
             PagePool(pool_config),
+            self.config.tiers is not None and self.config.tiers.decoupled_load,
         )
         self._strategies: dict[str, ReuseStrategy] = {}
         self.decode = DecodeSetup.resolve(model, self.config.decode)
         self._lock = threading.RLock()
+
+    def _new_store(self, pool: PoolConfig) -> SegmentStore:
+        tiers = self.config.tiers
+        if tiers is None:
+            return SegmentStore(self.config.store_bytes, self.config.eviction)
+        tokens = min(pool.num_pages * pool.page_size, self.model.config.max_position_embeddings)
+        tiers.check_working_set(pool.page_bytes // pool.page_size, tokens)
+        return TieredSegmentStore(tiers, self.config.eviction)
 
     @property
     def store(self) -> SegmentStore:
@@ -155,6 +168,8 @@ class Engine:
                 ids, finish, decode_s, dstats = self._decode(seq, pre, params, on_token)
                 if commit:
                     strat.commit(self.ctx, tokens, seq, pre.positions)
+                    if pre.stats.dirty is not None and self._adopts():
+                        adopt_recomputed(self.ctx, tokens, seq, pre.positions, pre.stats.dirty)
             finally:
                 seq.free()
         text = self._text(ids, params.stop)
@@ -163,9 +178,12 @@ class Engine:
             strat.name, s.prompt_tokens, s.reused_tokens, s.recomputed_tokens,
             s.recompute_fraction, ttft, len(ids), len(ids) / decode_s if decode_s > 0 else 0.0,
             s.fallbacks, tuple(s.fallback_reasons), tuple(s.misses), self.decode.policy,
-            int(self.decode.fallback_reason is not None), dstats,
+            int(self.decode.fallback_reason is not None), dstats, s.load_overlap,
         )  # fmt: skip
         return Generation(text, tuple(ids), finish, pre.logits, stats)
+
+    def _adopts(self) -> bool:
+        return self.config.tiers is not None and self.config.tiers.adopt_recomputed
 
     def prefill(
         self, prompt: TokenizedPrompt, strategy: str | None = None

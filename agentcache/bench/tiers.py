@@ -1,0 +1,214 @@
+"""`agentcache bench-tiers`: spill policies of the tiered store measured on agent sessions.
+
+Per policy, a fresh engine whose fast tier holds one request's working set (so a batch of
+sessions spills to disk), then:
+
+    rounds  : the sessions of a batch run turn by turn, one thread per session, all threads
+              of a round started together; round throughput = turns / round wall time
+    writes  : write amplification = bytes written to the disk tier (pages + journal) / K/V
+              bytes that had no current disk copy when written; write calls on the disk tier
+    TTFT    : on sample turns, prefill with every page demoted to disk (OS cache dropped for
+              the extent files) vs the same prefill right after, with the KV resident in fast
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from agentcache.bench.workload import Session
+from agentcache.model.loading import LoadedModel
+from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
+from agentcache.tiers.disk import DiskTier
+from agentcache.tiers.store import TierConfig, TieredSegmentStore
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TierBenchConfig:
+    policies: tuple[str, ...] = ("slide", "lru")
+    batch: int = 8
+    strategy: str = "rpdc"
+    kv_pages: int = 256  # one request's working set: kv_pages * 16 tokens
+    fast_bytes: int | None = None  # None: exactly one working set
+    host_bytes: int = 0
+    ttft_samples: int = 4
+    fsync: bool = True
+    disk_root: Path | None = None  # None: a temporary folder, removed afterwards
+
+    def __post_init__(self) -> None:
+        if self.batch < 1 or self.ttft_samples < 0 or not self.policies:
+            raise ValueError("batch >= 1, ttft_samples >= 0 and at least one policy")
+
+
+def run_policy(
+    model: LoadedModel, sessions: list[Session], policy: str, cfg: TierBenchConfig,
+    advance: Progress,
+) -> dict[str, Any]:  # fmt: skip
+    root = Path(tempfile.mkdtemp(prefix=f"tiers-{policy}-", dir=cfg.disk_root))
+    try:
+        engine = _engine(model, policy, cfg, root)
+        rounds, turns = _rounds(engine, sessions, cfg.batch, advance)
+        store = engine.store
+        assert isinstance(store, TieredSegmentStore)
+        disk = store.tiers[-1].counters
+        required = store.tier_stats.persist_required_bytes
+        writes = {
+            "write_amplification": disk.bytes_written / max(1, required),
+            "write_calls": disk.write_calls,
+            "disk_write_s": disk.write_s,
+            "disk_bytes_written": disk.bytes_written,
+            "persist_required_bytes": store.tier_stats.persist_required_bytes,
+            "disk_pages_written": disk.writes,
+            "dropped_clean": store.tier_stats.dropped_clean,
+            "spills": store.tier_stats.spills,
+            "failed_spills": store.tier_stats.failed_spills,
+            "dirty_page_updates": store.tier_stats.updates,
+            "evictions": store.stats.evictions,
+            "tiers": store.counters(),
+        }  # fmt: skip
+        ttft = _ttft_disk_vs_resident(engine, sessions, cfg.ttft_samples, advance)
+        tput = [r["turns"] / r["seconds"] for r in rounds]
+        overlaps = [t["load_overlap"] for t in turns if t["load_overlap"] is not None]
+        return writes | ttft | {
+            "throughput_turns_per_s": sum(r["turns"] for r in rounds)
+            / sum(r["seconds"] for r in rounds),
+            "throughput_std": statistics.pstdev(tput) if len(tput) > 1 else 0.0,
+            "round_throughputs": tput,
+            "load_overlap_mean": statistics.fmean(overlaps) if overlaps else None,
+            "ttft_ms_median": statistics.median(t["ttft_ms"] for t in turns),
+            "rounds": rounds,
+            "turns": turns,
+        }  # fmt: skip
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _engine(model: LoadedModel, policy: str, cfg: TierBenchConfig, root: Path) -> Engine:
+    c = model.config
+    token_bytes = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4
+    working = min(cfg.kv_pages * 16, c.max_position_embeddings) * token_bytes
+    tiers = TierConfig(
+        fast_bytes=cfg.fast_bytes or working, host_bytes=cfg.host_bytes, disk_dir=root,
+        spill=policy, fsync=cfg.fsync,
+    )  # fmt: skip
+    return Engine(model, EngineConfig(strategy=cfg.strategy, kv_pages=cfg.kv_pages, tiers=tiers))
+
+
+def _rounds(
+    engine: Engine, sessions: list[Session], batch: int, advance: Progress
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    rounds, turns = [], []
+    for g in range(0, len(sessions), batch):
+        group = sessions[g : g + batch]
+        for ti in range(max(len(s.turns) for s in group)):
+            live = [s for s in group if ti < len(s.turns)]
+            records: list[dict[str, Any]] = []
+            barrier = threading.Barrier(len(live))
+            jobs = [partial(_turn, engine, s, ti, barrier, records, advance) for s in live]
+            t0 = time.perf_counter()
+            _run_threads(jobs)
+            rounds.append({"batch": g // batch, "turn": ti, "turns": len(live),
+                           "seconds": time.perf_counter() - t0})  # fmt: skip
+            turns += records
+    return rounds, turns
+
+
+def _turn(
+    engine: Engine, s: Session, ti: int, barrier: threading.Barrier,
+    records: list[dict[str, Any]], advance: Progress,
+) -> None:  # fmt: skip
+    turn = s.turns[ti]
+    barrier.wait()
+    st = engine.generate(turn.prompt, GenerationParams(turn.max_new_tokens)).stats
+    records.append({
+        "session": s.name, "turn": ti, "prompt_tokens": st.prompt_tokens,
+        "reused_tokens": st.reused_tokens, "ttft_ms": st.ttft_s * 1e3,
+        "load_overlap": st.load_overlap,
+    })  # fmt: skip
+    advance(s.name)
+
+
+def _run_threads(jobs: Sequence[Callable[[], None]]) -> None:
+    errors: list[BaseException] = []
+
+    def wrap(job: Callable[[], None]) -> None:
+        try:
+            job()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=wrap, args=(j,)) for j in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def _ttft_disk_vs_resident(
+    engine: Engine, sessions: list[Session], samples: int, advance: Progress
+) -> dict[str, Any]:
+    store = engine.store
+    assert isinstance(store, TieredSegmentStore)
+    disk = store.tiers[-1]
+    assert isinstance(disk, DiskTier)
+    pairs = []
+    for s in sessions[:samples]:
+        prompt = engine.tokenize(s.turns[-1].prompt)
+        for _ in range(2):
+            store.demote_all()
+            disk.drop_os_cache()
+            from_disk = _timed_prefill(engine, prompt)
+            resident = _timed_prefill(engine, prompt)
+            pairs.append((from_disk, resident))
+        advance(f"{s.name} ttft")
+    if not pairs:
+        return {"ttft_disk_over_resident": None}
+    return {
+        "ttft_disk_over_resident": statistics.median(d / r for d, r in pairs),
+        "ttft_disk_ms_median": statistics.median(d for d, _ in pairs) * 1e3,
+        "ttft_resident_ms_median": statistics.median(r for _, r in pairs) * 1e3,
+        "ttft_pairs_ms": [[d * 1e3, r * 1e3] for d, r in pairs],
+    }
+
+
+def _timed_prefill(engine: Engine, prompt: Any) -> float:
+    t0 = time.perf_counter()
+    seq, _ = engine.prefill(prompt)
+    elapsed = time.perf_counter() - t0
+    seq.free()
+    return elapsed
+
+
+def ratios(policies: dict[str, dict[str, Any]], base: str = "lru") -> dict[str, dict[str, Any]]:
+    """Each policy against `base`: the issue's targets as ratios (None where undefined)."""
+    if base not in policies:
+        return {}
+    b = policies[base]
+
+    def div(x: float | None, y: float | None) -> float | None:
+        return None if x is None or not y else x / y
+
+    return {
+        name: {
+            "write_amplification_reduction": div(
+                b["write_amplification"], p["write_amplification"]
+            ),
+            "write_calls_ratio": div(p["write_calls"], b["write_calls"]),
+            "throughput_ratio": div(p["throughput_turns_per_s"], b["throughput_turns_per_s"]),
+            "throughput_std_ratio": div(p["throughput_std"], b["throughput_std"]),
+        }
+        for name, p in policies.items()
+        if name != base
+    }  # fmt: skip

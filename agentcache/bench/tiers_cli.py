@@ -1,0 +1,186 @@
+"""`agentcache bench-tiers`: spill policies of the tiered KV store, side by side."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from agentcache.bench.cli import select
+from agentcache.bench.tiers import TierBenchConfig, ratios, run_policy
+from agentcache.model.loading import load_model
+from agentcache.policy.spill import SPILL_POLICIES
+
+MiB = 1 << 20
+COLUMNS = (
+    ("write_amplification", "write amp.", "{:.2f}"),
+    ("write_calls", "write calls", "{:d}"),
+    ("disk_bytes_written", "MiB written", "{:.0f}"),
+    ("disk_write_s", "write s", "{:.1f}"),
+    ("dropped_clean", "clean drops", "{:d}"),
+    ("ttft_disk_over_resident", "TTFT disk/resident", "{:.2f}"),
+    ("throughput_turns_per_s", "turns/s", "{:.3f}"),
+    ("throughput_std", "turns/s std", "{:.3f}"),
+    ("load_overlap_mean", "load overlap", "{:.2f}"),
+)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    about = "measure spill policies of the tiered KV store (write amplification, TTFT, throughput)"
+    p = sub.add_parser("bench-tiers", help=about, description=about)
+    p.add_argument("workloads", nargs="+", type=Path, help="JSON Lines workload files")
+    p.add_argument("--policies", default="slide,lru", help="comma list of spill policies")
+    p.add_argument("--batch", type=int, default=8, help="concurrent sessions (default 8)")
+    p.add_argument("--strategy", default="rpdc", help="reuse strategy (default rpdc)")
+    p.add_argument("--kv-pages", type=int, default=256, help="fast pages per request (16 tokens)")
+    p.add_argument("--fast-mib", type=int, default=None, help="fast tier (default: one request)")
+    p.add_argument("--host-mib", type=int, default=0, help="host tier (default: none)")
+    p.add_argument("--ttft-samples", type=int, default=4, help="turns timed disk vs resident")
+    p.add_argument("--disk-dir", type=Path, default=None, help="parent of the disk tier folders")
+    p.add_argument("--out", type=Path, default=Path("bench-tiers-out"), help="output folder")
+    p.add_argument("--max-sessions", type=int, default=None, help="sessions per file")
+    p.add_argument("--max-turns", type=int, default=None, help="turns per session")
+    p.add_argument("--case", default=None, help="only sessions of this case (swing / shift)")
+    p.add_argument("--sessions", default=None, help="only these sessions (comma list of names)")
+    p.add_argument("--new-tokens", type=int, default=None, help="override max_new_tokens")
+    return p
+
+
+def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> int:
+    console = Console(stderr=True)
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    for p in policies:
+        SPILL_POLICIES.get(p)  # unknown names list the known ones
+    cfg = TierBenchConfig(
+        policies, args.batch, args.strategy, args.kv_pages,
+        args.fast_mib * MiB if args.fast_mib else None, args.host_mib * MiB,
+        args.ttft_samples, True, args.disk_dir,
+    )  # fmt: skip
+    sessions, problems = select(args, console)
+    model = load_model(model_path, cache_dir)
+    per_policy = sum(len(s.turns) for s in sessions) + min(cfg.ttft_samples, len(sessions))
+    results: dict[str, Any] = {}
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console,
+    ) as progress:  # fmt: skip
+        task = progress.add_task("bench-tiers", total=per_policy * len(policies))
+        for policy in policies:
+
+            def advance(label: str, policy: str = policy) -> None:
+                progress.update(task, advance=1, description=f"{policy} {label}")
+
+            results[policy] = run_policy(model, sessions, policy, cfg, advance)
+    out = write_tier_results(args.out, results, {
+        "model": model.model_id,
+        "command": "agentcache " + " ".join(sys.argv[1:]),
+        "sessions": [s.name for s in sessions],
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
+        "skipped_lines": problems,
+    })  # fmt: skip
+    print(table(out["policies"]))
+    print(f"\nwrote {args.out}/results.json, report.md and tiers.png")
+    return 0
+
+
+def write_tier_results(
+    out: Path, per_policy: dict[str, Any], meta: dict[str, Any]
+) -> dict[str, Any]:
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    results = {
+        "policies": per_policy,
+        "vs_lru": ratios(per_policy),
+        **meta,
+        "machine": {
+            "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform(), "torch": torch.__version__,
+        },
+    }  # fmt: skip
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "report.md").write_text(render(results))
+    plot(results, out / "tiers.png")
+    return results
+
+
+def _cell(fmt: str, value: Any, key: str) -> str:
+    if value is None:
+        return "-"
+    if key == "disk_bytes_written":
+        value = value / MiB
+    return fmt.format(value)
+
+
+def table(policies: dict[str, dict[str, Any]]) -> str:
+    rows = [
+        "| policy | " + " | ".join(c[1] for c in COLUMNS) + " |",
+        "|---" * (len(COLUMNS) + 1) + "|",
+    ]
+    for name, p in policies.items():
+        rows.append(
+            f"| {name} | " + " | ".join(_cell(f, p.get(k), k) for k, _, f in COLUMNS) + " |"
+        )
+    return "\n".join(rows)
+
+
+def render(results: dict[str, Any]) -> str:
+    parts = [
+        "# agentcache bench-tiers report",
+        "",
+        f"Model `{results['model']}`; {results['machine']['cores']} cores, "
+        f"{results['machine']['torch_threads']} torch threads; sessions: "
+        f"{len(results['sessions'])}; config: `{results['config']}`.",
+        "",
+        f"Command: `{results['command']}`",
+        "",
+        "write amp. = bytes written to the disk tier (pages + journal) / K/V bytes that had no "
+        "current disk copy when written. TTFT disk/resident = median over sample turns of "
+        "(prefill with every page on disk, OS cache dropped) / (same prefill, KV resident). "
+        "turns/s over all rounds; std over rounds (one round = one turn of every session of "
+        "the batch, run concurrently). load overlap = share of the per-layer KV load hidden "
+        "behind compute.",
+        "",
+        table(results["policies"]),
+        "",
+    ]
+    for name, r in results["vs_lru"].items():
+        cells = ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} -" for k, v in r.items())
+        parts.append(f"- {name} vs lru: {cells}")
+    parts += ["", "![tiers](tiers.png)"]
+    return "\n".join(parts) + "\n"
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    policies = results["policies"]
+    names = list(policies)
+    panels = (
+        ("write_amplification", "write amplification"),
+        ("write_calls", "disk write calls"),
+        ("throughput_turns_per_s", "turns/s at batch (± std over rounds)"),
+        ("ttft_disk_over_resident", "TTFT disk / resident"),
+    )
+    fig, axes = plt.subplots(1, 4, figsize=(14, 3.6))
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        values = [policies[n].get(key) or 0.0 for n in names]
+        err = (
+            [policies[n]["throughput_std"] for n in names] if key.startswith("throughput") else None
+        )
+        ax.bar(names, values, yerr=err, color="tab:blue", capsize=4)
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,125 @@
+"""The tier seam: fast, host and disk page storage behind one small interface.
+
+A tier stores pages: the K/V of at most one page-size run of a segment's tokens, for every
+layer, with the positions its keys are rotated at. Tiers are mechanism only: they store, read,
+drop and count. Which pages live where, and what gets written when, is the store's business
+(agentcache/tiers/store.py) and the spill policy's (agentcache/policy/spill.py).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NewType
+
+from torch import Tensor
+
+from agentcache.errors import AgentCacheError
+
+PageKey = NewType("PageKey", str)
+
+
+class TierError(AgentCacheError):
+    """A tier could not store a page (disk full, folder not writable)."""
+
+
+class TierCapacityError(AgentCacheError):
+    """Tier capacities that cannot hold one request's working set."""
+
+
+@dataclass(frozen=True)
+class PageData:
+    """One page of one segment: K/V of n <= page_size tokens for every layer."""
+
+    keys: Tensor  # (L, n, Hkv, Dh)
+    values: Tensor  # (L, n, Hkv, Dh)
+    positions: Tensor  # (n,) int64
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.positions.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+
+@dataclass
+class TierCounters:
+    """Per-tier counters. bytes/pages: held now; hits: pages a lookup served from this tier;
+    loads: pages read out of it; writes/write_calls/write_s: pages written into it, the calls
+    that wrote them and the seconds spent in them; bytes_written includes per-call headers;
+    corrupt: reads that failed their checksum or found the page file missing; failed_writes:
+    write calls that raised."""
+
+    bytes: int = 0
+    pages: int = 0
+    peak_bytes: int = 0
+    hits: int = 0
+    loads: int = 0
+    writes: int = 0
+    write_calls: int = 0
+    bytes_written: int = 0
+    corrupt: int = 0
+    failed_writes: int = 0
+    write_s: float = 0.0  # wall time spent inside write calls
+
+
+class Tier(ABC):
+    """Byte-bounded page storage.
+
+    Contract:
+    - `write(pages)` stores every page of the sequence in ONE write call (one extent); a page
+      already present is replaced. It never evicts: the caller makes room first, and a write
+      that would exceed `capacity_bytes` raises ValueError. On an I/O failure it raises
+      TierError and stores none of the pages; counters count the failed call.
+    - `read(key)` returns the page or None when it is absent, missing or fails its checksum
+      (counted in `counters.corrupt`); it never raises for bad data. The returned tensors are
+      the caller's: a tier keeps no alias to them, nor to tensors it was given by `write`.
+    - `drop(keys)` forgets pages (absent keys are ignored); dropping never writes page data.
+    - Counters move only through these calls.
+    """
+
+    name: str
+
+    def __init__(self, capacity_bytes: int) -> None:
+        if capacity_bytes < 0:
+            raise ValueError(f"{type(self).__name__}: capacity_bytes must be >= 0")
+        self.capacity_bytes = capacity_bytes
+        self.counters = TierCounters()
+
+    @property
+    def free_bytes(self) -> int:
+        return self.capacity_bytes - self.counters.bytes
+
+    @abstractmethod
+    def write(self, pages: Sequence[tuple[PageKey, PageData]]) -> None: ...
+
+    @abstractmethod
+    def read(self, key: PageKey) -> PageData | None: ...
+
+    @abstractmethod
+    def drop(self, keys: Sequence[PageKey]) -> None: ...
+
+    @abstractmethod
+    def __contains__(self, key: object) -> bool: ...
+
+    def _check_room(self, pages: Sequence[tuple[PageKey, PageData]], held: int) -> None:
+        """`held`: bytes of the pages being replaced."""
+        need = sum(p.nbytes for _, p in pages) - held
+        if self.counters.bytes + need > self.capacity_bytes:
+            raise ValueError(
+                f"{self.name} tier: writing {need} bytes exceeds its capacity "
+                f"({self.counters.bytes} of {self.capacity_bytes} used); make room first"
+            )
+
+    def _count_write(
+        self, pages: Sequence[tuple[PageKey, PageData]], added: int, nbytes: int
+    ) -> None:
+        c = self.counters
+        c.writes += len(pages)
+        c.write_calls += 1
+        c.bytes_written += nbytes
+        c.bytes += added
+        c.peak_bytes = max(c.peak_bytes, c.bytes)

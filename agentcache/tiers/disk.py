@@ -1,0 +1,306 @@
+"""Disk tier: checksummed pages in extent files, indexed by an append-only journal.
+
+    folder/extents/0000000007.ext   one file per write call: pages back to back
+                                    [keys bytes | values bytes | positions bytes] per page
+    folder/journal.log              one line per change: "<crc32 of json> <json>\\n"
+                                    put  {file, pages: [{key, off, shape, dtype, crc}]}
+                                    drop {keys}   meta {name, value}   unmeta {name}
+
+A write call writes its extent to a temporary file, fsyncs it, renames it into place, then
+appends and fsyncs its journal line: the pages exist once their line is in the journal. A
+kill at any moment leaves either no line (the extent is an orphan, deleted at the next open)
+or a whole line; a torn last line fails its crc and replay stops there. At open the journal
+is replayed and rewritten compacted (write-then-rename). A page whose file is missing, short,
+or fails its crc reads as None and is counted corrupt: never served.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentcache.errors import CacheDirError
+from agentcache.tiers.base import PageData, PageKey, Tier, TierError
+
+JOURNAL = "journal.log"
+
+
+@dataclass(frozen=True)
+class _Loc:
+    file: str
+    off: int
+    shape: tuple[int, int, int, int]  # (L, n, Hkv, Dh)
+    dtype: str
+    crc: int
+
+    @property
+    def kv_bytes(self) -> int:
+        item = torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+        return 2 * int(np.prod(self.shape)) * item
+
+    @property
+    def length(self) -> int:
+        return self.kv_bytes + 8 * self.shape[1]
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    body = json.dumps(record, separators=(",", ":"))
+    return f"{zlib.crc32(body.encode()):08x} {body}\n".encode()
+
+
+def _parse(line: bytes) -> dict[str, Any] | None:
+    try:
+        crc, body = line.decode().rstrip("\n").split(" ", 1)
+        if int(crc, 16) != zlib.crc32(body.encode()):
+            return None
+        record = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _page_bytes(page: PageData) -> bytes:
+    parts = (page.keys, page.values, page.positions.to(torch.int64))
+    return b"".join(t.detach().cpu().contiguous().numpy().tobytes() for t in parts)
+
+
+class DiskTier(Tier):
+    name = "disk"
+
+    def __init__(self, folder: Path, capacity_bytes: int, fsync: bool = True) -> None:
+        super().__init__(capacity_bytes)
+        self.folder = Path(folder)
+        self.fsync = fsync
+        self._locs: dict[PageKey, _Loc] = {}
+        self._file_pages: dict[str, int] = {}  # extent file -> live pages in it
+        self.meta: dict[str, Any] = {}  # opaque records the store persists (segment index)
+        self.journal_bad_lines = 0
+        self._open()
+
+    # ---- start-up: check the folder, replay and compact the journal, delete orphans ----
+
+    def _open(self) -> None:
+        extents = self.folder / "extents"
+        try:
+            extents.mkdir(parents=True, exist_ok=True)
+            probe = self.folder / ".write-probe"
+            probe.write_bytes(b"ok")
+            probe.unlink()
+        except OSError as e:
+            raise CacheDirError(
+                f"disk tier folder {self.folder} is not writable ({e.strerror or e}); "
+                "choose another folder (disk_dir) or run without a disk tier"
+            ) from e
+        self._replay()
+        self._rewrite_journal()
+        for f in extents.iterdir():
+            if f.name not in self._file_pages:
+                f.unlink(missing_ok=True)
+        self._next = 1 + max((int(f.split(".")[0]) for f in self._file_pages), default=0)
+        self._journal = open(self.folder / JOURNAL, "ab")  # noqa: SIM115  (lives with the tier)
+
+    def _replay(self) -> None:
+        path = self.folder / JOURNAL
+        if not path.exists():
+            return
+        for raw in path.read_bytes().splitlines(keepends=True):
+            record = _parse(raw)
+            if record is None or not raw.endswith(b"\n"):
+                self.journal_bad_lines += 1
+                break  # a torn tail: nothing after it was committed
+            self._apply(record)
+
+    def _apply(self, r: dict[str, Any]) -> None:
+        op = r.get("op")
+        if op == "put":
+            for p in r["pages"]:
+                key = PageKey(p["key"])
+                self._forget(key)
+                self._locs[key] = _Loc(r["file"], p["off"], tuple(p["shape"]), p["dtype"], p["crc"])
+                self._file_pages[r["file"]] = self._file_pages.get(r["file"], 0) + 1
+                self.counters.bytes += self._locs[key].kv_bytes
+        elif op == "drop":
+            for key in r["keys"]:
+                self._forget(PageKey(key))
+        elif op == "meta":
+            self.meta[r["name"]] = r["value"]
+        elif op == "unmeta":
+            self.meta.pop(r["name"], None)
+        self.counters.pages = len(self._locs)
+
+    def _forget(self, key: PageKey) -> str | None:
+        """Drop `key` from the index; returns its extent file if that file is now empty."""
+        loc = self._locs.pop(key, None)
+        if loc is None:
+            return None
+        self.counters.bytes -= loc.kv_bytes
+        self._file_pages[loc.file] -= 1
+        if self._file_pages[loc.file] == 0:
+            del self._file_pages[loc.file]
+            return loc.file
+        return None
+
+    def _rewrite_journal(self) -> None:
+        by_file: dict[str, list[dict[str, Any]]] = {}
+        for key, loc in self._locs.items():
+            by_file.setdefault(loc.file, []).append(
+                {"key": key, "off": loc.off, "shape": list(loc.shape), "dtype": loc.dtype,
+                 "crc": loc.crc}
+            )  # fmt: skip
+        lines = [_line({"op": "put", "file": f, "pages": ps}) for f, ps in by_file.items()]
+        lines += [_line({"op": "meta", "name": n, "value": v}) for n, v in self.meta.items()]
+        tmp = self.folder / (JOURNAL + ".tmp")
+        self._durable_write(tmp, b"".join(lines))
+        os.replace(tmp, self.folder / JOURNAL)
+        self._sync_dir(self.folder)
+
+    # ---- the Tier interface ----
+
+    def write(self, pages: Sequence[tuple[PageKey, PageData]]) -> None:
+        held = sum(self._locs[k].kv_bytes for k, _ in pages if k in self._locs)
+        self._check_room(pages, held)
+        name = f"{self._next:010d}.ext"
+        self._next += 1
+        blobs, entries, off = [], [], 0
+        for key, page in pages:
+            blob = _page_bytes(page)
+            dtype = str(page.keys.dtype).removeprefix("torch.")
+            shape = list(page.keys.shape)
+            entries.append({"key": key, "off": off, "shape": shape, "dtype": dtype,
+                            "crc": zlib.crc32(blob)})  # fmt: skip
+            blobs.append(blob)
+            off += len(blob)
+        line = _line({"op": "put", "file": name, "pages": entries})
+        final = self.folder / "extents" / name
+        t0 = time.perf_counter()
+        try:
+            tmp = final.with_suffix(".tmp")
+            self._durable_write(tmp, b"".join(blobs))
+            os.replace(tmp, final)
+            self._append(line)
+        except OSError as e:
+            self.counters.write_s += time.perf_counter() - t0
+            self.counters.failed_writes += 1
+            (self.folder / "extents" / (name[:-4] + ".tmp")).unlink(missing_ok=True)
+            final.unlink(missing_ok=True)
+            raise TierError(
+                f"disk tier: writing {len(pages)} pages to {self.folder} failed "
+                f"({os.strerror(e.errno) if e.errno else e}); the pages stay in the tiers above"
+            ) from e
+        self.counters.write_s += time.perf_counter() - t0
+        self._apply({"op": "put", "file": name, "pages": entries})
+        self._count_write(pages, 0, off + len(line))
+        self.counters.peak_bytes = max(self.counters.peak_bytes, self.counters.bytes)
+
+    def read(self, key: PageKey) -> PageData | None:
+        loc = self._locs.get(key)
+        if loc is None:
+            return None
+        try:
+            with open(self.folder / "extents" / loc.file, "rb") as f:
+                f.seek(loc.off)
+                blob = f.read(loc.length)
+        except OSError:
+            blob = b""
+        if len(blob) != loc.length or zlib.crc32(blob) != loc.crc:
+            self.counters.corrupt += 1
+            return None
+        self.counters.loads += 1
+        dtype = getattr(torch, loc.dtype)
+        half = loc.kv_bytes // 2
+        keys = torch.frombuffer(bytearray(blob[:half]), dtype=dtype).reshape(loc.shape)
+        values = torch.frombuffer(bytearray(blob[half : 2 * half]), dtype=dtype).reshape(loc.shape)
+        positions = torch.frombuffer(bytearray(blob[2 * half :]), dtype=torch.int64)
+        return PageData(keys, values, positions)
+
+    def drop(self, keys: Sequence[PageKey]) -> None:
+        keys = [k for k in keys if k in self._locs]
+        if not keys:
+            return
+        self._try_append(_line({"op": "drop", "keys": list(keys)}))
+        for key in keys:
+            empty = self._forget(key)
+            if empty is not None:
+                (self.folder / "extents" / empty).unlink(missing_ok=True)
+        self.counters.pages = len(self._locs)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._locs
+
+    def page_keys(self) -> list[PageKey]:
+        return list(self._locs)
+
+    def page_size_of(self, key: PageKey) -> tuple[int, int]:
+        """(tokens, K/V bytes) of a stored page, from the index."""
+        loc = self._locs[key]
+        return loc.shape[1], loc.kv_bytes
+
+    # ---- opaque metadata (the store's segment index) ----
+
+    def put_meta(self, name: str, value: Any) -> None:
+        self._try_append(_line({"op": "meta", "name": name, "value": value}))
+        self.meta[name] = value
+
+    def drop_meta(self, name: str) -> None:
+        if name in self.meta:
+            self._try_append(_line({"op": "unmeta", "name": name}))
+            del self.meta[name]
+
+    # ---- file helpers ----
+
+    def _try_append(self, line: bytes) -> None:
+        """Index changes that need no page data: a failure is counted, the index stays right
+        in memory, and a restart replays the older state (which the store reconciles)."""
+        try:
+            self._append(line)
+        except OSError:
+            self.counters.failed_writes += 1
+
+    def _append(self, line: bytes) -> None:
+        self._journal.write(line)
+        self._journal.flush()
+        if self.fsync:
+            os.fsync(self._journal.fileno())
+
+    def _durable_write(self, path: Path, data: bytes) -> None:
+        self._write_file(path, data)
+
+    def _write_file(self, path: Path, data: bytes) -> None:
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            if self.fsync:
+                os.fsync(f.fileno())
+
+    def _sync_dir(self, folder: Path) -> None:
+        if not self.fsync:
+            return
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def drop_os_cache(self) -> None:
+        """Ask the OS to evict the extent files from its page cache, so the next reads come
+        from the device (a measurement aid; advisory, Linux only)."""
+        if not hasattr(os, "posix_fadvise"):
+            return
+        for name in self._file_pages:
+            fd = os.open(self.folder / "extents" / name, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+    def close(self) -> None:
+        self._journal.close()

@@ -1,0 +1,521 @@
+"""Tiered segment store: segment KV as pages in fast / host / disk tiers.
+
+Same API as SegmentStore (lookup, lookup_content, put, put_content, contains_content), so
+every strategy uses it unchanged. What it adds:
+
+    put      : the segment's pages go to the fast tier (room made by spilling)
+    lookup   : pages are read from the fastest tier holding their current version and
+               promoted back to fast; a page failing its checksum makes the lookup a
+               CHECKSUM miss and forgets the segment (recomputed, never served)
+    update   : a newer version of some pages (tokens recomputed or fused during reuse) lands
+               in fast; lower copies become stale by that many tokens (the page is dirty)
+    spill    : a full tier asks the spill policy for victims: clean pages are dropped, the
+               rest written to the tier below, one write call per extent
+    evict    : the lowest tier, when full, drops whole segments in eviction-policy order
+
+Per page, `stale[tier]` counts the tokens the copy in that tier lacks (absent: no copy). The
+fastest copy is always current (stale 0). A page is clean in tier i when its copy there is
+outdated (a newer one lives above) or some tier below holds a current copy.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentcache.kv.store import Lookup, MissReason, SegmentKey, SegmentStore, StoredKV, _digest
+from agentcache.policy.eviction import EvictionPolicy
+from agentcache.policy.spill import SPILL_POLICIES, PageInfo, SpillPlan, SpillPolicy
+from agentcache.tiers.base import PageData, PageKey, Tier, TierCapacityError, TierError
+from agentcache.tiers.disk import DiskTier
+from agentcache.tiers.memory import MemoryTier
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """Capacities of the tiers (bytes of K/V), the spill policy, and the disk folder.
+    host_bytes 0: no host tier; disk_dir None: no disk tier."""
+
+    fast_bytes: int = 1 * GiB
+    host_bytes: int = 0
+    disk_dir: Path | None = None
+    disk_bytes: int = 16 * GiB
+    spill: str = "slide"
+    spill_options: dict[str, Any] = field(default_factory=dict)
+    page_size: int = 16
+    fsync: bool = True
+    decoupled_load: bool = True  # per-layer loader thread during selective prefill
+    adopt_recomputed: bool = True  # recomputed/fused tokens of a reused segment update it
+
+    def __post_init__(self) -> None:
+        SPILL_POLICIES.get(self.spill)  # unknown names list the known ones
+        if min(self.fast_bytes, self.host_bytes, self.disk_bytes) < 0 or self.page_size < 1:
+            raise ValueError("tier capacities must be >= 0 and page_size >= 1")
+
+    def check_working_set(self, token_bytes: int, tokens: int) -> None:
+        """Fail at start-up when the fast tier cannot hold one request's reused KV."""
+        need = token_bytes * tokens
+        if self.fast_bytes < need:
+            raise TierCapacityError(
+                f"fast tier of {self.fast_bytes} bytes cannot hold one request's working set "
+                f"({tokens} tokens x {token_bytes} bytes = {need}); raise fast_bytes to at "
+                "least that, or lower kv_pages"
+            )
+
+
+@dataclass
+class TierStats:
+    spills: int = 0  # tier-full events that asked the spill policy
+    dropped_clean: int = 0  # pages dropped without a write
+    written_pages: int = 0  # pages written to a lower tier by spills
+    persist_required_bytes: int = 0  # K/V bytes written to disk with no current disk copy
+    failed_spills: int = 0
+    unpromoted: int = 0  # pages served from a lower tier and left there (no room above)
+    updates: int = 0  # pages replaced by a newer version
+    errors: list[str] = field(default_factory=list)  # last tier errors, newest last
+
+
+@dataclass
+class _Page:
+    segment: SegmentKey
+    index: int
+    num_tokens: int
+    nbytes: int
+    stale: dict[str, int]
+    last_use: int
+
+
+@dataclass
+class _Segment:
+    cid: str
+    model_id: str
+    tokenizer_id: str
+    context_id: str | None
+    pages: list[PageKey]
+    committed: bool = False  # every page has a current disk copy and the index says so
+
+    def record(self) -> dict[str, Any]:
+        return {"cid": self.cid, "model": self.model_id, "tok": self.tokenizer_id,
+                "context": self.context_id, "pages": list(self.pages)}  # fmt: skip
+
+
+class _NoRoom(Exception):
+    pass
+
+
+class TieredSegmentStore(SegmentStore):
+    """A SegmentStore whose entries live as pages in tiers; see the module docstring.
+    `capacity_bytes` is the sum of the tiers' capacities; segments leave the store only when
+    the lowest tier is full."""
+
+    def __init__(
+        self, config: TierConfig, policy: EvictionPolicy | str = "lru", device: str = "cpu"
+    ) -> None:
+        pin = torch.cuda.is_available()
+        tiers: list[Tier] = [MemoryTier("fast", config.fast_bytes, device)]
+        if config.host_bytes:
+            tiers.append(MemoryTier("host", config.host_bytes, "cpu", pin=pin))
+        if config.disk_dir is not None:
+            tiers.append(DiskTier(config.disk_dir, config.disk_bytes, config.fsync))
+        super().__init__(sum(t.capacity_bytes for t in tiers), policy)
+        self.config = config
+        self.tiers = tiers
+        self.spill_policy: SpillPolicy = SPILL_POLICIES.get(config.spill)(**config.spill_options)
+        self.tier_stats = TierStats()
+        self._segments: dict[SegmentKey, _Segment] = {}
+        self._pages: dict[PageKey, _Page] = {}
+        self._pinned: set[SegmentKey] = set()
+        self._clock = itertools.count(1)
+        if isinstance(tiers[-1], DiskTier):
+            self._recover(tiers[-1])
+
+    # ---- the SegmentStore API ----
+
+    def contains_content(self, model_id: str, tokenizer_id: str, cid: str) -> bool:
+        with self._lock:
+            return SegmentKey(_digest(model_id, tokenizer_id, cid)) in self._segments
+
+    def lookup_content(self, model_id: str, tokenizer_id: str, cid: str) -> Lookup:
+        key = SegmentKey(_digest(model_id, tokenizer_id, cid))
+        with self._lock:
+            seg = self._segments.get(key)
+            if seg is None or (seg.model_id, seg.tokenizer_id) != (model_id, tokenizer_id):
+                return self._miss(key, cid, model_id, tokenizer_id)
+            pages = self._read_pages(seg)
+            if pages is None:
+                self._forget(key)
+                self.stats.misses += 1
+                return Lookup(None, MissReason.CHECKSUM)
+            self.stats.hits += 1
+            self.policy.on_access(key)
+            self._promote(key, seg, pages)
+            return Lookup(self._assemble(seg, [p for _, p in pages]), None)
+
+    def put_content(self, cid: str, kv: StoredKV) -> bool:
+        key = SegmentKey(_digest(kv.model_id, kv.tokenizer_id, cid))
+        with self._lock:
+            if key in self._segments:
+                self.policy.on_access(key)
+                return True
+            pages = self._split(key, kv)
+            if kv.nbytes > min(self.tiers[0].capacity_bytes, self.tiers[-1].capacity_bytes):
+                self.stats.rejected += 1
+                return False
+            with self._pin(key):
+                try:
+                    self._make_room(0, kv.nbytes)
+                except _NoRoom:
+                    self.stats.rejected += 1
+                    return False
+            self.tiers[0].write(pages)
+            now = next(self._clock)
+            for (pk, page), i in zip(pages, itertools.count(), strict=False):
+                self._pages[pk] = _Page(key, i, page.num_tokens, page.nbytes, {"fast": 0}, now)
+            seg = _Segment(cid, kv.model_id, kv.tokenizer_id, kv.context_id, [k for k, _ in pages])
+            self._add_segment(key, seg, kv.nbytes)
+            return True
+
+    def clear(self) -> None:
+        with self._lock:
+            for key in list(self._segments):
+                self._forget(key)
+
+    # ---- tiers ----
+
+    def update_pages(
+        self, model_id: str, tokenizer_id: str, cid: str, updates: dict[int, tuple[PageData, int]]
+    ) -> bool:
+        """Replace pages (index -> (new version, tokens changed)) of a stored segment with a
+        newer version in the fast tier; lower copies become stale. False if it is not stored
+        (or not all of it fits in the fast tier)."""
+        key = SegmentKey(_digest(model_id, tokenizer_id, cid))
+        with self._lock:
+            seg = self._segments.get(key)
+            if seg is None or not updates:
+                return False
+            writes = [(seg.pages[i], page) for i, (page, _) in sorted(updates.items())]
+            absent = sum(p.nbytes for k, p in writes if k not in self.tiers[0])
+            with self._pin(key):
+                try:
+                    self._make_room(0, absent)
+                except _NoRoom:
+                    return False
+            self.tiers[0].write(writes)
+            seg.context_id = None  # pages now hold KV computed in different contexts
+            now = next(self._clock)
+            for i, (_, changed) in updates.items():
+                state = self._pages[seg.pages[i]]
+                for tier in list(state.stale):
+                    state.stale[tier] = min(state.num_tokens, state.stale[tier] + changed)
+                state.stale["fast"] = 0
+                state.last_use = now
+                self.tier_stats.updates += 1
+            return True
+
+    def persist(self) -> int:
+        """Write every page without a current disk copy to disk (copies stay where they
+        are), one write call per segment, and commit the segments; returns pages written.
+        Raises TierError when the disk tier fails or has no room."""
+        disk = self.tiers[-1]
+        if not isinstance(disk, DiskTier):
+            raise ValueError("persist() needs a disk tier (TierConfig.disk_dir)")
+        written = 0
+        with self._lock:
+            for key, seg in list(self._segments.items()):
+                if key not in self._segments:  # evicted to make room for an earlier one
+                    continue
+                todo = [k for k in seg.pages if self._pages[k].stale.get("disk") != 0]
+                if todo:
+                    with self._pin(key):
+                        try:
+                            self._make_room(len(self.tiers) - 1, self._bytes(todo, disk))
+                        except _NoRoom as e:
+                            raise TierError(f"persist: {e}") from e
+                    pages = [(k, self._read_current(k)) for k in todo]
+                    self._write_below(disk, [(k, p) for k, p in pages if p is not None])
+                    written += len(todo)
+                self._commit(key, seg)
+        return written
+
+    def demote_all(self) -> None:
+        """Persist, then drop every copy above the disk tier: the state of a store whose KV
+        was all spilled (what a TTFT-from-disk measurement starts from)."""
+        self.persist()
+        with self._lock:
+            for tier in self.tiers[:-1]:
+                keys = [
+                    pk
+                    for pk, s in self._pages.items()
+                    if tier.name in s.stale and s.stale.get("disk") == 0
+                ]
+                tier.drop(keys)
+                for pk in keys:
+                    del self._pages[pk].stale[tier.name]
+
+    def page_info(self, model_id: str, tokenizer_id: str, cid: str) -> list[PageInfo]:
+        """Each page of a stored segment as its fastest tier's spill policy would see it."""
+        key = SegmentKey(_digest(model_id, tokenizer_id, cid))
+        with self._lock:
+            seg = self._segments.get(key)
+            if seg is None:
+                return []
+            out = []
+            for pk in seg.pages:
+                stale = self._pages[pk].stale
+                level = next(i for i, t in enumerate(self.tiers) if stale.get(t.name) == 0)
+                out.append(self._info(pk, level))
+            return out
+
+    def tier(self, name: str) -> Tier:
+        return next(t for t in self.tiers if t.name == name)
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        return {t.name: dict(vars(t.counters)) for t in self.tiers}
+
+    # ---- internals: reading ----
+
+    def _read_pages(self, seg: _Segment) -> list[tuple[PageKey, PageData]] | None:
+        out = []
+        for pk in seg.pages:
+            page = self._read_current(pk, count_hit=True)
+            if page is None:
+                return None
+            out.append((pk, page))
+        return out
+
+    def _read_current(self, pk: PageKey, count_hit: bool = False) -> PageData | None:
+        state = self._pages[pk]
+        for tier in self.tiers:
+            if state.stale.get(tier.name) == 0:
+                page = tier.read(pk)
+                if page is not None and count_hit:
+                    tier.counters.hits += 1
+                return page
+        return None
+
+    def _promote(
+        self, key: SegmentKey, seg: _Segment, pages: list[tuple[PageKey, PageData]]
+    ) -> None:
+        now = next(self._clock)
+        for pk in seg.pages:
+            self._pages[pk].last_use = now
+        lower = [(k, p) for k, p in pages if k not in self.tiers[0]]
+        if not lower:
+            return
+        with self._pin(key):
+            try:
+                self._make_room(0, sum(p.nbytes for _, p in lower))
+            except _NoRoom:
+                self.tier_stats.unpromoted += len(lower)
+                return
+        self.tiers[0].write(lower)
+        for k, _ in lower:
+            self._pages[k].stale["fast"] = 0
+
+    def _assemble(self, seg: _Segment, pages: list[PageData]) -> StoredKV:
+        return StoredKV(
+            torch.cat([p.keys.cpu() for p in pages], dim=1),
+            torch.cat([p.values.cpu() for p in pages], dim=1),
+            torch.cat([p.positions for p in pages]),
+            seg.model_id,
+            seg.tokenizer_id,
+            seg.context_id,
+        )
+
+    def _split(self, key: SegmentKey, kv: StoredKV) -> list[tuple[PageKey, PageData]]:
+        n = self.config.page_size
+        return [
+            (PageKey(f"{key}/{i // n}"),
+             PageData(kv.keys[:, i : i + n], kv.values[:, i : i + n], kv.positions[i : i + n]))
+            for i in range(0, kv.num_tokens, n)
+        ]  # fmt: skip
+
+    # ---- internals: making room ----
+
+    def _make_room(self, level: int, need: int) -> None:
+        """Free `need` bytes in tier `level` (spill, or evict segments at the lowest tier);
+        raises _NoRoom when it cannot."""
+        tier = self.tiers[level]
+        if tier.free_bytes >= need:
+            return
+        if level == len(self.tiers) - 1:
+            self._evict_segments(tier, need)
+            return
+        self.tier_stats.spills += 1
+        candidates = [self._info(pk, level) for pk in self._resident(level)]
+        plan = self.spill_policy.plan(candidates, need - tier.free_bytes)
+        self._check_plan(plan, {c.key: c for c in candidates})
+        tier.drop([PageKey(k) for k in plan.drops])
+        for k in plan.drops:
+            del self._pages[PageKey(k)].stale[tier.name]
+        self.tier_stats.dropped_clean += len(plan.drops)
+        below = self.tiers[level + 1]
+        for extent in plan.extents:
+            keys = [PageKey(k) for k in extent]
+            try:
+                # full size: making room below may drop the extent's own outdated copies
+                self._make_room(level + 1, sum(self._pages[k].nbytes for k in keys))
+                keys = [k for k in keys if k in self._pages]  # eviction below may take some
+                pages = [(k, p) for k in keys if (p := tier.read(k)) is not None]
+                self._write_below(below, pages)
+            except (_NoRoom, TierError) as e:
+                self.tier_stats.failed_spills += 1
+                self._error(str(e) or f"no room in the {below.name} tier")
+                break
+            tier.drop(keys)
+            for k in keys:
+                del self._pages[k].stale[tier.name]
+        if tier.free_bytes < need:
+            raise _NoRoom(f"{tier.name} tier is full")
+
+    def _write_below(self, below: Tier, pages: list[tuple[PageKey, PageData]]) -> None:
+        if not pages:
+            return
+        if isinstance(below, DiskTier):
+            self.tier_stats.persist_required_bytes += sum(
+                p.nbytes for k, p in pages if self._pages[k].stale.get("disk") != 0
+            )
+        below.write(pages)
+        self.tier_stats.written_pages += len(pages)
+        for k, _ in pages:
+            self._pages[k].stale[below.name] = 0
+        if isinstance(below, DiskTier):
+            for seg_key in {self._pages[k].segment for k, _ in pages}:
+                self._commit(seg_key, self._segments[seg_key])
+
+    def _commit(self, key: SegmentKey, seg: _Segment) -> None:
+        disk = self.tiers[-1]
+        if seg.committed or not isinstance(disk, DiskTier):
+            return
+        if all(self._pages[k].stale.get("disk") == 0 for k in seg.pages):
+            disk.put_meta(f"seg:{key}", seg.record())
+            seg.committed = True
+
+    def _evict_segments(self, tier: Tier, need: int) -> None:
+        skipped = []
+        while tier.free_bytes < need:
+            victim = self.policy.victim()
+            if victim is None:
+                break
+            key = SegmentKey(victim)
+            if key in self._pinned:  # being served: skip it this round
+                self.policy.on_remove(key)
+                skipped.append(key)
+                continue
+            self._forget(key)
+            self.stats.evictions += 1
+        for key in skipped:
+            self.policy.on_insert(key, 0)
+        if tier.free_bytes < need:
+            raise _NoRoom(f"the {tier.name} tier cannot make room")
+
+    def _info(self, pk: PageKey, level: int) -> PageInfo:
+        state = self._pages[pk]
+        below = [t.name for t in self.tiers[level + 1 :] if t.name in state.stale]
+        outdated = state.stale[self.tiers[level].name] > 0
+        fresh_below = any(state.stale[t] == 0 for t in below)
+        dirty = min((state.stale[t] for t in below), default=state.num_tokens)
+        clean = outdated or fresh_below
+        return PageInfo(
+            pk, state.segment, state.index, state.nbytes, 0 if clean else dirty, clean,
+            state.last_use,
+        )  # fmt: skip
+
+    def _check_plan(self, plan: SpillPlan, candidates: dict[str, PageInfo]) -> None:
+        keys = plan.keys
+        if len(set(keys)) != len(keys) or not set(keys) <= set(candidates):
+            raise RuntimeError(f"{type(self.spill_policy).__name__} broke the spill contract")
+        if any(not candidates[k].clean for k in plan.drops):
+            raise RuntimeError(f"{type(self.spill_policy).__name__} dropped a dirty page")
+
+    def _resident(self, level: int) -> list[PageKey]:
+        """Spill candidates of tier `level`. Pages of pinned segments (being put, served or
+        updated) stay in fast; below it they may move further down, never out."""
+        name = self.tiers[level].name
+        return [
+            pk
+            for pk, s in self._pages.items()
+            if name in s.stale and (level > 0 or s.segment not in self._pinned)
+        ]
+
+    def _bytes(self, keys: Sequence[PageKey], tier: Tier) -> int:
+        return sum(self._pages[k].nbytes for k in keys if k not in tier)
+
+    @contextmanager
+    def _pin(self, key: SegmentKey) -> Iterator[None]:
+        added = key not in self._pinned
+        self._pinned.add(key)
+        try:
+            yield
+        finally:
+            if added:
+                self._pinned.discard(key)
+
+    def _error(self, message: str) -> None:
+        self.tier_stats.errors = [*self.tier_stats.errors[-9:], message]
+
+    # ---- internals: bookkeeping ----
+
+    def _add_segment(self, key: SegmentKey, seg: _Segment, nbytes: int) -> None:
+        self._segments[key] = seg
+        self._cids[key] = seg.cid
+        self._owners.setdefault(seg.cid, set()).add((seg.model_id, seg.tokenizer_id))
+        self._evicted.pop(key, None)
+        self.policy.on_insert(key, nbytes)
+        self.stats.entries += 1
+        self.stats.bytes += nbytes
+        self.stats.peak_bytes = max(self.stats.peak_bytes, self.stats.bytes)
+
+    def _forget(self, key: SegmentKey) -> None:
+        """Remove a segment from every tier (eviction, a corrupt page, clear)."""
+        seg = self._segments.pop(key)
+        for tier in self.tiers:
+            tier.drop(seg.pages)
+        nbytes = sum(self._pages.pop(k).nbytes for k in seg.pages)
+        disk = self.tiers[-1]
+        if isinstance(disk, DiskTier):
+            disk.drop_meta(f"seg:{key}")
+        self.policy.on_remove(key)
+        self.stats.entries -= 1
+        self.stats.bytes -= nbytes
+        self._evicted[key] = (self._cids.pop(key), seg.model_id, seg.tokenizer_id)
+        if len(self._evicted) > self._EVICTED_MEMORY:
+            self._evicted.popitem(last=False)
+
+    def _miss(self, key: SegmentKey, cid: str, model_id: str, tokenizer_id: str) -> Lookup:
+        self.stats.misses += 1
+        if key in self._evicted:
+            return Lookup(None, MissReason.EVICTED)
+        if self._owners.get(cid, set()) - {(model_id, tokenizer_id)}:
+            return Lookup(None, MissReason.OTHER_MODEL)
+        return Lookup(None, MissReason.NEW)
+
+    def _recover(self, disk: DiskTier) -> None:
+        """Rebuild the index of committed segments from the disk tier after a restart;
+        pages no committed segment names are dropped."""
+        named: set[str] = set()
+        for name, rec in list(disk.meta.items()):
+            if not name.startswith("seg:"):
+                continue
+            key = SegmentKey(name[4:])
+            pages = [PageKey(k) for k in rec["pages"]]
+            if not all(k in disk for k in pages):
+                disk.drop_meta(name)
+                continue
+            seg = _Segment(rec["cid"], rec["model"], rec["tok"], rec["context"], pages, True)
+            nbytes = 0
+            for i, pk in enumerate(pages):
+                num_tokens, kv_bytes = disk.page_size_of(pk)
+                self._pages[pk] = _Page(key, i, num_tokens, kv_bytes, {"disk": 0}, 0)
+                nbytes += kv_bytes
+            named.update(pages)
+            self._add_segment(key, seg, nbytes)
+        disk.drop([k for k in disk.page_keys() if k not in named])

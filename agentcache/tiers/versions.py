@@ -1,0 +1,46 @@
+"""Dirty pages: after a reuse prefill, the pages of reused segments holding recomputed or
+fused tokens carry a newer K/V version than the store's copy. This hands that version to a
+tiered store, page by page, with the count of changed tokens (the page's dirty count).
+
+    segment   : [ page 0 ][ page 1 ][ page 2 ]        page j = segment tokens [16j, 16j+16)
+    dirty     :   . . x .   . . . .   x x . .         -> pages 0 (1 token), 2 (2 tokens)
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from agentcache.kv.pool import SequenceKV
+from agentcache.kv.store import content_id
+from agentcache.prompt.tokenize import TokenizedPrompt
+from agentcache.reuse.base import ReuseContext
+from agentcache.reuse.segments import REUSABLE
+from agentcache.tiers.base import PageData
+from agentcache.tiers.store import TieredSegmentStore
+
+
+def adopt_recomputed(
+    ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV, positions: Tensor, dirty: Tensor
+) -> int:
+    """Update the stored segments (selective strategies' namespace) whose tokens are marked in
+    `dirty` (T,) with this request's K/V of their dirty pages. Returns pages updated."""
+    store = ctx.store
+    if not isinstance(store, TieredSegmentStore) or not bool(dirty.any()):
+        return 0
+    m = ctx.model
+    size = store.config.page_size
+    updated = 0
+    for seg in prompt.segments:
+        if seg.kind not in REUSABLE or not bool(dirty[seg.start : seg.end].any()):
+            continue
+        updates: dict[int, tuple[PageData, int]] = {}
+        for j, first in enumerate(range(seg.start, seg.end, size)):
+            span = slice(first, min(first + size, seg.end))
+            changed = int(dirty[span].sum())
+            if changed:
+                keys, values = seq.gather_all(span)
+                updates[j] = (PageData(keys, values, positions[span].clone()), changed)
+        cid = content_id(seg.ids, "segment", None)
+        if store.update_pages(m.model_id, m.tokenizer.tokenizer_id, cid, updates):
+            updated += len(updates)
+    return updated

@@ -1,0 +1,61 @@
+"""A writer process for the crash test: puts segments into a tiered store whose fast tier
+holds two segments (so every put spills to disk), dirties some, persists, and prints
+"committed <i>" once segment i is durable. The test kills it with SIGKILL at random."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from agentcache.kv.store import StoredKV, content_id
+from agentcache.tiers import PageData, TierConfig, TieredSegmentStore
+
+M, T = "model", "tok"
+TOKENS = 48  # three pages
+PAGE_BYTES = 16 * 2 * 2 * 2 * 8 * 4  # K and V, 2 layers, 2 heads, dim 8, fp32
+
+
+def ids(i: int) -> list[int]:
+    return [i, i + 1, i + 2]
+
+
+def version1(i: int) -> StoredKV:
+    g = torch.Generator().manual_seed(i)
+    keys = torch.randn((2, TOKENS, 2, 8), generator=g)
+    values = torch.randn((2, TOKENS, 2, 8), generator=g)
+    return StoredKV(keys, values, torch.arange(TOKENS), M, T, f"ctx{i}")
+
+
+def version2_page0(i: int) -> PageData:
+    """The newer version of page 0 a reuse with recompute would leave (segments i % 3 == 0)."""
+    g = torch.Generator().manual_seed(10_000_000 + i)
+    return PageData(
+        torch.randn((2, 16, 2, 8), generator=g),
+        torch.randn((2, 16, 2, 8), generator=g),
+        torch.arange(500, 516),
+    )
+
+
+def open_store(folder: Path, fast_pages: int = 6) -> TieredSegmentStore:
+    config = TierConfig(fast_bytes=fast_pages * PAGE_BYTES, disk_dir=folder, disk_bytes=1 << 30)
+    return TieredSegmentStore(config)
+
+
+def main(folder: Path, first: int) -> None:
+    store = open_store(folder)
+    i = first
+    while True:
+        store.put(ids(i), version1(i))
+        if i % 3 == 0:
+            cid = content_id(ids(i), "segment", None)
+            store.update_pages(M, T, cid, {0: (version2_page0(i), 5)})
+        if i % 2 == 1:
+            store.persist()
+            print(f"committed {i - 1} {i}", flush=True)
+        i += 1
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]))

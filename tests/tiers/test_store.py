@@ -1,0 +1,160 @@
+"""TieredSegmentStore: placement, spill, dirty pages, checksum misses, recovery, faults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentcache.kv.store import MissReason, StoredKV, content_id
+from agentcache.tiers import PageData, TierConfig, TieredSegmentStore
+
+M, T = "model", "tok"
+TOKEN_BYTES = 2 * 2 * 2 * 4 * 4  # K and V, 2 layers, 2 heads, dim 4, fp32
+PAGE = 16 * TOKEN_BYTES
+
+
+def kv(seed: int, n: int = 48) -> StoredKV:
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.randn((2, n, 2, 4), generator=g)
+    return StoredKV(keys, torch.randn((2, n, 2, 4), generator=g), torch.arange(n), M, T, "ctx")
+
+
+def ids(seed: int) -> list[int]:
+    return [seed, seed + 1, seed + 2]
+
+
+def equal(a: StoredKV | None, b: StoredKV) -> bool:
+    assert a is not None
+    return all(torch.equal(x, y) for x, y in zip(
+        (a.keys, a.values, a.positions), (b.keys, b.values, b.positions), strict=True))  # fmt: skip
+
+
+def store(tmp: Path | None, fast: int, host: int = 0, spill: str = "slide") -> TieredSegmentStore:
+    disk = None if tmp is None else tmp / "disk"
+    return TieredSegmentStore(
+        TierConfig(fast_bytes=fast, host_bytes=host, disk_dir=disk, spill=spill, fsync=False)
+    )
+
+
+def test_fast_only_behaves_like_a_segment_store() -> None:
+    s = store(None, fast=10 * PAGE)
+    assert s.put(ids(1), kv(1))
+    got = s.lookup(M, T, ids(1))
+    assert got.hit and equal(got.kv, kv(1)) and got.kv.context_id == "ctx"
+    assert s.lookup(M, T, ids(2)).miss is MissReason.NEW
+    assert s.lookup("other", T, ids(1)).miss is MissReason.OTHER_MODEL
+    assert s.contains_content(M, T, content_id(ids(1), "segment", None))
+    # 3 pages each: the fourth segment evicts the least recently used whole segment
+    for i in (2, 3, 4):
+        s.put(ids(i * 10), kv(i))
+    assert s.lookup(M, T, ids(1)).miss is MissReason.EVICTED
+    assert s.stats.evictions == 1 and s.tier("fast").counters.pages == 9
+
+
+def test_spill_to_host_and_disk_and_back_is_exact(tmp_path: Path) -> None:
+    s = store(tmp_path, fast=3 * PAGE, host=3 * PAGE)
+    for i in range(6):
+        assert s.put(ids(i * 10), kv(i))
+    c = s.counters()
+    assert c["fast"]["pages"] <= 3 and c["host"]["pages"] <= 3 and c["disk"]["pages"] >= 12
+    for i in reversed(range(6)):  # newest first: served from fast, then host, then disk
+        assert equal(s.lookup(M, T, ids(i * 10)).kv, kv(i))
+    c = s.counters()
+    assert c["disk"]["hits"] > 0 and c["host"]["hits"] > 0 and c["fast"]["hits"] > 0
+    assert s.stats.evictions == 0 and s.tier_stats.failed_spills == 0
+
+
+def test_clean_pages_are_dropped_not_rewritten_under_slide(tmp_path: Path) -> None:
+    s = store(tmp_path, fast=3 * PAGE)
+    s.put(ids(0), kv(0))
+    s.put(ids(10), kv(1))  # spills segment 0's three pages to disk (new: must be written)
+    disk = s.tier("disk").counters
+    assert disk.writes == 3 and s.tier_stats.persist_required_bytes == 3 * PAGE
+    assert s.lookup(M, T, ids(0)).hit  # back to fast; its disk copy stays: clean
+    before = disk.writes
+    s.lookup(M, T, ids(10))  # segment 1 comes back from disk: segment 0's clean pages drop
+    assert disk.writes == before + 0 and s.tier_stats.dropped_clean == 3
+
+
+def test_lru_rewrites_clean_pages_page_at_a_time(tmp_path: Path) -> None:
+    s = store(tmp_path, fast=3 * PAGE, spill="lru")
+    s.put(ids(0), kv(0))
+    s.put(ids(10), kv(1))
+    disk = s.tier("disk").counters
+    assert disk.write_calls == 3  # one call per page
+    s.lookup(M, T, ids(0))
+    s.lookup(M, T, ids(10))
+    assert disk.writes == 9 and s.tier_stats.persist_required_bytes == 6 * PAGE
+
+
+def test_dirty_update_is_written_back_and_served(tmp_path: Path) -> None:
+    s = store(tmp_path, fast=3 * PAGE)
+    s.put(ids(0), kv(0))
+    cid = content_id(ids(0), "segment", None)
+    new = kv(7)
+    page1 = PageData(new.keys[:, 16:32], new.values[:, 16:32], torch.arange(100, 116))
+    assert s.update_pages(M, T, cid, {1: (page1, 5)})
+    s.put(ids(10), kv(1))  # pushes segment 0 down: page 1 is dirty (no copy), written
+    got = s.lookup(M, T, ids(0)).kv
+    assert got is not None and got.context_id is None  # mixed contexts now
+    assert torch.equal(got.keys[:, 16:32], new.keys[:, 16:32])
+    assert torch.equal(got.keys[:, :16], kv(0).keys[:, :16])
+    assert torch.equal(got.positions[16:32], torch.arange(100, 116))
+    # the page is in fast and on disk; a second update makes it dirty by 3 tokens
+    assert s.update_pages(M, T, cid, {1: (page1, 3)})
+    pages = s.page_info(M, T, cid)
+    assert [(p.clean, p.dirty_tokens) for p in pages] == [(True, 0), (False, 3), (True, 0)]
+    assert s.tier_stats.updates == 2
+
+
+def test_corrupt_page_is_a_checksum_miss_then_recomputed(tmp_path: Path) -> None:
+    s = store(tmp_path, fast=3 * PAGE)
+    s.put(ids(0), kv(0))
+    s.put(ids(10), kv(1))  # segment 0 now only on disk
+    for f in (tmp_path / "disk" / "extents").iterdir():
+        data = bytearray(f.read_bytes())
+        data[10] ^= 0xFF
+        f.write_bytes(bytes(data))
+    got = s.lookup(M, T, ids(0))
+    assert got.miss is MissReason.CHECKSUM and got.kv is None
+    assert s.tier("disk").counters.corrupt == 1
+    assert not s.contains_content(M, T, content_id(ids(0), "segment", None))
+    assert s.put(ids(0), kv(0)) and equal(s.lookup(M, T, ids(0)).kv, kv(0))
+
+
+def test_restart_serves_persisted_segments(tmp_path: Path) -> None:
+    s = store(tmp_path, fast=4 * PAGE)
+    for i in range(3):
+        s.put(ids(i * 10), kv(i))
+    assert s.persist() > 0
+    again = store(tmp_path, fast=4 * PAGE)
+    assert again.stats.entries == 3
+    for i in range(3):
+        assert equal(again.lookup(M, T, ids(i * 10)).kv, kv(i))
+
+
+def test_disk_full_counts_failed_spills_and_keeps_serving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = store(tmp_path, fast=6 * PAGE)
+    s.put(ids(0), kv(0))
+
+    def full(path: Path, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(s.tier("disk"), "_write_file", full)
+    s.put(ids(10), kv(1))
+    assert s.put(ids(20), kv(2)) is False  # no room in fast, and disk writes fail
+    assert s.tier_stats.failed_spills >= 1 and "No space left" in s.tier_stats.errors[-1]
+    assert s.stats.rejected == 1
+    assert equal(s.lookup(M, T, ids(0)).kv, kv(0)) and equal(s.lookup(M, T, ids(10)).kv, kv(1))
+
+
+def test_working_set_check_is_a_clear_error() -> None:
+    from agentcache.tiers import TierCapacityError
+
+    with pytest.raises(TierCapacityError, match="working set"):
+        TierConfig(fast_bytes=1000).check_working_set(token_bytes=100, tokens=11)
+    TierConfig(fast_bytes=1100).check_working_set(token_bytes=100, tokens=11)

@@ -1,0 +1,149 @@
+"""The Tier contract, run over every tier implementation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentcache.tiers import DiskTier, MemoryTier, PageData, PageKey, Tier, TierError
+
+
+def page(seed: int, n: int = 16) -> PageData:
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.randn((2, n, 2, 4), generator=g)
+    return PageData(keys, torch.randn((2, n, 2, 4), generator=g), torch.arange(seed, seed + n))
+
+
+PAGE_BYTES = page(0).nbytes
+
+
+def same(a: PageData | None, b: PageData) -> bool:
+    assert a is not None
+    return all(torch.equal(x, y) for x, y in zip(
+        (a.keys, a.values, a.positions), (b.keys, b.values, b.positions), strict=True))  # fmt: skip
+
+
+def memory(tmp: Path, capacity: int) -> Tier:
+    return MemoryTier("host", capacity)
+
+
+def disk(tmp: Path, capacity: int) -> Tier:
+    return DiskTier(tmp / "disk", capacity, fsync=False)
+
+
+TIERS: list[Callable[[Path, int], Tier]] = [memory, disk]
+
+
+@pytest.fixture(params=TIERS, ids=lambda f: f.__name__)
+def make(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[int], Tier]:
+    return lambda capacity: request.param(tmp_path, capacity)
+
+
+def test_write_read_roundtrip_counts_one_call_per_extent(make: Callable[[int], Tier]) -> None:
+    tier = make(10 * PAGE_BYTES)
+    pages = [(PageKey(f"s/{i}"), page(i)) for i in range(3)]
+    tier.write(pages)
+    c = tier.counters
+    assert (c.writes, c.write_calls, c.pages, c.bytes) == (3, 1, 3, 3 * PAGE_BYTES)
+    assert c.bytes_written >= 3 * PAGE_BYTES and c.write_s >= 0.0
+    for key, p in pages:
+        assert key in tier and same(tier.read(key), p)
+    assert c.loads == 3
+    assert tier.read(PageKey("absent")) is None and c.corrupt == 0
+
+
+def test_read_returns_copies_the_tier_keeps_no_alias(make: Callable[[int], Tier]) -> None:
+    tier = make(4 * PAGE_BYTES)
+    original = page(1)
+    given = PageData(original.keys.clone(), original.values.clone(), original.positions.clone())
+    tier.write([(PageKey("a/0"), given)])
+    given.keys.zero_()
+    got = tier.read(PageKey("a/0"))
+    assert got is not None and same(got, original)
+    got.keys.zero_()
+    assert same(tier.read(PageKey("a/0")), original)
+
+
+def test_replace_keeps_bytes_and_drop_frees(make: Callable[[int], Tier]) -> None:
+    tier = make(2 * PAGE_BYTES)
+    tier.write([(PageKey("a/0"), page(1)), (PageKey("a/1"), page(2))])
+    tier.write([(PageKey("a/0"), page(3))])  # a replacement needs no extra room
+    assert same(tier.read(PageKey("a/0")), page(3))
+    assert tier.counters.bytes == 2 * PAGE_BYTES
+    with pytest.raises(ValueError, match="capacity"):
+        tier.write([(PageKey("b/0"), page(4))])
+    tier.drop([PageKey("a/0"), PageKey("never")])
+    assert PageKey("a/0") not in tier
+    assert (tier.counters.bytes, tier.counters.pages) == (PAGE_BYTES, 1)
+    tier.write([(PageKey("b/0"), page(4))])
+    assert tier.free_bytes == 0
+
+
+def test_disk_index_survives_reopen(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path, 8 * PAGE_BYTES, fsync=False)
+    tier.write([(PageKey("a/0"), page(1)), (PageKey("a/1"), page(2))])
+    tier.write([(PageKey("b/0"), page(3))])
+    tier.drop([PageKey("a/1")])
+    tier.put_meta("seg:a", {"pages": ["a/0"]})
+    tier.close()
+    again = DiskTier(tmp_path, 8 * PAGE_BYTES, fsync=False)
+    assert sorted(again.page_keys()) == ["a/0", "b/0"]
+    assert same(again.read(PageKey("a/0")), page(1)) and same(again.read(PageKey("b/0")), page(3))
+    assert again.meta == {"seg:a": {"pages": ["a/0"]}}
+    assert again.counters.bytes == 2 * PAGE_BYTES
+
+
+def test_disk_corrupt_truncated_or_missing_page_reads_none(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path, 8 * PAGE_BYTES, fsync=False)
+    tier.write([(PageKey("a/0"), page(1))])
+    tier.write([(PageKey("b/0"), page(2))])
+    tier.write([(PageKey("c/0"), page(3))])
+    files = sorted((tmp_path / "extents").iterdir())
+    data = bytearray(files[0].read_bytes())
+    data[100] ^= 0xFF
+    files[0].write_bytes(bytes(data))
+    files[1].write_bytes(files[1].read_bytes()[:50])
+    files[2].unlink()
+    assert tier.read(PageKey("a/0")) is None
+    assert tier.read(PageKey("b/0")) is None
+    assert tier.read(PageKey("c/0")) is None
+    assert tier.counters.corrupt == 3 and tier.counters.loads == 0
+
+
+def test_disk_torn_journal_tail_is_ignored(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path, 8 * PAGE_BYTES, fsync=False)
+    tier.write([(PageKey("a/0"), page(1))])
+    tier.write([(PageKey("b/0"), page(2))])
+    tier.close()
+    journal = tmp_path / "journal.log"
+    journal.write_bytes(journal.read_bytes()[:-20])  # the last record, torn
+    again = DiskTier(tmp_path, 8 * PAGE_BYTES, fsync=False)
+    assert again.page_keys() == ["a/0"] and again.journal_bad_lines == 1
+    assert len(list((tmp_path / "extents").iterdir())) == 1  # the orphan extent is deleted
+
+
+def test_disk_write_failure_raises_tier_error_and_stores_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier = DiskTier(tmp_path, 8 * PAGE_BYTES, fsync=False)
+
+    def full(path: Path, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tier, "_write_file", full)
+    with pytest.raises(TierError, match="No space left"):
+        tier.write([(PageKey("a/0"), page(1))])
+    assert PageKey("a/0") not in tier
+    assert tier.counters.failed_writes == 1 and tier.counters.bytes == 0
+
+
+def test_disk_folder_not_writable_is_a_clear_error(tmp_path: Path) -> None:
+    from agentcache.errors import CacheDirError
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(CacheDirError, match="not writable"):
+        DiskTier(blocker / "sub", PAGE_BYTES)
