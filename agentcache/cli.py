@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from agentcache.errors import AgentCacheError
@@ -39,30 +41,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.model, _cache_dir(args.cache_dir), strategies, args.turns, args.tokens)
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from agentcache.bench.cli import run
-
-    _threads(args.threads)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return run(args, args.model, _cache_dir(args.cache_dir))
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    from agentcache.server.cli import serve
-
-    _threads(args.threads)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return serve(args, args.model, _cache_dir(args.cache_dir))
-
-
-def cmd_bench_tiers(args: argparse.Namespace) -> int:
-    from agentcache.bench.tiers_cli import run
-
-    _threads(args.threads)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return run(args, args.model, _cache_dir(args.cache_dir))
-
-
 def cmd_strategies(args: argparse.Namespace) -> int:
     from agentcache.reuse import STRATEGIES
 
@@ -71,20 +49,29 @@ def cmd_strategies(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_profile_heads(args: argparse.Namespace) -> int:
-    from agentcache.decode.cli import run_profile
+# Subcommands that load a model: (module, parser factory, runner). Each module's runner takes
+# (args, model path, cache dir); torch threads and offline mode are set here, once for all.
+MODEL_COMMANDS = (
+    ("agentcache.bench.cli", "add_parser", "run"),
+    ("agentcache.bench.tiers_cli", "add_parser", "run"),
+    ("agentcache.server.cli", "add_parser", "serve"),
+    ("agentcache.decode.cli", "add_profile_parser", "run_profile"),
+    ("agentcache.decode.cli", "add_bench_parser", "run_bench"),
+)
 
-    _threads(args.threads)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return run_profile(args, args.model, _cache_dir(args.cache_dir))
 
+@dataclass(frozen=True)
+class ModelCommand:
+    """Runs `module.runner(args, model path, cache dir)` after the common set-up."""
 
-def cmd_bench_decode(args: argparse.Namespace) -> int:
-    from agentcache.decode.cli import run_bench
+    module: str
+    runner: str
 
-    _threads(args.threads)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return run_bench(args, args.model, _cache_dir(args.cache_dir))
+    def __call__(self, args: argparse.Namespace) -> int:
+        _threads(args.threads)
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        run = getattr(importlib.import_module(self.module), self.runner)
+        return int(run(args, args.model, _cache_dir(args.cache_dir)))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,29 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--turns", type=int, default=6, help="number of agent turns")
     demo.add_argument("--tokens", type=int, default=24, help="new tokens per turn")
     demo.set_defaults(func=cmd_demo)
-    from agentcache.bench.cli import add_parser as add_bench
-
-    bench = add_bench(sub)
-    _common(bench)
-    bench.set_defaults(func=cmd_bench)
-    from agentcache.server.cli import add_parser as add_serve
-
-    serve = add_serve(sub)
-    _common(serve)
-    serve.set_defaults(func=cmd_serve)
-    from agentcache.decode.cli import add_bench_parser, add_profile_parser
-
-    for add, func in (
-        (add_profile_parser, cmd_profile_heads),
-        (add_bench_parser, cmd_bench_decode),
-    ):
-        _common(sub_parser := add(sub))
-        sub_parser.set_defaults(func=func)
-    from agentcache.bench.tiers_cli import add_parser as add_bench_tiers
-
-    bench_tiers = add_bench_tiers(sub)
-    _common(bench_tiers)
-    bench_tiers.set_defaults(func=cmd_bench_tiers)
+    for module, factory, runner in MODEL_COMMANDS:
+        command = getattr(importlib.import_module(module), factory)(sub)
+        _common(command)
+        command.set_defaults(func=ModelCommand(module, runner))
     strategies_help = "list the registered reuse strategies"
     strategies = sub.add_parser("strategies", help=strategies_help, description=strategies_help)
     strategies.set_defaults(func=cmd_strategies)

@@ -1,12 +1,12 @@
 from __future__ import annotations
 
-from agentcache.cli import build_parser, cmd_serve
+from agentcache.cli import ModelCommand, build_parser
 from agentcache.server.cli import served_name
 
 
 def test_serve_arguments() -> None:
     args = build_parser().parse_args(["serve", "--port", "0", "--strategy", "epic"])
-    assert args.func is cmd_serve
+    assert args.func == ModelCommand("agentcache.server.cli", "serve")
     assert (args.host, args.port, args.strategy, args.max_tokens) == ("127.0.0.1", 0, "epic", 256)
     assert args.served_model_name is None
 
