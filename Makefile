@@ -47,7 +47,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	touch $@
 
 test-vllm: $(VLLM_VENV)/.installed
-	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/engines
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm -W ignore::pytest.PytestConfigWarning tests/engines
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache
