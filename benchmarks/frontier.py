@@ -72,10 +72,14 @@ def dominance(
 
 def plot(grouped: dict[tuple[str, str], dict[str, dict[str, Any]]], path: Path) -> None:
     keys = sorted(grouped)
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 4.0), squeeze=False)
+    cols = min(3, len(keys))
+    rows_n = -(-len(keys) // cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.6 * cols, 3.8 * rows_n), squeeze=False)
+    for ax in axes.flat[len(keys) :]:
+        ax.set_visible(False)
     colors: dict[str, str] = {}
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, key in zip(axes[0], keys, strict=True):
+    for ax, key in zip(axes.flat, keys, strict=False):
         rows = {k: v for k, v in grouped[key].items() if k != "full"}
         for fam in sorted({family(k) for k in rows}):
             pts = sorted(
@@ -89,7 +93,8 @@ def plot(grouped: dict[tuple[str, str], dict[str, dict[str, Any]]], path: Path) 
         ax.set_title(f"{key[0]}, {key[1]}")
         ax.set_xlabel("recompute fraction (of full)")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("teacher-forced KL vs full (lower is better)")
+    for row in axes:
+        row[0].set_ylabel("teacher-forced KL vs full\n(lower is better; 0 drawn at 1e-7)")
     axes[0][-1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
