@@ -3,7 +3,7 @@ calls, a FIFO message queue, and a summary when the queue overflows. Prints ever
 reuse (reused / recomputed tokens) and TTFT.
 
     agentcache installed:     python examples/memgpt_agent.py
-    from a source checkout:   PYTHONPATH=.:adapters .venv/bin/python examples/memgpt_agent.py
+    from a source checkout:   make setup && .venv/bin/python examples/memgpt_agent.py
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 embedded default model. Prints every model call's reuse (reused / recomputed tokens) and TTFT.
 
     agentcache installed:     python examples/reflexion_agent.py
-    from a source checkout:   PYTHONPATH=.:adapters .venv/bin/python examples/reflexion_agent.py
+    from a source checkout:   make setup && .venv/bin/python examples/reflexion_agent.py
 """
 
 from __future__ import annotations

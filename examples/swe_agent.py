@@ -3,7 +3,7 @@ an offline workspace (in-memory files, a small shell, a test check). Prints ever
 reuse (reused / recomputed tokens) and TTFT.
 
     agentcache installed:     python examples/swe_agent.py
-    from a source checkout:   PYTHONPATH=.:adapters .venv/bin/python examples/swe_agent.py
+    from a source checkout:   make setup && .venv/bin/python examples/swe_agent.py
 """
 
 from __future__ import annotations
