@@ -135,12 +135,16 @@ class SegmentStore:
                 self.stats.hits += 1
                 self.policy.on_access(key)
                 return Lookup(kv, None)
-            self.stats.misses += 1
-            if key in self._evicted:
-                return Lookup(None, MissReason.EVICTED)
-            if self._owners.get(cid, set()) - {(model_id, tokenizer_id)}:
-                return Lookup(None, MissReason.OTHER_MODEL)
-            return Lookup(None, MissReason.NEW)
+            return self._miss(key, cid, model_id, tokenizer_id)
+
+    def _miss(self, key: SegmentKey, cid: str, model_id: str, tokenizer_id: str) -> Lookup:
+        """Count a miss and say why: dropped for space, held by another model, or never seen."""
+        self.stats.misses += 1
+        if key in self._evicted:
+            return Lookup(None, MissReason.EVICTED)
+        if self._owners.get(cid, set()) - {(model_id, tokenizer_id)}:
+            return Lookup(None, MissReason.OTHER_MODEL)
+        return Lookup(None, MissReason.NEW)
 
     def contains_content(self, model_id: str, tokenizer_id: str, cid: str) -> bool:
         """Presence check that moves no counter and no eviction order."""

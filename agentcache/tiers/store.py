@@ -490,14 +490,6 @@ class TieredSegmentStore(SegmentStore):
         if len(self._evicted) > self._EVICTED_MEMORY:
             self._evicted.popitem(last=False)
 
-    def _miss(self, key: SegmentKey, cid: str, model_id: str, tokenizer_id: str) -> Lookup:
-        self.stats.misses += 1
-        if key in self._evicted:
-            return Lookup(None, MissReason.EVICTED)
-        if self._owners.get(cid, set()) - {(model_id, tokenizer_id)}:
-            return Lookup(None, MissReason.OTHER_MODEL)
-        return Lookup(None, MissReason.NEW)
-
     def _recover(self, disk: DiskTier) -> None:
         """Rebuild the index of committed segments from the disk tier after a restart;
         pages no committed segment names are dropped."""
