@@ -4,7 +4,9 @@ Every policy decodes greedily from the same prefilled KV for `new_tokens` steps 
 does not stop it). Dense is the engine's own paged decode (`Engine.step`); the others run
 `SparseDecoder`. Per policy: fast-tier KV bytes, median step time, greedy agreement with dense
 (free-running, position by position), teacher-forced top-1 agreement along dense's tokens,
-rerank cost and bytes promoted per rerank.
+rerank cost and bytes promoted per rerank. A policy spec with `verify=K` decodes
+self-speculatively (sparse drafts of K tokens, one dense pass each); its tokens/s counts the
+drafting, the dense passes and the rejected drafts.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ def run_decode_bench(
             if run is None:
                 build = _sparse_builder(model, setups[name], keys, values, settings)
                 run = _run(build, first, start, settings.new_tokens, None, on_step)
-                if settings.teacher_forced:
+                if settings.teacher_forced and not setups[name].config.verify:
                     forced = _run(build, first, start, settings.new_tokens, dense.tokens).tokens
             runs[name] = _record(run, dense, forced)
         per_prompt.append({"prompt_tokens": prompt.num_tokens, "policies": runs})
@@ -194,6 +196,9 @@ def _run(
         t0 = time.perf_counter()
         target = build()
         setup_s = time.perf_counter() - t0
+        if isinstance(target, SparseDecoder) and target.config.verify and forced is None:
+            tokens, times = _run_verified(target, first, start, n, on_step)
+            return _finish(target, tokens, times, setup_s)
         step: Step = target.step if isinstance(target, SparseDecoder) else target
         tokens, times, token = [first], [], first
         for i in range(n - 1):
@@ -205,9 +210,35 @@ def _run(
             tokens.append(token)
             if on_step:
                 on_step("tf" if forced else "run")
+    return _finish(target, tokens, times, setup_s)
+
+
+def _run_verified(
+    dec: SparseDecoder, first: int, start: int, n: int, on_step: Callable[[str], None] | None
+) -> tuple[list[int], list[float]]:
+    """Self-speculative greedy decode of n tokens; `times` holds each advance's duration."""
+    tokens, times = [first], []
+    while len(tokens) < n:
+        t0 = time.perf_counter()
+        got = dec.advance(
+            tokens[-1], start + len(tokens) - 1, min(dec.config.verify, n - len(tokens))
+        )
+        times.append(time.perf_counter() - t0)
+        kept = got[: n - len(tokens)]
+        tokens += kept
+        for _ in kept if on_step else ():
+            on_step("run")  # type: ignore[misc]
+    return tokens, times
+
+
+def _finish(target: Any, tokens: list[int], times: list[float], setup_s: float) -> Run:
     if isinstance(target, SparseDecoder):
         s = target.stats()
-        stats = {**asdict(s), "bytes_promoted_per_rerank": s.bytes_promoted_per_rerank}
+        stats = {
+            **asdict(s),
+            "bytes_promoted_per_rerank": s.bytes_promoted_per_rerank,
+            "acceptance": s.acceptance,
+        }
         return Run(tokens, times, setup_s, stats, s.fast_tier_kv_bytes, s.metadata_bytes)
     return Run(tokens, times, setup_s, None, 0, 0)
 
@@ -239,14 +270,19 @@ def _summarize(per_prompt: list[dict[str, Any]], settings: DecodeBenchSettings) 
         return sum(float(d[key]) for d in pooled(name, "decode") if d)
 
     out: dict[str, Any] = {}
-    dense_step = statistics.median(s for steps in pooled("dense", "step_s") for s in steps)
+
+    def per_token(name: str) -> float:  # decode seconds per generated token after the first
+        runs = pooled(name, "step_s")
+        return sum(sum(r) for r in runs) / sum(len(t) - 1 for t in pooled(name, "tokens"))
+
+    dense_token = per_token("dense")
     dense_bytes = statistics.mean(pooled("dense", "fast_tier_kv_bytes"))
     every_head = None
     for name in settings.policies:
-        step = statistics.median(s for steps in pooled(name, "step_s") for s in steps)
+        token_s = per_token(name)
         kv_bytes = statistics.mean(pooled(name, "fast_tier_kv_bytes"))
         meta = statistics.mean(pooled(name, "metadata_bytes"))
-        steps = sum(len(x) for x in pooled(name, "step_s"))
+        steps = sum(len(t) - 1 for t in pooled(name, "tokens"))
         rerank_steps = decode_sum(name, "rerank_steps")
         s: dict[str, Any] = {
             "fast_tier_kv_bytes": kv_bytes,
@@ -254,9 +290,9 @@ def _summarize(per_prompt: list[dict[str, Any]], settings: DecodeBenchSettings) 
             "fast_tier_kv_reduction": 1.0 - kv_bytes / dense_bytes,
             "fast_tier_metadata_bytes": meta,
             "fast_tier_total_ratio_vs_dense": (kv_bytes + meta) / dense_bytes,
-            "decode_tokens_per_s": 1.0 / step,
-            "decode_speed_ratio_vs_dense": dense_step / step,
-            "decode_step_ms_median": 1000 * step,
+            "decode_tokens_per_s": 1.0 / token_s,
+            "decode_speed_ratio_vs_dense": dense_token / token_s,
+            "decode_ms_per_token": 1000 * token_s,
             "setup_ms_mean": 1000 * statistics.mean(pooled(name, "setup_s")),
             "greedy_agreement_with_dense": statistics.mean(
                 pooled(name, "greedy_agreement_with_dense")
@@ -268,6 +304,12 @@ def _summarize(per_prompt: list[dict[str, Any]], settings: DecodeBenchSettings) 
             "rerank_ms_per_step": 1000 * decode_sum(name, "rerank_s") / steps,
             "head_reranks_per_step": decode_sum(name, "head_reranks") / steps,
         }
+        if decode_sum(name, "drafted_tokens"):
+            s["verify_acceptance"] = decode_sum(name, "accepted_tokens") / decode_sum(
+                name, "drafted_tokens"
+            )
+            s["verify_passes_per_token"] = decode_sum(name, "verify_passes") / steps
+            s["host_bytes_read_per_token"] = decode_sum(name, "host_bytes_read") / steps
         if settings.teacher_forced and name != "dense":
             s["teacher_forced_top1_agreement"] = statistics.mean(
                 pooled(name, "teacher_forced_top1_agreement")

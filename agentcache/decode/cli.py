@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agentcache.decode.config import DEFAULT_BUDGET_PAGES, DecodeConfig
+from agentcache.decode.config import DEFAULT_BUDGET_PAGES, DecodeConfig, parse_policy_spec
 from agentcache.decode.minmax import GQA_COMBINES
 from agentcache.decode.profile import profile_filename, save_profile
 from agentcache.errors import AgentCacheError
@@ -48,7 +48,10 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         help="KV length at the last step = prompt + new tokens (default 8192)",
     )  # fmt: skip
     p.add_argument("--new-tokens", type=int, default=256, help="generated tokens (default 256)")
-    p.add_argument("--policies", default="dense,flexicache,multiscale", help="comma list")
+    p.add_argument(
+        "--policies", default="dense,flexicache,multiscale",
+        help="comma list; a policy may carry options, e.g. flexicache:verify=8:budget=96",
+    )  # fmt: skip
     p.add_argument("--num-prompts", type=int, default=1, help="prompts (default 1)")
     p.add_argument("--budget", type=int, default=DEFAULT_BUDGET_PAGES, help="top-K pages")
     p.add_argument("--gqa", choices=GQA_COMBINES, default="sum", help="GQA combine")
@@ -113,6 +116,8 @@ def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
             args.context, args.new_tokens, tuple(p.strip() for p in args.policies.split(",")),
             args.budget, args.gqa, not args.no_teacher_forced, args.needle,
         )  # fmt: skip
+        for spec in settings.policies:
+            parse_policy_spec(spec)
     except ValueError as e:
         raise AgentCacheError(str(e)) from e
     texts = load_texts(args.prompts)
@@ -124,14 +129,19 @@ def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
         )
     prompts = token_prompts(model, texts, settings.prompt_tokens, args.num_prompts)
 
-    def config(policy: str) -> DecodeConfig:
+    def config(spec: str) -> DecodeConfig:
+        name, options = parse_policy_spec(spec)
         return DecodeConfig(
-            policy, budget_pages=settings.budget_pages, gqa_combine=settings.gqa_combine,
-            profile=args.profile, profile_dir=cache_dir / "profiles",
+            name, budget_pages=options.get("budget_pages", settings.budget_pages),
+            recent_pages=options.get("recent_pages", DecodeConfig.recent_pages),
+            gqa_combine=settings.gqa_combine, profile=args.profile,
+            profile_dir=cache_dir / "profiles",
+            verify=options.get("verify", 0),
         )  # fmt: skip
 
     sparse = [p for p in settings.policies if p != "dense"]
-    runs = 1 + len(sparse) * (2 if settings.teacher_forced else 1)
+    forced = [p for p in sparse if not parse_policy_spec(p)[1].get("verify")]
+    runs = 1 + len(sparse) + (len(forced) if settings.teacher_forced else 0)
     with _progress(console) as progress:
         steps = runs * (settings.new_tokens - 1) * len(prompts)
         needle = (1 + len(sparse)) * max(settings.needle_tokens - 1, 0)

@@ -20,6 +20,12 @@ class DecodeConfig:
     warning, and reported (`DecodeStats.budget_clamped`).
     profile: a head-profile JSON; None means `<profile_dir>/<model id>.json`, with profile_dir
     defaulting to `<agentcache cache dir>/profiles`.
+    verify: draft length of greedy self-speculative decoding, 0 = off. The sparse decoder
+    drafts up to `verify` tokens, then one dense pass over them (every page, the offloaded
+    heads' from the host tier) keeps the drafted tokens dense decoding agrees with and the
+    token dense picks where they part, and rewrites their K/V with the dense values, so the
+    output is dense decoding's. Sampling (temperature > 0) decodes unverified, reported in
+    `DecodeStats.verify_skipped`.
     dense_fallback: when the profile is missing, corrupted or for another model, decode densely
     (counted in TurnStats.decode_fallbacks) instead of raising ProfileError.
     """
@@ -31,6 +37,7 @@ class DecodeConfig:
     profile: Path | None = None
     profile_dir: Path | None = None
     dense_fallback: bool = False
+    verify: int = 0
     policy_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -44,5 +51,30 @@ class DecodeConfig:
             )
         if self.recent_pages < 1:
             raise ValueError(f"recent_pages must be >= 1 (got {self.recent_pages})")
+        if self.verify < 0:
+            raise ValueError(f"verify must be >= 0 (0 = off; got {self.verify})")
         if self.gqa_combine not in GQA_COMBINES:
             raise ValueError(f"gqa_combine must be one of {GQA_COMBINES}, got {self.gqa_combine!r}")
+
+
+SPEC_KEYS = {"verify": "verify", "budget": "budget_pages", "recent": "recent_pages"}
+
+
+def parse_policy_spec(spec: str) -> tuple[str, dict[str, int]]:
+    """`flexicache:verify=8:budget=96` -> ("flexicache", {"verify": 8, "budget_pages": 96}).
+
+    The keys are DecodeConfig settings under short names (SPEC_KEYS); values are integers."""
+    name, *parts = spec.strip().split(":")
+    options: dict[str, int] = {}
+    for part in parts:
+        key, eq, value = part.partition("=")
+        if not eq or key not in SPEC_KEYS:
+            known = ", ".join(SPEC_KEYS)
+            raise ValueError(
+                f"decode policy option {part!r} in {spec!r}: use key=value, keys: {known}"
+            )
+        try:
+            options[SPEC_KEYS[key]] = int(value)
+        except ValueError:
+            raise ValueError(f"decode policy option {part!r} in {spec!r}: not an integer") from None
+    return name, options

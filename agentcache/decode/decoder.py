@@ -22,7 +22,7 @@ from agentcache.decode.config import DecodeConfig
 from agentcache.decode.minmax import MinMaxMeta
 from agentcache.decode.policies import HeadPlan
 from agentcache.decode.store import HeadPagedKV
-from agentcache.model.llama import LlamaForward
+from agentcache.model.llama import LlamaForward, attention
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,15 @@ class DecodeStats:
     table_rows_synced: int
     budget_pages: int  # after clamping
     budget_clamped: bool
+    verify_passes: int = 0  # dense passes over drafted tokens
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0  # drafted tokens the dense pass agreed with
+    host_bytes_read: int = 0  # offloaded heads' KV read from the host tier by dense passes
+    verify_skipped: bool = False  # verification configured but off (sampling)
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     @property
     def bytes_promoted_per_rerank(self) -> float:
@@ -98,6 +107,8 @@ class SparseDecoder:
         self._rerank_steps = 0
         self._promoted = 0
         self._initial_promoted = self._place_initial(n_pages)
+        self._passes = self._drafted = self._accepted = self._host_read = 0
+        self.verify_skipped = False
 
     def _place_initial(self, n_pages: int) -> int:
         """Offloaded heads start with the sink and the tail resident; their first top-K comes
@@ -115,7 +126,8 @@ class SparseDecoder:
             self.steps, self.kv.fast_tier_bytes, self.meta.nbytes, self.kv.host_tier_bytes,
             self._reranks, self._rerank_s, self._rerank_steps, self._promoted,
             self._initial_promoted, self._promoted * self.kv.page_bytes, self.kv.rows_synced,
-            self.budget, self.clamped,
+            self.budget, self.clamped, self._passes, self._drafted, self._accepted,
+            self._host_read, self.verify_skipped,
         )  # fmt: skip
 
     def step(self, token: int, position: int) -> Tensor:
@@ -141,6 +153,65 @@ class SparseDecoder:
             self._rerank_steps += 1
         self.steps += 1
         return f.logits(hidden)[0]
+
+    def advance(
+        self, token: int, position: int, draft: int, stop_ids: frozenset[int] = frozenset()
+    ) -> list[int]:
+        """Greedy self-speculative decoding: append `token` at `position`, draft up to `draft`
+        tokens sparsely (stopping after a token in `stop_ids`), verify them with one dense pass.
+
+        Returns the tokens dense greedy decoding emits after `token` (1..draft of them): the
+        drafted tokens dense agrees with, then dense's own token where they part. Afterwards the
+        KV holds `token` and every returned token but the last, all with dense K/V."""
+        if draft < 1:
+            raise ValueError(f"draft must be >= 1 (got {draft})")
+        start = self.kv.num_tokens
+        fed, drafts = [token], []
+        logits = self.step(token, position)
+        while True:
+            drafts.append(int(logits.argmax()))
+            if len(drafts) == draft or drafts[-1] in stop_ids:
+                break
+            fed.append(drafts[-1])
+            logits = self.step(drafts[-1], position + len(fed) - 1)
+        dense = self.verify(fed, start, position).argmax(-1).tolist()
+        agree = 0
+        while agree < len(drafts) and dense[agree] == drafts[agree]:
+            agree += 1
+        self._drafted += len(drafts)
+        self._accepted += agree
+        if agree == len(drafts):
+            return drafts
+        self.kv.truncate(start + agree + 1)
+        self.meta.truncate(start + agree + 1)
+        return [*drafts[:agree], dense[agree]]
+
+    def verify(self, tokens: list[int], start: int, position: int) -> Tensor:
+        """Dense pass over `tokens`, already appended at token indices start.. and positions
+        position..: attends every page of every head, overwrites their K/V (fast tier and host
+        copy) with the dense values and returns the logits after each token (n, V)."""
+        f = self.f
+        n = len(tokens)
+        if start + n != self.kv.num_tokens:
+            raise ValueError(f"verify covers tokens {start}..{start + n - 1}, not the last ones")
+        pos = torch.arange(position, position + n)
+        hidden = f.embed(torch.tensor(tokens))
+        hkv, g = f.config.num_kv_heads, self.group
+        for layer in range(f.config.num_layers):
+            q, k, v = f.project(layer, hidden, pos)
+            for i in range(n):
+                self.kv.write(layer, start + i, k[i], v[i])
+                self.meta.append(layer, k[i], start + i)
+            parts = []
+            for h in range(hkv):
+                keys, values = self.kv.full_kv(layer, h)
+                qh = q[:, h * g : (h + 1) * g]
+                parts.append(attention(qh, keys[:, None], values[:, None], None, f.scale))
+            hidden = f.finish(layer, hidden, torch.cat(parts, dim=1))
+            off = self.kv.offloaded_heads[layer]
+            self._host_read += len(off) * self.kv.num_tokens * self.kv.page_bytes // self.page
+        self._passes += 1
+        return f.logits(hidden)
 
     def _offloaded_due(self) -> bool:
         due = (self.steps % self.interval) == 0

@@ -57,6 +57,14 @@ class MinMaxMeta:
         torch.maximum(self.kmax[layer, :, p], k, out=self.kmax[layer, :, p])
         self.num_tokens = max(self.num_tokens, token_index + 1)
 
+    def truncate(self, num_tokens: int) -> None:
+        """Forget tokens from `num_tokens` on. Pages left empty are reset; the last kept page
+        keeps bounds that may cover forgotten keys too (looser, still upper bounds)."""
+        keep = -(-num_tokens // self.page_size)
+        self.kmin[:, :, keep:] = float("inf")
+        self.kmax[:, :, keep:] = float("-inf")
+        self.num_tokens = num_tokens
+
     def scores(self, layer: int, q: Tensor, heads: Tensor | None, combine: str) -> Tensor:
         """Page scores (n, P) for query heads grouped per KV head: q (Hkv, G, Dh).
 

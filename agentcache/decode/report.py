@@ -14,6 +14,8 @@ COLUMNS = (
     ("greedy_agreement_with_dense", "greedy agree", "{:.3f}"),
     ("greedy_agree_prefix_mean", "agree prefix", "{:.0f}"),
     ("teacher_forced_top1_agreement", "tf top1", "{:.3f}"),
+    ("verify_acceptance", "draft accept", "{:.3f}"),
+    ("verify_passes_per_token", "dense passes/token", "{:.3f}"),
     ("bytes_promoted_per_rerank", "promoted B/rerank", "{:.3g}"),
     ("rerank_ms_per_step", "rerank ms/step", "{:.2f}"),
     ("head_reranks_per_step", "head reranks/step", "{:.1f}"),
@@ -54,10 +56,13 @@ def render_markdown(results: dict[str, Any]) -> str:
         f"Command: `{results['command']}`",
         "",
         "fast KV / dense: fast-tier KV bytes (allocated head-pages) over dense's pages for the "
-        "same tokens; + metadata adds the MinMax metadata. tok/s: 1 / median step time. greedy "
+        "same tokens; + metadata adds the MinMax metadata. tok/s: generated tokens / decode time. "
+        "greedy "
         "agree: fraction of the generated tokens equal to dense's at the same position "
         "(free-running); tf top1: argmax agreement when fed dense's tokens. promoted B/rerank: "
-        "host->fast bytes per step in which offloaded heads reranked (first step excluded).",
+        "host->fast bytes per step in which offloaded heads reranked (first step excluded). "
+        "draft accept: with verify=K, drafted tokens the dense pass kept; dense passes/token: "
+        "dense verification passes per generated token.",
         "",
         table(results["policies"]),
         "",

@@ -129,6 +129,33 @@ class HeadPagedKV:
             self.host_k[host, p, o] = k[off]
             self.host_v[host, p, o] = v[off]
 
+    def full_kv(self, layer: int, head: int) -> tuple[Tensor, Tensor]:
+        """Every token's K/V of (layer, head), two (num_tokens, Dh) views, no copy: a resident
+        head's pages are consecutive arena rows, an offloaded head's full KV is its host copy."""
+        n = self.num_tokens
+        if bool(self.offload[layer, head]):
+            r = int(self.off_row[layer, head])
+            k, v = self.host_k[r], self.host_v[r]
+        else:
+            first = int(self.region[layer, head])
+            k = self.arena_k[first : first + self.max_pages]
+            v = self.arena_v[first : first + self.max_pages]
+        return k.flatten(0, 1)[:n], v.flatten(0, 1)[:n]
+
+    def truncate(self, num_tokens: int) -> None:
+        """Forget every token from `num_tokens` on; pages left empty are closed (their slots of
+        offloaded heads freed, their table entries pointed at the null page)."""
+        if num_tokens > self.num_tokens:
+            raise ValueError(f"cannot truncate {self.num_tokens} tokens to {num_tokens}")
+        keep = -(-num_tokens // self.page_size)
+        opened = -(-self.num_tokens // self.page_size)
+        if opened > keep:
+            self.table[:, :, keep:opened] = NULL_PAGE
+            if len(self.slot_page):
+                self.slot_page[self.slot_page >= keep] = -1
+            self.dirty[:] = True
+        self.num_tokens = num_tokens
+
     def sync(self, layer: int) -> None:
         """Copy the dirty rows of `layer` into the table attention reads."""
         rows = torch.nonzero(self.dirty[layer]).flatten()

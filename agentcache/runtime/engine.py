@@ -232,9 +232,16 @@ class Engine:
             if params.max_new_tokens > 1
             else None
         )
+        draft = 0  # > 0: greedy self-speculative decoding (DecodeConfig.verify)
+        if sparse is not None and sparse.config.verify:
+            if params.temperature > 0:
+                sparse.verify_skipped = True
+            else:
+                draft = sparse.config.verify
+        queue: list[int] = []  # verified tokens not emitted yet
         finish = "length"
         while len(ids) < params.max_new_tokens and position < max_pos:
-            token = sample(logits, params.temperature, params.top_p, gen)
+            token = queue.pop(0) if queue else sample(logits, params.temperature, params.top_p, gen)
             if token in eos:
                 finish = "stop"
                 break
@@ -246,7 +253,12 @@ class Engine:
                 break
             if len(ids) == params.max_new_tokens:
                 break
-            logits = sparse.step(token, position) if sparse else self.step(seq, token, position)
+            if draft and sparse is not None:
+                if not queue:
+                    room = min(draft, params.max_new_tokens - len(ids), max_pos - position - 1)
+                    queue = sparse.advance(token, position, max(room, 1), eos)
+            else:
+                logits = sparse.step(token, position) if sparse else self.step(seq, token, position)
             position += 1
         elapsed = time.perf_counter() - t0
         return ids, finish, elapsed, sparse.stats() if sparse else None

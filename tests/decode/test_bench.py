@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agentcache.decode.bench import DecodeBenchSettings, run_decode_bench
-from agentcache.decode.config import DecodeConfig
+from agentcache.decode.config import DecodeConfig, parse_policy_spec
 from agentcache.decode.prompts import token_prompts
 from agentcache.decode.report import write_report
 from agentcache.model.loading import LoadedModel
@@ -30,15 +30,16 @@ def test_bench_decode_writes_every_metric(
     settings = DecodeBenchSettings(
         context=600,
         new_tokens=40,
-        policies=("dense", "quest", "flexicache"),
+        policies=("dense", "quest", "flexicache", "flexicache:verify=4"),
         budget_pages=4,
         needle_tokens=6,
     )
     prompts = token_prompts(tiny, [TEXT], settings.prompt_tokens, 1)
     assert prompts[0].num_tokens == 560
 
-    def config(policy: str) -> DecodeConfig:
-        return DecodeConfig(policy, budget_pages=4, profile=profile_file)
+    def config(spec: str) -> DecodeConfig:
+        name, options = parse_policy_spec(spec)
+        return DecodeConfig(name, budget_pages=4, profile=profile_file, **options)  # type: ignore[arg-type]
 
     results = run_decode_bench(tiny, prompts, settings, config)
     results.update(
@@ -49,7 +50,7 @@ def test_bench_decode_writes_every_metric(
     )  # fmt: skip
     write_report(tmp_path, results)
     pol = json.loads((tmp_path / "results.json").read_text())["policies"]
-    assert set(pol) == {"dense", "quest", "flexicache"}
+    assert set(pol) == {"dense", "quest", "flexicache", "flexicache:verify=4"}
     for name in pol:
         assert all(k in pol[name] for k in KEYS), name
     dense, flexi = pol["dense"], pol["flexicache"]
@@ -61,6 +62,10 @@ def test_bench_decode_writes_every_metric(
     assert flexi["bytes_promoted_per_rerank"] > 0 and dense["bytes_promoted_per_rerank"] == 0
     assert 0 <= flexi["greedy_agreement_with_dense"] <= 1
     assert flexi["head_reranks_per_step"] < pol["quest"]["head_reranks_per_step"] == 8
+    verified = pol["flexicache:verify=4"]
+    assert verified["greedy_agreement_with_dense"] == 1.0  # dense's tokens, by construction
+    assert 0 <= verified["verify_acceptance"] <= 1 and verified["verify_passes_per_token"] > 0
+    assert "verify_acceptance" not in flexi
     report = (tmp_path / "report.md").read_text()
     assert "| flexicache |" in report and "Planted needle" in report
     needle = json.loads((tmp_path / "results.json").read_text())["needle"]["policies"]
@@ -74,3 +79,15 @@ def test_bench_settings_need_dense_and_room_for_new_tokens() -> None:
         DecodeBenchSettings(policies=("flexicache",))
     with pytest.raises(ValueError, match="context"):
         DecodeBenchSettings(context=100, new_tokens=100)
+
+
+def test_policy_specs_carry_options_and_reject_unknown_ones() -> None:
+    assert parse_policy_spec("flexicache:verify=8:budget=96") == (
+        "flexicache",
+        {"verify": 8, "budget_pages": 96},
+    )
+    assert parse_policy_spec("dense") == ("dense", {})
+    with pytest.raises(ValueError, match="keys: verify, budget, recent"):
+        parse_policy_spec("flexicache:speed=3")
+    with pytest.raises(ValueError, match="not an integer"):
+        parse_policy_spec("flexicache:verify=x")

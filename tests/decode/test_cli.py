@@ -31,3 +31,8 @@ def test_missing_prompts_file_is_a_clear_error(
 ) -> None:
     assert main([command, str(tmp_path / "nope.txt"), "--threads", "1"]) == 2
     assert "nope.txt does not exist" in capsys.readouterr().err
+
+
+def test_bench_decode_rejects_an_unknown_policy_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench-decode", "--policies", "dense,flexicache:fast=1"]) == 2
+    assert "flexicache:fast=1" in capsys.readouterr().err

@@ -1,0 +1,105 @@
+"""Greedy self-speculative decoding: sparse drafts verified by a dense pass reproduce dense
+decoding, token for token, and leave dense K/V behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentcache.decode.config import DecodeConfig
+from agentcache.decode.decoder import SparseDecoder
+from agentcache.decode.policies import DECODE_POLICIES
+from agentcache.decode.prompts import tokenized_prompt
+from agentcache.model.loading import LoadedModel
+from agentcache.prompt.segments import SegmentedPrompt
+from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
+
+
+def engine(model: LoadedModel, **decode: object) -> Engine:
+    config = DecodeConfig(**decode)  # type: ignore[arg-type]
+    return Engine(model, EngineConfig(strategy="full", kv_pages=256, decode=config))
+
+
+def prompt(tiny: LoadedModel, n: int = 300, seed: int = 0) -> list[int]:
+    torch.manual_seed(seed)
+    return torch.randint(0, 256, (n,)).tolist()
+
+
+@pytest.mark.parametrize("policy", ["quest", "flexicache", "multiscale"])
+@pytest.mark.parametrize("draft", [1, 4, 7])
+def test_verified_sparse_decode_equals_dense_decode(
+    tiny: LoadedModel, profile_file: Path, policy: str, draft: int
+) -> None:
+    ids = tokenized_prompt(tiny, prompt(tiny))
+    params = GenerationParams(max_new_tokens=60)
+    dense = engine(tiny).generate(ids, params, commit=False)
+    decode = {"policy": policy, "budget_pages": 10, "profile": profile_file}
+    unverified = engine(tiny, **decode).generate(ids, params, commit=False)
+    verified = engine(tiny, **decode, verify=draft).generate(ids, params, commit=False)
+    # the budget is small enough that sparse decoding alone leaves dense's path
+    assert unverified.token_ids != dense.token_ids
+    assert verified.token_ids == dense.token_ids
+    s = verified.stats.decode
+    assert s is not None and s.verify_passes > 0 and not s.verify_skipped
+    assert 0 < s.accepted_tokens < s.drafted_tokens  # some drafts kept, some rejected
+    assert s.host_bytes_read > 0 or policy == "quest"  # quest offloads nothing
+
+
+def test_advance_leaves_dense_kv_for_the_kept_tokens(tiny: LoadedModel) -> None:
+    """After rejected drafts are cut, the decoder's K/V of every token equals the K/V dense
+    decoding computes for the same tokens."""
+    e = engine(tiny)
+    seq, pre = e.prefill(tokenized_prompt(tiny, prompt(tiny, 200, seed=1)))
+    try:
+        keys, values = seq.gather_all(slice(0, seq.num_tokens))
+        plan = DECODE_POLICIES.get("quest")().plan(tiny.config.num_layers, 2, None)
+        dec = SparseDecoder(tiny.forward, plan, DecodeConfig("quest", 2), keys, values, 260)
+        token, position, out = int(pre.logits.argmax()), 200, []
+        while len(out) < 40:
+            got = dec.advance(token, position, 5)
+            out += got
+            position += len(got)
+            token = got[-1]
+        assert dec.stats().accepted_tokens < dec.stats().drafted_tokens
+        # dense reference along the same tokens
+        ref_token = int(pre.logits.argmax())
+        for i, t in enumerate(out):
+            logits = e.step(seq, ref_token, 200 + i)
+            assert int(logits.argmax()) == t
+            ref_token = t
+        n = dec.kv.num_tokens
+        ref_k, ref_v = seq.gather_all(slice(0, n))
+        for layer in range(tiny.config.num_layers):
+            for h in range(2):
+                k, v = dec.kv.full_kv(layer, h)
+                torch.testing.assert_close(k, ref_k[layer, :, h], rtol=0, atol=1e-5)
+                torch.testing.assert_close(v, ref_v[layer, :, h], rtol=0, atol=1e-5)
+    finally:
+        seq.free()
+
+
+def test_sampling_skips_verification_and_says_so(
+    tiny: LoadedModel, long_prompt: SegmentedPrompt, profile_file: Path
+) -> None:
+    e = engine(tiny, policy="flexicache", budget_pages=2, profile=profile_file, verify=4)
+    gen = e.generate(long_prompt, GenerationParams(max_new_tokens=10, temperature=0.8, seed=1))
+    s = gen.stats.decode
+    assert s is not None and s.verify_skipped and s.verify_passes == 0
+
+
+def test_verified_decode_respects_max_tokens_and_stop(
+    tiny: LoadedModel, long_prompt: SegmentedPrompt, profile_file: Path
+) -> None:
+    e = engine(tiny, policy="flexicache", budget_pages=2, profile=profile_file, verify=8)
+    streamed: list[int] = []
+    for n in (1, 2, 9, 13):
+        gen = e.generate(long_prompt, GenerationParams(max_new_tokens=n), on_token=streamed.append)
+        assert len(gen.token_ids) == n
+        assert streamed[-n:] == list(gen.token_ids)
+
+
+def test_negative_verify_is_rejected() -> None:
+    with pytest.raises(ValueError, match="verify must be >= 0"):
+        DecodeConfig("quest", verify=-1)
