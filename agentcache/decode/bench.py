@@ -266,6 +266,9 @@ def _summarize(per_prompt: list[dict[str, Any]], settings: DecodeBenchSettings) 
     def pooled(name: str, key: str) -> list[Any]:
         return [p["policies"][name][key] for p in per_prompt]
 
+    def runs_of(name: str) -> dict[str, Any]:
+        return per_prompt[0]["policies"][name]
+
     def decode_sum(name: str, key: str) -> float:
         return sum(float(d[key]) for d in pooled(name, "decode") if d)
 
@@ -310,7 +313,7 @@ def _summarize(per_prompt: list[dict[str, Any]], settings: DecodeBenchSettings) 
             )
             s["verify_passes_per_token"] = decode_sum(name, "verify_passes") / steps
             s["host_bytes_read_per_token"] = decode_sum(name, "host_bytes_read") / steps
-        if settings.teacher_forced and name != "dense":
+        if settings.teacher_forced and "teacher_forced_top1_agreement" in runs_of(name):
             s["teacher_forced_top1_agreement"] = statistics.mean(
                 pooled(name, "teacher_forced_top1_agreement")
             )
