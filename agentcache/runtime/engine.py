@@ -165,11 +165,11 @@ class Engine:
                 t0 = time.perf_counter()
                 pre = strat.prefill(self.ctx, tokens, seq)
                 ttft = time.perf_counter() - t0
-                ids, finish, decode_s, dstats = self._decode(seq, pre, params, on_token)
-                if commit:
+                if commit:  # the prompt's KV, before a sparse decoder lets its pages go
                     strat.commit(self.ctx, tokens, seq, pre.positions)
                     if pre.stats.dirty is not None and self._adopts():
                         adopt_recomputed(self.ctx, tokens, seq, pre.positions, pre.stats.dirty)
+                ids, finish, decode_s, dstats = self._decode(seq, pre, params, on_token)
             finally:
                 seq.free()
         text = self._text(ids, params.stop)
@@ -232,6 +232,8 @@ class Engine:
             if params.max_new_tokens > 1
             else None
         )
+        if sparse is not None:
+            seq.free()  # the decoder holds its own copy: the fast tier keeps only its arena
         draft = 0  # > 0: greedy self-speculative decoding (DecodeConfig.verify)
         if sparse is not None and sparse.config.verify:
             if params.temperature > 0:

@@ -124,3 +124,20 @@ def test_sparse_decode_keeps_reuse_working(
     assert e.ctx.pool.num_used == 0  # the sequence's pages are released after decode
     one = e.generate(long_prompt, GenerationParams(max_new_tokens=1))
     assert one.stats.decode is None and len(one.token_ids) == 1  # no step, no decoder built
+
+
+def test_sparse_decode_releases_the_prompt_pages_of_the_fast_tier(
+    tiny: LoadedModel, long_prompt: SegmentedPrompt, profile_file: Path
+) -> None:
+    """Once the decoder holds the prompt's KV, the engine's page pool lets it go."""
+    used: list[int] = []
+    for config in (
+        DecodeConfig(),
+        DecodeConfig("flexicache", budget_pages=4, profile=profile_file),
+    ):
+        e = Engine(tiny, EngineConfig(strategy="full", kv_pages=256, decode=config))
+        pool = e.ctx.pool
+        e.generate(long_prompt, GenerationParams(max_new_tokens=5),
+                   on_token=lambda _, pool=pool: used.append(pool.num_used))  # fmt: skip
+    dense, sparse = used[:5], used[5:]
+    assert min(dense) > 0 and sparse == [0] * 5
