@@ -95,7 +95,9 @@ def run_decode_bench(
                 build = _sparse_builder(model, setups[name], keys, values, settings)
                 run = _run(build, first, start, settings.new_tokens, None, on_step)
                 if settings.teacher_forced and not setups[name].config.verify:
-                    forced = _run(build, first, start, settings.new_tokens, dense.tokens).tokens
+                    forced = _run(
+                        build, first, start, settings.new_tokens, dense.tokens, on_step
+                    ).tokens
             runs[name] = _record(run, dense, forced)
         per_prompt.append({"prompt_tokens": prompt.num_tokens, "policies": runs})
     summary = _summarize(per_prompt, settings)
