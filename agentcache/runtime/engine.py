@@ -23,8 +23,14 @@ from agentcache.errors import ContextLengthError
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
 from agentcache.kv.store import SegmentStore
 from agentcache.model.loading import LoadedModel
-from agentcache.prompt.segments import SegmentedPrompt
-from agentcache.prompt.tokenize import TokenizedPrompt, tokenize_prompt
+from agentcache.prompt.segments import Segment, SegmentedPrompt
+from agentcache.prompt.tokenize import (
+    GENERATION_PROMPT_ID,
+    TokenizedPrompt,
+    TokenizedSegment,
+    render_segment,
+    tokenize_prompt,
+)
 from agentcache.reuse import DEFAULT_STRATEGY
 from agentcache.reuse.base import (
     STRATEGIES,
@@ -89,6 +95,18 @@ class TurnStats:
     decode_fallbacks: int = 0  # 1 when the configured decode policy fell back to dense
     decode: DecodeStats | None = None  # sparse decode figures (None for dense)
     load_overlap: float | None = None  # share of the KV load hidden behind compute
+    # the reply's KV stored under next turn's form of it: "stored", or why not (REPLY_KV)
+    reply_kv: str | None = None
+
+
+# Engine.generate(reply=...) outcomes besides "stored"
+REPLY_KV = {
+    "no-reply": "the caller gave no segment for this reply",
+    "sparse-decode": "a sparse decoder held the KV; the engine's pages were released",
+    "no-generation-prompt": "the prompt did not end in the generation prompt (e.g. a prefill)",
+    "retokenized": "the reply's message tokenizes differently from the generated tokens",
+    "context": "the closed message would pass the model's positions",
+}
 
 
 @dataclass(frozen=True)
@@ -154,8 +172,13 @@ class Engine:
         strategy: str | None = None,
         commit: bool = True,
         on_token: Callable[[int], None] | None = None,
+        reply: Callable[[str], Segment | None] | None = None,
     ) -> Generation:
-        """`on_token` is called with each new token id as it is chosen (for streaming)."""
+        """`on_token` is called with each new token id as it is chosen (for streaming).
+
+        `reply` maps the reply's text to the segment it will be in the next turn's prompt (an
+        assistant message); with `commit`, the KV of that closed message, computed here in its
+        true context, is stored so the next turn finds it (TurnStats.reply_kv says whether)."""
         params = params or GenerationParams()
         tokens = prompt if isinstance(prompt, TokenizedPrompt) else self.tokenize(prompt)
         with self._lock, torch.inference_mode():
@@ -170,17 +193,57 @@ class Engine:
                     if pre.stats.dirty is not None and self._adopts():
                         adopt_recomputed(self.ctx, tokens, seq, pre.positions, pre.stats.dirty)
                 ids, finish, decode_s, dstats = self._decode(seq, pre, params, on_token)
+                text = self._text(ids, params.stop)
+                reply_kv = None
+                if commit and reply is not None:
+                    reply_kv = self._commit_reply(strat, tokens, seq, pre, ids, reply(text))
             finally:
                 seq.free()
-        text = self._text(ids, params.stop)
         s = pre.stats
         stats = TurnStats(
             strat.name, s.prompt_tokens, s.reused_tokens, s.recomputed_tokens,
             s.recompute_fraction, ttft, len(ids), len(ids) / decode_s if decode_s > 0 else 0.0,
             s.fallbacks, tuple(s.fallback_reasons), tuple(s.misses), self.decode.policy,
-            int(self.decode.fallback_reason is not None), dstats, s.load_overlap,
+            int(self.decode.fallback_reason is not None), dstats, s.load_overlap, reply_kv,
         )  # fmt: skip
         return Generation(text, tuple(ids), finish, pre.logits, stats)
+
+    def _commit_reply(
+        self,
+        strat: ReuseStrategy,
+        prompt: TokenizedPrompt,
+        seq: SequenceKV,
+        pre: PrefillResult,
+        ids: list[int],
+        segment: Segment | None,
+    ) -> str:
+        """Store the prompt with the reply as the closed message that replaces the generation
+        prompt next turn: its KV is the generation prompt's (already in `seq`), the generated
+        tokens' and the few closing tokens, computed here."""
+        if segment is None:
+            return "no-reply"
+        if seq.num_tokens == 0:
+            return "sparse-decode"
+        head = prompt.segments[-1]
+        if head.segment.id != GENERATION_PROMPT_ID:
+            return "no-generation-prompt"
+        m = self.model
+        closed = tuple(m.tokenizer.encode(render_segment(segment, m.chat_format, is_last=False)))
+        n = prompt.num_tokens
+        body = prompt.ids[head.start :] + tuple(ids)
+        if closed[: len(body)] != body:
+            return "retokenized"
+        start = int(pre.positions.max().item()) + 1  # the first generated token's position
+        extra = len(closed) - len(head.ids)  # tokens after the prompt
+        if start + extra > m.config.max_position_embeddings:
+            return "context"
+        for i in range(seq.num_tokens - n, extra):  # not fed yet: the last token, the closing
+            self.step(seq, closed[len(head.ids) + i], start + i)
+        segs = (*prompt.segments[:-1], TokenizedSegment(segment, closed, head.start))
+        full = TokenizedPrompt(segs, prompt.ids[: head.start] + closed)
+        positions = torch.cat([pre.positions, torch.arange(start, start + extra)])
+        strat.commit(self.ctx, full, seq, positions)
+        return "stored"
 
     def _adopts(self) -> bool:
         return self.config.tiers is not None and self.config.tiers.adopt_recomputed

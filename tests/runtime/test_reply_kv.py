@@ -1,0 +1,103 @@
+"""A reply's KV, stored at generation under the form the reply takes in the next turn."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentcache.decode.config import DecodeConfig
+from agentcache.decode.profile import HeadProfile, save_profile
+from agentcache.model.loading import LoadedModel
+from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
+from agentcache.runtime import engine as engine_module
+from agentcache.runtime.engine import REPLY_KV, Engine, EngineConfig, GenerationParams
+
+REPLY = "Four."
+SYSTEM = Segment(SegmentKind.SYSTEM, "You answer arithmetic questions tersely.", "sys", "system")
+
+
+@pytest.fixture
+def scripted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Greedy choice replaced by a script: the reply's bytes, then end of text. The KV of every
+    token is still computed by the engine."""
+    script: list[int] = []
+
+    def sample(logits: torch.Tensor, *args: object) -> int:
+        if not script:
+            script.extend([*REPLY.encode(), 256])
+        return script.pop(0)
+
+    monkeypatch.setattr(engine_module, "sample", sample)
+    yield
+
+
+def turn1() -> SegmentedPrompt:
+    return SegmentedPrompt([SYSTEM, Segment(SegmentKind.UPDATE, "What is 2 + 2?", "u1", "user")])
+
+
+def turn2(reply: str = REPLY) -> SegmentedPrompt:
+    return SegmentedPrompt([
+        SYSTEM,
+        Segment(SegmentKind.FIXED, "What is 2 + 2?", "u1", "user"),
+        Segment(SegmentKind.FIXED, reply, "a1", "assistant"),
+        Segment(SegmentKind.UPDATE, "And 3 + 3?", "u2", "user"),
+    ])  # fmt: skip
+
+
+def as_message(text: str) -> Segment:
+    return Segment(SegmentKind.FIXED, text, "a1", "assistant")
+
+
+PARAMS = GenerationParams(max_new_tokens=16)
+
+
+@pytest.mark.parametrize("strategy", ["rpdc", "epic", "prefix", "promptcache"])
+def test_the_stored_reply_is_reused_next_turn_exactly(
+    tiny: LoadedModel, scripted: None, strategy: str
+) -> None:
+    e = Engine(tiny, EngineConfig(strategy=strategy, kv_pages=256))
+    first = e.generate(turn1(), PARAMS, reply=as_message)
+    assert first.text == REPLY and first.stats.reply_kv == "stored"
+    second = e.generate(turn2(), PARAMS)
+    assert not [m for m in second.stats.misses if m.segment_id == "a1"]
+    prompt1 = e.tokenize(turn1()).num_tokens
+    assert second.stats.reused_tokens > prompt1  # the reply's tokens came from the store
+    ref = Engine(tiny, EngineConfig(strategy="full", kv_pages=256)).generate(turn2(), PARAMS)
+    # the reply's KV was computed in the context and at the positions it has now: exact
+    torch.testing.assert_close(second.first_token_logits, ref.first_token_logits, atol=1e-4, rtol=0)
+
+
+def test_without_reply_the_message_is_a_miss(tiny: LoadedModel, scripted: None) -> None:
+    e = Engine(tiny, EngineConfig(kv_pages=256))
+    first = e.generate(turn1(), PARAMS)
+    assert first.stats.reply_kv is None
+    second = e.generate(turn2(), PARAMS)
+    assert [m.reason for m in second.stats.misses if m.segment_id == "a1"] == ["new"]
+
+
+def test_reasons_the_reply_is_not_stored(tiny: LoadedModel, scripted: None, tmp_path: Path) -> None:
+    e = Engine(tiny, EngineConfig(kv_pages=256))
+    assert e.generate(turn1(), PARAMS, reply=lambda t: None).stats.reply_kv == "no-reply"
+    other = e.generate(turn1(), PARAMS, reply=lambda t: as_message("Five."))
+    assert other.stats.reply_kv == "retokenized"
+    prefilled = SegmentedPrompt(
+        [*turn1().segments, Segment(SegmentKind.UPDATE, "", "p", "assistant")]
+    )
+    assert e.generate(prefilled, PARAMS, reply=as_message).stats.reply_kv == "no-generation-prompt"
+    c = tiny.config
+    profile = HeadProfile(tiny.model_id, c.num_layers, c.num_kv_heads,
+                          [[0.5] * c.num_kv_heads] * c.num_layers, [(0, 0)])  # fmt: skip
+    decode = DecodeConfig("flexicache", 2, profile=save_profile(profile, tmp_path / "p.json"))
+    sparse = Engine(tiny, EngineConfig(kv_pages=256, decode=decode))
+    assert sparse.generate(turn1(), PARAMS, reply=as_message).stats.reply_kv == "sparse-decode"
+    assert {"no-reply", "retokenized", "no-generation-prompt", "sparse-decode"} <= set(REPLY_KV)
+    # nothing stored for the reply in any of these: next turn it is computed
+    assert [m.reason for m in e.generate(turn2(), PARAMS).stats.misses if m.segment_id == "a1"]
+
+
+def test_no_commit_means_no_reply_store(tiny: LoadedModel, scripted: None) -> None:
+    e = Engine(tiny, EngineConfig(kv_pages=256))
+    assert e.generate(turn1(), PARAMS, commit=False, reply=as_message).stats.reply_kv is None
