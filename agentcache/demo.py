@@ -10,6 +10,7 @@ Layout per turn (ChatML on the default model):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -59,6 +60,11 @@ def working_memory(turn: int) -> str:
     )
 
 
+def reply_segment(index: int) -> Callable[[str], Segment]:
+    """The form a reply takes in the next turns' history, so its KV is stored when generated."""
+    return lambda text: Segment(SegmentKind.FIXED, text, f"assistant-{index}", "assistant")
+
+
 def build_prompt(turn: int, history: list[tuple[str, str]], user: str) -> SegmentedPrompt:
     segs = [
         Segment(SegmentKind.SYSTEM, SYSTEM, "system", "system"),
@@ -97,8 +103,9 @@ def run_demo(
             user = USER_TURNS[i % len(USER_TURNS)]
             prompt = build_prompt(i, history, user)
             row = {}
+            reply = reply_segment(len(history))
             for name, engine in engines.items():
-                row[name] = engine.generate(prompt, params)
+                row[name] = engine.generate(prompt, params, reply=reply)
                 progress.advance(task)
             rows.append(row)
             history.append((user, row["full"].text))
