@@ -319,6 +319,8 @@ class AgentCacheConnector(KVConnectorBase_V1):
             cpu_isa=isa,
         )
         self._paged = PagedKV([kv_caches[n] for n in names], layout)
+        if self.settings.segments:  # load the filler's weights now, not in a request's TTFT
+            self._segment_filler()
 
     def _segment_filler(self) -> SegmentFiller:
         if self._filler is None:
