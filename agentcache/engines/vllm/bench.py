@@ -7,8 +7,9 @@ for agentcache an empty segment folder) over the same turns:
     prefix            vLLM's automatic prefix caching alone (the baseline)
     agentcache:NAME   vLLM's prefix caching + agentcache's connector, reuse strategy NAME
 
-Per turn: TTFT = wall time of a one-token `generate` call (prompt in -> first token out), the
-first token and the top-5 candidates. Reported: TTFT per turn, the median over warm turns
+Per turn: TTFT = time from submitting a one-token request to its first token (what
+`VLLMBackend.generate` measures around vLLM's engine steps), the first token and the top-5
+candidates. Reported: TTFT per turn, the median over warm turns
 (every turn but each session's first), the median per-turn ratio to `prefix`, first-token
 agreement and top-5 overlap against `none`.
 """
