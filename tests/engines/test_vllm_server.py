@@ -47,7 +47,25 @@ with live_server(create_app(backend, ServerConfig("default"))) as url:
                                             temperature=0, max_tokens=12, stream=True,
                                             extra_headers=head)
     pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
-print("RESULT " + json.dumps({"turns": turns, "streamed": pieces}))
+# a client that hangs up: on_token raises; the request is aborted, the engine serves on
+from agentcache.prompt.segments import Segment, SegmentedPrompt
+from agentcache.runtime.engine import GenerationParams
+prompt = SegmentedPrompt([Segment("system", system, "sys", "system"),
+                          Segment("update", "Hello!", "q", "user")])
+seen = []
+def hang_up(token):
+    seen.append(token)
+    if len(seen) == 2:
+        raise KeyboardInterrupt
+try:
+    backend.generate(prompt, GenerationParams(max_new_tokens=8), on_token=hang_up)
+    aborted = False
+except KeyboardInterrupt:
+    aborted = True
+left = backend.llm.llm_engine.has_unfinished_requests()
+after = len(backend.generate(prompt, GenerationParams(max_new_tokens=8)).token_ids)
+print("RESULT " + json.dumps({"turns": turns, "streamed": pieces,
+                              "hang_up": [aborted, left, len(seen), after]}))
 """
 
 
@@ -77,3 +95,7 @@ def test_serve_on_vllm_reuses_the_store_and_answers_as_vllm_without_it(tmp_path:
         assert ("system", "hit") in statuses
     assert "".join(restarted["streamed"]) == texts[0][1]  # type: ignore[arg-type]
     assert len(restarted["streamed"]) > 2  # type: ignore[arg-type]  # token by token
+    # on_token raising (the server's, when a streaming client leaves) aborts the request
+    for run in (reference, first, restarted):
+        aborted, unfinished, streamed, after = run["hang_up"]  # type: ignore[misc]
+        assert (aborted, unfinished, streamed) == (True, False, 2) and after > 0
