@@ -13,7 +13,8 @@ from agentcache.chat.stream import TextStream
 from agentcache.chat.tools import TOOL_CALL_OPEN, InvalidToolCall, ParsedReply, parse_tool_calls
 from agentcache.errors import ContextLengthError
 from agentcache.prompt.tokenize import TokenizedPrompt
-from agentcache.runtime.engine import Engine, Generation, GenerationParams
+from agentcache.runtime.backends import ServingEngine
+from agentcache.runtime.engine import Generation, GenerationParams
 
 
 @dataclass(frozen=True)
@@ -59,16 +60,16 @@ class ChatResult:
 
 
 class ChatEngine:
-    """Chat front of an `Engine`. Thread-safe: the engine serializes generation, the tracker
-    locks its own state."""
+    """Chat front of a `ServingEngine` (the embedded `Engine` or the vLLM backend).
+    Thread-safe: the engine serializes generation, the tracker locks its own state."""
 
-    def __init__(self, engine: Engine, tracker: ConversationTracker | None = None) -> None:
+    def __init__(self, engine: ServingEngine, tracker: ConversationTracker | None = None) -> None:
         self.engine = engine
         self.tracker = tracker or ConversationTracker()
 
     @property
     def max_context(self) -> int:
-        return self.engine.model.config.max_position_embeddings
+        return self.engine.max_context
 
     def prepare(self, request: ChatRequest, clamp_max_tokens: bool = False) -> PreparedChat:
         """Segment and tokenize; raises PromptError / ContextLengthError on bad input.
@@ -92,7 +93,7 @@ class ChatEngine:
         """Generate. `on_text` receives the reply's content as it is produced, in pieces whose
         concatenation is the final `content` (tool-call blocks and stop strings held back)."""
         req = prepared.request
-        tok = self.engine.model.tokenizer
+        tok = self.engine.tokenizer
         holds = (TOOL_CALL_OPEN,) if req.tools else ()
         stream = TextStream(tok.decode, req.params.stop, holds, req.prefill or "")
         on_token = None

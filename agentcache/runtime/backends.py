@@ -3,14 +3,18 @@
 `create_engine("embedded")` is agentcache's own `Engine`; `create_engine("vllm")` is vLLM with
 agentcache's KV connector (`agentcache.engines.vllm`, imported only then). Both give
 `config.strategy`, `strategy(name)`, `tokenize(prompt)` and `generate(prompt, params,
-strategy)`, so `AgentSession` and the agent code above it run unchanged on either.
+strategy, on_token=...)`, so `AgentSession` and the agent code above it run unchanged on either.
+`ServingEngine` adds what the chat server needs (the tokenizer, the context length, the model
+id, the store's size), so `agentcache serve` runs on either too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from agentcache.model.tokenizer import TextTokenizer
 from agentcache.prompt.segments import SegmentedPrompt
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse import DEFAULT_STRATEGY
@@ -35,7 +39,23 @@ class TurnEngine(Protocol):
         params: GenerationParams | None = None,
         strategy: str | None = None,
         commit: bool = True,
+        on_token: Callable[[int], None] | None = None,
     ) -> Generation: ...
+
+
+class ServingEngine(TurnEngine, Protocol):
+    """What the chat server (`agentcache serve`, `ChatEngine`) needs from an engine."""
+
+    @property
+    def tokenizer(self) -> TextTokenizer: ...  # decodes streamed token ids
+
+    @property
+    def max_context(self) -> int: ...  # prompt + generated tokens, at most
+
+    @property
+    def model_id(self) -> str: ...  # `name#weights-fingerprint`
+
+    def store_bytes(self) -> dict[str, int]: ...  # bytes held by the segment store, per tier
 
 
 def create_engine(

@@ -23,6 +23,7 @@ from agentcache.errors import ContextLengthError
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
 from agentcache.kv.store import SegmentStore
 from agentcache.model.loading import LoadedModel
+from agentcache.model.tokenizer import TextTokenizer
 from agentcache.prompt.segments import Segment, SegmentedPrompt
 from agentcache.prompt.tokenize import (
     GENERATION_PROMPT_ID,
@@ -153,6 +154,22 @@ class Engine:
     @property
     def store(self) -> SegmentStore:
         return self.ctx.store
+
+    # what the chat server reads (runtime.backends.ServingEngine); the vLLM backend has them too
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        return self.model.tokenizer
+
+    @property
+    def max_context(self) -> int:
+        return self.model.config.max_position_embeddings
+
+    @property
+    def model_id(self) -> str:
+        return self.model.model_id
+
+    def store_bytes(self) -> dict[str, int]:
+        return {"memory": self.store.stats.bytes}
 
     def strategy(self, name: str | None = None) -> ReuseStrategy:
         name = name or self.config.strategy

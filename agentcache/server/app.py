@@ -1,7 +1,8 @@
 """The ASGI app: /v1/chat/completions (JSON and SSE), /v1/models, /health, /metrics.
 
 Generation runs in worker threads; the engine serializes requests under its lock, so
-concurrent conversations interleave by request and never share a sequence.
+concurrent conversations interleave by request and never share a sequence. The engine is any
+`ServingEngine`: the embedded `Engine` or vLLM (`agentcache serve --backend vllm`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from agentcache.chat.runner import ChatEngine, ChatResult, PreparedChat
 from agentcache.chat.segmenter import ConversationTracker
 from agentcache.errors import AgentCacheError, ContextLengthError, OutOfPagesError, PromptError
-from agentcache.runtime.engine import Engine
+from agentcache.runtime.backends import ServingEngine
 from agentcache.server.convert import (
     chunk,
     completion_body,
@@ -67,10 +68,10 @@ def api_error(e: AgentCacheError) -> APIError:
     return APIError(500, str(e), "internal_error", None, "server_error")
 
 
-def create_app(engine: Engine, config: ServerConfig | None = None) -> FastAPI:
-    config = config or ServerConfig(engine.model.model_id.split("#", 1)[0])
+def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> FastAPI:
+    config = config or ServerConfig(engine.model_id.split("#", 1)[0])
     chat = ChatEngine(engine, ConversationTracker(isolate=config.isolate_conversations))
-    metrics = ServerMetrics(engine.store)
+    metrics = ServerMetrics(engine.store_bytes)
     app = FastAPI(title="agentcache", version="0.1.0")
     app.state.chat = chat
     app.state.metrics = metrics

@@ -1,9 +1,17 @@
-"""`agentcache serve`: the OpenAI-compatible server on the loaded model."""
+"""`agentcache serve`: the OpenAI-compatible server on the loaded model, run by the embedded
+engine or (`--backend vllm`) by vLLM with agentcache's KV connector."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agentcache.engines.vllm.config import REUSE_MODES  # no vLLM import
+from agentcache.runtime.backends import BACKENDS
+
+if TYPE_CHECKING:
+    from agentcache.runtime.backends import ServingEngine
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -21,7 +29,21 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "else ran; default: only the system prefix is shared)"
     )
     p.add_argument("--share-history", action="store_true", help=share)
-    p.add_argument("--kv-pages", type=int, default=2048, help="fast-tier KV pages of 16 tokens")
+    p.add_argument("--kv-pages", type=int, default=2048,
+                   help="embedded backend: fast-tier KV pages of 16 tokens")  # fmt: skip
+    p.add_argument("--backend", choices=BACKENDS, default="embedded",
+                   help="execution engine: agentcache's own (embedded) or vLLM with agentcache's "
+                   "KV connector (needs the vllm extra; see docs/vllm.md)")  # fmt: skip
+    p.add_argument("--vllm-reuse", choices=REUSE_MODES, default="agentcache",
+                   help="vllm backend: agentcache (vLLM's prefix cache + the connector), prefix "
+                   "(vLLM's prefix cache alone) or none (default: agentcache)")  # fmt: skip
+    p.add_argument(
+        "--store-dir",
+        default=None,
+        help="vllm backend: the shared segment folder (default: <cache>/vllm-store)",
+    )
+    p.add_argument("--max-model-len", type=int, default=8192,
+                   help="vllm backend: context length (default: 8192)")  # fmt: skip
     return p
 
 
@@ -36,18 +58,36 @@ def serve(args: argparse.Namespace, model: str | None, cache_dir: Path) -> int:
     except ImportError:
         print("agentcache serve needs the server extra: pip install 'agentcache[server]'")
         return 2
-    from agentcache.model.loading import load_model
-    from agentcache.runtime.engine import Engine, EngineConfig
     from agentcache.server.app import ServerConfig, create_app
 
-    loaded = load_model(model, cache_dir)
-    config = EngineConfig(kv_pages=args.kv_pages)
-    if args.strategy:
-        config = EngineConfig(strategy=args.strategy, kv_pages=args.kv_pages)
-    engine = Engine(loaded, config)
+    engine = serving_engine(args, model, cache_dir)
     server = ServerConfig(
-        args.served_model_name or served_name(loaded.model_id), args.max_tokens,
+        args.served_model_name or served_name(engine.model_id), args.max_tokens,
         isolate_conversations=not args.share_history,
     )  # fmt: skip
     uvicorn.run(create_app(engine, server), host=args.host, port=args.port, log_level="info")
     return 0
+
+
+def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path) -> ServingEngine:
+    """The engine of `--backend`. vLLM absent: `VLLMUnavailableError` (naming the extra)
+    before anything loads; `agentcache` prints it and exits with 2."""
+    from agentcache.reuse import DEFAULT_STRATEGY
+
+    strategy = args.strategy or DEFAULT_STRATEGY
+    if args.backend == "vllm":
+        from agentcache.engines.vllm import require_vllm
+
+        require_vllm()
+        from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
+
+        store_dir = args.store_dir or str(cache_dir / "vllm-store")
+        config = VLLMConfig(
+            model=model, reuse=args.vllm_reuse, strategy=strategy, store_dir=store_dir,
+            max_model_len=args.max_model_len,
+        )  # fmt: skip
+        return VLLMBackend(config, cache_dir)
+    from agentcache.model.loading import load_model
+    from agentcache.runtime.engine import Engine, EngineConfig
+
+    return Engine(load_model(model, cache_dir), EngineConfig(strategy, kv_pages=args.kv_pages))

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from agentcache.chat.diagnostics import ReuseReport
-from agentcache.kv.store import SegmentStore
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-# The segment store is one in-memory tier today; the label leaves room for host/disk tiers.
+# The embedded engine's store is one in-memory tier; the vLLM backend's is the shared folder.
 STORE_TIER = "memory"
 
 
 class ServerMetrics:
-    def __init__(self, store: SegmentStore) -> None:
+    """`store_bytes` gives the segment store's bytes per tier (`ServingEngine.store_bytes`);
+    it is read at each scrape."""
+
+    def __init__(self, store_bytes: Callable[[], dict[str, int]]) -> None:
+        self._store_bytes = store_bytes
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "agentcache_requests", "HTTP requests", ["endpoint", "status"], registry=r
@@ -45,10 +50,9 @@ class ServerMetrics:
             "agentcache_stream_mismatches", "streams whose pieces differ from the final text",
             registry=r,
         )  # fmt: skip
-        store_bytes = Gauge(
+        self.store_bytes = Gauge(
             "agentcache_store_bytes", "bytes held by the segment store", ["tier"], registry=r
         )
-        store_bytes.labels(STORE_TIER).set_function(lambda: store.stats.bytes)
 
     def record_turn(self, report: ReuseReport, completion_tokens: int) -> None:
         self.ttft.observe(report.ttft_s)
@@ -64,4 +68,6 @@ class ServerMetrics:
                 self.cache_misses.labels(seg.reason or "unknown").inc()
 
     def render(self) -> bytes:
+        for tier, n in self._store_bytes().items():
+            self.store_bytes.labels(tier).set(n)
         return generate_latest(self.registry)

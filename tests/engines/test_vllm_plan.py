@@ -11,9 +11,13 @@ from agentcache.engines.vllm.plan import (
     claim_segments,
     prefix_chunk_ids,
     segment_content_id,
+    unclaimed_segments,
 )
 from agentcache.errors import PromptError
-from agentcache.prompt.segments import SegmentKind
+from agentcache.kv.store import content_id
+from agentcache.prompt.segments import Segment, SegmentKind
+from agentcache.prompt.tokenize import TokenizedSegment
+from agentcache.reuse.segments import scoped
 
 
 def test_prefix_claim_is_the_stored_run_of_blocks_before_the_last_token() -> None:
@@ -83,3 +87,42 @@ def test_spec_round_trips_through_params_and_tokenizes() -> None:
 def test_bad_spans_are_prompt_errors(spans: list[list[object]], message: str) -> None:
     with pytest.raises(PromptError, match=message):
         RequestSpec.parse({"agentcache": {"segments": spans}}, 64)
+
+
+def test_scoped_segments_are_keyed_as_the_embedded_engine_keys_them() -> None:
+    """The server scopes a conversation's history to it: the connector must key (and so
+    isolate) those segments exactly as agentcache's engine does."""
+    ids = list(range(64))
+    scoped_spans = tuple(SegmentSpan(s.kind, s.start, s.end, s.id, "conv-1") for s in SPANS)
+    spec = RequestSpec(scoped_spans, "rpdc")
+    back = RequestSpec.parse(spec.to_params(), 64)
+    assert back == spec
+    seg = back.tokenized(ids).segments[2]
+    assert seg.segment.scope == "conv-1"
+    engine_key = content_id(seg.ids, scoped("segment", seg), None)
+    assert scoped_spans[2].content_id(ids) == engine_key
+    unscoped = TokenizedSegment(Segment(SegmentKind.FIXED, "", "h"), seg.ids, 25)
+    assert SPANS[2].content_id(ids) == content_id(seg.ids, scoped("segment", unscoped), None)
+    assert engine_key != SPANS[2].content_id(ids)  # another conversation does not see it
+    assert claim_segments(spec, ids, 0, lambda c: c == SPANS[2].content_id(ids)) == 0
+    # the four-field spans of earlier clients still parse (no scope)
+    old = {"agentcache": {"segments": [[s.kind.value, s.start, s.end, s.id] for s in SPANS]}}
+    assert RequestSpec.parse(old, 64).spans == SPANS
+
+
+def test_unclaimed_segments_say_why_vllm_computed_them() -> None:
+    ids = list(range(64))
+    spec = RequestSpec(SPANS, "rpdc")
+    fixed = SPANS[2].content_id(ids)
+    misses, reason = unclaimed_segments(spec, ids, 0, lambda c: False)
+    assert misses == [["sys", "system", 10, "new"], ["h", "fixed", 35, "new"]]
+    assert reason is None
+    misses, reason = unclaimed_segments(spec, ids, 0, lambda c: c == fixed)
+    assert misses == [["sys", "system", 10, "new"]]
+    assert reason is not None and "h" in reason and "[0, 63)" in reason
+    # vLLM's own prefix cache already holds the system segment: only what follows is reported
+    misses, _ = unclaimed_segments(spec, ids, 16, lambda c: False)
+    assert misses == [["h", "fixed", 35, "new"]]
+    # a hit covering most of a segment served it: neither a miss nor a declined claim
+    assert unclaimed_segments(spec, ids, 48, lambda c: c == fixed) == ([], None)
+    assert unclaimed_segments(spec, ids, 32, lambda c: False) == ([["h", "fixed", 35, "new"]], None)

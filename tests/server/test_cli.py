@@ -1,6 +1,13 @@
 from __future__ import annotations
 
-from agentcache.cli import ModelCommand, build_parser
+import os
+import subprocess
+import sys
+
+import pytest
+
+from agentcache.cli import ModelCommand, build_parser, main
+from agentcache.engines.vllm import installed_vllm_version
 from agentcache.server.cli import served_name
 
 
@@ -14,3 +21,34 @@ def test_serve_arguments() -> None:
 def test_served_name_drops_the_weights_fingerprint() -> None:
     assert served_name("smollm2-135m-instruct#1a2b3c") == "smollm2-135m-instruct"
     assert served_name("plain") == "plain"
+
+
+def test_serve_backend_defaults_to_embedded() -> None:
+    args = build_parser().parse_args(["serve"])
+    assert (args.backend, args.vllm_reuse, args.store_dir) == ("embedded", "agentcache", None)
+    args = build_parser().parse_args(["serve", "--backend", "vllm", "--vllm-reuse", "prefix"])
+    assert (args.backend, args.vllm_reuse) == ("vllm", "prefix")
+
+
+def test_serve_on_vllm_without_vllm_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Whatever this venv holds: vLLM reported absent gives the extra and exit code 2."""
+    import agentcache.engines.vllm as vllm_pkg
+
+    monkeypatch.setattr(vllm_pkg, "installed_vllm_version", lambda: None)
+    assert main(["serve", "--backend", "vllm", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "vLLM is not installed" in err and "pip install 'agentcache[vllm]'" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.skipif(installed_vllm_version() is not None, reason="vLLM is installed here")
+def test_serve_on_vllm_without_vllm_exits_2_from_the_command_line() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentcache.cli", "serve", "--backend", "vllm", "--port", "0"],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "pip install 'agentcache[vllm]'" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout

@@ -7,13 +7,19 @@ its segment spans travel in `kv_transfer_params` to the connector. Three reuse s
     agentcache  vLLM's prefix cache + agentcache's connector (segments, shared store)
     prefix      vLLM's prefix cache alone (the baseline)
     none        no reuse at all (the reference for fidelity)
+
+Requests go through vLLM's engine step by step (`LLMEngine.add_request` / `step`, what
+`LLM.generate` does inside), so each new token reaches `on_token` as soon as vLLM returns it
+(streaming) and `ttft_s` is the time to the first token.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,20 +28,23 @@ import torch
 
 from agentcache.engines.vllm import require_vllm
 from agentcache.engines.vllm.config import (
+    REUSE_MODES,
     ConnectorSettings,
     default_model_folder,
     kv_transfer_config,
 )
+from agentcache.engines.vllm.identity import model_identity
 from agentcache.engines.vllm.plan import RequestSpec
 from agentcache.engines.vllm.storage import read_report
+from agentcache.kv.store import MissReason
 from agentcache.model.loading import DEFAULT_MODEL
 from agentcache.model.tokenizer import HFTokenizer, chat_format_for
 from agentcache.prompt.segments import SegmentedPrompt
 from agentcache.prompt.tokenize import TokenizedPrompt, tokenize_prompt
 from agentcache.reuse import DEFAULT_STRATEGY, STRATEGIES
+from agentcache.reuse.base import SegmentMiss
 from agentcache.runtime.engine import Generation, GenerationParams, TurnStats
 
-REUSE_MODES = ("agentcache", "prefix", "none")
 GiB = 1 << 30
 
 
@@ -66,7 +75,10 @@ class VLLMConfig:
 
 class VLLMBackend:
     """An execution engine with `Engine`'s session surface (`config.strategy`, `strategy()`,
-    `tokenize()`, `generate()`), so `AgentSession` runs on it unchanged."""
+    `tokenize()`, `generate()`), so `AgentSession` runs on it unchanged, and its serving
+    surface (`tokenizer`, `max_context`, `model_id`, `store_bytes()`), so `agentcache serve`
+    does. Requests are serialized by a lock (vLLM's engine is driven from one thread at a
+    time), as the embedded engine serializes them."""
 
     def __init__(self, config: VLLMConfig | None = None, cache_dir: Path | None = None) -> None:
         self.config = config or VLLMConfig()
@@ -105,7 +117,21 @@ class VLLMBackend:
         if c.in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.llm = vllm.LLM(**kwargs)
+        self.model_id = model_identity(folder, name).model_id
         self.last_transfer: dict[str, Any] = {}  # the connector's report on the latest turn
+        self._lock = threading.Lock()
+
+    @property
+    def max_context(self) -> int:
+        return self.config.max_model_len
+
+    def store_bytes(self) -> dict[str, int]:
+        """Bytes of KV in the shared segment folder (the store every vLLM process reads)."""
+        if self.config.reuse != "agentcache":
+            return {}
+        root = Path(self.store_dir)
+        files = root.glob("??/*.kv") if root.is_dir() else ()
+        return {"folder": sum(f.stat().st_size for f in files if f.is_file())}
 
     def strategy(self, name: str | None = None) -> str:
         """Validate a strategy name (unknown names list the known ones)."""
@@ -142,20 +168,20 @@ class VLLMBackend:
         params: GenerationParams | None = None,
         strategy: str | None = None,
         commit: bool = True,
+        on_token: Callable[[int], None] | None = None,
     ) -> Generation:
-        """Run one turn on vLLM. `ttft_s` in the stats is the wall time of a one-token call
-        only when `max_new_tokens` is 1; otherwise it is the whole call (vLLM's offline API
-        reports no first-token time)."""
+        """Run one turn on vLLM. `on_token` gets each new token id as vLLM's engine step
+        returns it (end-of-sequence ids excluded, as the embedded engine does); `ttft_s` is the
+        time from submitting the request to its first token."""
         if not commit:
             raise ValueError("the vLLM backend always stores a turn's segments (commit=False)")
         params = params or GenerationParams()
         tokens = prompt if isinstance(prompt, TokenizedPrompt) else self.tokenize(prompt)
         sp = self.sampling_params(tokens, params, strategy)
-        t0 = time.perf_counter()
-        out = self.llm.generate({"prompt_token_ids": list(tokens.ids)}, sp, use_tqdm=False)[0]
-        wall = time.perf_counter() - t0
+        with self._lock:
+            out, ttft, wall = self._run(tokens, sp, on_token)
         comp = out.outputs[0]
-        ids = tuple(int(t) for t in comp.token_ids if int(t) not in self.tokenizer.eos_token_ids)
+        ids = self._token_ids(comp.token_ids)[: params.max_new_tokens]
         finish = "stop" if comp.finish_reason == "stop" else "length"
         info = self.transfer_report(sp, out)
         # vLLM computed what it had not cached (its prefix cache + the connector's span); the
@@ -164,16 +190,62 @@ class VLLMBackend:
         computed = min(
             tokens.num_tokens, tokens.num_tokens - cached + int(info.get("computed_tokens", 0))
         )
+        decode_s = wall - ttft
         stats = TurnStats(
-            self.config.reuse if self.config.reuse != "agentcache" else self.strategy(strategy),
+            self.report_strategy(strategy),
             tokens.num_tokens, tokens.num_tokens - computed, computed,
-            computed / max(1, tokens.num_tokens), wall, len(ids),
-            len(ids) / wall if wall > 0 else 0.0, int(info.get("fallbacks", 0)),
-            tuple(info.get("fallback_reasons", ())), (),
+            computed / max(1, tokens.num_tokens), ttft, len(ids),
+            (len(ids) - 1) / decode_s if len(ids) > 1 and decode_s > 0 else 0.0,
+            int(info.get("fallbacks", 0)), tuple(info.get("fallback_reasons", ())),
+            _misses(info.get("misses", ())),
         )  # fmt: skip
-        return Generation(
-            self.tokenizer.decode(ids), ids, finish, self._first_logits(comp.logprobs), stats
-        )
+        text = _cut_at_stop(self.tokenizer.decode(ids), params.stop)
+        return Generation(text, ids, finish, self._first_logits(comp.logprobs), stats)
+
+    def report_strategy(self, strategy: str | None) -> str:
+        """The strategy a turn's stats name: the connector's, or for the baselines the
+        embedded strategy doing the same (`full`: no reuse; `prefix`: exact prefix blocks)."""
+        if self.config.reuse == "agentcache":
+            return self.strategy(strategy)
+        return "full" if self.config.reuse == "none" else "prefix"
+
+    def _run(
+        self, tokens: TokenizedPrompt, sp: Any, on_token: Callable[[int], None] | None
+    ) -> tuple[Any, float, float]:
+        """Drive vLLM's engine until the request finishes; returns (final output, seconds to
+        the first token, seconds in all). A raising `on_token` (the client went away) aborts
+        the request, so the engine is left clean for the next one."""
+        engine = self.llm.llm_engine
+        rid = f"agentcache-{uuid.uuid4().hex}"
+        t0 = time.perf_counter()
+        ttft: float | None = None
+        sent = 0
+        engine.add_request(rid, {"prompt_token_ids": list(tokens.ids)}, sp)
+        try:
+            while True:
+                for out in engine.step():
+                    if out.request_id != rid:
+                        continue
+                    got = out.outputs[0].token_ids  # cumulative
+                    if ttft is None and len(got) > 0:
+                        ttft = time.perf_counter() - t0
+                    if on_token is not None:
+                        for token in self._token_ids(got[sent:]):
+                            on_token(token)
+                    sent = len(got)
+                    if out.finished:
+                        wall = time.perf_counter() - t0
+                        return out, ttft if ttft is not None else wall, wall
+                if not engine.has_unfinished_requests():
+                    raise RuntimeError(f"vLLM dropped request {rid} without finishing it")
+        except BaseException:
+            if engine.has_unfinished_requests():
+                engine.abort_request([rid])
+            raise
+
+    def _token_ids(self, token_ids: Any) -> tuple[int, ...]:
+        eos = self.tokenizer.eos_token_ids
+        return tuple(int(t) for t in token_ids if int(t) not in eos)
 
     def transfer_report(self, sampling_params: Any, out: Any) -> dict[str, Any]:
         """What the connector did for a finished request: the scheduler's part (in its
@@ -183,6 +255,12 @@ class VLLMBackend:
         report = sent.get("agentcache", {}).get("report")
         if report:
             info |= read_report(Path(self.store_dir), report)
+        # what the scheduler found (a refused segment spec, a span it declined to claim,
+        # segments vLLM computed because the store lacked them) joins the worker's counts
+        reasons = list(info.pop("scheduler_fallback_reasons", []))
+        info["fallbacks"] = int(info.get("fallbacks", 0)) + len(reasons)
+        info["fallback_reasons"] = [*info.get("fallback_reasons", []), *reasons]
+        info["misses"] = [*info.get("misses", []), *info.pop("scheduler_misses", [])]
         self.last_transfer = info
         return info
 
@@ -193,6 +271,20 @@ class VLLMBackend:
             for tid, lp in logprobs[0].items():
                 out[int(tid)] = float(lp.logprob)
         return out
+
+
+def _cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
+    """The text before the first stop string, as the embedded engine returns it."""
+    cut = min((text.find(s) for s in stop if s in text), default=-1)
+    return text if cut < 0 else text[:cut]
+
+
+def _misses(raw: Any) -> tuple[SegmentMiss, ...]:
+    """The connector's `[segment id, kind, tokens, reason]` lists as `SegmentMiss`es."""
+    out = []
+    for sid, kind, n, reason in raw:
+        out.append(SegmentMiss(sid, str(kind), int(n), MissReason(reason)))
+    return tuple(out)
 
 
 def _config_value(folder: Path, key: str) -> Any:

@@ -7,8 +7,9 @@ for agentcache an empty segment folder) over the same turns:
     prefix            vLLM's automatic prefix caching alone (the baseline)
     agentcache:NAME   vLLM's prefix caching + agentcache's connector, reuse strategy NAME
 
-Per turn: TTFT = wall time of a one-token `generate` call (prompt in -> first token out), the
-first token and the top-5 candidates. Reported: TTFT per turn, the median over warm turns
+Per turn: TTFT = time from submitting a one-token request to its first token (what
+`VLLMBackend.generate` measures around vLLM's engine steps), the first token and the top-5
+candidates. Reported: TTFT per turn, the median over warm turns
 (every turn but each session's first), the median per-turn ratio to `prefix`, first-token
 agreement and top-5 overlap against `none`.
 """
@@ -16,6 +17,7 @@ agreement and top-5 overlap against `none`.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -78,8 +80,12 @@ def run_all(
     strategies: list[str],
     out: Path,
     advance: Callable[[str], None],
+    threads: int | None = None,
 ) -> dict[str, Any]:
-    """Every configuration in its own process; returns the merged results (also written)."""
+    """Every configuration in its own process; returns the merged results (also written).
+    `threads` sets the engine processes' OpenMP threads (`OMP_NUM_THREADS`, which vLLM
+    respects); None leaves vLLM's default."""
+    env = dict(os.environ) | ({"OMP_NUM_THREADS": str(threads)} if threads else {})
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="agentcache-vllm-bench-"))
     sessions_file = work / "sessions.jsonl"
@@ -90,7 +96,7 @@ def run_all(
         store = work / f"store-{config.replace(':', '_')}"
         args = [sys.executable, "-m", "agentcache.engines.vllm.bench", config,
                 str(sessions_file), str(result), str(store)]  # fmt: skip
-        with subprocess.Popen(args, stdout=subprocess.PIPE, text=True) as proc:
+        with subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env) as proc:
             assert proc.stdout is not None
             for line in proc.stdout:
                 if line.startswith(TURN_PREFIX):

@@ -12,6 +12,8 @@ from agentcache.reuse import DEFAULT_STRATEGY, STRATEGIES
 CONNECTOR_CLASS = "AgentCacheConnector"
 CONNECTOR_MODULE = "agentcache.engines.vllm.connector"
 GiB = 1 << 30
+# what a VLLMBackend reuses: vLLM's prefix cache + the connector, the prefix cache alone, nothing
+REUSE_MODES = ("agentcache", "prefix", "none")
 
 
 @dataclass(frozen=True)

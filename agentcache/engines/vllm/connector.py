@@ -45,7 +45,12 @@ from agentcache.engines.vllm import UnsupportedKVLayoutError  # noqa: E402
 from agentcache.engines.vllm.config import ConnectorSettings  # noqa: E402
 from agentcache.engines.vllm.identity import model_identity  # noqa: E402
 from agentcache.engines.vllm.layout import KVShape, layout_for  # noqa: E402
-from agentcache.engines.vllm.plan import RequestSpec, claim_prefix, claim_segments  # noqa: E402
+from agentcache.engines.vllm.plan import (  # noqa: E402
+    RequestSpec,
+    claim_prefix,
+    claim_segments,
+    unclaimed_segments,
+)
 from agentcache.engines.vllm.storage import (  # noqa: E402
     FolderSegmentStore,
     write_report,
@@ -154,6 +159,8 @@ class AgentCacheConnector(KVConnectorBase_V1):
         self._live: dict[str, _Live] = {}
         self._finished_stats: dict[str, dict[str, Any]] = {}
         self._rejected: dict[str, str] = {}  # request -> why its segment spec was refused
+        # request -> (segments vLLM computed though reusable, why), when nothing was claimed
+        self._unclaimed: dict[str, tuple[list[list[Any]], str | None]] = {}
         # worker side
         self._paged: PagedKV | None = None
         self._filler: SegmentFiller | None = None
@@ -183,13 +190,19 @@ class AgentCacheConnector(KVConnectorBase_V1):
         ids = list(request.prompt_token_ids or [])
         spec = self._spec(request)
         if spec.mode == "segments" and self.settings.segments:
+
+            def present(cid: str) -> bool:
+                return self.store.contains_content(self.model_id, self.tokenizer_id, cid)
+
             n = claim_segments(
-                spec,
-                ids,
-                num_computed_tokens,
-                lambda cid: self.store.contains_content(self.model_id, self.tokenizer_id, cid),
-                self.settings.min_reused_fraction,
+                spec, ids, num_computed_tokens, present, self.settings.min_reused_fraction
             )
+            if n == 0:  # vLLM computes the segments after its own hit: say why
+                self._unclaimed[request.request_id] = unclaimed_segments(
+                    spec, ids, num_computed_tokens, present
+                )
+            else:
+                self._unclaimed.pop(request.request_id, None)
         else:
             n = claim_prefix(ids, self.block_size, num_computed_tokens, self.prefix.present)
         self._claims[request.request_id] = (num_computed_tokens, num_computed_tokens + n)
@@ -264,12 +277,12 @@ class AgentCacheConnector(KVConnectorBase_V1):
         stats: dict[str, Any] = {"mode": spec.mode, "vllm_cached_tokens": start}
         stats["planned_tokens"] = end - start
         stats |= self._finished_stats.pop(req_id, {})
-        if req_id in self._rejected:
-            stats["fallbacks"] = stats.get("fallbacks", 0) + 1
-            stats["fallback_reasons"] = [
-                *stats.get("fallback_reasons", []),
-                self._rejected.pop(req_id),
-            ]
+        # the scheduler's own findings, under keys of their own: the worker's report file
+        # (merged over these by VLLMBackend) carries the worker's misses and fallbacks
+        misses, declined = self._unclaimed.pop(req_id, ([], None))
+        reasons = [r for r in (self._rejected.pop(req_id, None), declined) if r is not None]
+        stats["scheduler_misses"] = misses
+        stats["scheduler_fallback_reasons"] = reasons
         return False, {"agentcache": stats}
 
     # ---------------------------------------------------------------- worker side
@@ -306,6 +319,8 @@ class AgentCacheConnector(KVConnectorBase_V1):
             cpu_isa=isa,
         )
         self._paged = PagedKV([kv_caches[n] for n in names], layout)
+        if self.settings.segments:  # load the filler's weights now, not in a request's TTFT
+            self._segment_filler()
 
     def _segment_filler(self) -> SegmentFiller:
         if self._filler is None:
@@ -343,6 +358,8 @@ class AgentCacheConnector(KVConnectorBase_V1):
                 stats.computed_tokens += rs.recomputed_tokens
                 stats.fallbacks += rs.fallbacks
                 stats.fallback_reasons += rs.fallback_reasons
+                stats.misses += [[m.segment_id, str(m.kind), m.num_tokens, str(m.reason)]
+                                 for m in rs.misses]  # fmt: skip
             else:
                 failed = self.prefix.load(paged, work.token_ids, work.block_ids, start, end)
                 stats.reused_tokens += end - start - len(failed) * self.block_size

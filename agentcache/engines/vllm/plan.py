@@ -35,6 +35,11 @@ class SegmentSpan:
     start: int
     end: int
     id: str | None = None
+    scope: str | None = None  # `Segment.scope`: keyed in its own namespace, private to it
+
+    def content_id(self, token_ids: Sequence[int]) -> str:
+        """The segment's store key, as agentcache's engine keys it (scope included)."""
+        return segment_content_id(token_ids[self.start : self.end], self.scope)
 
 
 @dataclass(frozen=True)
@@ -53,12 +58,15 @@ class RequestSpec:
         return "segments" if self.spans else "prefix"
 
     def to_params(self) -> dict[str, Any]:
-        spans = [[s.kind.value, s.start, s.end, s.id] for s in self.spans]
+        spans = [[s.kind.value, s.start, s.end, s.id, s.scope] for s in self.spans]
         return {PARAMS_KEY: {"segments": spans, "strategy": self.strategy, "report": self.report}}
 
     @classmethod
     def from_prompt(cls, prompt: TokenizedPrompt, strategy: str | None) -> RequestSpec:
-        spans = tuple(SegmentSpan(s.kind, s.start, s.end, s.segment.id) for s in prompt.segments)
+        spans = tuple(
+            SegmentSpan(s.kind, s.start, s.end, s.segment.id, s.segment.scope)
+            for s in prompt.segments
+        )
         return cls(spans, strategy)
 
     @classmethod
@@ -70,15 +78,17 @@ class RequestSpec:
         raw = body.get("segments") or []
         spans, expect = [], 0
         for item in raw:
-            if not isinstance(item, list | tuple) or len(item) != 4:
-                raise PromptError(f"segment span {item!r} is not [kind, start, end, id]")
-            kind, start, end, sid = item
+            if not isinstance(item, list | tuple) or len(item) not in (4, 5):
+                raise PromptError(f"segment span {item!r} is not [kind, start, end, id, scope]")
+            kind, start, end, sid, *rest = item
+            scope = rest[0] if rest else None
             if start != expect or end <= start:
                 raise PromptError(
                     f"segment spans must tile the prompt in order: got [{start}, {end}) "
                     f"after token {expect}"
                 )
-            spans.append(SegmentSpan(SegmentKind.parse(str(kind)), int(start), int(end), sid))
+            span = SegmentSpan(SegmentKind.parse(str(kind)), int(start), int(end), sid, scope)
+            spans.append(span)
             expect = end
         if spans and expect != num_tokens:
             raise PromptError(f"segment spans cover {expect} tokens, the prompt has {num_tokens}")
@@ -90,7 +100,9 @@ class RequestSpec:
     def tokenized(self, token_ids: Sequence[int]) -> TokenizedPrompt:
         """The prompt as agentcache's engine sees it (texts are not needed for reuse)."""
         segs = tuple(
-            TokenizedSegment(Segment(s.kind, "", s.id), tuple(token_ids[s.start : s.end]), s.start)
+            TokenizedSegment(
+                Segment(s.kind, "", s.id, scope=s.scope), tuple(token_ids[s.start : s.end]), s.start
+            )
             for s in self.spans
         )
         return TokenizedPrompt(segs, tuple(token_ids))
@@ -118,8 +130,10 @@ def claim_prefix(
     return max(0, hits * block_size - num_computed)
 
 
-def segment_content_id(token_ids: Sequence[int]) -> str:
-    return content_id(token_ids, SEGMENT_NAMESPACE, None)
+def segment_content_id(token_ids: Sequence[int], scope: str | None = None) -> str:
+    """The key agentcache's engine stores a segment under (`reuse.segments.scoped`)."""
+    namespace = SEGMENT_NAMESPACE if scope is None else f"{SEGMENT_NAMESPACE}@{scope}"
+    return content_id(token_ids, namespace, None)
 
 
 def claim_segments(
@@ -138,8 +152,36 @@ def claim_segments(
     stored = 0
     for s in spec.spans:
         in_span = s.kind in REUSABLE and s.end > num_computed and s.start < last
-        if in_span and present(segment_content_id(token_ids[s.start : s.end])):
+        if in_span and present(s.content_id(token_ids)):
             stored += min(s.end, last) - max(s.start, num_computed)
     if stored == 0 or stored < min_reused_fraction * (last - num_computed):
         return 0
     return last - num_computed
+
+
+def unclaimed_segments(
+    spec: RequestSpec, token_ids: Sequence[int], num_computed: int, present: Callable[[str], bool]
+) -> tuple[list[list[Any]], str | None]:
+    """Why the reusable segments vLLM computes itself (the connector claimed nothing) were not
+    served: `[segment id, kind, tokens, "new"]` for each one the store lacks, and, when some
+    were stored but covered too little of the span to claim it, the fallback's reason.
+    A segment counts when most of its tokens lie after vLLM's own prefix-cache hit (a
+    segment the hit mostly covers was served by vLLM)."""
+    last = len(token_ids) - 1
+    misses: list[list[Any]] = []
+    stored = []
+    for s in spec.spans:
+        after_hit = s.end - max(s.start, num_computed)
+        if s.kind not in REUSABLE or 2 * after_hit <= s.end - s.start or s.start >= last:
+            continue
+        if present(s.content_id(token_ids)):
+            stored.append(s.id or f"@{s.start}")
+        else:
+            misses.append([s.id, s.kind.value, s.end - s.start, "new"])
+    reason = None
+    if stored:
+        reason = (
+            f"stored segments {', '.join(map(str, stored))} cover too little of tokens "
+            f"[{num_computed}, {last}) to claim them (min_reused_fraction): vLLM computed them"
+        )
+    return misses, reason

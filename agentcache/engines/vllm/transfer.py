@@ -98,6 +98,7 @@ class RequestStats:
     load_failures: int = 0
     fallbacks: int = 0
     fallback_reasons: list[str] = field(default_factory=list)
+    misses: list[list[Any]] = field(default_factory=list)  # [segment id, kind, tokens, reason]
     fill_ms: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -159,7 +160,7 @@ def save_segments(
     prompt = spec.tokenized(token_ids)
     written = 0
     for seg, context in zip(prompt.segments, context_ids(prompt), strict=True):
-        cid = segment_content_id(seg.ids)
+        cid = segment_content_id(seg.ids, seg.segment.scope)
         if store.contains_content(model_id, tokenizer_id, cid):
             continue
         keys, values = kv.read(block_ids, seg.start, seg.end)

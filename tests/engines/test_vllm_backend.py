@@ -1,0 +1,57 @@
+"""The vLLM backend's bookkeeping that needs no vLLM: the merged transfer report, misses,
+stop strings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from agentcache.engines.vllm.backend import VLLMBackend, _cut_at_stop, _misses
+from agentcache.engines.vllm.storage import write_report
+from agentcache.kv.store import MissReason
+from agentcache.reuse.base import SegmentMiss
+
+
+def _backend(store: Path) -> VLLMBackend:
+    backend = object.__new__(VLLMBackend)  # no vLLM engine: only the report's inputs
+    backend.store_dir = str(store)
+    backend.last_transfer = {}
+    return backend
+
+
+def test_transfer_report_folds_the_schedulers_findings_into_the_workers(tmp_path: Path) -> None:
+    """The worker's report file overrides the counters the scheduler saw, so the scheduler's
+    own misses and fallback reasons travel under keys of their own and are added here."""
+    write_report(tmp_path, "r1", {"claimed_tokens": 40, "fallbacks": 1,
+                                  "fallback_reasons": ["worker"],
+                                  "misses": [["h", "fixed", 35, "evicted"]]})  # fmt: skip
+    sent = SimpleNamespace(extra_args={"kv_transfer_params": {"agentcache": {"report": "r1"}}})
+    out = SimpleNamespace(kv_transfer_params={"agentcache": {
+        "mode": "segments", "vllm_cached_tokens": 64, "fallbacks": 0, "fallback_reasons": [],
+        "misses": [], "scheduler_misses": [["s", "system", 10, "new"]],
+        "scheduler_fallback_reasons": ["declined"],
+    }})  # fmt: skip
+    backend = _backend(tmp_path)
+    info = backend.transfer_report(sent, out)
+    assert info["fallbacks"] == 2 and info["fallback_reasons"] == ["worker", "declined"]
+    assert info["misses"] == [["h", "fixed", 35, "evicted"], ["s", "system", 10, "new"]]
+    assert info["vllm_cached_tokens"] == 64 and info["claimed_tokens"] == 40
+    assert "scheduler_misses" not in info and backend.last_transfer == info
+    assert not (tmp_path / "reports" / "r1.json").exists()  # read once, then removed
+    assert _misses(info["misses"]) == (
+        SegmentMiss("h", "fixed", 35, MissReason.EVICTED),
+        SegmentMiss("s", "system", 10, MissReason.NEW),
+    )
+
+
+def test_a_request_without_a_report_keeps_the_schedulers_part(tmp_path: Path) -> None:
+    sent = SimpleNamespace(extra_args={})
+    out = SimpleNamespace(kv_transfer_params=None)
+    info = _backend(tmp_path).transfer_report(sent, out)
+    assert info == {"fallbacks": 0, "fallback_reasons": [], "misses": []}
+
+
+def test_text_is_cut_before_the_first_stop_string() -> None:
+    assert _cut_at_stop("one. two. three", (". t", "three")) == "one"
+    assert _cut_at_stop("no stop here", ("STOP",)) == "no stop here"
+    assert _cut_at_stop("as is", ()) == "as is"

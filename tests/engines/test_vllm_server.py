@@ -1,0 +1,101 @@
+"""`agentcache serve` on vLLM (marker `vllm`): the OpenAI-compatible app on the vLLM backend,
+driven by the real `openai` client over loopback, as `tests/server` drives the embedded one.
+
+Each server runs in a subprocess of its own (a fresh vLLM: an empty prefix cache), like the
+other vLLM tests, so the test process never imports vLLM.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.engines.test_vllm_engine import _run
+
+pytestmark = pytest.mark.vllm
+
+SERVER_SCRIPT = """
+import json, sys
+import openai
+from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
+from agentcache.server import ServerConfig, create_app
+from tests.server.conftest import live_server
+
+store, reuse, min_reused = sys.argv[1], sys.argv[2], float(sys.argv[3])
+backend = VLLMBackend(VLLMConfig(reuse=reuse, store_dir=store, kv_cache_bytes=256 << 20,
+                                 max_model_len=2048, min_reused_fraction=min_reused))
+system = ("You are a support agent for a hosting company. Be brief. Refunds are possible "
+          "within 30 days; outages are credited at 10% of the monthly bill per hour. ") * 3
+users = ["My server was down for two hours.", "My bill is $40. What is my credit?"]
+messages = [{"role": "system", "content": system}]
+turns = []
+with live_server(create_app(backend, ServerConfig("default"))) as url:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    head = {"X-Agentcache-Conversation": "support-1"}
+    for user in users:
+        messages.append({"role": "user", "content": user})
+        r = client.chat.completions.create(model="default", messages=messages, temperature=0,
+                                           max_tokens=12, extra_headers=head)
+        text = r.choices[0].message.content
+        turns.append({"text": text, "prompt": r.usage.prompt_tokens,
+                      "cached": r.usage.prompt_tokens_details.cached_tokens,
+                      "report": r.model_extra["agentcache"], "transfer": backend.last_transfer})
+        messages.append({"role": "assistant", "content": text})
+    # the last request again, streamed: the pieces are the reply
+    stream = client.chat.completions.create(model="default", messages=messages[:-1],
+                                            temperature=0, max_tokens=12, stream=True,
+                                            extra_headers=head)
+    pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+# a client that hangs up: on_token raises; the request is aborted, the engine serves on
+from agentcache.prompt.segments import Segment, SegmentedPrompt
+from agentcache.runtime.engine import GenerationParams
+prompt = SegmentedPrompt([Segment("system", system, "sys", "system"),
+                          Segment("update", "Hello!", "q", "user")])
+seen = []
+def hang_up(token):
+    seen.append(token)
+    if len(seen) == 2:
+        raise KeyboardInterrupt
+try:
+    backend.generate(prompt, GenerationParams(max_new_tokens=8), on_token=hang_up)
+    aborted = False
+except KeyboardInterrupt:
+    aborted = True
+left = backend.llm.llm_engine.has_unfinished_requests()
+after = len(backend.generate(prompt, GenerationParams(max_new_tokens=8)).token_ids)
+print("RESULT " + json.dumps({"turns": turns, "streamed": pieces,
+                              "hang_up": [aborted, left, len(seen), after]}))
+"""
+
+
+def test_serve_on_vllm_reuses_the_store_and_answers_as_vllm_without_it(tmp_path: Path) -> None:
+    """Two chat turns through the OpenAI client against the app on vLLM: (a) a server with
+    the connector answers what vLLM without any reuse answers, its second turn reusing the
+    first's prompt; (b) a restarted server (fresh vLLM, empty prefix cache, same store) is
+    served both turns' segments by the connector, from the store, and answers the same."""
+    store = str(tmp_path / "store")
+    reference = _run(SERVER_SCRIPT, str(tmp_path / "none"), "none", "0.5")
+    first = _run(SERVER_SCRIPT, store, "agentcache", "0.5")
+    restarted = _run(SERVER_SCRIPT, store, "agentcache", "0.0")
+    texts = [[t["text"] for t in r["turns"]] for r in (reference, first, restarted)]  # type: ignore[union-attr]
+    assert all(t for t in texts[0])
+    assert texts[1] == texts[0] and texts[2] == texts[0]
+    ref_turns, turns, again = reference["turns"], first["turns"], restarted["turns"]
+    assert isinstance(ref_turns, list) and isinstance(turns, list) and isinstance(again, list)
+    assert all(t["cached"] == 0 for t in ref_turns)  # no reuse at all
+    assert turns[0]["transfer"]["stored_entries"] > 0
+    assert turns[1]["cached"] > 0  # turn 1's prompt, from vLLM's prefix cache
+    for turn in again:  # the connector served these from the store
+        info = turn["transfer"]
+        assert info["mode"] == "segments" and info["claimed_tokens"] > 0, info
+        assert info["reused_tokens"] > 0 and info["load_failures"] == 0
+        assert turn["cached"] >= info["claimed_tokens"] - info["computed_tokens"]
+        statuses = {(s["role"], s["status"]) for s in turn["report"]["segments"]}
+        assert ("system", "hit") in statuses
+    assert "".join(restarted["streamed"]) == texts[0][1]  # type: ignore[arg-type]
+    assert len(restarted["streamed"]) > 2  # type: ignore[arg-type]  # token by token
+    # on_token raising (the server's, when a streaming client leaves) aborts the request
+    for run in (reference, first, restarted):
+        aborted, unfinished, streamed, after = run["hang_up"]  # type: ignore[misc]
+        assert (aborted, unfinished, streamed) == (True, False, 2) and after > 0

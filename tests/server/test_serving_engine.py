@@ -1,0 +1,152 @@
+"""The server over an engine that is not the embedded `Engine` (the seam `agentcache serve
+--backend vllm` uses): only the `ServingEngine` protocol is touched, streaming goes through
+`on_token`, request parameters reach the engine, and its reports reach the client."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import openai
+import torch
+
+from agentcache.kv.store import MissReason
+from agentcache.model.tokenizer import ByteTokenizer, chat_format_for
+from agentcache.prompt.segments import SegmentedPrompt, SegmentKind
+from agentcache.prompt.tokenize import TokenizedPrompt, tokenize_prompt
+from agentcache.reuse.base import SegmentMiss
+from agentcache.runtime.backends import ServingEngine
+from agentcache.runtime.engine import Generation, GenerationParams, TurnStats
+from agentcache.server import ServerConfig, create_app
+from tests.server.conftest import live_server
+
+REPLY = "Paris is the capital of France."
+
+
+@dataclass
+class ScriptedEngine:
+    """Replies `REPLY` token by token; reports the first fixed segment as an evicted miss,
+    reuses every other system/fixed token, and counts one fallback."""
+
+    tokenizer: ByteTokenizer = field(default_factory=ByteTokenizer)
+    max_context: int = 4096
+    model_id: str = "scripted#0123"
+    calls: list[tuple[GenerationParams, str | None, bool]] = field(default_factory=list)
+
+    @property
+    def config(self) -> Any:
+        return type("Config", (), {"strategy": "rpdc"})()
+
+    def strategy(self, name: str | None = None) -> str:
+        return name or "rpdc"
+
+    def tokenize(self, prompt: SegmentedPrompt) -> TokenizedPrompt:
+        fmt = chat_format_for(self.tokenizer.vocab)
+        return tokenize_prompt(prompt, self.tokenizer, fmt, self.max_context)
+
+    def generate(
+        self,
+        prompt: SegmentedPrompt | TokenizedPrompt,
+        params: GenerationParams | None = None,
+        strategy: str | None = None,
+        commit: bool = True,
+        on_token: Callable[[int], None] | None = None,
+    ) -> Generation:
+        params = params or GenerationParams()
+        tokens = prompt if isinstance(prompt, TokenizedPrompt) else self.tokenize(prompt)
+        self.calls.append((params, strategy, on_token is not None))
+        ids = tuple(self.tokenizer.encode(REPLY)[: params.max_new_tokens])
+        for token in ids:
+            if on_token is not None:
+                on_token(token)
+        fixed = [s for s in tokens.segments if s.kind == SegmentKind.FIXED]
+        misses = tuple(
+            SegmentMiss(s.segment.id, str(s.kind), len(s.ids), MissReason.EVICTED)
+            for s in fixed[:1]
+        )
+        reused = sum(len(s.ids) for s in tokens.segments if s.kind != SegmentKind.UPDATE) - sum(
+            m.num_tokens for m in misses
+        )
+        n = tokens.num_tokens
+        stats = TurnStats(
+            "rpdc", n, reused, n - reused, (n - reused) / n, 0.01, len(ids), 100.0, 1,
+            ("scripted fallback",), misses,
+        )  # fmt: skip
+        finish = "length" if len(ids) == params.max_new_tokens else "stop"
+        return Generation(self.tokenizer.decode(ids), ids, finish, torch.zeros(257), stats)
+
+    def store_bytes(self) -> dict[str, int]:
+        return {"folder": 4321}
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+MESSAGES: list[Any] = [
+    {"role": "system", "content": "You answer geography questions."},
+    {"role": "user", "content": "Capital of France?"},
+    {"role": "assistant", "content": "Paris."},
+    {"role": "user", "content": "Say it again, in a sentence."},
+]
+
+
+def test_the_server_only_needs_the_serving_protocol() -> None:
+    engine = ScriptedEngine()
+    seam: ServingEngine = engine  # mypy checks ScriptedEngine against the protocol
+    app = create_app(seam, ServerConfig("scripted"))
+    with live_server(app) as url:
+        for _ in range(2):  # the second time, the conversation's messages are fixed segments
+            r = _client(url).chat.completions.create(
+                model="scripted", messages=MESSAGES, temperature=0.3, max_tokens=64,  # type: ignore[arg-type]
+                stop=["never"], seed=7,
+            )  # fmt: skip
+        metrics = httpx.get(f"{url}/metrics").text
+        models = httpx.get(f"{url}/v1/models").json()
+    assert r.choices[0].message.content == REPLY
+    params, strategy, streamed = engine.calls[-1]
+    assert (params.max_new_tokens, params.temperature, params.stop, params.seed) == (
+        64, 0.3, ("never",), 7,
+    )  # fmt: skip
+    assert strategy is None and not streamed
+    report = r.model_extra["agentcache"]  # type: ignore[index]
+    assert r.usage is not None and r.usage.prompt_tokens_details is not None
+    assert r.usage.prompt_tokens_details.cached_tokens == report["reused_tokens"] > 0
+    statuses = {(s["role"], s["status"], s["reason"]) for s in report["segments"]}
+    assert ("user", "miss", "evicted") in statuses  # the engine's miss, by reason
+    assert ("system", "hit", None) in statuses
+    assert report["fallbacks"] == 1 and report["fallback_reasons"] == ["scripted fallback"]
+    assert 'agentcache_store_bytes{tier="folder"} 4321.0' in metrics
+    assert 'agentcache_cache_misses_total{reason="evicted"} 1.0' in metrics
+    assert models["data"][0]["id"] == "scripted"
+
+
+def test_streaming_goes_through_on_token_and_max_tokens_cuts_it() -> None:
+    engine = ScriptedEngine()
+    with live_server(create_app(engine, ServerConfig("scripted"))) as url:
+        stream = _client(url).chat.completions.create(
+            model="scripted", messages=MESSAGES, temperature=0, max_tokens=9, stream=True,  # type: ignore[arg-type]
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        chunks = list(stream)
+    pieces = [
+        c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
+    ]
+    assert "".join(pieces) == REPLY[:9]
+    assert len(pieces) > 1  # token by token, not one block
+    assert engine.calls[-1][2]  # the engine got an on_token callback
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert finish == ["length"]
+    usage = [c.usage for c in chunks if c.usage is not None]
+    assert usage and usage[0].completion_tokens == 9
+
+
+def test_default_model_name_comes_from_the_engine() -> None:
+    app = create_app(ScriptedEngine())
+    with live_server(app) as url:
+        models = httpx.get(f"{url}/v1/models").json()
+    assert models["data"][0]["id"] == "scripted"
