@@ -12,6 +12,7 @@ from agentcache.chat.segmenter import ChatPrompt, ConversationTracker
 from agentcache.chat.stream import TextStream
 from agentcache.chat.tools import TOOL_CALL_OPEN, InvalidToolCall, ParsedReply, parse_tool_calls
 from agentcache.errors import ContextLengthError
+from agentcache.prompt.segments import Segment
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.runtime.backends import ServingEngine
 from agentcache.runtime.engine import Generation, GenerationParams
@@ -105,9 +106,20 @@ class ChatEngine:
                 if piece:
                     on_text(piece)
 
-        gen = self.engine.generate(prepared.tokens, req.params, req.strategy, on_token=on_token)
+        def parse(generated: str) -> ParsedReply:
+            text = (req.prefill or "") + generated
+            return parse_tool_calls(text) if req.tools else ParsedReply(text, (), ())
+
+        def reply(generated: str) -> Segment:
+            p = parse(generated)
+            message = ChatMessage("assistant", p.content, p.tool_calls)
+            return self.tracker.reply_segment(prepared.chat, message)
+
+        gen = self.engine.generate(
+            prepared.tokens, req.params, req.strategy, on_token=on_token, reply=reply
+        )
         text = (req.prefill or "") + gen.text
-        parsed = parse_tool_calls(text) if req.tools else ParsedReply(text, (), ())
+        parsed = parse(gen.text)
         content = parsed.content
         if on_text is not None:
             rest = stream.finish(content)

@@ -156,6 +156,14 @@ class ConversationTracker:
             add(gen, None, "generation-prompt")
         return ChatPrompt(SegmentedPrompt(segs), tuple(plan), conv_id, tuple(fps))
 
+    def reply_segment(self, prompt: ChatPrompt, reply: ChatMessage) -> Segment:
+        """The fixed segment `reply` becomes in the conversation's next request (the form its
+        KV is stored under when it is generated)."""
+        text = message_text(reply)
+        scope = prompt.conversation_id if self.isolate else None
+        sid = f"msg-{fingerprint(reply.chat_role, text)}"
+        return Segment(SegmentKind.FIXED, text, sid, reply.chat_role, scope)
+
     def record(self, prompt: ChatPrompt, reply: ChatMessage | None) -> None:
         """After a turn: its messages, and the reply generated for it, count as seen."""
         fps = list(prompt.fingerprints)

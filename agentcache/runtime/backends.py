@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agentcache.model.tokenizer import TextTokenizer
-from agentcache.prompt.segments import SegmentedPrompt
+from agentcache.prompt.segments import Segment, SegmentedPrompt
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse import DEFAULT_STRATEGY
 from agentcache.runtime.engine import Generation, GenerationParams
@@ -40,7 +40,8 @@ class TurnEngine(Protocol):
         strategy: str | None = None,
         commit: bool = True,
         on_token: Callable[[int], None] | None = None,
-    ) -> Generation: ...
+        reply: Callable[[str], Segment | None] | None = None,
+    ) -> Generation: ...  # reply: see Engine.generate
 
 
 class ServingEngine(TurnEngine, Protocol):

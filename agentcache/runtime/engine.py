@@ -107,6 +107,7 @@ REPLY_KV = {
     "no-generation-prompt": "the prompt did not end in the generation prompt (e.g. a prefill)",
     "retokenized": "the reply's message tokenizes differently from the generated tokens",
     "context": "the closed message would pass the model's positions",
+    "backend": "this execution backend does not store replies (vLLM)",
 }
 
 

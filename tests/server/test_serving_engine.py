@@ -14,7 +14,7 @@ import torch
 
 from agentcache.kv.store import MissReason
 from agentcache.model.tokenizer import ByteTokenizer, chat_format_for
-from agentcache.prompt.segments import SegmentedPrompt, SegmentKind
+from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.prompt.tokenize import TokenizedPrompt, tokenize_prompt
 from agentcache.reuse.base import SegmentMiss
 from agentcache.runtime.backends import ServingEngine
@@ -53,6 +53,7 @@ class ScriptedEngine:
         strategy: str | None = None,
         commit: bool = True,
         on_token: Callable[[int], None] | None = None,
+        reply: Callable[[str], Segment | None] | None = None,
     ) -> Generation:
         params = params or GenerationParams()
         tokens = prompt if isinstance(prompt, TokenizedPrompt) else self.tokenize(prompt)

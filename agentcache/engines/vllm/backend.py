@@ -39,7 +39,7 @@ from agentcache.engines.vllm.storage import read_report
 from agentcache.kv.store import MissReason
 from agentcache.model.loading import DEFAULT_MODEL
 from agentcache.model.tokenizer import HFTokenizer, chat_format_for
-from agentcache.prompt.segments import SegmentedPrompt
+from agentcache.prompt.segments import Segment, SegmentedPrompt
 from agentcache.prompt.tokenize import TokenizedPrompt, tokenize_prompt
 from agentcache.reuse import DEFAULT_STRATEGY, STRATEGIES
 from agentcache.reuse.base import SegmentMiss
@@ -169,10 +169,11 @@ class VLLMBackend:
         strategy: str | None = None,
         commit: bool = True,
         on_token: Callable[[int], None] | None = None,
+        reply: Callable[[str], Segment | None] | None = None,
     ) -> Generation:
-        """Run one turn on vLLM. `on_token` gets each new token id as vLLM's engine step
-        returns it (end-of-sequence ids excluded, as the embedded engine does); `ttft_s` is the
-        time from submitting the request to its first token."""
+        """Run one turn on vLLM. `on_token` gets each new token id as vLLM's engine step returns
+        it (end-of-sequence ids excluded, as the embedded engine does); `ttft_s` is the time from
+        submitting the request to its first token. A reply's KV is not stored (`reply_kv`)."""
         if not commit:
             raise ValueError("the vLLM backend always stores a turn's segments (commit=False)")
         params = params or GenerationParams()
@@ -197,7 +198,7 @@ class VLLMBackend:
             computed / max(1, tokens.num_tokens), ttft, len(ids),
             (len(ids) - 1) / decode_s if len(ids) > 1 and decode_s > 0 else 0.0,
             int(info.get("fallbacks", 0)), tuple(info.get("fallback_reasons", ())),
-            _misses(info.get("misses", ())),
+            _misses(info.get("misses", ())), reply_kv=None if reply is None else "backend",
         )  # fmt: skip
         text = _cut_at_stop(self.tokenizer.decode(ids), params.stop)
         return Generation(text, ids, finish, self._first_logits(comp.logprobs), stats)
