@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -66,7 +66,12 @@ class AgentSession:
         self,
         inputs: BaseModel | Mapping[str, Any] | SegmentedPrompt | Iterable[Segment],
         params: GenerationParams | None = None,
+        reply: Callable[[str], Segment | None] | None = None,
     ) -> Generation:
-        result = self.engine.generate(self.prompt_for(inputs), params or self.params, self.strategy)
+        """`reply` maps the reply's text to the segment it becomes in later turns' prompts; the
+        engine then stores its KV when it generates it (see `Engine.generate`)."""
+        result = self.engine.generate(
+            self.prompt_for(inputs), params or self.params, self.strategy, reply=reply
+        )
         self.turns.append(result)
         return result

@@ -170,3 +170,16 @@ def test_sessions_in_threads_match_serial(tiny: LoadedModel) -> None:
     assert shared.store.stats.hits > 0
     assert sum(g.stats.reused_tokens > 0 for g in turns) >= SESSIONS * (TURNS - 1)
     assert shared.ctx.pool.num_free == 256  # every sequence was freed
+
+
+def test_session_passes_the_reply_form_to_the_engine(tiny: LoadedModel) -> None:
+    session = AgentSession(make_engine(tiny))
+    prompt = [Segment(SegmentKind.SYSTEM, "sys", "s", "system"), Segment(SegmentKind.UPDATE, "hi")]
+    seen: list[str] = []
+
+    def reply(text: str) -> None:
+        seen.append(text)
+
+    out = session.turn(prompt, GenerationParams(max_new_tokens=3), reply=reply)
+    assert seen == [out.text] and out.stats.reply_kv == "no-reply"
+    assert session.turn(prompt, GenerationParams(max_new_tokens=3)).stats.reply_kv is None
