@@ -19,7 +19,7 @@ import agentcache.reuse  # noqa: F401  (registers strategies)
 from agentcache.decode.config import DecodeConfig
 from agentcache.decode.decoder import DecodeStats
 from agentcache.decode.setup import DecodeSetup
-from agentcache.errors import ContextLengthError
+from agentcache.errors import ContextLengthError, OutOfPagesError
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
 from agentcache.kv.store import SegmentStore
 from agentcache.model.loading import LoadedModel
@@ -108,6 +108,7 @@ REPLY_KV = {
     "retokenized": "the reply's message tokenizes differently from the generated tokens",
     "context": "the closed message would pass the model's positions",
     "backend": "this execution backend does not store replies (vLLM)",
+    "no-room": "the fast tier had no page left for the message's closing tokens",
 }
 
 
@@ -255,8 +256,11 @@ class Engine:
         extra = len(closed) - len(head.ids)  # tokens after the prompt
         if start + extra > m.config.max_position_embeddings:
             return "context"
-        for i in range(seq.num_tokens - n, extra):  # not fed yet: the last token, the closing
-            self.step(seq, closed[len(head.ids) + i], start + i)
+        try:
+            for i in range(seq.num_tokens - n, extra):  # not fed: the last token, the closing
+                self.step(seq, closed[len(head.ids) + i], start + i)
+        except OutOfPagesError:
+            return "no-room"
         segs = (*prompt.segments[:-1], TokenizedSegment(segment, closed, head.start))
         full = TokenizedPrompt(segs, prompt.ids[: head.start] + closed)
         positions = torch.cat([pre.positions, torch.arange(start, start + extra)])

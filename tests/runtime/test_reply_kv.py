@@ -101,3 +101,21 @@ def test_reasons_the_reply_is_not_stored(tiny: LoadedModel, scripted: None, tmp_
 def test_no_commit_means_no_reply_store(tiny: LoadedModel, scripted: None) -> None:
     e = Engine(tiny, EngineConfig(kv_pages=256))
     assert e.generate(turn1(), PARAMS, commit=False, reply=as_message).stats.reply_kv is None
+
+
+def test_a_full_fast_tier_skips_the_reply_and_keeps_the_turn(
+    tiny: LoadedModel, scripted: None
+) -> None:
+    """No page left for the closing tokens: the reply is not stored, the turn still succeeds."""
+    for pad in range(16):
+        prompt = SegmentedPrompt([
+            SYSTEM, Segment(SegmentKind.UPDATE, "What is 2 + 2?" + " " * pad, "u1", "user"),
+        ])  # fmt: skip
+        fed = Engine(tiny, EngineConfig(kv_pages=64)).tokenize(prompt).num_tokens + len(REPLY)
+        if fed % 16 == 15:
+            break
+    assert fed % 16 == 15  # the closing tokens need one more page
+    e = Engine(tiny, EngineConfig(kv_pages=-(-fed // 16)))
+    gen = e.generate(prompt, PARAMS, reply=as_message)
+    assert gen.text == REPLY and gen.stats.reply_kv == "no-room"
+    assert e.ctx.pool.num_used == 0
