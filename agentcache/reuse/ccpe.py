@@ -24,6 +24,7 @@ encodings cost one Q/K projection of the prompt (counted in the stats).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 import torch
 
@@ -40,7 +41,7 @@ class CCPEError(AgentCacheError):
     """CCPE was selected for a model without CoPE attention."""
 
 
-def chunk_encodings(forward: CoPEForward, ids: list[int], starts: list[int]) -> list[int]:
+def chunk_encodings(forward: CoPEForward, ids: Sequence[int], starts: list[int]) -> list[int]:
     """CoPE encoding of the chunks starting at `starts` in the token sequence `ids`."""
     if not starts:
         return []
