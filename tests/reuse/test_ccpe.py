@@ -91,3 +91,13 @@ def test_saturated_encodings_keep_reusing_after_a_shift() -> None:
     prompt = engine.tokenize(agent_prompt(LONG))
     fixed = sum(len(s.ids) for s in prompt.segments if s.kind in ("system", "fixed"))
     assert moved.reused_tokens == fixed
+
+
+def test_cope_decode_matches_dense_forward() -> None:
+    model = cope_model(16)
+    engine = Engine(model)
+    gen = engine.generate(agent_prompt("memory v1"), GenerationParams(max_new_tokens=5), "full")
+    ids = list(engine.tokenize(agent_prompt("memory v1")).ids)
+    for _ in range(5):  # the reference: a dense CoPE forward over everything so far
+        ids.append(int(model.forward.forward(torch.tensor(ids)).logits[-1].argmax()))
+    assert gen.token_ids == tuple(ids[-5:])
