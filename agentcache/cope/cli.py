@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     about = "train CoPE attention + LoRA adapters on a frozen model (resumable)"
     p = sub.add_parser("train-cope", help=about, description=about)
-    p.add_argument("--steps", type=int, default=400, help="optimizer steps (default 400)")
+    p.add_argument("--steps", type=int, default=1500, help="optimizer steps (default 1500)")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per window (default 256)")
     p.add_argument("--batch", type=int, default=1, help="windows per step (default 1)")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
