@@ -15,17 +15,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     about = "train CoPE attention + LoRA adapters on a frozen model (resumable)"
     p = sub.add_parser("train-cope", help=about, description=about)
-    p.add_argument("--steps", type=int, default=1500, help="optimizer steps (default 1500)")
+    p.add_argument("--steps", type=int, default=500, help="optimizer steps (default 500)")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per window (default 256)")
     p.add_argument("--batch", type=int, default=1, help="windows per step (default 1)")
-    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
+    p.add_argument("--lr", type=float, default=7e-4, help="peak learning rate (default 7e-4)")
     p.add_argument("--rank", type=int, default=8, help="LoRA rank (default 8)")
     p.add_argument("--max-position", type=int, default=64, help="CoPE position cap P")
     p.add_argument(
         "--keep-rope", action="store_true", help="CoPE on top of RoPE instead of replacing it"
     )
     p.add_argument("--checkpoint-every", type=int, default=25, help="steps between checkpoints")
-    p.add_argument("--eval-windows", type=int, default=24, help="held-out windows for perplexity")
+    p.add_argument("--eval-windows", type=int, default=16, help="held-out windows for perplexity")
     p.add_argument("--max-corpus-tokens", type=int, default=2_000_000, help="text read (tokens)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--checkpoint", type=Path, default=None, help="checkpoint file (default: cache)")
