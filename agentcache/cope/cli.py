@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -89,4 +90,33 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
         figures["model_id"] = model.model_id
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+        plot_history(checkpoint, args.out.with_suffix(".png"))
     return 0
+
+
+def plot_history(checkpoint: Path, out: Path, smooth: int = 25) -> None:
+    """Training loss per step (and its running mean over `smooth` steps) from a checkpoint."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from agentcache.cope.checkpoint import read_payload
+
+    payload = read_payload(checkpoint)
+    steps = [int(s) for s, _ in payload["history"]]
+    loss = [float(x) for _, x in payload["history"]]
+    mean = [sum(loss[max(0, i - smooth + 1) : i + 1]) / len(loss[max(0, i - smooth + 1) : i + 1])
+            for i in range(len(loss))]  # fmt: skip
+    evals = payload["evals"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, loss, alpha=0.3, label="loss per step")
+    ax.plot(steps, mean, label=f"running mean ({smooth} steps)")
+    for name, style in (("base", "--"), ("untrained", ":"), ("trained", "-.")):
+        if name in evals:
+            ax.axhline(math.log(evals[name]), ls=style, color="k", lw=1, label=f"held-out {name}")
+    ax.set(xlabel="step", ylabel="cross-entropy (nats)", title="CoPE + LoRA adapter training")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
