@@ -7,10 +7,15 @@ import json
 import math
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from agentcache.model.loading import LoadedModel
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -31,6 +36,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--checkpoint", type=Path, default=None, help="checkpoint file (default: cache)")
     p.add_argument("--out", type=Path, default=None, help="write the run's figures as JSON")
+    p.add_argument(
+        "--eval-only", action="store_true", help="only measure the saved adapter's perplexity"
+    )
     return p
 
 
@@ -50,6 +58,8 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
     model = load_model(model_path, cache_dir)
     split = split_windows(documents(), model.tokenizer, args.seq_len, args.max_corpus_tokens)
     out = adapter_path(cache_dir, model.model_id)
+    if args.eval_only:
+        return evaluate(model, split.held_out, args.eval_windows, out, console)
     checkpoint = args.checkpoint or out.with_suffix(".train")
     console.print(
         f"{model.model_id}: {len(split.train)} train / {len(split.held_out)} held-out windows of "
@@ -91,6 +101,19 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
         plot_history(checkpoint, args.out.with_suffix(".png"))
+    return 0
+
+
+def evaluate(model: LoadedModel, held_out: Tensor, n: int, adapter: Path, console: Console) -> int:
+    from agentcache.cope.checkpoint import load_cope_adapter
+    from agentcache.cope.train import eval_windows, perplexity
+
+    windows = eval_windows(held_out, n)
+    with console.status(f"perplexity on {windows.numel()} held-out tokens"):
+        base = perplexity(model.forward, windows)
+        cope = perplexity(load_cope_adapter(model, path=adapter).forward, windows)
+    tokens = windows.numel()
+    console.print(f"held-out perplexity ({tokens} tokens): base {base:.2f}, CoPE {cope:.2f}")
     return 0
 
 

@@ -79,6 +79,13 @@ class TrainResult:
     adapter_path: Path
 
 
+def eval_windows(held_out: Tensor, n: int) -> Tensor:
+    """`n` windows spread evenly over the held-out split (it is ordered by document, and the
+    first documents are long essays: the first n windows would all be one essay)."""
+    idx = torch.linspace(0, len(held_out) - 1, min(n, len(held_out))).round().long()
+    return held_out[idx]
+
+
 def perplexity(forward: LlamaForward, windows: Tensor) -> float:
     """exp(mean next-token cross-entropy) over (N, L) windows."""
     total, count = 0.0, 0
@@ -168,7 +175,7 @@ def train(
     """Train (or resume) to `settings.steps`, checkpointing every `checkpoint_every` steps and
     at the end, then save the adapter to `adapter_out` and measure held-out perplexity."""
     trainer = Trainer(loaded, settings)
-    held_out = split.held_out[: settings.eval_windows]
+    held_out = eval_windows(split.held_out, settings.eval_windows)
     phase = on_phase or (lambda _: None)
     if resume and checkpoint.is_file():
         trainer.restore(checkpoint)
