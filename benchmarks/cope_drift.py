@@ -15,7 +15,8 @@ It also records the CoPE encoding of F's first token at each shift (reuse/ccpe.p
 
 Texts: held-out documents of the adapter's training corpus (essays for F, chats for updates).
 
-    HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python benchmarks/cope_drift.py --out docs/bench/cope/drift
+    HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python benchmarks/cope_drift.py --threads 1 \
+        --out docs/bench/cope/drift
 """
 
 from __future__ import annotations

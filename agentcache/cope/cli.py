@@ -65,6 +65,8 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
         f"{model.model_id}: {len(split.train)} train / {len(split.held_out)} held-out windows of "
         f"{args.seq_len} tokens; checkpoint {checkpoint}"
     )
+    if args.resume and not checkpoint.is_file():
+        console.print(f"[yellow]--resume: no checkpoint at {checkpoint}; starting from step 0")
     columns = (
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]:.3f}  {task.fields[rate]:.2f} steps/s"),

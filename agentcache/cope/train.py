@@ -35,7 +35,7 @@ _RESUME_KEYS = ("seq_len", "batch", "lr", "warmup", "seed", "cope")
 
 @dataclass(frozen=True)
 class TrainSettings:
-    steps: int = 500  # ~25-40 min at the 0.2-0.7 steps/s measured on 2 shared CPU cores
+    steps: int = 500  # ~20 min at the 0.41 steps/s measured (1 thread, shared 2-core CPU)
     seq_len: int = 256
     batch: int = 1  # windows per optimizer step
     lr: float = 7e-4  # 2e-3 diverged after ~80 steps

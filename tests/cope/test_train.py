@@ -14,7 +14,7 @@ from agentcache.cope.checkpoint import (
     save_adapter,
 )
 from agentcache.cope.data import Document, Split, documents, split_windows
-from agentcache.cope.train import Trainer, TrainSettings, train
+from agentcache.cope.train import Trainer, TrainSettings, eval_windows, train
 from agentcache.model.cope import CoPEAdapter, CoPEConfig, CoPEForward
 from agentcache.testing import tiny_model
 
@@ -146,3 +146,10 @@ def test_settings_validate_and_schedule() -> None:
     s = TrainSettings(steps=100, warmup=10, lr=1.0)
     assert s.lr_at(0) == pytest.approx(0.1) and s.lr_at(10) == pytest.approx(1.0)
     assert s.lr_at(100) == pytest.approx(0.1)
+
+
+def test_eval_windows_spread_over_the_split() -> None:
+    held = torch.arange(100).view(100, 1)
+    picked = eval_windows(held, 5).flatten().tolist()
+    assert picked == [0, 25, 50, 74, 99]
+    assert eval_windows(held[:3], 5).flatten().tolist() == [0, 1, 2]
