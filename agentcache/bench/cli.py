@@ -39,6 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default="embedded",
         help="vllm: vLLM + agentcache's connector vs vLLM prefix caching (see docs/vllm.md)",
     )
+    p.add_argument("--cope", action="store_true", help="run the model's trained CoPE adapter")
     return p
 
 
@@ -81,6 +82,10 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
 
         return run_vllm(args, sessions, console)
     model = load_model(model_path, cache_dir)
+    if args.cope:  # the adapter trained by `agentcache train-cope` (docs/cope.md)
+        from agentcache.cope.checkpoint import load_cope_adapter
+
+        model = load_cope_adapter(model, cache_dir=cache_dir)
     runner = BenchRunner(model, specs)
     total = sum(len(s.turns) for s in sessions) * len(specs)
     records = []

@@ -31,10 +31,11 @@ from agentcache.kv.store import content_id
 from agentcache.model.config import ModelConfig
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse.base import PrefillResult, ReuseContext, ReuseStats, ReuseStrategy
+from agentcache.reuse.ccpe import CCPEPlan
 from agentcache.reuse.segments import REUSABLE, SegmentHit, commit_segments, context_ids, find_hits
 from agentcache.tiers.overlay import DirectKV, OverlayKV, PendingLoad
 
-PLANS = ("true", "mode")
+PLANS = ("true", "mode", "ccpe")
 FUSIONS = ("replace", "wca")
 PROMOTIONS = ("none", "catch-up")
 SELECTIONS = ("deviation", "attention", "weighted", "random")
@@ -49,7 +50,9 @@ class SelectiveOptions:
     gate_every: int = 0  # WCA: every n layers, converged tokens leave the recompute set
     tau: float = 0.12  # WCA: 1 - CKSim < tau means converged
     promotion: str = "none"  # WCA: refill the set after removals ("catch-up" computes them)
-    plan: str = "true"  # CCPE plan for reused chunks: true positions, or most frequent start
+    # CCPE plan for reused chunks: true positions, most frequent start, or (CoPE models only)
+    # reuse where the chunk's CoPE encoding is the task's most frequent one (reuse/ccpe.py)
+    plan: str = "true"
     exact_prefix: bool = False  # skip recompute for segments whose context is unchanged
     # rank by key deviation, by the attention the computed tokens pay (attention), by their
     # product (weighted), or at random (an ablation: same budget, random tokens)
@@ -95,11 +98,14 @@ class SelectiveRecompute(ReuseStrategy):
             )
         self.options = replace(self.defaults, **options)
         self._starts: dict[str, Counter[int]] = {}  # CCPE histogram: segment -> start counts
+        self._ccpe = CCPEPlan()
 
     def prefill(self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV) -> PrefillResult:
         o = self.options
         stats = ReuseStats(prompt.num_tokens, ctx.model.config.num_layers)
         hits = find_hits(ctx, prompt, stats)
+        if o.plan == "ccpe":
+            hits = self._ccpe.filter(ctx.model.forward, ctx.model.model_id, prompt, hits, stats)
         positions = self._plan(prompt, hits)
         seq.extend(prompt.num_tokens)
         t0 = time.perf_counter()

@@ -1,0 +1,1 @@
+"""CoPE adapter pre-training and adapter files: data, training loop, checkpoints, CLI."""
