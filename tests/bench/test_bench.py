@@ -74,3 +74,25 @@ def test_bench_end_to_end_on_tiny_model(tiny: LoadedModel, tmp_path: Path) -> No
     for name in ("report.md", "ttft_ratio.png", "fidelity_vs_ttft.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
     assert "| rpdc |" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_bench_cope_runs_the_models_adapter_or_says_how_to_train_one(
+    tiny: LoadedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    from agentcache.bench import cli as bench_cli
+    from agentcache.cli import main
+    from agentcache.cope.checkpoint import adapter_path, save_adapter
+    from agentcache.model.cope import CoPEAdapter, CoPEConfig
+
+    monkeypatch.setattr(bench_cli, "load_model", lambda path, cache_dir: tiny)
+    workload = write_workload(tmp_path / "w.jsonl")
+    argv = ["bench", str(workload), "--cope", "--cache-dir", str(tmp_path / "cache"),
+            "--strategies", "full,pic", "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 2
+    assert "train-cope" in capsys.readouterr().err
+    adapter = CoPEAdapter.init(tiny.forward, CoPEConfig(rank=2), seed=1)
+    save_adapter(adapter_path(tmp_path / "cache", tiny.model_id), adapter, tiny.model_id)
+    assert main(argv) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert "+cope-" in results["model"] and set(results["strategies"]) == {"full", "pic"}
