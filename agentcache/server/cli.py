@@ -31,6 +31,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--share-history", action="store_true", help=share)
     p.add_argument("--kv-pages", type=int, default=2048,
                    help="embedded backend: fast-tier KV pages of 16 tokens")  # fmt: skip
+    p.add_argument("--decode", default="dense", metavar="POLICY",
+                   help="embedded backend: decode policy, with options, e.g. "
+                   "flexicache:verify=8 (see docs/decode.md; default: dense)")  # fmt: skip
     p.add_argument("--backend", choices=BACKENDS, default="embedded",
                    help="execution engine: agentcache's own (embedded) or vLLM with agentcache's "
                    "KV connector (needs the vllm extra; see docs/vllm.md)")  # fmt: skip
@@ -87,7 +90,15 @@ def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path)
             max_model_len=args.max_model_len,
         )  # fmt: skip
         return VLLMBackend(config, cache_dir)
+    from agentcache.decode.config import DecodeConfig, parse_policy_spec
+    from agentcache.errors import AgentCacheError
     from agentcache.model.loading import load_model
     from agentcache.runtime.engine import Engine, EngineConfig
 
-    return Engine(load_model(model, cache_dir), EngineConfig(strategy, kv_pages=args.kv_pages))
+    try:
+        name, options = parse_policy_spec(args.decode)
+        decode = DecodeConfig(name, profile_dir=cache_dir / "profiles", **options)  # type: ignore[arg-type]
+    except (ValueError, AgentCacheError) as e:
+        raise AgentCacheError(f"--decode {args.decode}: {e}") from e
+    loaded = load_model(model, cache_dir)
+    return Engine(loaded, EngineConfig(strategy, kv_pages=args.kv_pages, decode=decode))

@@ -3,11 +3,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from agentcache.cli import ModelCommand, build_parser, main
+from agentcache.decode.config import DecodeConfig
 from agentcache.engines.vllm import installed_vllm_version
+from agentcache.model.loading import LoadedModel
 from agentcache.server.cli import served_name
 
 
@@ -52,3 +55,29 @@ def test_serve_on_vllm_without_vllm_exits_2_from_the_command_line() -> None:
     assert proc.returncode == 2
     assert "pip install 'agentcache[vllm]'" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [("nope", "nope"), ("flexicache:fast=1", "keys: verify"), ("quest:verify=-1", "verify")],
+)
+def test_serve_rejects_a_bad_decode_policy_before_loading(
+    spec: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "--decode", spec, "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"--decode {spec}" in err and message in err and "Traceback" not in err
+
+
+def test_serve_builds_the_engine_with_the_decode_policy(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import agentcache.model.loading as loading
+    from agentcache.server.cli import serving_engine
+
+    monkeypatch.setattr(loading, "load_model", lambda model, cache_dir: tiny)
+    args = build_parser().parse_args(["serve", "--decode", "quest:verify=4:budget=8"])
+    engine = serving_engine(args, None, tmp_path)
+    assert engine.config.decode == DecodeConfig(
+        "quest", budget_pages=8, verify=4, profile_dir=tmp_path / "profiles"
+    )
