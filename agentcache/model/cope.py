@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from agentcache.model.llama import QKV, LlamaForward, rms_norm
+from agentcache.model.llama import LlamaForward
 from agentcache.model.rope import RotaryEmbedding
 
 LORA_TARGETS = ("q", "k", "v", "o")
@@ -156,14 +156,11 @@ class CoPEForward(LlamaForward):
     def max_position(self) -> int:
         return self.adapter.config.max_position
 
-    def project(self, layer: int, hidden: Tensor, positions: Tensor) -> QKV:
-        w, a = self.weights.layers[layer], self.adapter.layers[layer]
-        c, s = self.config, self.adapter.lora_scale
-        x = rms_norm(hidden, w.input_norm, c.rms_norm_eps)
-        q = (F.linear(x, w.wq, w.bq) + a.delta("q", x, s)).view(-1, c.num_heads, c.head_dim)
-        k = (F.linear(x, w.wk, w.bk) + a.delta("k", x, s)).view(-1, c.num_kv_heads, c.head_dim)
-        v = (F.linear(x, w.wv, w.bv) + a.delta("v", x, s)).view(-1, c.num_kv_heads, c.head_dim)
-        return QKV(self.rope.apply(q, positions), self.rope.apply(k, positions), v)
+    def linear(
+        self, layer: int, target: str, x: Tensor, weight: Tensor, bias: Tensor | None = None
+    ) -> Tensor:
+        delta = self.adapter.layers[layer].delta(target, x, self.adapter.lora_scale)
+        return super().linear(layer, target, x, weight, bias) + delta
 
     def attend(
         self,
@@ -177,10 +174,6 @@ class CoPEForward(LlamaForward):
         pos_emb = self.adapter.layers[layer].pos_emb
         attn = cope_attention(q, keys, values, query_index, self.scale, pos_emb)
         return self.finish(layer, hidden, attn)
-
-    def finish(self, layer: int, hidden: Tensor, attn: Tensor) -> Tensor:
-        a = self.adapter.layers[layer]
-        return super().finish(layer, hidden + a.delta("o", attn, self.adapter.lora_scale), attn)
 
     def positions(self, layer: int, q: Tensor, keys: Tensor, query_index: Tensor) -> Tensor:
         """Contextual positions p_ij (H, T, S) of queries q (T, H, Dh) at `query_index` over

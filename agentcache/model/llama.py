@@ -101,10 +101,16 @@ class LlamaForward:
         w = self.weights.layers[layer]
         c = self.config
         x = rms_norm(hidden, w.input_norm, c.rms_norm_eps)
-        q = F.linear(x, w.wq, w.bq).view(-1, c.num_heads, c.head_dim)
-        k = F.linear(x, w.wk, w.bk).view(-1, c.num_kv_heads, c.head_dim)
-        v = F.linear(x, w.wv, w.bv).view(-1, c.num_kv_heads, c.head_dim)
+        q = self.linear(layer, "q", x, w.wq, w.bq).view(-1, c.num_heads, c.head_dim)
+        k = self.linear(layer, "k", x, w.wk, w.bk).view(-1, c.num_kv_heads, c.head_dim)
+        v = self.linear(layer, "v", x, w.wv, w.bv).view(-1, c.num_kv_heads, c.head_dim)
         return QKV(self.rope.apply(q, positions), self.rope.apply(k, positions), v)
+
+    def linear(
+        self, layer: int, target: str, x: Tensor, weight: Tensor, bias: Tensor | None = None
+    ) -> Tensor:
+        """Attention projection `target` (q, k, v or o) of `layer`; variants add adapters here."""
+        return F.linear(x, weight, bias)
 
     def attend(
         self,
@@ -127,7 +133,7 @@ class LlamaForward:
     def finish(self, layer: int, hidden: Tensor, attn: Tensor) -> Tensor:
         """Output projection and MLP of `layer` given its attention output `attn` (T, H*Dh)."""
         w = self.weights.layers[layer]
-        hidden = hidden + F.linear(attn, w.wo)
+        hidden = hidden + self.linear(layer, "o", attn, w.wo)
         x = rms_norm(hidden, w.post_norm, self.config.rms_norm_eps)
         return hidden + F.linear(F.silu(F.linear(x, w.w_gate)) * F.linear(x, w.w_up), w.w_down)
 
