@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agentcache.decode.config import DEFAULT_BUDGET_PAGES, DecodeConfig, parse_policy_spec
+from agentcache.decode.config import DEFAULT_BUDGET_PAGES, DecodeConfig
 from agentcache.decode.minmax import GQA_COMBINES
 from agentcache.decode.profile import profile_filename, save_profile
 from agentcache.errors import AgentCacheError
@@ -116,8 +116,7 @@ def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
             args.context, args.new_tokens, tuple(p.strip() for p in args.policies.split(",")),
             args.budget, args.gqa, not args.no_teacher_forced, args.needle,
         )  # fmt: skip
-        for spec in settings.policies:
-            parse_policy_spec(spec)
+        verify = {spec: DecodeConfig.from_spec(spec).verify for spec in settings.policies}
     except ValueError as e:
         raise AgentCacheError(str(e)) from e
     texts = load_texts(args.prompts)
@@ -130,17 +129,13 @@ def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
     prompts = token_prompts(model, texts, settings.prompt_tokens, args.num_prompts)
 
     def config(spec: str) -> DecodeConfig:
-        name, options = parse_policy_spec(spec)
-        return DecodeConfig(
-            name, budget_pages=options.get("budget_pages", settings.budget_pages),
-            recent_pages=options.get("recent_pages", DecodeConfig.recent_pages),
-            gqa_combine=settings.gqa_combine, profile=args.profile,
-            profile_dir=cache_dir / "profiles",
-            verify=options.get("verify", 0),
+        return DecodeConfig.from_spec(
+            spec, budget_pages=settings.budget_pages, gqa_combine=settings.gqa_combine,
+            profile=args.profile, profile_dir=cache_dir / "profiles",
         )  # fmt: skip
 
     sparse = [p for p in settings.policies if p != "dense"]
-    forced = [p for p in sparse if not parse_policy_spec(p)[1].get("verify")]
+    forced = [p for p in sparse if not verify[p]]
     runs = 1 + len(sparse) + (len(forced) if settings.teacher_forced else 0)
     with _progress(console) as progress:
         steps = runs * (settings.new_tokens - 1) * len(prompts)

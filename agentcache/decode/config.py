@@ -40,6 +40,12 @@ class DecodeConfig:
     verify: int = 0
     policy_options: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def from_spec(cls, spec: str, **settings: Any) -> DecodeConfig:
+        """`flexicache:verify=8` -> the config; the spec's options override `settings`."""
+        name, options = parse_policy_spec(spec)
+        return cls(name, **(settings | options))
+
     def __post_init__(self) -> None:
         from agentcache.decode.policies import DECODE_POLICIES
 

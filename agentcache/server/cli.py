@@ -90,14 +90,13 @@ def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path)
             max_model_len=args.max_model_len,
         )  # fmt: skip
         return VLLMBackend(config, cache_dir)
-    from agentcache.decode.config import DecodeConfig, parse_policy_spec
+    from agentcache.decode.config import DecodeConfig
     from agentcache.errors import AgentCacheError
     from agentcache.model.loading import load_model
     from agentcache.runtime.engine import Engine, EngineConfig
 
     try:
-        name, options = parse_policy_spec(args.decode)
-        decode = DecodeConfig(name, profile_dir=cache_dir / "profiles", **options)  # type: ignore[arg-type]
+        decode = DecodeConfig.from_spec(args.decode, profile_dir=cache_dir / "profiles")
     except (ValueError, AgentCacheError) as e:
         raise AgentCacheError(f"--decode {args.decode}: {e}") from e
     loaded = load_model(model, cache_dir)

@@ -38,8 +38,7 @@ def test_bench_decode_writes_every_metric(
     assert prompts[0].num_tokens == 560
 
     def config(spec: str) -> DecodeConfig:
-        name, options = parse_policy_spec(spec)
-        return DecodeConfig(name, budget_pages=4, profile=profile_file, **options)  # type: ignore[arg-type]
+        return DecodeConfig.from_spec(spec, budget_pages=4, profile=profile_file)
 
     results = run_decode_bench(tiny, prompts, settings, config)
     results.update(
@@ -87,6 +86,9 @@ def test_policy_specs_carry_options_and_reject_unknown_ones() -> None:
         {"verify": 8, "budget_pages": 96},
     )
     assert parse_policy_spec("dense") == ("dense", {})
+    assert DecodeConfig.from_spec("quest:budget=96", budget_pages=4, verify=2) == DecodeConfig(
+        "quest", budget_pages=96, verify=2
+    )
     with pytest.raises(ValueError, match="keys: verify, budget, recent"):
         parse_policy_spec("flexicache:speed=3")
     with pytest.raises(ValueError, match="not an integer"):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agentcache.decode.bench import DecodeBenchSettings, run_decode_bench
-from agentcache.decode.config import DecodeConfig, parse_policy_spec
+from agentcache.decode.config import DecodeConfig
 from agentcache.decode.prompts import load_texts, token_prompts
 
 
@@ -49,8 +49,7 @@ def test_verified_small_budget_decode_is_dense_decode_on_the_default_model() -> 
     prompts = token_prompts(model, load_texts(workload), settings.prompt_tokens, 1)
 
     def config(spec: str) -> DecodeConfig:
-        name, options = parse_policy_spec(spec)
-        return DecodeConfig(name, 4, verify=options.get("verify", 0))
+        return DecodeConfig.from_spec(spec, budget_pages=4)
 
     results = run_decode_bench(model, prompts, settings, config)
     runs = results["per_prompt"][0]["policies"]
