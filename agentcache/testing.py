@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,3 +46,18 @@ def tiny_hf_model(
 
 def tiny_model(model_type: str = "llama", seed: int = 0, **kw: Any) -> LoadedModel:
     return from_hf(tiny_hf_model(model_type, seed, **kw), ByteTokenizer(), f"tiny-{model_type}")
+
+
+def scripted_sampler(text: str) -> Callable[..., int]:
+    """A stand-in for `runtime.sampling.sample` on `tiny_model`'s byte tokenizer: it picks the
+    bytes of `text`, then end of text, turn after turn, whatever the logits. The engine still
+    computes every token's KV; tests use it where a random model's output would not round-trip
+    through text."""
+    queue: list[int] = []
+
+    def sample(logits: torch.Tensor, *args: object) -> int:
+        if not queue:
+            queue.extend([*text.encode(), ByteTokenizer.EOS])
+        return queue.pop(0)
+
+    return sample

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-import torch
 
 from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec
 from agentcache.chat.runner import ChatEngine
@@ -13,26 +12,10 @@ from agentcache.chat.tools import format_tool_call
 from agentcache.model.loading import LoadedModel
 from agentcache.runtime import engine as engine_module
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
+from agentcache.testing import scripted_sampler
 
 PARAMS = GenerationParams(max_new_tokens=128)
 TOOL = ToolSpec("ls", "list files", {"type": "object", "properties": {"path": {"type": "string"}}})
-
-
-def script(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
-    """Greedy choice replaced by `text`'s bytes then end of text, every turn (the engine still
-    computes every token's KV)."""
-    queue: list[int] = []
-
-    def sample(logits: torch.Tensor, *args: object) -> int:
-        if not queue:
-            queue.extend([*text.encode(), 256])
-        return queue.pop(0)
-
-    monkeypatch.setattr(engine_module, "sample", sample)
-
-
-def statuses(result: object) -> list[tuple[str, str | None]]:
-    return [(s.status, s.reason) for s in result.report.segments]  # type: ignore[attr-defined]
 
 
 CALL = ToolCall("call-1", "ls", {"path": "src"})
@@ -47,7 +30,7 @@ def test_the_reply_sent_back_is_a_hit(
     tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
     text, tools, check = CASES[case]
-    script(monkeypatch, text)
+    monkeypatch.setattr(engine_module, "sample", scripted_sampler(text))
     ce = ChatEngine(Engine(tiny, EngineConfig(kv_pages=256)))
     msgs = [ChatMessage("system", "You are terse. " * 4), ChatMessage("user", "What is 2 + 2?")]
     r1 = ce.complete(msgs, PARAMS, tools)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,24 +13,16 @@ from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.runtime import engine as engine_module
 from agentcache.runtime.engine import REPLY_KV, Engine, EngineConfig, GenerationParams
+from agentcache.testing import scripted_sampler
 
 REPLY = "Four."
 SYSTEM = Segment(SegmentKind.SYSTEM, "You answer arithmetic questions tersely.", "sys", "system")
 
 
 @pytest.fixture
-def scripted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Greedy choice replaced by a script: the reply's bytes, then end of text. The KV of every
-    token is still computed by the engine."""
-    script: list[int] = []
-
-    def sample(logits: torch.Tensor, *args: object) -> int:
-        if not script:
-            script.extend([*REPLY.encode(), 256])
-        return script.pop(0)
-
-    monkeypatch.setattr(engine_module, "sample", sample)
-    yield
+def scripted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy choice replaced by a script: the reply's bytes, then end of text."""
+    monkeypatch.setattr(engine_module, "sample", scripted_sampler(REPLY))
 
 
 def turn1() -> SegmentedPrompt:
