@@ -2,11 +2,11 @@
 
 Every policy decodes greedily from the same prefilled KV for `new_tokens` steps (end-of-text
 does not stop it). Dense is the engine's own paged decode (`Engine.step`); the others run
-`SparseDecoder`. Per policy: fast-tier KV bytes, median step time, greedy agreement with dense
-(free-running, position by position), teacher-forced top-1 agreement along dense's tokens,
-rerank cost and bytes promoted per rerank. A policy spec with `verify=K` decodes
-self-speculatively (sparse drafts of K tokens, one dense pass each); its tokens/s counts the
-drafting, the dense passes and the rejected drafts.
+`SparseDecoder`. Per policy: fast-tier KV bytes, tokens/s over the whole decode, greedy
+agreement with dense (free-running, position by position), teacher-forced top-1 agreement
+along dense's tokens, rerank cost and bytes promoted per rerank. A policy spec with `verify=K`
+decodes self-speculatively (sparse drafts of K tokens, one dense pass each); its tokens/s counts
+the drafting, the dense passes and the rejected drafts.
 """
 
 from __future__ import annotations
@@ -228,8 +228,9 @@ def _run_verified(
         times.append(time.perf_counter() - t0)
         kept = got[: n - len(tokens)]
         tokens += kept
-        for _ in kept if on_step else ():
-            on_step("run")  # type: ignore[misc]
+        if on_step:
+            for _ in kept:
+                on_step("run")
     return tokens, times
 
 
@@ -274,12 +275,11 @@ def _summarize(per_prompt: list[dict[str, Any]], settings: DecodeBenchSettings) 
     def decode_sum(name: str, key: str) -> float:
         return sum(float(d[key]) for d in pooled(name, "decode") if d)
 
-    out: dict[str, Any] = {}
-
     def per_token(name: str) -> float:  # decode seconds per generated token after the first
         runs = pooled(name, "step_s")
         return sum(sum(r) for r in runs) / sum(len(t) - 1 for t in pooled(name, "tokens"))
 
+    out: dict[str, Any] = {}
     dense_token = per_token("dense")
     dense_bytes = statistics.mean(pooled("dense", "fast_tier_kv_bytes"))
     every_head = None
