@@ -6,6 +6,7 @@ import json
 import math
 import os
 import platform
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,14 +83,20 @@ def _cksim(records: list[dict[str, Any]]) -> dict[str, list[float]]:
     return {s: [sum(col) / len(col) for col in zip(*rows, strict=True)] for s, rows in by.items()}
 
 
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A markdown table: the header row, its rule, then one line per row of cells."""
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return "\n".join(lines)
+
+
 def table(summary: dict[str, dict[str, float]]) -> str:
-    head = "| strategy | " + " | ".join(c[1] for c in COLUMNS) + " | turns |"
-    sep = "|---" * (len(COLUMNS) + 2) + "|"
-    rows = [head, sep]
-    for name, s in summary.items():
-        cells = [fmt.format(s[k]) for k, _, fmt in COLUMNS]
-        rows.append(f"| {name} | " + " | ".join(cells) + f" | {s['turns']} |")
-    return "\n".join(rows)
+    header = ["strategy", *(c[1] for c in COLUMNS), "turns"]
+    rows = (
+        [name, *(fmt.format(s[k]) for k, _, fmt in COLUMNS), str(s["turns"])]
+        for name, s in summary.items()
+    )
+    return markdown_table(header, rows)
 
 
 def render_markdown(results: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agentcache.bench.cli import select
+from agentcache.bench.report import markdown_table
 from agentcache.bench.tiers import TierBenchConfig, ratios, run_policy
 from agentcache.model.loading import load_model
 from agentcache.policy.spill import SPILL_POLICIES
@@ -121,15 +122,8 @@ def _cell(fmt: str, value: Any, key: str) -> str:
 
 
 def table(policies: dict[str, dict[str, Any]]) -> str:
-    rows = [
-        "| policy | " + " | ".join(c[1] for c in COLUMNS) + " |",
-        "|---" * (len(COLUMNS) + 1) + "|",
-    ]
-    for name, p in policies.items():
-        rows.append(
-            f"| {name} | " + " | ".join(_cell(f, p.get(k), k) for k, _, f in COLUMNS) + " |"
-        )
-    return "\n".join(rows)
+    rows = ([name, *(_cell(f, p.get(k), k) for k, _, f in COLUMNS)] for name, p in policies.items())
+    return markdown_table(["policy", *(c[1] for c in COLUMNS)], rows)
 
 
 def render(results: dict[str, Any]) -> str:

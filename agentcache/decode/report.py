@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from agentcache.bench.report import markdown_table
+
 COLUMNS = (
     ("fast_tier_kv_ratio_vs_dense", "fast KV / dense", "{:.3f}"),
     ("fast_tier_total_ratio_vs_dense", "+ metadata", "{:.3f}"),
@@ -24,14 +26,11 @@ COLUMNS = (
 
 
 def table(policies: dict[str, dict[str, Any]]) -> str:
-    rows = [
-        "| policy | " + " | ".join(c[1] for c in COLUMNS) + " |",
-        "|---" * (len(COLUMNS) + 1) + "|",
-    ]
-    for name, s in policies.items():
-        cells = [fmt.format(s[k]) if k in s else "-" for k, _, fmt in COLUMNS]
-        rows.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+    rows = (
+        [name, *(fmt.format(s[k]) if k in s else "-" for k, _, fmt in COLUMNS)]
+        for name, s in policies.items()
+    )
+    return markdown_table(["policy", *(c[1] for c in COLUMNS)], rows)
 
 
 def write_report(out: Path, results: dict[str, Any]) -> None:
