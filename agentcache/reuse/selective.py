@@ -46,6 +46,9 @@ class SelectiveOptions:
     boundary_k: int = 0  # first k tokens of every reused chunk not at index 0 (EPIC)
     check_layer: int | None = None  # layer whose key deviation ranks tokens; None: no check
     ratio: float = 0.0  # fraction of reused tokens recomputed by deviation rank
+    # when > 0, the budget is instead `extra` tokens per always-computed token (update tokens,
+    # misses, boundary and last): a bound on TTFT over a perfect cache, not on reused tokens
+    extra: float = 0.0
     fusion: str = "replace"  # recomputed K/V replace cached, or WCA's weighted fusion
     gate_every: int = 0  # WCA: every n layers, converged tokens leave the recompute set
     tau: float = 0.12  # WCA: 1 - CKSim < tau means converged
@@ -72,6 +75,10 @@ class SelectiveOptions:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not 0.0 <= self.ratio <= 1.0:
             raise ValueError(f"ratio must be in [0, 1], got {self.ratio}")
+        if not self.extra >= 0.0:
+            raise ValueError(f"extra must be >= 0, got {self.extra}")
+        if self.extra > 0 and self.ratio > 0:
+            raise ValueError("ratio and extra are alternative budgets: set one")
         if min(self.boundary_k, self.gate_every, self.probe_layers) < 0 or self.probe_window < 1:
             raise ValueError("boundary_k, gate_every, probe_layers must be >= 0, probe_window >= 1")
         if self.probe_layers and self.check_layer is not None:
@@ -96,6 +103,8 @@ class SelectiveRecompute(ReuseStrategy):
             raise TypeError(
                 f"{self.name}: unknown options {sorted(unknown)}; known: {sorted(known)}"
             )
+        if "ratio" in options and "extra" not in options:
+            options = {**options, "extra": 0.0}  # a ratio given replaces a default `extra` budget
         self.options = replace(self.defaults, **options)
         self._starts: dict[str, Counter[int]] = {}  # CCPE histogram: segment -> start counts
         self._ccpe = CCPEPlan()
@@ -265,7 +274,7 @@ class _Run:
         cand = (candidates & ~base).nonzero().flatten()
         if o.selection == "random":  # ablation: the same budget, tokens drawn at random
             score = torch.rand(len(self.ids), generator=torch.Generator().manual_seed(o.seed))
-        budget = min(len(cand), math.ceil(o.ratio * int(candidates.sum())))
+        budget = min(len(cand), _budget(o, int(candidates.sum()), len(q_idx)))
         s_idx = cand[score[cand].topk(budget).indices].sort().values
         if budget == 0:  # nothing to promote: finish the probe set
             return self.f.logits(self._through(hidden, q_idx, probe, num_layers)[-1:])[0]
@@ -352,16 +361,42 @@ class _Run:
             dev = torch.rand(len(cand), generator=g)
         keep = dev > 0
         cand, dev = cand[keep], dev[keep]
-        budget = min(len(cand), math.ceil(o.ratio * int(candidates.sum())))
+        budget = min(len(cand), _budget(o, int(candidates.sum()), int(base.sum())))
         order = torch.argsort(dev, descending=True)
         selected = torch.zeros_like(base)
         selected[cand[order[:budget]]] = True
         return selected, cand[order[budget:]]
 
 
+def _budget(o: SelectiveOptions, reused: int, computed: int) -> int:
+    """Tokens to select: `extra` per always-computed token when set, else `ratio` of reused."""
+    if o.extra > 0:
+        return math.ceil(o.extra * computed)
+    return math.ceil(o.ratio * reused)
+
+
 def attention_probs(q: Tensor, q_idx: Tensor, keys: Tensor, scale: float) -> Tensor:
     """Causal attention probabilities of queries (W, H, Dh) at prompt indices `q_idx` (W,)
-    over keys (T, Hkv, Dh), GQA groups expanded. -> (H, W, T)"""
+    over keys (T, Hkv, Dh). -> (H, W, T)
+
+    One batched matmul per KV head with the causal mask folded in as its additive term: no
+    copy of the keys per query head and no separate masking pass (the probe scores up to
+    256 queries against every prompt key on each probe layer, so this is on the TTFT path).
+    `attention_probs_reference` is the plain formulation it is tested against."""
+    w, h, d = q.shape
+    t, hkv = keys.shape[0], keys.shape[1]
+    group = h // hkv
+    q_g = q.reshape(w, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, group * w, d)
+    bias = torch.zeros(w, t, dtype=q.dtype)
+    bias.masked_fill_(torch.arange(t)[None, :] > q_idx[:, None], float("-inf"))
+    scores = torch.baddbmm(
+        bias.repeat(group, 1).expand(hkv, group * w, t), q_g, keys.permute(1, 2, 0), alpha=scale
+    )
+    return torch.softmax(scores, dim=-1).reshape(h, w, t)
+
+
+def attention_probs_reference(q: Tensor, q_idx: Tensor, keys: Tensor, scale: float) -> Tensor:
+    """`attention_probs` written plainly: GQA groups expanded, scores masked, softmax."""
     group = q.shape[1] // keys.shape[1]
     k = keys.repeat_interleave(group, dim=1)  # (T, H, Dh)
     scores = torch.einsum("whd,thd->hwt", q, k) * scale

@@ -7,7 +7,14 @@ import torch
 
 from agentcache.bench.metrics import kl
 from agentcache.model.loading import LoadedModel
-from agentcache.reuse.selective import SelectiveOptions, cksim, qkv_fraction, wca_weight
+from agentcache.reuse.selective import (
+    SelectiveOptions,
+    attention_probs,
+    attention_probs_reference,
+    cksim,
+    qkv_fraction,
+    wca_weight,
+)
 from agentcache.runtime import Engine, EngineConfig, GenerationParams
 from tests.reuse.test_contract import agent_prompt
 
@@ -92,7 +99,15 @@ def test_wca_weight_and_cksim() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [{"plan": "x"}, {"fusion": "x"}, {"ratio": 1.5}, {"boundary_k": -1}, {"promotion": "x"}]
+    "bad",
+    [
+        {"plan": "x"},
+        {"fusion": "x"},
+        {"ratio": 1.5},
+        {"boundary_k": -1},
+        {"promotion": "x"},
+        {"extra": -0.5},
+    ],
 )
 def test_bad_options_are_rejected(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
@@ -135,3 +150,36 @@ def test_probe_with_zero_budget_equals_pic_compute(tiny: LoadedModel) -> None:
     zero = shifted(second_turn(tiny, "rpdc", ratio=0.0, exact_prefix=False))
     assert zero.recomputed_tokens == pic.recomputed_tokens
     assert zero.recompute_fraction == pytest.approx(pic.recompute_fraction)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (6, 2), (9, 3)])
+def test_fast_attention_probs_agree_with_reference(heads: int, kv_heads: int) -> None:
+    g = torch.Generator().manual_seed(heads)
+    t, w = 50, 12
+    q = torch.randn(w, heads, 8, generator=g)
+    keys = torch.randn(t, kv_heads, 8, generator=g)
+    q_idx = torch.sort(torch.randperm(t, generator=g)[:w]).values  # scattered causal queries
+    fast = attention_probs(q, q_idx, keys, 0.35)
+    ref = attention_probs_reference(q, q_idx, keys, 0.35)
+    assert fast.shape == ref.shape == (heads, w, t)
+    torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-7)
+    assert float(fast[:, 0, int(q_idx[0]) + 1 :].abs().sum()) == 0.0  # nothing after the query
+
+
+def test_extra_budget_counts_the_always_computed_tokens(tiny: LoadedModel) -> None:
+    pic = shifted(second_turn(tiny, "pic"))
+    extra = shifted(second_turn(tiny, "rpdc", extra=0.5, exact_prefix=False))
+    selected = min(pic.reused_tokens, math.ceil(0.5 * pic.recomputed_tokens))
+    assert selected > 0
+    assert extra.recomputed_tokens == pic.recomputed_tokens + selected
+
+
+def test_default_rpdc_budget_is_extra_and_a_given_ratio_replaces_it(tiny: LoadedModel) -> None:
+    engine = Engine(tiny)
+    default = engine.strategy("rpdc").options  # type: ignore[attr-defined]
+    assert (default.extra, default.ratio) == (0.2, 0.0)
+    with_ratio = Engine(tiny, EngineConfig(strategy_options={"rpdc": {"ratio": 0.3}}))
+    options = with_ratio.strategy("rpdc").options  # type: ignore[attr-defined]
+    assert (options.extra, options.ratio) == (0.0, 0.3)
+    with pytest.raises(ValueError, match="alternative budgets"):
+        SelectiveOptions(ratio=0.3, extra=0.2)
