@@ -1,32 +1,43 @@
 #!/usr/bin/env bash
-# Reproduces the reuse figures in docs/benchmarks.md (about 70 minutes on 2 CPU cores).
-# Sessions -01 (shift) and -02 (swing) of each workload, first 4 turns, 32 teacher-forced tokens;
-# then the budget/ablation sweep on one swing session with 16 tokens.
+# Reproduces the reuse figures in docs/benchmarks.md (about 2.5 hours on 2 CPU cores).
+# `rpdc` alone is the current default (extra=0.2, probe_window=128); runs that measured the
+# earlier default name it in full, `rpdc:ratio=0.3:probe_window=256`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ac=.venv/bin/agentcache
+# every strategy, sessions -01 (shift) and -02 (swing), first 4 turns, 32 teacher-forced tokens
 for w in reflexion memgpt swe_agent; do
-  .venv/bin/agentcache bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" \
-    --max-turns 4 --out "docs/bench/$w"
+  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+    --out "docs/bench/$w"
 done
-.venv/bin/agentcache bench benchmarks/workloads/reflexion.jsonl --sessions reflexion-02 \
-  --max-turns 4 --new-tokens 16 --sweep \
-  --strategies full,pic,cacheblend,epic,cacheslide,default --out docs/bench/sweep
-# boundary-token ablation of the default strategy (docs/benchmarks.md, "Boundary tokens")
+# the default against full recompute and pic on every session and turn (~40 min)
 for w in reflexion memgpt swe_agent; do
-  .venv/bin/agentcache bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" \
-    --max-turns 4 --new-tokens 16 --strategies full,rpdc,rpdc:boundary_k=16 \
-    --out "docs/bench/boundary-$w"
+  $ac bench "benchmarks/workloads/$w.jsonl" --strategies full,pic,default --out "docs/bench/wide-$w"
 done
-# fidelity at matched compute (docs/benchmarks.md, "Fidelity at matched compute"); ~25 min
-low="full,pic,cacheblend,cacheblend:ratio=0.3,epic,epic:boundary_k=16,rpdc,rpdc:ratio=0.15"
-low="$low,rpdc:boundary_k=16,rpdc:boundary_k=16:ratio=0.15,rpdc:boundary_k=32:ratio=0.15"
-high="full,epic,rpdc:ratio=0.5,rpdc:boundary_k=32,rpdc:boundary_k=64:ratio=0.1"
+# budget/ablation sweep on one swing session, 16 tokens
+$ac bench benchmarks/workloads/reflexion.jsonl --sessions reflexion-02 --max-turns 4 \
+  --new-tokens 16 --sweep --strategies full,pic,cacheblend,epic,cacheslide,default \
+  --out docs/bench/sweep
+# boundary-token ablation of the earlier default (docs/benchmarks.md, "Boundary tokens")
+old=rpdc:ratio=0.3:probe_window=256
 for w in reflexion memgpt swe_agent; do
-  .venv/bin/agentcache bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" \
-    --max-turns 4 --new-tokens 16 --strategies "$low" --out "docs/bench/frontier/$w"
+  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+    --new-tokens 16 --strategies "full,$old,$old:boundary_k=16" --out "docs/bench/boundary-$w"
+done
+# fidelity at matched compute (docs/benchmarks.md, "Fidelity at matched compute"); ~40 min
+o=probe_window=256
+low="full,pic,cacheblend,cacheblend:ratio=0.3,epic,epic:boundary_k=16,$old,rpdc:ratio=0.15:$o"
+low="$low,$old:boundary_k=16,rpdc:ratio=0.15:$o:boundary_k=16,rpdc:ratio=0.15:$o:boundary_k=32"
+high="full,epic,rpdc:ratio=0.5:$o,$old:boundary_k=32,rpdc:ratio=0.1:$o:boundary_k=64"
+new="full,rpdc,rpdc:extra=0.1,rpdc:extra=0.5,rpdc:extra=1"
+for w in reflexion memgpt swe_agent; do
+  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+    --new-tokens 16 --strategies "$low" --out "docs/bench/frontier/$w"
+  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+    --new-tokens 16 --strategies "$new" --out "docs/bench/frontier/new-$w"
 done
 for w in reflexion memgpt; do
-  .venv/bin/agentcache bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" \
-    --max-turns 4 --new-tokens 16 --strategies "$high" --out "docs/bench/frontier/hi-$w"
+  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+    --new-tokens 16 --strategies "$high" --out "docs/bench/frontier/hi-$w"
 done
 .venv/bin/python benchmarks/frontier.py docs/bench/frontier/*/results.json --out docs/bench/frontier

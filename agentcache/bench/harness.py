@@ -69,13 +69,15 @@ def parse_specs(text: str) -> list[StrategySpec]:
 
 
 def sweep_specs() -> list[StrategySpec]:
-    """cacheslide over rho and tau, cacheblend over r, epic and rpdc over their budgets."""
+    """cacheslide over rho and tau, cacheblend over r, epic and rpdc over their budgets (and
+    rpdc's probe window, and its earlier default)."""
     texts = [f"cacheslide:ratio={r}" for r in (0.1, 0.5)]
     texts += [f"cacheslide:tau={t}" for t in (0.05, 0.3)]
     texts += ["cacheslide:plan=mode", "cacheslide:promotion=catch-up", "cacheslide:fusion=replace"]
     texts += [f"cacheblend:ratio={r}" for r in (0.05, 0.3, 0.5)]
     texts += [f"epic:boundary_k={k}" for k in (16, 32)]
-    texts += [f"rpdc:ratio={r}" for r in (0.15, 0.5)] + ["rpdc:selection=random"]
+    texts += [f"rpdc:extra={e}" for e in (0.1, 0.5, 1.0)] + ["rpdc:selection=random"]
+    texts += ["rpdc:probe_window=256", "rpdc:ratio=0.3:probe_window=256"]  # the earlier default
     return [StrategySpec.parse(t) for t in texts]
 
 

@@ -6,7 +6,8 @@
 | epic       | every cached segment     | + first k=64 tokens of each non-first chunk       |
 | cacheblend | every cached segment     | layer 0 all; top r=0.15 by layer-1 key deviation  |
 | cacheslide | every cached segment     | WCA: layer 0 all; top rho=0.26 fused, tau gating  |
-| rpdc       | exact prefix as is; rest | probe pass; top 30% by attention of last tokens   |
+| rpdc       | exact prefix as is; rest | probe pass; 0.2 extra tokens per computed token,  |
+|            |                          | ranked by the attention of the last 128 computed  |
 """
 
 from __future__ import annotations
@@ -47,10 +48,16 @@ class RPDC(SelectiveRecompute):
     """agentcache's default. Keeps what the data showed works and drops what it showed broken:
     segments whose context is unchanged are kept exactly (no layer-0 pass over them); reused
     tokens are ranked not by layer-1 key deviation (which missed the tokens the answer
-    depends on) but by the attention the prompt's last 256 tokens pay them over the first 10
-    layers of a probe pass; the top 30% are recomputed with full replacement (no fusion)."""
+    depends on) but by the attention the last 128 always-computed tokens pay them over the
+    first 10 layers of a probe pass; recomputed K/V replace cached (no fusion).
+
+    The budget is `extra=0.2`: 0.2 reused tokens recomputed per token a perfect cache would
+    compute anyway (update tokens, misses, the last), so TTFT stays within about 1.3x of a
+    perfect cache's whatever the share of reused tokens (docs/benchmarks.md). `ratio=r`
+    instead budgets a fraction r of the reused tokens (the earlier default was
+    `rpdc:ratio=0.3:probe_window=256`)."""
 
     name = "rpdc"
     defaults = SelectiveOptions(
-        probe_layers=10, probe_window=256, ratio=0.3, exact_prefix=True, selection="attention"
+        probe_layers=10, probe_window=128, extra=0.2, exact_prefix=True, selection="attention"
     )
