@@ -14,6 +14,9 @@ done
 for w in reflexion memgpt swe_agent; do
   $ac bench "benchmarks/workloads/$w.jsonl" --strategies full,pic,default --out "docs/bench/wide-$w"
 done
+# where greedy decoding parts from full's (docs/benchmarks.md, "Where greedy decoding parts")
+.venv/bin/python benchmarks/greedy_margins.py docs/bench/wide-reflexion/results.json \
+  --strategies pic,rpdc --out docs/bench/wide-reflexion/margins.md
 # budget/ablation sweep on one swing session, 16 tokens
 $ac bench benchmarks/workloads/reflexion.jsonl --sessions reflexion-02 --max-turns 4 \
   --new-tokens 16 --sweep --strategies full,pic,cacheblend,epic,cacheslide,default \
@@ -35,6 +38,8 @@ for w in reflexion memgpt swe_agent; do
     --new-tokens 16 --strategies "$low" --out "docs/bench/frontier/$w"
   $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
     --new-tokens 16 --strategies "$new" --out "docs/bench/frontier/new-$w"
+  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+    --new-tokens 16 --strategies full,cacheslide --out "docs/bench/frontier/cs-$w"
 done
 for w in reflexion memgpt; do
   $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
