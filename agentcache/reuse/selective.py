@@ -66,6 +66,10 @@ class SelectiveOptions:
     # them, then bring the top `ratio` up to that layer and carry both through the rest
     probe_layers: int = 0
     probe_window: int = 32
+    # probe: after selection, recompute the probe layers of the always-computed tokens that
+    # follow the first selected token, so that they attend to the selected tokens' fresh K/V
+    # there too (otherwise their probe-layer states saw the cached K/V)
+    probe_redo: bool = False
 
     def __post_init__(self) -> None:
         checks: dict[str, tuple[str, ...]] = {"plan": PLANS, "fusion": FUSIONS}
@@ -252,7 +256,8 @@ class _Run:
         layers [0, P)  : Q0 = base tokens computed over cached KV; the last W prompt tokens'
                          attention onto each reused token is summed over layers 1..P-1
         select         : S = top ratio of candidates by that attention
-        layers [0, P)  : S computed (its fresh K/V replace cached); Q0 is not redone
+        layers [0, P)  : S computed (its fresh K/V replace cached); with `probe_redo`, the
+                         Q0 tokens after S's first token are computed again with S
         layers [P, L)  : Q0 + S computed
         """
         num_layers = self.f.config.num_layers
@@ -278,10 +283,13 @@ class _Run:
         s_idx = cand[score[cand].topk(budget).indices].sort().values
         if budget == 0:  # nothing to promote: finish the probe set
             return self.f.logits(self._through(hidden, q_idx, probe, num_layers)[-1:])[0]
-        h_s = self._through(self.f.embed(self.ids[s_idx]), s_idx, 0, probe)
-        merged = torch.cat([q_idx, s_idx])
+        redo = q_idx[q_idx > s_idx[0]] if o.probe_redo else q_idx[:0]
+        low = torch.cat([s_idx, redo]).sort().values
+        h_low = self._through(self.f.embed(self.ids[low]), low, 0, probe)
+        keep = ~torch.isin(q_idx, redo)
+        merged = torch.cat([q_idx[keep], low])
         order = torch.argsort(merged)
-        q_idx, hidden = merged[order], torch.cat([hidden, h_s])[order]
+        q_idx, hidden = merged[order], torch.cat([hidden[keep], h_low])[order]
         hidden = self._through(hidden, q_idx, probe, num_layers)
         return self.f.logits(hidden[-1:])[0]
 

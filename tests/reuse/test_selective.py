@@ -183,3 +183,20 @@ def test_default_rpdc_budget_is_extra_and_a_given_ratio_replaces_it(tiny: Loaded
     assert (options.extra, options.ratio) == (0.0, 0.3)
     with pytest.raises(ValueError, match="alternative budgets"):
         SelectiveOptions(ratio=0.3, extra=0.2)
+
+
+def test_probe_redo_with_every_token_selected_is_exact(tiny: LoadedModel) -> None:
+    """Every reused token selected: with the probe layers redone for the tokens after the first
+    selected one, the prefill is full recompute; without, those tokens keep probe-layer states
+    computed over the cached K/V, and the output differs."""
+    redo = first_token_kl_vs_full(tiny, "rpdc", ratio=1.0, probe_redo=True)
+    no_redo = first_token_kl_vs_full(tiny, "rpdc", ratio=1.0)
+    assert redo < 1e-9
+    assert no_redo > 1e3 * max(redo, 1e-12)
+
+
+def test_probe_redo_counts_the_redone_token_layers(tiny: LoadedModel) -> None:
+    plain = shifted(second_turn(tiny, "rpdc", ratio=0.5))
+    redo = shifted(second_turn(tiny, "rpdc", ratio=0.5, probe_redo=True))
+    assert redo.recomputed_tokens == plain.recomputed_tokens  # the same tokens, more layers
+    assert redo.recompute_fraction > plain.recompute_fraction
