@@ -3,8 +3,9 @@
 Reads one or more results.json files (each from a run that swept settings of several
 strategies), and for every workload and case:
 
-- plots teacher-forced KL against recompute fraction, one line per strategy family
-  (`rpdc`, `rpdc:ratio=0.15`, ... are one family), on a log scale;
+- plots teacher-forced KL against recompute fraction, one colour per strategy family
+  (`rpdc`, `rpdc:ratio=0.15`, ... are one family), on a log scale, each family's points
+  joined along its lower envelope (the best KL at that compute or less);
 - checks the frontier claim for each baseline default: is there a setting of the family named
   by `--family` (default `rpdc`) with compute <= the baseline's and both KL figures <= the
   baseline's? The answer, and the setting that wins, go in a markdown table.
@@ -70,6 +71,15 @@ def dominance(
     return out
 
 
+def envelope(pts: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """Points (compute, KL, label) sorted by compute -> those no cheaper point beats on KL."""
+    out: list[tuple[float, float, str]] = []
+    for p in pts:
+        if not out or p[1] < out[-1][1]:
+            out.append(p)
+    return out
+
+
 def plot(grouped: dict[tuple[str, str], dict[str, dict[str, Any]]], path: Path) -> None:
     keys = sorted(grouped)
     cols = min(3, len(keys))
@@ -88,7 +98,9 @@ def plot(grouped: dict[tuple[str, str], dict[str, dict[str, Any]]], path: Path) 
                 if family(k) == fam
             )
             color = colors.setdefault(fam, palette[len(colors) % len(palette)])
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=color, label=fam)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=color, label=fam)
+            hull = envelope(pts)  # the family's frontier: best KL at <= compute
+            ax.plot([p[0] for p in hull], [p[1] for p in hull], "-", color=color, alpha=0.8)
         ax.set_yscale("log")
         ax.set_title(f"{key[0]}, {key[1]}")
         ax.set_xlabel("recompute fraction (of full)")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the reuse figures in docs/benchmarks.md (about 2.5 hours on 2 CPU cores).
+# Reproduces the reuse figures in docs/benchmarks.md (about 3.5 hours on 2 CPU cores).
 # `rpdc` alone is the current default (extra=0.2, probe_window=128); runs that measured the
 # earlier default name it in full, `rpdc:ratio=0.3:probe_window=256`.
 set -euo pipefail
@@ -13,6 +13,11 @@ done
 # the default against full recompute and pic on every session and turn (~40 min)
 for w in reflexion memgpt swe_agent; do
   $ac bench "benchmarks/workloads/$w.jsonl" --strategies full,pic,default --out "docs/bench/wide-$w"
+done
+# larger budgets and epic on the same turns: greedy exact match against TTFT (~60 min)
+for w in reflexion memgpt swe_agent; do
+  $ac bench "benchmarks/workloads/$w.jsonl" \
+    --strategies full,rpdc:extra=0.5,rpdc:extra=1:probe_redo=true,epic --out "docs/bench/wide-budget-$w"
 done
 # where greedy decoding parts from full's (docs/benchmarks.md, "Where greedy decoding parts")
 .venv/bin/python benchmarks/greedy_margins.py docs/bench/wide-reflexion/results.json \
@@ -33,6 +38,7 @@ low="full,pic,cacheblend,cacheblend:ratio=0.3,epic,epic:boundary_k=16,$old,rpdc:
 low="$low,$old:boundary_k=16,rpdc:ratio=0.15:$o:boundary_k=16,rpdc:ratio=0.15:$o:boundary_k=32"
 high="full,epic,rpdc:ratio=0.5:$o,$old:boundary_k=32,rpdc:ratio=0.1:$o:boundary_k=64"
 new="full,rpdc,rpdc:extra=0.1,rpdc:extra=0.5,rpdc:extra=1"
+redo="full,rpdc,rpdc:probe_redo=true,rpdc:extra=0.5:probe_redo=true,rpdc:extra=1:probe_redo=true,epic"
 for w in reflexion memgpt swe_agent; do
   $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
     --new-tokens 16 --strategies "$low" --out "docs/bench/frontier/$w"
@@ -40,6 +46,8 @@ for w in reflexion memgpt swe_agent; do
     --new-tokens 16 --strategies "$new" --out "docs/bench/frontier/new-$w"
   $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
     --new-tokens 16 --strategies full,cacheslide --out "docs/bench/frontier/cs-$w"
+  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+    --new-tokens 16 --strategies "$redo" --out "docs/bench/frontier/redo-$w"
 done
 for w in reflexion memgpt; do
   $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
