@@ -10,7 +10,8 @@ that every run covers the same turns and refuses to mix different ones.
         --out docs/bench/wide-budget-curve
 
 Writes `budget.md` (one row per strategy, all workloads, then per workload) and `budget.png`
-(greedy exact match and teacher-forced KL against median TTFT / limit).
+(greedy exact match and teacher-forced KL against median TTFT / limit, one point per
+strategy and workload, pooled over all workloads in the larger points).
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def plot(by_strategy: dict[str, list[Row]], path: Path) -> None:
             if label != "full" and sel:
                 pts.append((summary(sel), label))
         pts.sort(key=lambda p: p[0]["ttft_limit"])
-        style = {"lw": 2.5, "marker": "o"} if workload == "all" else {"lw": 1, "marker": "."}
+        # points, not lines: the strategies are different methods, not one budget knob
+        style = {"ls": "none", "marker": "o", "ms": 8 if workload == "all" else 5}
         xs = [p[0]["ttft_limit"] for p in pts]
         ax_g.plot(xs, [p[0]["greedy"] for p in pts], label=workload, **style)
         ax_k.plot(xs, [p[0]["kl_tf"] for p in pts], label=workload, **style)
