@@ -20,6 +20,7 @@ import argparse
 import json
 import statistics
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 Row = dict[str, Any]
+Summary = dict[str, float]
 
 
 def load(paths: list[Path]) -> dict[str, list[Row]]:
@@ -54,7 +56,7 @@ def load(paths: list[Path]) -> dict[str, list[Row]]:
     return by_strategy
 
 
-def summary(rows: list[Row]) -> dict[str, float]:
+def summary(rows: list[Row]) -> Summary:
     n = len(rows)
     return {
         "turns": n,
@@ -69,10 +71,8 @@ def summary(rows: list[Row]) -> dict[str, float]:
     }
 
 
-def table(by_strategy: dict[str, list[Row]]) -> str:
-    head = "| workload | strategy | warm turns | TTFT/limit | TTFT/full | compute | first token "
-    head += "| greedy exact | KL first | KL tf |\n|---|---|---|---|---|---|---|---|---|---|\n"
-    lines = []
+def groups(by_strategy: dict[str, list[Row]]) -> Iterator[tuple[str, list[tuple[Summary, str]]]]:
+    """("all" then each workload, [(summary, strategy label)] sorted by TTFT / limit)."""
     workloads = sorted({r["workload"] for rows in by_strategy.values() for r in rows})
     for workload in ["all", *workloads]:
         stats = []
@@ -80,7 +80,15 @@ def table(by_strategy: dict[str, list[Row]]) -> str:
             sel = [r for r in rows if workload == "all" or r["workload"] == workload]
             if label != "full" and sel:
                 stats.append((summary(sel), label))
-        for s, label in sorted(stats, key=lambda x: x[0]["ttft_limit"]):
+        yield workload, sorted(stats, key=lambda x: x[0]["ttft_limit"])
+
+
+def table(by_strategy: dict[str, list[Row]]) -> str:
+    head = "| workload | strategy | warm turns | TTFT/limit | TTFT/full | compute | first token "
+    head += "| greedy exact | KL first | KL tf |\n|---|---|---|---|---|---|---|---|---|---|\n"
+    lines = []
+    for workload, stats in groups(by_strategy):
+        for s, label in stats:
             lines.append(
                 f"| {workload} | {label} | {s['turns']} | {s['ttft_limit']:.2f} | "
                 f"{s['ttft_full']:.2f} | {s['compute']:.2f} | {s['first']:.3f} | "
@@ -91,14 +99,7 @@ def table(by_strategy: dict[str, list[Row]]) -> str:
 
 def plot(by_strategy: dict[str, list[Row]], path: Path) -> None:
     fig, (ax_g, ax_k) = plt.subplots(1, 2, figsize=(11, 4.2))
-    workloads = sorted({r["workload"] for rows in by_strategy.values() for r in rows})
-    for workload in ["all", *workloads]:
-        pts = []
-        for label, rows in by_strategy.items():
-            sel = [r for r in rows if workload == "all" or r["workload"] == workload]
-            if label != "full" and sel:
-                pts.append((summary(sel), label))
-        pts.sort(key=lambda p: p[0]["ttft_limit"])
+    for workload, pts in groups(by_strategy):
         # points, not lines: the strategies are different methods, not one budget knob
         style = {"ls": "none", "marker": "o", "ms": 8 if workload == "all" else 5}
         xs = [p[0]["ttft_limit"] for p in pts]
