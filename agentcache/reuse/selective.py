@@ -283,10 +283,10 @@ class _Run:
         s_idx = cand[score[cand].topk(budget).indices].sort().values
         if budget == 0:  # nothing to promote: finish the probe set
             return self.f.logits(self._through(hidden, q_idx, probe, num_layers)[-1:])[0]
-        redo = q_idx[q_idx > s_idx[0]] if o.probe_redo else q_idx[:0]
-        low = torch.cat([s_idx, redo]).sort().values
+        # probe states kept: all of Q0, or with probe_redo only Q0 up to S's first token
+        keep = q_idx < s_idx[0] if o.probe_redo else torch.ones_like(q_idx, dtype=torch.bool)
+        low = torch.cat([s_idx, q_idx[~keep]]).sort().values
         h_low = self._through(self.f.embed(self.ids[low]), low, 0, probe)
-        keep = ~torch.isin(q_idx, redo)
         merged = torch.cat([q_idx[keep], low])
         order = torch.argsort(merged)
         q_idx, hidden = merged[order], torch.cat([hidden[keep], h_low])[order]
