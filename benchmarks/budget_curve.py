@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,8 +28,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from agentcache.bench.metrics import aggregate
+
 Row = dict[str, Any]
-Summary = dict[str, float]
+Summary = dict[str, float]  # agentcache.bench.metrics.aggregate of one strategy's rows
 
 
 def load(paths: list[Path]) -> dict[str, list[Row]]:
@@ -56,21 +57,6 @@ def load(paths: list[Path]) -> dict[str, list[Row]]:
     return by_strategy
 
 
-def summary(rows: list[Row]) -> Summary:
-    n = len(rows)
-    return {
-        "turns": n,
-        "ttft_limit": statistics.median(r["ttft_ms"] / r["ttft_limit_ms"] for r in rows),
-        "ttft_full": statistics.median(r["ttft_ms"] / r["ttft_full_ms"] for r in rows),
-        "compute": statistics.fmean(r["recompute_fraction"] for r in rows),
-        "first": statistics.fmean(r["first_token_agreement"] for r in rows),
-        "greedy": statistics.fmean(r["greedy_exact_match"] for r in rows),
-        "greedy_n": sum(int(r["greedy_exact_match"]) for r in rows),
-        "kl_first": statistics.fmean(r["kl_first_token"] for r in rows),
-        "kl_tf": statistics.fmean(r["tf_kl"] for r in rows),
-    }
-
-
 def groups(by_strategy: dict[str, list[Row]]) -> Iterator[tuple[str, list[tuple[Summary, str]]]]:
     """("all" then each workload, [(summary, strategy label)] sorted by TTFT / limit)."""
     workloads = sorted({r["workload"] for rows in by_strategy.values() for r in rows})
@@ -79,8 +65,8 @@ def groups(by_strategy: dict[str, list[Row]]) -> Iterator[tuple[str, list[tuple[
         for label, rows in by_strategy.items():
             sel = [r for r in rows if workload == "all" or r["workload"] == workload]
             if label != "full" and sel:
-                stats.append((summary(sel), label))
-        yield workload, sorted(stats, key=lambda x: x[0]["ttft_limit"])
+                stats.append((aggregate(sel), label))
+        yield workload, sorted(stats, key=lambda x: x[0]["ttft_ratio_vs_limit"])
 
 
 def table(by_strategy: dict[str, list[Row]]) -> str:
@@ -89,10 +75,12 @@ def table(by_strategy: dict[str, list[Row]]) -> str:
     lines = []
     for workload, stats in groups(by_strategy):
         for s, label in stats:
+            matched = round(s["greedy_exact_match"] * s["turns"])
             lines.append(
-                f"| {workload} | {label} | {s['turns']} | {s['ttft_limit']:.2f} | "
-                f"{s['ttft_full']:.2f} | {s['compute']:.2f} | {s['first']:.3f} | "
-                f"{s['greedy']:.2f} ({s['greedy_n']}) | {s['kl_first']:.1e} | {s['kl_tf']:.1e} |"
+                f"| {workload} | {label} | {s['turns']} | {s['ttft_ratio_vs_limit']:.2f} | "
+                f"{s['ttft_ratio_vs_full']:.2f} | {s['recompute_fraction_mean']:.2f} | "
+                f"{s['first_token_agreement']:.3f} | {s['greedy_exact_match']:.2f} ({matched}) | "
+                f"{s['kl_first_token_mean']:.1e} | {s['tf_kl_mean']:.1e} |"
             )
     return head + "\n".join(lines) + "\n"
 
@@ -102,13 +90,13 @@ def plot(by_strategy: dict[str, list[Row]], path: Path) -> None:
     for workload, pts in groups(by_strategy):
         # points, not lines: the strategies are different methods, not one budget knob
         style = {"ls": "none", "marker": "o", "ms": 8 if workload == "all" else 5}
-        xs = [p[0]["ttft_limit"] for p in pts]
-        ax_g.plot(xs, [p[0]["greedy"] for p in pts], label=workload, **style)
-        ax_k.plot(xs, [p[0]["kl_tf"] for p in pts], label=workload, **style)
+        xs = [p[0]["ttft_ratio_vs_limit"] for p in pts]
+        ax_g.plot(xs, [p[0]["greedy_exact_match"] for p in pts], label=workload, **style)
+        ax_k.plot(xs, [p[0]["tf_kl_mean"] for p in pts], label=workload, **style)
         if workload == "all":
             for s, label in pts:
-                ax_g.annotate(label, (s["ttft_limit"], s["greedy"]), fontsize=7,
-                              xytext=(4, -10), textcoords="offset points")  # fmt: skip
+                xy = (s["ttft_ratio_vs_limit"], s["greedy_exact_match"])
+                ax_g.annotate(label, xy, fontsize=7, xytext=(4, -10), textcoords="offset points")
     ax_g.axhline(0.9, color="grey", ls="--", lw=0.8)
     ax_g.axvline(1.3, color="grey", ls=":", lw=0.8)
     ax_k.axvline(1.3, color="grey", ls=":", lw=0.8)
