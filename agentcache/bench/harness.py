@@ -162,6 +162,7 @@ class BenchRunner:
                 "recompute_fraction": s.recompute_fraction,
                 "load_ms": s.load_s * 1e3,
                 "fallbacks": s.fallbacks,
+                "probe_skipped": s.probe_skipped,
                 "misses": [m.reason.value for m in s.misses],
                 "fast_tier_kv_bytes_peak": pool.peak_pages_used * pool.config.page_bytes,
                 "store_bytes_peak": engine.store.stats.peak_bytes,

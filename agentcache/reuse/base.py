@@ -48,6 +48,9 @@ class ReuseStats:
     misses: list[SegmentMiss] = field(default_factory=list)
     load_s: float = 0.0
     load_overlap: float | None = None  # share of the load hidden behind compute (decoupled)
+    # probe strategies: every candidate was computed because the budget covered them all, or
+    # the probe's redo would have cost more than the few it left out (no ranking ran)
+    probe_skipped: bool = False
     # reused tokens whose K/V was recomputed or fused at layer >= 1: they differ from the
     # stored copy (re-rotation alone does not count: the stored copy reproduces it). (T,)
     dirty: Tensor | None = None

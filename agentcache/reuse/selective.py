@@ -70,6 +70,10 @@ class SelectiveOptions:
     # follow the first selected token, so that they attend to the selected tokens' fresh K/V
     # there too (otherwise their probe-layer states saw the cached K/V)
     probe_redo: bool = False
+    # probe: when the budget covers every candidate (or, with `probe_redo`, leaves out fewer
+    # token-layers than the redo would cost), compute them all and skip the probe: exact, and
+    # never more compute. False always runs the probe (the reference path it is tested against)
+    probe_shortcut: bool = True
 
     def __post_init__(self) -> None:
         checks: dict[str, tuple[str, ...]] = {"plan": PLANS, "fusion": FUSIONS}
@@ -259,10 +263,22 @@ class _Run:
         layers [0, P)  : S computed (its fresh K/V replace cached); with `probe_redo`, the
                          Q0 tokens after S's first token are computed again with S
         layers [P, L)  : Q0 + S computed
-        """
+
+        When S would be every candidate, or (with `probe_redo`) leaving the rest out would
+        save fewer token-layers than the redo costs, no probe runs: Q0 and every candidate go
+        through all layers (`probe_shortcut`; exact)."""
         num_layers = self.f.config.num_layers
         probe = min(o.probe_layers, num_layers // 2)  # selected tokens need layers after it
         q_idx = base.nonzero().flatten()
+        cand = (candidates & ~base).nonzero().flatten()
+        budget = min(len(cand), _budget(o, int(candidates.sum()), len(q_idx)))
+        if o.probe_shortcut and _select_all(o, q_idx, cand, budget, probe, num_layers):
+            # the probe could only rank tokens that are all (or almost all) computed anyway:
+            # compute every candidate, exact, for no more token-layers than the probe path
+            self.stats.probe_skipped = True
+            idx = (base | candidates).nonzero().flatten()
+            hidden = self._through(self.f.embed(self.ids[idx]), idx, 0, num_layers)
+            return self.f.logits(hidden[-1:])[0]
         hidden = self.f.embed(self.ids[q_idx])
         score = torch.zeros(len(self.ids))
         window = q_idx[-o.probe_window :]
@@ -276,10 +292,8 @@ class _Run:
             hidden = self.f.attend(layer, hidden, q, keys, values, q_idx)
             self.stats.token_layers_computed += len(q_idx)
         self.ever_computed[q_idx] = True
-        cand = (candidates & ~base).nonzero().flatten()
         if o.selection == "random":  # ablation: the same budget, tokens drawn at random
             score = torch.rand(len(self.ids), generator=torch.Generator().manual_seed(o.seed))
-        budget = min(len(cand), _budget(o, int(candidates.sum()), len(q_idx)))
         s_idx = cand[score[cand].topk(budget).indices].sort().values
         if budget == 0:  # nothing to promote: finish the probe set
             return self.f.logits(self._through(hidden, q_idx, probe, num_layers)[-1:])[0]
@@ -374,6 +388,26 @@ class _Run:
         selected = torch.zeros_like(base)
         selected[cand[order[:budget]]] = True
         return selected, cand[order[budget:]]
+
+
+def _select_all(
+    o: SelectiveOptions, q_idx: Tensor, cand: Tensor, budget: int, probe: int, num_layers: int
+) -> bool:
+    """Whether computing every candidate costs no more token-layers than the probe path.
+
+    The probe path computes the base and `budget` candidates through every layer, plus, with
+    `probe_redo`, the probe layers again for the base tokens after the first selected one;
+    at the least, those after `cand[n - budget]` (the latest the first selected can be).
+    Computing all instead adds the `n - budget` unselected candidates through every layer."""
+    n = len(cand)
+    if n == 0:
+        return False
+    if budget >= n:
+        return True
+    if not o.probe_redo or budget == 0:
+        return False
+    redo_min = int((q_idx > cand[n - budget]).sum())
+    return (n - budget) * num_layers <= redo_min * probe
 
 
 def _budget(o: SelectiveOptions, reused: int, computed: int) -> int:

@@ -98,6 +98,7 @@ class TurnStats:
     load_overlap: float | None = None  # share of the KV load hidden behind compute
     # the reply's KV stored under next turn's form of it: "stored", or why not (REPLY_KV)
     reply_kv: str | None = None
+    probe_skipped: bool = False  # a probe strategy computed every candidate (ReuseStats)
 
 
 # Engine.generate(reply=...) outcomes besides "stored"
@@ -224,6 +225,7 @@ class Engine:
             s.recompute_fraction, ttft, len(ids), len(ids) / decode_s if decode_s > 0 else 0.0,
             s.fallbacks, tuple(s.fallback_reasons), tuple(s.misses), self.decode.policy,
             int(self.decode.fallback_reason is not None), dstats, s.load_overlap, reply_kv,
+            s.probe_skipped,
         )  # fmt: skip
         return Generation(text, tuple(ids), finish, pre.logits, stats)
 

@@ -189,8 +189,9 @@ def test_probe_redo_with_every_token_selected_is_exact(tiny: LoadedModel) -> Non
     """Every reused token selected: with the probe layers redone for the tokens after the first
     selected one, the prefill is full recompute; without, those tokens keep probe-layer states
     computed over the cached K/V, and the output differs."""
-    redo = first_token_kl_vs_full(tiny, "rpdc", ratio=1.0, probe_redo=True)
-    no_redo = first_token_kl_vs_full(tiny, "rpdc", ratio=1.0)
+    reference = {"ratio": 1.0, "probe_shortcut": False}  # the probe runs though all are taken
+    redo = first_token_kl_vs_full(tiny, "rpdc", probe_redo=True, **reference)
+    no_redo = first_token_kl_vs_full(tiny, "rpdc", **reference)
     assert redo < 1e-9
     assert no_redo > 1e3 * max(redo, 1e-12)
 
@@ -200,3 +201,36 @@ def test_probe_redo_counts_the_redone_token_layers(tiny: LoadedModel) -> None:
     redo = shifted(second_turn(tiny, "rpdc", ratio=0.5, probe_redo=True))
     assert redo.recomputed_tokens == plain.recomputed_tokens  # the same tokens, more layers
     assert redo.recompute_fraction > plain.recompute_fraction
+
+
+def test_budget_covering_every_candidate_skips_the_probe_and_is_exact(tiny: LoadedModel) -> None:
+    """The shortcut (every candidate computed, no probe) against the probe path it replaces:
+    both exact, the shortcut with fewer token-layers and no ranking pass."""
+    fast = shifted(second_turn(tiny, "rpdc", ratio=1.0, probe_redo=True))
+    ref = shifted(second_turn(tiny, "rpdc", ratio=1.0, probe_redo=True, probe_shortcut=False))
+    assert fast.probe_skipped and not ref.probe_skipped
+    assert fast.recomputed_tokens == ref.recomputed_tokens
+    assert fast.recompute_fraction < ref.recompute_fraction
+    for options in ({}, {"probe_redo": True}):
+        kl_fast = first_token_kl_vs_full(tiny, "rpdc", ratio=1.0, **options)  # type: ignore[arg-type]
+        assert kl_fast < 1e-9
+
+
+def test_probe_redo_shortcut_never_costs_more_than_the_probe(tiny: LoadedModel) -> None:
+    """With `probe_redo`, leaving out a few candidates can cost more than computing them (the
+    redo re-runs the probe layers of the tokens after the first selected). Over a range of
+    budgets, the shortcut is taken only where it is no dearer, and there it is exact."""
+    taken = 0
+    for ratio in (0.5, 0.8, 0.9, 0.95, 0.99):
+        fast = shifted(second_turn(tiny, "rpdc", ratio=ratio, probe_redo=True, exact_prefix=True))
+        ref = shifted(second_turn(tiny, "rpdc", ratio=ratio, probe_redo=True,
+                                  exact_prefix=True, probe_shortcut=False))  # fmt: skip
+        assert fast.recompute_fraction <= ref.recompute_fraction + 1e-12
+        if fast.probe_skipped:
+            taken += 1
+            kl_fast = first_token_kl_vs_full(tiny, "rpdc", ratio=ratio, probe_redo=True,
+                                             exact_prefix=True)  # fmt: skip
+            assert kl_fast < 1e-9
+        else:
+            assert fast.recompute_fraction == ref.recompute_fraction
+    assert taken >= 1
