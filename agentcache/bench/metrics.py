@@ -71,5 +71,7 @@ def aggregate(records: list[dict[str, Any]]) -> dict[str, float]:
         "fast_tier_kv_bytes_peak": max(r["fast_tier_kv_bytes_peak"] for r in records),
         "store_bytes_peak": max(r["store_bytes_peak"] for r in records),
         "fallbacks": sum(r["fallbacks"] for r in records),
+        # turns where a probe strategy computed every candidate (records before it: absent)
+        "probe_skipped_turns": sum(bool(r.get("probe_skipped")) for r in records),
         "turns": len(records),
     }

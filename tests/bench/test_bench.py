@@ -56,7 +56,7 @@ def test_strategy_specs() -> None:
 
 def test_bench_end_to_end_on_tiny_model(tiny: LoadedModel, tmp_path: Path) -> None:
     loaded = load_workload(write_workload(tmp_path / "w.jsonl"))
-    specs = parse_specs("prefix,pic,epic,cacheslide,rpdc")
+    specs = parse_specs("prefix,pic,epic,cacheslide,rpdc,rpdc:ratio=1.0")
     seen: list[str] = []
     records = BenchRunner(tiny, specs, kv_pages=256).run_session(loaded.sessions[0], seen.append)
     assert len(records) == len(seen) == 2 * len(specs)
@@ -70,6 +70,9 @@ def test_bench_end_to_end_on_tiny_model(tiny: LoadedModel, tmp_path: Path) -> No
     full = results["strategies"]["full"]
     assert full["kl_first_token_mean"] == 0.0 and full["greedy_exact_match"] == 1.0
     assert on_disk["by_case"]["swing"]["pic"]["turns"] == 1  # the warm turn; turn 0 is cold
+    # every candidate within the budget: computed without a probe, and counted
+    assert on_disk["strategies"]["rpdc:ratio=1.0"]["probe_skipped_turns"] == 1
+    assert on_disk["strategies"]["pic"]["probe_skipped_turns"] == 0
     assert len(on_disk["turns"]) == 2 * len(specs)
     for name in ("report.md", "ttft_ratio.png", "fidelity_vs_ttft.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
