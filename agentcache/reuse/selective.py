@@ -38,7 +38,7 @@ from agentcache.tiers.overlay import DirectKV, OverlayKV, PendingLoad
 PLANS = ("true", "mode", "ccpe")
 FUSIONS = ("replace", "wca")
 PROMOTIONS = ("none", "catch-up")
-SELECTIONS = ("deviation", "attention", "weighted", "random")
+SELECTIONS = ("deviation", "attention", "weighted", "random", "offset")
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,9 @@ class SelectiveOptions:
     plan: str = "true"
     exact_prefix: bool = False  # skip recompute for segments whose context is unchanged
     # rank by key deviation, by the attention the computed tokens pay (attention), by their
-    # product (weighted), or at random (an ablation: same budget, random tokens)
+    # product (weighted), at random (an ablation: same budget, random tokens), or by offset
+    # within their chunk, chunk starts first (EPIC's order with the budget spread evenly:
+    # chosen before any layer runs, so no check or probe pass)
     selection: str = "deviation"
     seed: int = 0
     # probe: run the always-computed tokens through the first `probe_layers` layers over the
@@ -139,8 +141,13 @@ class SelectiveRecompute(ReuseStrategy):
         for h in hits:
             if h.start > 0 and not exact[h.start]:
                 base[h.start : h.start + min(o.boundary_k, h.num_tokens)] = True
+        candidates = reused & ~exact
+        if o.selection == "offset":  # selected up front: the run computes them with the base
+            budget = _budget(o, int(candidates.sum()), int(base.sum()))
+            base |= by_offset(hits, candidates & ~base, budget)
+            candidates = torch.zeros_like(candidates)
         run = _Run(ctx, prompt, seq, positions, stats, kv)
-        logits = run.layers(base, reused & ~exact, exact, o)
+        logits = run.layers(base, candidates, exact, o)
         stats.load_overlap = kv.finish()
         if isinstance(kv, OverlayKV):
             stats.load_s = kv.load_s
@@ -388,6 +395,19 @@ class _Run:
         selected = torch.zeros_like(base)
         selected[cand[order[:budget]]] = True
         return selected, cand[order[budget:]]
+
+
+def by_offset(hits: list[SegmentHit], candidates: Tensor, budget: int) -> Tensor:
+    """`budget` candidates in order of their offset within their chunk (every chunk's first
+    candidate, then every chunk's second, ...; earlier chunks first at equal offset). (T,)"""
+    offset = torch.full(candidates.shape, -1, dtype=torch.int64)
+    for h in hits:
+        offset[h.start : h.end] = torch.arange(h.num_tokens)
+    idx = (candidates & (offset >= 0)).nonzero().flatten()
+    order = torch.argsort(offset[idx] * (len(candidates) + 1) + idx)[:budget]
+    chosen = torch.zeros_like(candidates)
+    chosen[idx[order]] = True
+    return chosen
 
 
 def _select_all(

@@ -234,3 +234,36 @@ def test_probe_redo_shortcut_never_costs_more_than_the_probe(tiny: LoadedModel) 
         else:
             assert fast.recompute_fraction == ref.recompute_fraction
     assert taken >= 1
+
+
+def test_offset_selection_fills_chunks_from_their_starts() -> None:
+    from types import SimpleNamespace
+
+    from agentcache.reuse.selective import by_offset
+
+    hits = [SimpleNamespace(start=s, end=s + n, num_tokens=n) for s, n in ((0, 4), (6, 3), (9, 6))]
+    candidates = torch.zeros(16, dtype=torch.bool)
+    candidates[6:15] = True  # the chunk at 0 is an exact prefix: no candidate
+    chosen = by_offset(hits, candidates, 5)  # type: ignore[arg-type]
+    # offsets 0 and 1 of both chunks, then offset 2 of the earlier chunk
+    assert chosen.nonzero().flatten().tolist() == [6, 7, 8, 9, 10]
+    assert int(by_offset(hits, candidates, 100).sum()) == 9  # type: ignore[arg-type]
+    assert not bool(by_offset(hits, candidates, 100)[:6].any())  # type: ignore[arg-type]
+
+
+def test_offset_selection_at_epics_token_count_is_epic(tiny: LoadedModel) -> None:
+    """With the budget epic spends (the first k of each non-first chunk, every chunk longer
+    than k), the offset order picks the same tokens: the same prefill."""
+    k = 8
+    engine = second_turn(tiny, "pic")
+    prompt = engine.tokenize(agent_prompt(SHIFTED))
+    fixed = [s for s in prompt.segments if s.kind == "fixed"]
+    assert all(len(s.ids) > k for s in fixed)
+    n = sum(len(s.ids) for s in fixed)  # candidates: the system prompt is an exact prefix
+    ratio = (k * len(fixed) - 0.5) / n
+    epic = second_turn(tiny, "epic", boundary_k=k).generate(agent_prompt(SHIFTED), ONE)
+    offset = second_turn(tiny, "rpdc", selection="offset", ratio=ratio)
+    out = offset.generate(agent_prompt(SHIFTED), ONE)
+    assert out.stats.recomputed_tokens == epic.stats.recomputed_tokens
+    assert out.stats.recompute_fraction == pytest.approx(epic.stats.recompute_fraction)
+    torch.testing.assert_close(out.first_token_logits, epic.first_token_logits)
