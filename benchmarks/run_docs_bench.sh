@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the reuse figures in docs/benchmarks.md (about 3.5 hours on 2 CPU cores).
+# Reproduces the reuse figures in docs/benchmarks.md (about 4 hours on 2 CPU cores).
 # `rpdc` alone is the current default (extra=0.2, probe_window=128); runs that measured the
 # earlier default name it in full, `rpdc:ratio=0.3:probe_window=256`.
 set -euo pipefail
@@ -32,13 +32,19 @@ for w in reflexion memgpt swe_agent; do
   $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
     --new-tokens 16 --strategies "full,$old,$old:boundary_k=16" --out "docs/bench/boundary-$w"
 done
-# fidelity at matched compute (docs/benchmarks.md, "Fidelity at matched compute"); ~40 min
+# fidelity at matched compute (docs/benchmarks.md, "Fidelity at matched compute"); ~80 min
 o=probe_window=256
 low="full,pic,cacheblend,cacheblend:ratio=0.3,epic,epic:boundary_k=16,$old,rpdc:ratio=0.15:$o"
 low="$low,$old:boundary_k=16,rpdc:ratio=0.15:$o:boundary_k=16,rpdc:ratio=0.15:$o:boundary_k=32"
 high="full,epic,rpdc:ratio=0.5:$o,$old:boundary_k=32,rpdc:ratio=0.1:$o:boundary_k=64"
 new="full,rpdc,rpdc:extra=0.1,rpdc:extra=0.5,rpdc:extra=1"
 redo="full,rpdc,rpdc:probe_redo=true,rpdc:extra=0.5:probe_redo=true,rpdc:extra=1:probe_redo=true,epic"
+offset="full,rpdc,rpdc:selection=offset,rpdc:selection=offset:extra=0.5,rpdc:selection=offset:extra=1,epic"
+declare -A fill=(
+  [swe_agent]="full,rpdc:selection=offset:extra=1.5,rpdc:extra=1.5:probe_redo=true"
+  [reflexion]="full,rpdc:selection=offset:extra=0.7,rpdc:selection=offset:extra=0.8"
+  [memgpt]="full,rpdc:selection=offset:extra=1.3,rpdc:selection=offset:extra=1.5"
+)
 for w in reflexion memgpt swe_agent; do
   $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
     --new-tokens 16 --strategies "$low" --out "docs/bench/frontier/$w"
@@ -48,6 +54,10 @@ for w in reflexion memgpt swe_agent; do
     --new-tokens 16 --strategies full,cacheslide --out "docs/bench/frontier/cs-$w"
   $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
     --new-tokens 16 --strategies "$redo" --out "docs/bench/frontier/redo-$w"
+  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+    --new-tokens 16 --strategies "$offset" --out "docs/bench/frontier/offset-$w"
+  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+    --new-tokens 16 --strategies "${fill[$w]}" --out "docs/bench/frontier/fill-$w"
 done
 for w in reflexion memgpt; do
   $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
