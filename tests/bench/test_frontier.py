@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def frontier() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("frontier", ROOT / "benchmarks/frontier.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def row(compute: float, kl_first: float, kl_tf: float) -> dict[str, Any]:
+    return {"recompute_fraction_mean": compute, "kl_first_token_mean": kl_first,
+            "tf_kl_mean": kl_tf}  # fmt: skip
+
+
+def test_dominance_names_the_cheapest_winner_or_the_nearest_above() -> None:
+    f = frontier()
+    rows = {
+        "epic": row(0.40, 1e-4, 1e-4),
+        "cacheblend": row(0.30, 1e-3, 1e-3),
+        "rpdc": row(0.25, 5e-4, 5e-4),  # beats cacheblend, not epic
+        "rpdc:extra=0.5": row(0.39, 2e-4, 5e-5),  # cheaper than epic, worse first-token KL
+        "rpdc:extra=1": row(0.44, 5e-5, 5e-5),  # as faithful as epic, 10% dearer
+        "rpdc:extra=2": row(0.60, 0.0, 0.0),
+    }
+    out = {base: (win, near) for base, win, near, _ in f.dominance(rows, "rpdc")}
+    assert out["cacheblend"] == ("rpdc", None)
+    assert out["epic"] == (None, "rpdc:extra=1")
+    table = f.table({("w", "swing"): rows}, "rpdc")
+    assert "none; at +10% compute: rpdc:extra=1" in table
+    assert f.curve("rpdc:selection=offset:extra=1") == "rpdc (offset)"
+    assert f.curve("rpdc:extra=1") == "rpdc"
