@@ -14,6 +14,8 @@ done
 for w in reflexion memgpt swe_agent; do
   $ac bench "benchmarks/workloads/$w.jsonl" --strategies full,pic,default --out "docs/bench/wide-$w"
 done
+# the default with the probe shortcut on every swe_agent turn (~25 min)
+$ac bench benchmarks/workloads/swe_agent.jsonl --strategies full,rpdc --out docs/bench/shortcut-swe_agent
 # larger budgets and epic on the same turns: greedy exact match against TTFT (~60 min)
 for w in reflexion memgpt swe_agent; do
   $ac bench "benchmarks/workloads/$w.jsonl" \
