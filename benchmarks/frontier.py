@@ -137,10 +137,10 @@ def table(grouped: dict[tuple[str, str], dict[str, dict[str, Any]]], fam: str) -
         for base, win, near, b in dominance(rows, fam):
             head = f"| {key[0]} | {key[1]} | {base} | {b['recompute_fraction_mean']:.3f} "
             head += f"| {b['tf_kl_mean']:.1e} "
-            if win is None and near is None:
+            shown = win or near
+            if shown is None:
                 lines.append(head + f"| none at any compute | - | - | {floor} |")
                 continue
-            shown = win or near or ""
             w = rows[shown]
             name = shown
             if win is None:
