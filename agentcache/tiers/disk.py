@@ -10,8 +10,12 @@ A write call writes its extent to a temporary file, fsyncs it, renames it into p
 appends and fsyncs its journal line: the pages exist once their line is in the journal. A
 kill at any moment leaves either no line (the extent is an orphan, deleted at the next open)
 or a whole line; a torn last line fails its crc and replay stops there. At open the journal
-is replayed and rewritten compacted (write-then-rename). A page whose file is missing, short,
-or fails its crc reads as None and is counted corrupt: never served.
+is replayed and rewritten compacted (write-then-rename), and again whenever it has grown to
+more than `COMPACT_FACTOR` lines per live record (and at least `compact_lines`), so a
+long-running process's journal stays proportional to what the tier holds. An extent file
+whose every page was replaced or dropped is deleted once the journal no longer needs it. A
+page whose file is missing, short, or fails its crc reads as None and is counted corrupt:
+never served.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from agentcache.errors import CacheDirError
 from agentcache.tiers.base import PageData, PageKey, Tier, TierError
 
 JOURNAL = "journal.log"
+COMPACT_FACTOR = 4  # journal lines per live record (extent or meta) before a compaction
 
 
 @dataclass(frozen=True)
@@ -76,10 +81,15 @@ def _page_bytes(page: PageData) -> bytes:
 class DiskTier(Tier):
     name = "disk"
 
-    def __init__(self, folder: Path, capacity_bytes: int, fsync: bool = True) -> None:
+    def __init__(
+        self, folder: Path, capacity_bytes: int, fsync: bool = True, compact_lines: int = 4096
+    ) -> None:
         super().__init__(capacity_bytes)
         self.folder = Path(folder)
         self.fsync = fsync
+        self.compact_lines = compact_lines  # no compaction below this many journal lines
+        self.compactions = 0  # journal rewrites after the one at open
+        self._lines = 0  # lines in the journal file now
         self._locs: dict[PageKey, _Loc] = {}
         self._file_pages: dict[str, int] = {}  # extent file -> live pages in it
         self.meta: dict[str, Any] = {}  # opaque records the store persists (segment index)
@@ -119,23 +129,28 @@ class DiskTier(Tier):
                 break  # a torn tail: nothing after it was committed
             self._apply(record)
 
-    def _apply(self, r: dict[str, Any]) -> None:
+    def _apply(self, r: dict[str, Any]) -> list[str]:
+        """Apply one journal record to the index; returns the extent files it left empty."""
         op = r.get("op")
+        emptied = []
         if op == "put":
             for p in r["pages"]:
                 key = PageKey(p["key"])
-                self._forget(key)
+                if (empty := self._forget(key)) is not None:
+                    emptied.append(empty)
                 self._locs[key] = _Loc(r["file"], p["off"], tuple(p["shape"]), p["dtype"], p["crc"])
                 self._file_pages[r["file"]] = self._file_pages.get(r["file"], 0) + 1
                 self.counters.bytes += self._locs[key].kv_bytes
         elif op == "drop":
             for key in r["keys"]:
-                self._forget(PageKey(key))
+                if (empty := self._forget(PageKey(key))) is not None:
+                    emptied.append(empty)
         elif op == "meta":
             self.meta[r["name"]] = r["value"]
         elif op == "unmeta":
             self.meta.pop(r["name"], None)
         self.counters.pages = len(self._locs)
+        return emptied
 
     def _forget(self, key: PageKey) -> str | None:
         """Drop `key` from the index; returns its extent file if that file is now empty."""
@@ -162,6 +177,23 @@ class DiskTier(Tier):
         self._durable_write(tmp, b"".join(lines))
         os.replace(tmp, self.folder / JOURNAL)
         self._sync_dir(self.folder)
+        self._lines = len(lines)
+
+    def _maybe_compact(self) -> None:
+        """Rewrite the journal from the index once dead lines dominate it. The rewrite is
+        write-then-rename: a kill leaves the old journal or the new one, both complete. A
+        failure (disk full) keeps the old journal and is counted; the tier keeps working."""
+        live = len(self._file_pages) + len(self.meta)
+        if self._lines < max(self.compact_lines, COMPACT_FACTOR * live):
+            return
+        self._journal.close()
+        try:
+            self._rewrite_journal()
+            self.compactions += 1
+        except OSError:
+            self.counters.failed_writes += 1
+            (self.folder / (JOURNAL + ".tmp")).unlink(missing_ok=True)
+        self._journal = open(self.folder / JOURNAL, "ab")  # noqa: SIM115  (lives with the tier)
 
     # ---- the Tier interface ----
 
@@ -197,9 +229,12 @@ class DiskTier(Tier):
                 f"({os.strerror(e.errno) if e.errno else e}); the pages stay in the tiers above"
             ) from e
         self.counters.write_s += time.perf_counter() - t0
-        self._apply({"op": "put", "file": name, "pages": entries})
+        # the journal now points at the new extent: files it emptied are garbage
+        for empty in self._apply({"op": "put", "file": name, "pages": entries}):
+            (self.folder / "extents" / empty).unlink(missing_ok=True)
         self._count_write(pages, 0, off + len(line))
         self.counters.peak_bytes = max(self.counters.peak_bytes, self.counters.bytes)
+        self._maybe_compact()
 
     def read(self, key: PageKey) -> PageData | None:
         loc = self._locs.get(key)
@@ -227,11 +262,9 @@ class DiskTier(Tier):
         if not keys:
             return
         self._try_append(_line({"op": "drop", "keys": list(keys)}))
-        for key in keys:
-            empty = self._forget(key)
-            if empty is not None:
-                (self.folder / "extents" / empty).unlink(missing_ok=True)
-        self.counters.pages = len(self._locs)
+        for empty in self._apply({"op": "drop", "keys": list(keys)}):
+            (self.folder / "extents" / empty).unlink(missing_ok=True)
+        self._maybe_compact()
 
     def __contains__(self, key: object) -> bool:
         return key in self._locs
@@ -249,11 +282,13 @@ class DiskTier(Tier):
     def put_meta(self, name: str, value: Any) -> None:
         self._try_append(_line({"op": "meta", "name": name, "value": value}))
         self.meta[name] = value
+        self._maybe_compact()
 
     def drop_meta(self, name: str) -> None:
         if name in self.meta:
             self._try_append(_line({"op": "unmeta", "name": name}))
             del self.meta[name]
+            self._maybe_compact()
 
     # ---- file helpers ----
 
@@ -267,6 +302,7 @@ class DiskTier(Tier):
 
     def _append(self, line: bytes) -> None:
         self._journal.write(line)
+        self._lines += 1
         self._journal.flush()
         if self.fsync:
             os.fsync(self._journal.fileno())

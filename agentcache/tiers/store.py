@@ -52,6 +52,8 @@ class TierConfig:
     spill_options: dict[str, Any] = field(default_factory=dict)
     page_size: int = 16
     fsync: bool = True
+    # the disk journal is compacted once it holds this many lines and 4x the live records
+    journal_compact_lines: int = 4096
     decoupled_load: bool = True  # per-layer loader thread during selective prefill
     adopt_recomputed: bool = True  # recomputed/fused tokens of a reused segment update it
 
@@ -124,7 +126,11 @@ class TieredSegmentStore(SegmentStore):
         if config.host_bytes:
             tiers.append(MemoryTier("host", config.host_bytes, "cpu", pin=pin))
         if config.disk_dir is not None:
-            tiers.append(DiskTier(config.disk_dir, config.disk_bytes, config.fsync))
+            tiers.append(
+                DiskTier(
+                    config.disk_dir, config.disk_bytes, config.fsync, config.journal_compact_lines
+                )
+            )
         super().__init__(sum(t.capacity_bytes for t in tiers), policy)
         self.config = config
         self.tiers = tiers

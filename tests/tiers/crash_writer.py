@@ -1,6 +1,11 @@
 """A writer process for the crash test: puts segments into a tiered store whose fast tier
 holds two segments (so every put spills to disk), dirties some, persists, and prints
-"committed <i>" once segment i is durable. The test kills it with SIGKILL at random."""
+"committed <i>" once segment i is durable. The test kills it with SIGKILL at random.
+
+With `journal` as the second argument it instead rewrites four disk pages over and over
+(page k holds `round_page(i)` for the last round i with i % 4 == k) and records the round in
+the journal's metadata after each write, so the journal is compacted every few rounds; it
+prints "round <i>" once round i is durable."""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from pathlib import Path
 import torch
 
 from agentcache.kv.store import StoredKV, content_id
-from agentcache.tiers import PageData, TierConfig, TieredSegmentStore
+from agentcache.tiers import DiskTier, PageData, PageKey, TierConfig, TieredSegmentStore
 
 M, T = "model", "tok"
 TOKENS = 48  # three pages
@@ -39,7 +44,12 @@ def version2_page0(i: int) -> PageData:
 
 
 def open_store(folder: Path, fast_pages: int = 6) -> TieredSegmentStore:
-    config = TierConfig(fast_bytes=fast_pages * PAGE_BYTES, disk_dir=folder, disk_bytes=1 << 30)
+    config = TierConfig(
+        fast_bytes=fast_pages * PAGE_BYTES,
+        disk_dir=folder,
+        disk_bytes=1 << 30,
+        journal_compact_lines=8,  # compact often, so that kills also land inside compactions
+    )
     return TieredSegmentStore(config)
 
 
@@ -57,5 +67,31 @@ def main(folder: Path, first: int) -> None:
         i += 1
 
 
+def round_page(i: int) -> PageData:
+    g = torch.Generator().manual_seed(20_000_000 + i)
+    return PageData(
+        torch.randn((2, 16, 2, 8), generator=g),
+        torch.randn((2, 16, 2, 8), generator=g),
+        torch.arange(i, i + 16),
+    )
+
+
+def open_journal_tier(folder: Path) -> DiskTier:
+    return DiskTier(folder, 64 * PAGE_BYTES, fsync=True, compact_lines=8)
+
+
+def main_journal(folder: Path) -> None:
+    tier = open_journal_tier(folder)
+    i = int(tier.meta.get("round", -1)) + 1
+    while True:
+        tier.write([(PageKey(f"p/{i % 4}"), round_page(i))])
+        tier.put_meta("round", i)
+        print(f"round {i}", flush=True)
+        i += 1
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]))
+    if sys.argv[2] == "journal":
+        main_journal(Path(sys.argv[1]))
+    else:
+        main(Path(sys.argv[1]), int(sys.argv[2]))

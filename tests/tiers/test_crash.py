@@ -14,21 +14,33 @@ from pathlib import Path
 import torch
 
 from agentcache.kv.store import MissReason, StoredKV
-from tests.tiers.crash_writer import M, T, ids, open_store, version1, version2_page0
+from agentcache.tiers import PageKey
+from tests.tiers.crash_writer import (
+    M,
+    T,
+    ids,
+    open_journal_tier,
+    open_store,
+    round_page,
+    version1,
+    version2_page0,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_and_kill(folder: Path, first: int, rng: random.Random) -> set[int]:
+def run_and_kill(
+    folder: Path, first: int | str, rng: random.Random, commits: tuple[int, int] = (2, 6)
+) -> set[int]:
     """Start a writer at segment `first`, kill -9 it after a random number of commits and a
-    random delay; returns the segments it reported committed."""
+    random delay; returns the segments (or rounds) it reported committed."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.tiers.crash_writer", str(folder), str(first)],
         cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert proc.stdout is not None
     committed: set[int] = set()
-    target = rng.randint(2, 6)
+    target = rng.randint(*commits)
     try:
         while len(committed) < 2 * target:
             line = proc.stdout.readline()
@@ -101,3 +113,32 @@ def test_corrupt_and_missing_files_after_restart_are_checksum_misses(tmp_path: P
         if r.kv is not None:
             assert valid(i * 10, r.kv)
     assert again.tier("disk").counters.corrupt == len(bad)
+
+
+def test_kill_during_journal_compaction_keeps_the_last_committed_state(tmp_path: Path) -> None:
+    """A writer whose journal is compacted every few rounds, killed at random: the reopened
+    tier holds a state at or after its last committed round, every page is that state's, and
+    no dead extent files pile up."""
+    rng = random.Random(7)
+    for _ in range(4):
+        # 40-120 rounds: the journal is compacted every 10 (20 lines, 4 per live record)
+        last = max(run_and_kill(tmp_path, "journal", rng, commits=(20, 60)))
+        # >= 80 journal records were appended; compaction kept at most 20 lines (+ a torn one)
+        assert len((tmp_path / "journal.log").read_bytes().splitlines()) <= 21
+        tier = open_journal_tier(tmp_path)
+        r = int(tier.meta["round"])
+        assert r >= last, f"round {last} was committed, the journal replays round {r}"
+        for k in range(4):
+            # the last write to page k at or before round r, or round r + 1's own write (its
+            # page can be durable while its round record is not)
+            newest = max(i for i in range(r + 2) if i % 4 == k)
+            choices = {newest} | ({newest - 4} if newest == r + 1 and newest >= 4 else set())
+            got = tier.read(PageKey(f"p/{k}"))
+            assert got is not None and any(
+                torch.equal(got.keys, round_page(i).keys)
+                and torch.equal(got.positions, round_page(i).positions)
+                for i in choices
+            ), f"page {k} holds no state of round {r}"
+        assert len(list((tmp_path / "extents").iterdir())) == 4
+        assert len((tmp_path / "journal.log").read_bytes().splitlines()) <= 5
+        tier.close()

@@ -96,6 +96,35 @@ def test_disk_index_survives_reopen(tmp_path: Path) -> None:
     assert again.counters.bytes == 2 * PAGE_BYTES
 
 
+def test_disk_deletes_an_extent_once_every_page_in_it_is_replaced(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path, 8 * PAGE_BYTES, fsync=False)
+    tier.write([(PageKey("a/0"), page(1)), (PageKey("a/1"), page(2))])
+    tier.write([(PageKey("a/0"), page(3))])
+    assert len(list((tmp_path / "extents").iterdir())) == 2  # a/1 still lives in the first
+    tier.write([(PageKey("a/1"), page(4))])
+    assert len(list((tmp_path / "extents").iterdir())) == 2  # the first is gone, at once
+    assert same(tier.read(PageKey("a/0")), page(3)) and same(tier.read(PageKey("a/1")), page(4))
+    tier.drop([PageKey("a/0"), PageKey("a/1")])
+    assert list((tmp_path / "extents").iterdir()) == []
+
+
+def test_disk_journal_is_compacted_while_running_and_replays_the_same(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path, 8 * PAGE_BYTES, fsync=False, compact_lines=16)
+    journal = tmp_path / "journal.log"
+    for i in range(200):  # 400 journal records over 4 live pages and one meta record
+        tier.write([(PageKey(f"p/{i % 4}"), page(i))])
+        tier.put_meta("seg:p", {"round": i})
+        assert len(journal.read_bytes().splitlines()) <= 20  # 4 lines per live record (5)
+    assert tier.compactions >= 20
+    assert len(list((tmp_path / "extents").iterdir())) == 4
+    tier.close()
+    again = DiskTier(tmp_path, 8 * PAGE_BYTES, fsync=False)
+    assert sorted(again.page_keys()) == [f"p/{i}" for i in range(4)]
+    for i in range(196, 200):
+        assert same(again.read(PageKey(f"p/{i % 4}")), page(i))
+    assert again.meta == {"seg:p": {"round": 199}} and again.counters.bytes == 4 * PAGE_BYTES
+
+
 def test_disk_corrupt_truncated_or_missing_page_reads_none(tmp_path: Path) -> None:
     tier = DiskTier(tmp_path, 8 * PAGE_BYTES, fsync=False)
     tier.write([(PageKey("a/0"), page(1))])
