@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def ceiling() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("ceiling", ROOT / "benchmarks/ceiling.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def rec(strategy: str, turn: int, ttft: float, reused: int, recomputed: int) -> dict[str, Any]:
+    return {"session": "w-01", "workload": "w", "case": "swing", "turn": turn,
+            "strategy": strategy, "prompt_tokens": 1000, "ttft_ms": ttft,
+            "ttft_limit_ms": 100.0, "reused_tokens": reused,
+            "recomputed_tokens": recomputed}  # fmt: skip
+
+
+def test_ceiling_is_prefix_over_the_perfect_cache_on_warm_turns_only() -> None:
+    c = ceiling()
+    turns = [
+        rec("prefix", 0, 900.0, 0, 1000),  # cold turn: skipped
+        rec("pic", 0, 900.0, 0, 1000),
+        rec("prefix", 1, 300.0, 400, 600),  # prefix computes 600 tokens in 300 ms
+        rec("pic", 1, 110.0, 800, 200),  # the perfect cache computes 200
+        rec("rpdc", 1, 150.0, 700, 300),
+        rec("prefix", 2, 150.0, 800, 200),
+        rec("pic", 2, 120.0, 900, 100),
+    ]
+    out = c.ceilings([{"turns": turns}])
+    assert [(t.turn, t.ttft, t.tokens, t.measured) for t in out] == [
+        (1, 3.0, 3.0, 2.0),
+        (2, 1.5, 2.0, None),
+    ]
+    md = c.table(out, 2.0, "rpdc")
+    assert "| w | swing | 2 | 2.25x | 2.50x | 1 of 2 | 2.00x |" in md
+
+
+def test_ceiling_needs_the_perfect_cache_token_count() -> None:
+    c = ceiling()
+    turns = [rec("prefix", 1, 300.0, 400, 600)]
+    with pytest.raises(ValueError, match="pic"):
+        c.ceilings([{"turns": turns}])
