@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the reuse figures in docs/benchmarks.md (about 4 hours on 2 CPU cores).
+# Reproduces the reuse figures in docs/benchmarks.md (about 5 hours on 2 CPU cores).
 # `rpdc` alone is the current default (extra=0.2, probe_window=128); runs that measured the
 # earlier default name it in full, `rpdc:ratio=0.3:probe_window=256`.
 set -euo pipefail
@@ -66,3 +66,9 @@ for w in reflexion memgpt; do
     --new-tokens 16 --strategies "$high" --out "docs/bench/frontier/hi-$w"
 done
 .venv/bin/python benchmarks/frontier.py docs/bench/frontier/*/results.json --out docs/bench/frontier
+
+# the perfect cache's ceiling over prefix caching, every session (about an hour)
+$ac bench benchmarks/workloads/reflexion.jsonl benchmarks/workloads/memgpt.jsonl \
+  benchmarks/workloads/swe_agent.jsonl --strategies full,prefix,pic,default --new-tokens 1 \
+  --out docs/bench/ceiling/all
+.venv/bin/python benchmarks/ceiling.py docs/bench/ceiling/all/results.json --out docs/bench/ceiling
