@@ -60,7 +60,9 @@ def run_policy(
         rounds, turns = _rounds(engine, sessions, cfg.batch, advance)
         store = engine.store
         assert isinstance(store, TieredSegmentStore)
-        disk = store.tiers[-1].counters
+        disk_tier = store.tiers[-1]
+        assert isinstance(disk_tier, DiskTier)
+        disk = disk_tier.counters
         required = store.tier_stats.persist_required_bytes
         writes = {
             "write_amplification": disk.bytes_written / max(1, required),
@@ -75,6 +77,9 @@ def run_policy(
             "dirty_page_updates": store.tier_stats.updates,
             "evictions": store.stats.evictions,
             "tiers": store.counters(),
+            # part of disk_bytes_written: live pages moved out of mostly-dead extent files
+            "disk_reclaim_bytes": disk_tier.reclaim_bytes,
+            "disk_journal_compactions": disk_tier.compactions,
         }  # fmt: skip
         ttft = _ttft_disk_vs_resident(engine, sessions, cfg.ttft_samples, advance)
         tput = [r["turns"] / r["seconds"] for r in rounds]

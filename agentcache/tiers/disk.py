@@ -13,9 +13,12 @@ or a whole line; a torn last line fails its crc and replay stops there. At open 
 is replayed and rewritten compacted (write-then-rename), and again whenever it has grown to
 more than `COMPACT_FACTOR` lines per live record (and at least `compact_lines`), so a
 long-running process's journal stays proportional to what the tier holds. An extent file
-whose every page was replaced or dropped is deleted once the journal no longer needs it. A
-page whose file is missing, short, or fails its crc reads as None and is counted corrupt:
-never served.
+whose every page was replaced or dropped is deleted once the journal no longer needs it, and
+once the extent files hold more than `SPACE_FACTOR` times the live pages' bytes, the live
+pages of the emptiest files are written again into a new extent (an ordinary write call,
+counted like any other) so those files can go: the folder stays within a bounded multiple of
+the tier's capacity. A page whose file is missing, short, or fails its crc reads as None and
+is counted corrupt: never served.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from agentcache.tiers.base import PageData, PageKey, Tier, TierError
 
 JOURNAL = "journal.log"
 COMPACT_FACTOR = 4  # journal lines per live record (extent or meta) before a compaction
+SPACE_FACTOR = 2.0  # extent-file bytes per live page byte before half-empty extents are rewritten
+RECLAIM_MIN_BYTES = 1 << 20  # ... and only once this much is dead
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,12 @@ class DiskTier(Tier):
     name = "disk"
 
     def __init__(
-        self, folder: Path, capacity_bytes: int, fsync: bool = True, compact_lines: int = 4096
+        self,
+        folder: Path,
+        capacity_bytes: int,
+        fsync: bool = True,
+        compact_lines: int = 4096,
+        reclaim_min_bytes: int = RECLAIM_MIN_BYTES,
     ) -> None:
         super().__init__(capacity_bytes)
         self.folder = Path(folder)
@@ -90,8 +100,14 @@ class DiskTier(Tier):
         self.compact_lines = compact_lines  # no compaction below this many journal lines
         self.compactions = 0  # journal rewrites after the one at open
         self._lines = 0  # lines in the journal file now
+        self.reclaim_min_bytes = reclaim_min_bytes  # dead bytes below this are left alone
+        self.reclaimed_files = 0  # extent files emptied by rewriting their live pages
+        self.reclaim_bytes = 0  # bytes those rewrites wrote (also in counters.bytes_written)
+        self._reclaiming = False
         self._locs: dict[PageKey, _Loc] = {}
         self._file_pages: dict[str, int] = {}  # extent file -> live pages in it
+        self._file_size: dict[str, int] = {}  # extent file -> its length in bytes
+        self._file_live: dict[str, int] = {}  # extent file -> bytes of its live pages
         self.meta: dict[str, Any] = {}  # opaque records the store persists (segment index)
         self.journal_bad_lines = 0
         self._open()
@@ -138,9 +154,13 @@ class DiskTier(Tier):
                 key = PageKey(p["key"])
                 if (empty := self._forget(key)) is not None:
                     emptied.append(empty)
-                self._locs[key] = _Loc(r["file"], p["off"], tuple(p["shape"]), p["dtype"], p["crc"])
-                self._file_pages[r["file"]] = self._file_pages.get(r["file"], 0) + 1
-                self.counters.bytes += self._locs[key].kv_bytes
+                loc = _Loc(r["file"], p["off"], tuple(p["shape"]), p["dtype"], p["crc"])
+                self._locs[key] = loc
+                self._file_pages[loc.file] = self._file_pages.get(loc.file, 0) + 1
+                self._file_live[loc.file] = self._file_live.get(loc.file, 0) + loc.length
+                size = self._file_size.get(loc.file, 0)
+                self._file_size[loc.file] = max(size, loc.off + loc.length)
+                self.counters.bytes += loc.kv_bytes
         elif op == "drop":
             for key in r["keys"]:
                 if (empty := self._forget(PageKey(key))) is not None:
@@ -159,10 +179,53 @@ class DiskTier(Tier):
             return None
         self.counters.bytes -= loc.kv_bytes
         self._file_pages[loc.file] -= 1
+        self._file_live[loc.file] -= loc.length
         if self._file_pages[loc.file] == 0:
-            del self._file_pages[loc.file]
+            del self._file_pages[loc.file], self._file_live[loc.file], self._file_size[loc.file]
             return loc.file
         return None
+
+    @property
+    def file_bytes(self) -> int:
+        """Bytes of the extent files the index still needs (live and dead pages)."""
+        return sum(self._file_size.values())
+
+    def _maybe_reclaim(self) -> None:
+        """Rewrite the live pages of the emptiest extents (under half live) into new extents
+        when dead bytes dominate, emptiest first, until the files are back under
+        `SPACE_FACTOR` x the live bytes. A file with a page that fails its checksum is left
+        as it is (its good pages stay served, the bad one stays a miss); a failed write
+        (disk full) stops the reclaim and leaves the old files as they were."""
+        live = sum(self._file_live.values())
+        total = self.file_bytes
+        dead = total - live
+        if self._reclaiming or dead < self.reclaim_min_bytes or total <= SPACE_FACTOR * live:
+            return
+        by_file: dict[str, list[PageKey]] = {}
+        for key, loc in self._locs.items():
+            by_file.setdefault(loc.file, []).append(key)
+        emptiest = sorted(by_file, key=lambda f: self._file_live[f] / self._file_size[f])
+        self._reclaiming = True
+        try:
+            for name in emptiest:
+                if total <= SPACE_FACTOR * live:
+                    break
+                if 2 * self._file_live[name] > self._file_size[name]:
+                    break  # the rest are more than half live: rewriting them gains little
+                pages = [(k, self._read_page(k)) for k in by_file[name]]
+                good = [(k, p) for k, p in pages if p is not None]
+                if len(good) < len(pages):
+                    continue
+                before = self.counters.bytes_written
+                try:
+                    self.write(good)
+                except TierError:
+                    break
+                self.reclaimed_files += 1
+                self.reclaim_bytes += self.counters.bytes_written - before
+                total = self.file_bytes
+        finally:
+            self._reclaiming = False
 
     def _rewrite_journal(self) -> None:
         by_file: dict[str, list[dict[str, Any]]] = {}
@@ -235,8 +298,17 @@ class DiskTier(Tier):
         self._count_write(pages, 0, off + len(line))
         self.counters.peak_bytes = max(self.counters.peak_bytes, self.counters.bytes)
         self._maybe_compact()
+        self._maybe_reclaim()
 
     def read(self, key: PageKey) -> PageData | None:
+        page = self._read_page(key)
+        if page is None and key in self._locs:
+            self.counters.corrupt += 1
+        elif page is not None:
+            self.counters.loads += 1
+        return page
+
+    def _read_page(self, key: PageKey) -> PageData | None:
         loc = self._locs.get(key)
         if loc is None:
             return None
@@ -247,9 +319,7 @@ class DiskTier(Tier):
         except OSError:
             blob = b""
         if len(blob) != loc.length or zlib.crc32(blob) != loc.crc:
-            self.counters.corrupt += 1
             return None
-        self.counters.loads += 1
         dtype = getattr(torch, loc.dtype)
         half = loc.kv_bytes // 2
         keys = torch.frombuffer(bytearray(blob[:half]), dtype=dtype).reshape(loc.shape)
@@ -265,6 +335,7 @@ class DiskTier(Tier):
         for empty in self._apply({"op": "drop", "keys": list(keys)}):
             (self.folder / "extents" / empty).unlink(missing_ok=True)
         self._maybe_compact()
+        self._maybe_reclaim()
 
     def __contains__(self, key: object) -> bool:
         return key in self._locs

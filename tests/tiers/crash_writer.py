@@ -3,9 +3,10 @@ holds two segments (so every put spills to disk), dirties some, persists, and pr
 "committed <i>" once segment i is durable. The test kills it with SIGKILL at random.
 
 With `journal` as the second argument it instead rewrites four disk pages over and over
-(page k holds `round_page(i)` for the last round i with i % 4 == k) and records the round in
-the journal's metadata after each write, so the journal is compacted every few rounds; it
-prints "round <i>" once round i is durable."""
+(page k holds `round_page(i)` for the last round i with i % 4 == k), each in an extent with
+three scratch pages it drops at once, and records the round in the journal's metadata, so
+the journal is compacted and mostly-dead extents are reclaimed every few rounds; it prints
+"round <i>" once round i is durable."""
 
 from __future__ import annotations
 
@@ -77,14 +78,18 @@ def round_page(i: int) -> PageData:
 
 
 def open_journal_tier(folder: Path) -> DiskTier:
-    return DiskTier(folder, 64 * PAGE_BYTES, fsync=True, compact_lines=8)
+    return DiskTier(folder, 64 * PAGE_BYTES, fsync=True, compact_lines=8, reclaim_min_bytes=0)
 
 
 def main_journal(folder: Path) -> None:
     tier = open_journal_tier(folder)
     i = int(tier.meta.get("round", -1)) + 1
     while True:
-        tier.write([(PageKey(f"p/{i % 4}"), round_page(i))])
+        scratch = [PageKey(f"x/{i}/{j}") for j in range(3)]
+        tier.write(
+            [(PageKey(f"p/{i % 4}"), round_page(i))] + [(k, round_page(-1)) for k in scratch]
+        )
+        tier.drop(scratch)
         tier.put_meta("round", i)
         print(f"round {i}", flush=True)
         i += 1

@@ -125,6 +125,38 @@ def test_disk_journal_is_compacted_while_running_and_replays_the_same(tmp_path: 
     assert again.meta == {"seg:p": {"round": 199}} and again.counters.bytes == 4 * PAGE_BYTES
 
 
+def test_disk_rewrites_half_empty_extents_once_dead_bytes_dominate(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path, 16 * PAGE_BYTES, fsync=False, reclaim_min_bytes=0)
+    tier.write([(PageKey(f"a/{i}"), page(i)) for i in range(4)])
+    tier.write([(PageKey(f"b/{i}"), page(10 + i)) for i in range(4)])
+    first = {f.name for f in (tmp_path / "extents").iterdir()}
+    tier.drop([PageKey(f"a/{i}") for i in range(3)])  # files 8 pages, live 5: under 2x
+    assert tier.reclaimed_files == 0 and tier.file_bytes > 7 * PAGE_BYTES
+    calls = tier.counters.write_calls
+    tier.drop([PageKey(f"b/{i}") for i in range(3)])  # live 2 in 8 pages of files: rewrite
+    assert tier.reclaimed_files == 2 and tier.counters.write_calls == calls + 2
+    assert tier.reclaim_bytes > 2 * PAGE_BYTES
+    assert first.isdisjoint(f.name for f in (tmp_path / "extents").iterdir())
+    assert tier.file_bytes < 3 * PAGE_BYTES and tier.counters.bytes == 2 * PAGE_BYTES
+    assert same(tier.read(PageKey("a/3")), page(3)) and same(tier.read(PageKey("b/3")), page(13))
+    tier.close()
+    again = DiskTier(tmp_path, 16 * PAGE_BYTES, fsync=False)
+    assert sorted(again.page_keys()) == ["a/3", "b/3"]
+    assert same(again.read(PageKey("b/3")), page(13))
+
+
+def test_disk_reclaim_leaves_an_extent_with_a_bad_page_alone(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path, 16 * PAGE_BYTES, fsync=False, reclaim_min_bytes=0)
+    tier.write([(PageKey(f"a/{i}"), page(i)) for i in range(4)])
+    (extent,) = (tmp_path / "extents").iterdir()
+    data = bytearray(extent.read_bytes())
+    data[3 * (PAGE_BYTES + 8 * 16) + 10] ^= 0xFF  # inside page a/3
+    extent.write_bytes(bytes(data))
+    tier.drop([PageKey(f"a/{i}") for i in range(3)])
+    assert tier.reclaimed_files == 0 and extent.exists()
+    assert tier.read(PageKey("a/3")) is None and tier.counters.corrupt == 1
+
+
 def test_disk_corrupt_truncated_or_missing_page_reads_none(tmp_path: Path) -> None:
     tier = DiskTier(tmp_path, 8 * PAGE_BYTES, fsync=False)
     tier.write([(PageKey("a/0"), page(1))])
