@@ -105,9 +105,10 @@ class DiskTier(Tier):
         self.reclaim_bytes = 0  # bytes those rewrites wrote (also in counters.bytes_written)
         self._reclaiming = False
         self._locs: dict[PageKey, _Loc] = {}
-        self._file_pages: dict[str, int] = {}  # extent file -> live pages in it
+        self._file_live: dict[str, int] = {}  # extent file -> bytes of its live pages (> 0)
         self._file_size: dict[str, int] = {}  # extent file -> its length in bytes
-        self._file_live: dict[str, int] = {}  # extent file -> bytes of its live pages
+        self._live_bytes = 0  # sums of the two, kept as they change
+        self.file_bytes = 0  # bytes of the extent files the index still needs
         self.meta: dict[str, Any] = {}  # opaque records the store persists (segment index)
         self.journal_bad_lines = 0
         self._open()
@@ -129,10 +130,15 @@ class DiskTier(Tier):
         self._replay()
         self._rewrite_journal()
         for f in extents.iterdir():
-            if f.name not in self._file_pages:
+            if f.name not in self._file_live:
                 f.unlink(missing_ok=True)
-        self._next = 1 + max((int(f.split(".")[0]) for f in self._file_pages), default=0)
+            else:  # the journal knows where live pages end; dead ones may follow them
+                size = f.stat().st_size
+                self.file_bytes += max(0, size - self._file_size[f.name])
+                self._file_size[f.name] = max(size, self._file_size[f.name])
+        self._next = 1 + max((int(f.split(".")[0]) for f in self._file_live), default=0)
         self._journal = open(self.folder / JOURNAL, "ab")  # noqa: SIM115  (lives with the tier)
+        self._maybe_reclaim()  # what a process killed before its reclaim left
 
     def _replay(self) -> None:
         path = self.folder / JOURNAL
@@ -156,10 +162,11 @@ class DiskTier(Tier):
                     emptied.append(empty)
                 loc = _Loc(r["file"], p["off"], tuple(p["shape"]), p["dtype"], p["crc"])
                 self._locs[key] = loc
-                self._file_pages[loc.file] = self._file_pages.get(loc.file, 0) + 1
                 self._file_live[loc.file] = self._file_live.get(loc.file, 0) + loc.length
+                self._live_bytes += loc.length
                 size = self._file_size.get(loc.file, 0)
                 self._file_size[loc.file] = max(size, loc.off + loc.length)
+                self.file_bytes += self._file_size[loc.file] - size
                 self.counters.bytes += loc.kv_bytes
         elif op == "drop":
             for key in r["keys"]:
@@ -178,17 +185,13 @@ class DiskTier(Tier):
         if loc is None:
             return None
         self.counters.bytes -= loc.kv_bytes
-        self._file_pages[loc.file] -= 1
         self._file_live[loc.file] -= loc.length
-        if self._file_pages[loc.file] == 0:
-            del self._file_pages[loc.file], self._file_live[loc.file], self._file_size[loc.file]
+        self._live_bytes -= loc.length
+        if self._file_live[loc.file] == 0:
+            self.file_bytes -= self._file_size.pop(loc.file)
+            del self._file_live[loc.file]
             return loc.file
         return None
-
-    @property
-    def file_bytes(self) -> int:
-        """Bytes of the extent files the index still needs (live and dead pages)."""
-        return sum(self._file_size.values())
 
     def _maybe_reclaim(self) -> None:
         """Rewrite the live pages of the emptiest extents (under half live) into new extents
@@ -196,10 +199,12 @@ class DiskTier(Tier):
         `SPACE_FACTOR` x the live bytes. A file with a page that fails its checksum is left
         as it is (its good pages stay served, the bad one stays a miss); a failed write
         (disk full) stops the reclaim and leaves the old files as they were."""
-        live = sum(self._file_live.values())
-        total = self.file_bytes
-        dead = total - live
-        if self._reclaiming or dead < self.reclaim_min_bytes or total <= SPACE_FACTOR * live:
+        live, total = self._live_bytes, self.file_bytes
+        if (
+            self._reclaiming
+            or total - live < self.reclaim_min_bytes
+            or total <= SPACE_FACTOR * live
+        ):
             return
         by_file: dict[str, list[PageKey]] = {}
         for key, loc in self._locs.items():
@@ -246,7 +251,7 @@ class DiskTier(Tier):
         """Rewrite the journal from the index once dead lines dominate it. The rewrite is
         write-then-rename: a kill leaves the old journal or the new one, both complete. A
         failure (disk full) keeps the old journal and is counted; the tier keeps working."""
-        live = len(self._file_pages) + len(self.meta)
+        live = len(self._file_live) + len(self.meta)
         if self._lines < max(self.compact_lines, COMPACT_FACTOR * live):
             return
         self._journal.close()
@@ -402,7 +407,7 @@ class DiskTier(Tier):
         from the device (a measurement aid; advisory, Linux only)."""
         if not hasattr(os, "posix_fadvise"):
             return
-        for name in self._file_pages:
+        for name in self._file_live:
             fd = os.open(self.folder / "extents" / name, os.O_RDONLY)
             try:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)

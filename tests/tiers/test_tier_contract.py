@@ -145,6 +145,21 @@ def test_disk_rewrites_half_empty_extents_once_dead_bytes_dominate(tmp_path: Pat
     assert same(again.read(PageKey("b/3")), page(13))
 
 
+def test_disk_counts_dead_bytes_after_reopen_and_reclaims_them_at_open(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path, 16 * PAGE_BYTES, fsync=False)  # 1 MiB floor: no reclaim yet
+    tier.write([(PageKey(f"a/{i}"), page(i)) for i in range(4)])
+    tier.drop([PageKey(f"a/{i}") for i in range(3)])
+    size = tier.file_bytes
+    assert tier.reclaimed_files == 0 and size > 3 * PAGE_BYTES
+    tier.close()
+    again = DiskTier(tmp_path, 16 * PAGE_BYTES, fsync=False)  # the compacted journal lists
+    assert again.file_bytes == size  # only a/3, but the file still holds all four pages
+    again.close()
+    third = DiskTier(tmp_path, 16 * PAGE_BYTES, fsync=False, reclaim_min_bytes=0)
+    assert third.reclaimed_files == 1 and third.file_bytes < 2 * PAGE_BYTES
+    assert same(third.read(PageKey("a/3")), page(3))
+
+
 def test_disk_reclaim_leaves_an_extent_with_a_bad_page_alone(tmp_path: Path) -> None:
     tier = DiskTier(tmp_path, 16 * PAGE_BYTES, fsync=False, reclaim_min_bytes=0)
     tier.write([(PageKey(f"a/{i}"), page(i)) for i in range(4)])
