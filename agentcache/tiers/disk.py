@@ -30,7 +30,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -111,6 +111,7 @@ class DiskTier(Tier):
         self.file_bytes = 0  # bytes of the extent files the index still needs
         self.meta: dict[str, Any] = {}  # opaque records the store persists (segment index)
         self.journal_bad_lines = 0
+        self._journal: BinaryIO | None = None
         self._open()
 
     # ---- start-up: check the folder, replay and compact the journal, delete orphans ----
@@ -137,7 +138,7 @@ class DiskTier(Tier):
                 self.file_bytes += max(0, size - self._file_size[f.name])
                 self._file_size[f.name] = max(size, self._file_size[f.name])
         self._next = 1 + max((int(f.split(".")[0]) for f in self._file_live), default=0)
-        self._journal = open(self.folder / JOURNAL, "ab")  # noqa: SIM115  (lives with the tier)
+        self._open_journal()
         self._maybe_reclaim()  # what a process killed before its reclaim left
 
     def _replay(self) -> None:
@@ -254,14 +255,17 @@ class DiskTier(Tier):
         live = len(self._file_live) + len(self.meta)
         if self._lines < max(self.compact_lines, COMPACT_FACTOR * live):
             return
-        self._journal.close()
+        self._close_journal()
         try:
             self._rewrite_journal()
             self.compactions += 1
         except OSError:
             self.counters.failed_writes += 1
             (self.folder / (JOURNAL + ".tmp")).unlink(missing_ok=True)
-        self._journal = open(self.folder / JOURNAL, "ab")  # noqa: SIM115  (lives with the tier)
+        try:
+            self._open_journal()
+        except OSError:  # (folder gone) later appends retry, and fail as I/O errors until then
+            self.counters.failed_writes += 1
 
     # ---- the Tier interface ----
 
@@ -376,7 +380,18 @@ class DiskTier(Tier):
         except OSError:
             self.counters.failed_writes += 1
 
+    def _open_journal(self) -> None:
+        self._journal = open(self.folder / JOURNAL, "ab")  # noqa: SIM115  (lives with the tier)
+
+    def _close_journal(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+
     def _append(self, line: bytes) -> None:
+        if self._journal is None:
+            self._open_journal()  # an OSError here is the caller's, as a failed write would be
+        assert self._journal is not None
         self._journal.write(line)
         self._lines += 1
         self._journal.flush()
@@ -415,4 +430,4 @@ class DiskTier(Tier):
                 os.close(fd)
 
     def close(self) -> None:
-        self._journal.close()
+        self._close_journal()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -170,6 +171,26 @@ def test_disk_reclaim_leaves_an_extent_with_a_bad_page_alone(tmp_path: Path) -> 
     tier.drop([PageKey(f"a/{i}") for i in range(3)])
     assert tier.reclaimed_files == 0 and extent.exists()
     assert tier.read(PageKey("a/3")) is None and tier.counters.corrupt == 1
+
+
+def test_disk_folder_gone_during_compaction_fails_writes_cleanly_then_recovers(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "disk"
+    tier = DiskTier(folder, 8 * PAGE_BYTES, fsync=False, compact_lines=4)
+    tier.write([(PageKey("a/0"), page(1))])
+    shutil.rmtree(folder)
+    with pytest.raises(TierError, match="failed"):
+        tier.write([(PageKey("a/1"), page(2))])  # the extent cannot be written
+    failed = tier.counters.failed_writes
+    for i in range(10):  # the compaction at 8 lines fails (rewrite, reopen), then every
+        tier.put_meta("m", i)  # journal-only change fails too: counted, never raised
+    assert tier.counters.failed_writes >= failed + 4 and tier.compactions == 0
+    (folder / "extents").mkdir(parents=True)
+    tier.write([(PageKey("a/2"), page(3))])  # the folder is back: the journal reopens
+    assert same(tier.read(PageKey("a/2")), page(3))
+    tier.close()
+    assert "a/2" in DiskTier(folder, 8 * PAGE_BYTES, fsync=False).page_keys()
 
 
 def test_disk_corrupt_truncated_or_missing_page_reads_none(tmp_path: Path) -> None:
