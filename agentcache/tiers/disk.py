@@ -207,9 +207,7 @@ class DiskTier(Tier):
             or total <= SPACE_FACTOR * live
         ):
             return
-        by_file: dict[str, list[PageKey]] = {}
-        for key, loc in self._locs.items():
-            by_file.setdefault(loc.file, []).append(key)
+        by_file = self._keys_by_file()
         emptiest = sorted(by_file, key=lambda f: self._file_live[f] / self._file_size[f])
         self._reclaiming = True
         try:
@@ -233,20 +231,28 @@ class DiskTier(Tier):
         finally:
             self._reclaiming = False
 
-    def _rewrite_journal(self) -> None:
-        by_file: dict[str, list[dict[str, Any]]] = {}
+    def _keys_by_file(self) -> dict[str, list[PageKey]]:
+        by_file: dict[str, list[PageKey]] = {}
         for key, loc in self._locs.items():
-            by_file.setdefault(loc.file, []).append(
-                {"key": key, "off": loc.off, "shape": list(loc.shape), "dtype": loc.dtype,
-                 "crc": loc.crc}
-            )  # fmt: skip
-        lines = [_line({"op": "put", "file": f, "pages": ps}) for f, ps in by_file.items()]
+            by_file.setdefault(loc.file, []).append(key)
+        return by_file
+
+    def _rewrite_journal(self) -> None:
+        lines = [
+            _line({"op": "put", "file": f, "pages": [self._entry(k) for k in keys]})
+            for f, keys in self._keys_by_file().items()
+        ]
         lines += [_line({"op": "meta", "name": n, "value": v}) for n, v in self.meta.items()]
         tmp = self.folder / (JOURNAL + ".tmp")
         self._durable_write(tmp, b"".join(lines))
         os.replace(tmp, self.folder / JOURNAL)
         self._sync_dir(self.folder)
         self._lines = len(lines)
+
+    def _entry(self, key: PageKey) -> dict[str, Any]:
+        loc = self._locs[key]
+        return {"key": key, "off": loc.off, "shape": list(loc.shape), "dtype": loc.dtype,
+                "crc": loc.crc}  # fmt: skip
 
     def _maybe_compact(self) -> None:
         """Rewrite the journal from the index once dead lines dominate it. The rewrite is
