@@ -72,3 +72,7 @@ $ac bench benchmarks/workloads/reflexion.jsonl benchmarks/workloads/memgpt.jsonl
   benchmarks/workloads/swe_agent.jsonl --strategies full,prefix,pic,default --new-tokens 1 \
   --out docs/bench/ceiling/all
 .venv/bin/python benchmarks/ceiling.py docs/bench/ceiling/all/results.json --out docs/bench/ceiling
+
+# agentcache's full prefill against transformers' forward pass (about 20 minutes)
+.venv/bin/python benchmarks/full_baseline.py benchmarks/workloads/reflexion.jsonl \
+  benchmarks/workloads/memgpt.jsonl benchmarks/workloads/swe_agent.jsonl --out docs/bench/full-baseline
