@@ -78,6 +78,15 @@ def test_session_without_template_rejects_inputs(tiny: LoadedModel) -> None:
     assert len(session.turns) == 2
 
 
+def test_session_rejects_a_bare_string_and_keeps_working(tiny: LoadedModel) -> None:
+    session = AgentSession(make_engine(tiny), strategy="full", params=PARAMS)
+    with pytest.raises(PromptError, match="sequence of Segments, got str"):
+        session.turn("ping")  # type: ignore[arg-type]
+    assert session.turns == []
+    session.turn([Segment(SegmentKind.UPDATE, "ping", "u", "user")])
+    assert len(session.turns) == 1
+
+
 def test_session_unknown_strategy_fails_fast(tiny: LoadedModel) -> None:
     with pytest.raises(UnknownStrategyError, match="'nope'"):
         AgentSession(make_engine(tiny), strategy="nope")

@@ -50,6 +50,13 @@ class Segment:
             raise PromptError(f"unknown role {self.role!r}; expected one of: {', '.join(ROLES)}")
         if not isinstance(self.text, str):
             raise PromptError(f"segment text must be a string, got {type(self.text).__name__}")
+        try:
+            self.text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate, e.g. from a bad "\\ud800" escape
+            raise PromptError(
+                f"segment text is not valid Unicode: {self.text[e.start]!r} at character "
+                f"{e.start} ({e.reason})"
+            ) from None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Segment:
@@ -65,7 +72,18 @@ class SegmentedPrompt:
     segments: tuple[Segment, ...]
 
     def __init__(self, segments: Iterable[Segment]) -> None:
+        if isinstance(segments, str) or not isinstance(segments, Iterable):
+            raise PromptError(
+                f"a prompt is a sequence of Segments, got {type(segments).__name__}; "
+                "wrap text in Segment(kind, text, ...)"
+            )
         segs = tuple(segments)
+        for i, seg in enumerate(segs):
+            if not isinstance(seg, Segment):
+                raise PromptError(
+                    f"prompt item {i} is a {type(seg).__name__}, not a Segment "
+                    "(Segment.from_dict builds one from a dict)"
+                )
         if not segs or not any(s.text for s in segs):
             raise PromptError("empty prompt: no segment has any text")
         object.__setattr__(self, "segments", segs)
