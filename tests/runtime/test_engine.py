@@ -3,7 +3,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentcache.errors import ContextLengthError, OutOfPagesError, UnknownStrategyError
+from agentcache.errors import (
+    ConfigError,
+    ContextLengthError,
+    OutOfPagesError,
+    UnknownStrategyError,
+)
 from agentcache.model.loading import LoadedModel
 from agentcache.model.tokenizer import ByteTokenizer
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
@@ -157,6 +162,34 @@ def test_generation_params_validation() -> None:
         GenerationParams(max_new_tokens=-1)
     with pytest.raises(ValueError, match="top_p"):
         GenerationParams(top_p=0.0)
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        ({"max_new_tokens": 2.5}, "max_new_tokens must be an integer >= 0, got 2.5"),
+        ({"max_new_tokens": "3"}, "max_new_tokens must be an integer >= 0, got '3'"),
+        ({"temperature": -0.5}, "temperature must be a finite number >= 0"),
+        ({"temperature": float("nan")}, "temperature must be a finite number >= 0"),
+        ({"seed": 2**70}, "seed must be None or an integer"),
+        ({"stop": ("",)}, "stop strings must be non-empty"),
+        ({"stop": ("ok", 5)}, "stop strings must be non-empty"),
+    ],
+    ids=["fractional", "string", "negative-temp", "nan-temp", "seed-overflow", "empty-stop",
+         "int-stop"],
+)  # fmt: skip
+def test_nonsense_generation_params_are_config_errors(
+    options: dict[str, object], needle: str
+) -> None:
+    with pytest.raises(ConfigError) as e:
+        GenerationParams(**options)  # type: ignore[arg-type]
+    assert needle in str(e.value)
+    assert isinstance(e.value, ValueError)  # still caught by `except ValueError`
+
+
+def test_one_stop_string_is_one_stop_not_its_characters() -> None:
+    assert GenerationParams(stop="ab").stop == ("ab",)  # type: ignore[arg-type]
+    assert GenerationParams(stop=["ab", "c"]).stop == ("ab", "c")  # type: ignore[arg-type]
 
 
 def test_unknown_strategy_lists_known(tiny: LoadedModel) -> None:
