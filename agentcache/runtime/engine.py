@@ -10,7 +10,7 @@ import math
 import numbers
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +64,18 @@ class EngineConfig:
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones
         if self.kv_pages < 1:
-            raise ValueError("kv_pages must be >= 1")
+            raise ConfigError("kv_pages must be >= 1")
+        for name, options in self.strategy_options.items():  # here, not at the first request
+            strategy = STRATEGIES.get(name)
+            if not isinstance(options, Mapping):
+                raise ConfigError(
+                    f"strategy_options[{name!r}] must be a dict of options, "
+                    f"got {type(options).__name__}"
+                )
+            try:
+                strategy(**options)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"strategy_options[{name!r}]: {e}") from e
 
 
 @dataclass(frozen=True)

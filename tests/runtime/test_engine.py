@@ -192,6 +192,24 @@ def test_one_stop_string_is_one_stop_not_its_characters() -> None:
     assert GenerationParams(stop=["ab", "c"]).stop == ("ab", "c")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("options", "error", "needle"),
+    [
+        ({"rpcd": {"ratio": 0.5}}, UnknownStrategyError, "unknown reuse strategy 'rpcd'"),
+        ({"rpdc": {"ratio": 5}}, ConfigError, "strategy_options['rpdc']: ratio must be in [0, 1]"),
+        ({"full": {"ratio": 0.5}}, ConfigError, "full takes no options"),
+        ({"epic": 64}, ConfigError, "strategy_options['epic'] must be a dict"),
+    ],
+    ids=["unknown-strategy", "bad-value", "no-options", "not-a-dict"],
+)
+def test_bad_strategy_options_fail_when_the_config_is_made(
+    options: dict[str, dict[str, object]], error: type[Exception], needle: str
+) -> None:
+    with pytest.raises(error) as e:
+        EngineConfig(strategy_options=options)
+    assert needle in str(e.value)
+
+
 def test_unknown_strategy_lists_known(tiny: LoadedModel) -> None:
     known = STRATEGIES.names()
     assert {"full", "prefix"} <= set(known)
