@@ -63,14 +63,21 @@ class TierConfig:
             raise ValueError("tier capacities must be >= 0 and page_size >= 1")
 
     def check_working_set(self, token_bytes: int, tokens: int) -> None:
-        """Fail at start-up when the fast tier cannot hold one request's reused KV."""
+        """Fail at start-up when the fast tier, or the lowest tier (which keeps only segments
+        that fit in it), cannot hold one request's reused KV."""
         need = token_bytes * tokens
-        if self.fast_bytes < need:
-            raise TierCapacityError(
-                f"fast tier of {self.fast_bytes} bytes cannot hold one request's working set "
-                f"({tokens} tokens x {token_bytes} bytes = {need}); raise fast_bytes to at "
-                "least that, or lower kv_pages"
-            )
+        tiers = [("fast", self.fast_bytes)]
+        if self.disk_dir is not None:
+            tiers.append(("disk", self.disk_bytes))
+        elif self.host_bytes:
+            tiers.append(("host", self.host_bytes))
+        for name, capacity in tiers:
+            if capacity < need:
+                raise TierCapacityError(
+                    f"{name} tier of {capacity} bytes cannot hold one request's working set "
+                    f"({tokens} tokens x {token_bytes} bytes = {need}); raise {name}_bytes to "
+                    "at least that, or lower kv_pages"
+                )
 
 
 @dataclass
