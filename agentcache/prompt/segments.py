@@ -16,6 +16,17 @@ from agentcache.errors import PromptError
 ROLES = ("system", "user", "assistant", "tool")
 
 
+def check_unicode(text: str, what: str) -> None:
+    """Tokenizers and content hashes need text that encodes: a lone surrogate (e.g. from a
+    JSON "\\ud800" escape) is a PromptError naming `what`, the character and its place."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise PromptError(
+            f"{what} is not valid Unicode: {text[e.start]!r} at character {e.start} ({e.reason})"
+        ) from None
+
+
 class SegmentKind(StrEnum):
     SYSTEM = "system"
     UPDATE = "update"
@@ -50,13 +61,7 @@ class Segment:
             raise PromptError(f"unknown role {self.role!r}; expected one of: {', '.join(ROLES)}")
         if not isinstance(self.text, str):
             raise PromptError(f"segment text must be a string, got {type(self.text).__name__}")
-        try:
-            self.text.encode("utf-8")
-        except UnicodeEncodeError as e:  # a lone surrogate, e.g. from a bad "\\ud800" escape
-            raise PromptError(
-                f"segment text is not valid Unicode: {self.text[e.start]!r} at character "
-                f"{e.start} ({e.reason})"
-            ) from None
+        check_unicode(self.text, "segment text")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Segment:
