@@ -174,6 +174,13 @@ def test_invalid_json_is_a_400_and_the_server_keeps_serving(server_url: str) -> 
     assert httpx.post(f"{server_url}/v1/chat/completions", json=GOOD).status_code == 200
 
 
+def test_a_user_id_that_is_not_ascii_is_percent_encoded_in_the_header(server_url: str) -> None:
+    r = httpx.post(f"{server_url}/v1/chat/completions", json={**GOOD, "user": "张三\nx"})
+    assert r.status_code == 200
+    assert r.headers["X-Agentcache-Conversation"] == "id:%E5%BC%A0%E4%B8%89%0Ax"
+    assert r.json()["agentcache"]["conversation_id"] == "id:张三\nx"
+
+
 def test_openai_client_raises_typed_errors(server_url: str) -> None:
     c = client(server_url)
     with pytest.raises(openai.NotFoundError):
