@@ -13,6 +13,10 @@ class PromptError(AgentCacheError):
     """A prompt, segment or template is malformed."""
 
 
+class ConfigError(AgentCacheError, ValueError):
+    """An option or parameter is of the wrong type, out of range, or names nothing known."""
+
+
 class ContextLengthError(PromptError):
     """A prompt (plus requested new tokens) does not fit the model's context."""
 

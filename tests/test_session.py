@@ -5,7 +5,7 @@ import threading
 import pytest
 from pydantic import BaseModel
 
-from agentcache.errors import PromptError, UnknownStrategyError
+from agentcache.errors import ConfigError, PromptError, UnknownStrategyError
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.prompt.template import PromptTemplate
@@ -76,6 +76,20 @@ def test_session_without_template_rejects_inputs(tiny: LoadedModel) -> None:
     b = session.turn(SegmentedPrompt(segs))
     assert a.token_ids == b.token_ids
     assert len(session.turns) == 2
+
+
+def test_session_rejects_a_bare_string_and_keeps_working(tiny: LoadedModel) -> None:
+    session = AgentSession(make_engine(tiny), strategy="full", params=PARAMS)
+    with pytest.raises(PromptError, match="sequence of Segments, got str"):
+        session.turn("ping")  # type: ignore[arg-type]
+    assert session.turns == []
+    session.turn([Segment(SegmentKind.UPDATE, "ping", "u", "user")])
+    assert len(session.turns) == 1
+
+
+def test_session_on_an_unknown_backend_lists_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match="unknown backend 'nosuchbackend'; known: embedded, vllm"):
+        AgentSession.create("nosuchbackend")
 
 
 def test_session_unknown_strategy_fails_fast(tiny: LoadedModel) -> None:

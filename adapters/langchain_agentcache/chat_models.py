@@ -32,12 +32,13 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import ConfigDict, Field, PrivateAttr, SecretStr
+from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator
 
 from agentcache.chat.messages import ToolSpec
 from agentcache.chat.runner import ChatEngine, ChatRequest
 from agentcache.chat.runner import ChatResult as AgentChatResult
 from agentcache.chat.tools import forced_call_prefix
+from agentcache.reuse import STRATEGIES
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
 from langchain_agentcache.messages import (
     ai_message,
@@ -83,6 +84,13 @@ class ChatAgentCache(BaseChatModel):
 
     _chat: ChatEngine | None = PrivateAttr(default=None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, name: str | None) -> str | None:
+        if name is not None:
+            STRATEGIES.get(name)  # here, not at the first call: unknown names list the known
+        return name
 
     @property
     def _llm_type(self) -> str:
@@ -137,11 +145,12 @@ class ChatAgentCache(BaseChatModel):
         if choice == "none":
             tools = ()
         max_tokens = kwargs.get("max_tokens", self.max_tokens)
+        stops = stop or kwargs.get("stop") or self.stop or ()
         params = GenerationParams(
             max_new_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
             temperature=kwargs.get("temperature", self.temperature),
             seed=kwargs.get("seed", self.seed),
-            stop=tuple(stop or kwargs.get("stop") or self.stop or ()),
+            stop=(stops,) if isinstance(stops, str) else tuple(stops),  # a string is one stop
         )
         prefill = _forced_prefill(choice, tools) if tools else None
         if prefill is None and self.assistant_prefill is not None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from agentcache.chat.schema import validate_tool_parameters
 from agentcache.errors import PromptError
+from agentcache.prompt.segments import check_unicode
 
 # "developer" is OpenAI's newer name for a system message; it is rendered as one.
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -39,6 +40,9 @@ class ChatMessage:
             )
         if not isinstance(self.content, str):
             raise PromptError(f"message content must be text, got {type(self.content).__name__}")
+        check_unicode(self.content, f"{self.role} message content")
+        for call in self.tool_calls:
+            check_unicode(f"{call.name} {call.arguments_json()}", f"tool call {call.name!r}")
 
     @property
     def chat_role(self) -> str:
@@ -68,7 +72,10 @@ def content_text(content: Any) -> str:
             if not isinstance(part, Mapping) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
                 raise PromptError(f"unsupported message content part {kind!r}: only text parts")
-            texts.append(str(part.get("text", "")))
+            text = part.get("text", "")
+            if not isinstance(text, str):
+                raise PromptError(f"a text part's 'text' must be a string, got {text!r}")
+            texts.append(text)
         return "".join(texts)
     raise PromptError(f"message content must be text or a list of parts, got {content!r}")
 
@@ -97,6 +104,7 @@ class ToolSpec:
         if not self.name or not isinstance(self.name, str):
             raise PromptError("a tool needs a non-empty function name")
         validate_tool_parameters(self.parameters, f"tool {self.name!r} parameters")
+        check_unicode(json.dumps(self.to_openai(), ensure_ascii=False), f"tool {self.name!r}")
 
     @classmethod
     def from_openai(cls, d: Mapping[str, Any]) -> ToolSpec:
@@ -105,7 +113,9 @@ class ToolSpec:
         fn = d.get("function")
         if not isinstance(fn, Mapping):
             raise PromptError("a tool needs a 'function' object with a name")
-        params = fn.get("parameters", {"type": "object", "properties": {}})
+        params = fn.get("parameters")
+        if params is None:  # omitted (or null): a function without parameters
+            params = {"type": "object", "properties": {}}
         return cls(str(fn.get("name", "")), str(fn.get("description", "")), params)
 
     def to_openai(self) -> dict[str, Any]:

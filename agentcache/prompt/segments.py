@@ -16,6 +16,17 @@ from agentcache.errors import PromptError
 ROLES = ("system", "user", "assistant", "tool")
 
 
+def check_unicode(text: str, what: str) -> None:
+    """Tokenizers and content hashes need text that encodes: a lone surrogate (e.g. from a
+    JSON "\\ud800" escape) is a PromptError naming `what`, the character and its place."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise PromptError(
+            f"{what} is not valid Unicode: {text[e.start]!r} at character {e.start} ({e.reason})"
+        ) from None
+
+
 class SegmentKind(StrEnum):
     SYSTEM = "system"
     UPDATE = "update"
@@ -50,6 +61,7 @@ class Segment:
             raise PromptError(f"unknown role {self.role!r}; expected one of: {', '.join(ROLES)}")
         if not isinstance(self.text, str):
             raise PromptError(f"segment text must be a string, got {type(self.text).__name__}")
+        check_unicode(self.text, "segment text")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Segment:
@@ -65,7 +77,18 @@ class SegmentedPrompt:
     segments: tuple[Segment, ...]
 
     def __init__(self, segments: Iterable[Segment]) -> None:
+        if isinstance(segments, str) or not isinstance(segments, Iterable):
+            raise PromptError(
+                f"a prompt is a sequence of Segments, got {type(segments).__name__}; "
+                "wrap text in Segment(kind, text, ...)"
+            )
         segs = tuple(segments)
+        for i, seg in enumerate(segs):
+            if not isinstance(seg, Segment):
+                raise PromptError(
+                    f"prompt item {i} is a {type(seg).__name__}, not a Segment "
+                    "(Segment.from_dict builds one from a dict)"
+                )
         if not segs or not any(s.text for s in segs):
             raise PromptError("empty prompt: no segment has any text")
         object.__setattr__(self, "segments", segs)

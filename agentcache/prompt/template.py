@@ -27,6 +27,14 @@ _END = "\x00END\x00"
 InputT = TypeVar("InputT", bound=BaseModel)
 
 
+class _BlockError(PromptError):
+    """A segment block that cannot render; `render` names the template and the line."""
+
+    def __init__(self, lineno: int, message: str) -> None:
+        super().__init__(message)
+        self.lineno = lineno
+
+
 class SegmentExtension(Extension):
     tags = {"segment"}  # noqa: RUF012  (jinja2's class attribute)
 
@@ -35,17 +43,27 @@ class SegmentExtension(Extension):
         kind = parser.parse_expression()
         kwargs = []
         while parser.stream.skip_if("comma"):
-            key = parser.stream.expect("name").value
+            key = parser.stream.expect("name")
+            if key.value not in ("id", "role"):
+                parser.fail(f"segment takes id= and role=, not {key.value}=", key.lineno)
             parser.stream.expect("assign")
-            kwargs.append(nodes.Keyword(key, parser.parse_expression()))
+            kwargs.append(nodes.Keyword(key.value, parser.parse_expression()))
         body = parser.parse_statements(("name:endsegment",), drop_needle=True)
-        call = self.call_method("_wrap", [kind], kwargs)
+        call = self.call_method("_wrap", [kind, nodes.Const(lineno)], kwargs)
         return nodes.CallBlock(call, [], [], body).set_lineno(lineno)
 
-    def _wrap(self, kind: str, caller: Any, id: str | None = None, role: str | None = None) -> str:
-        SegmentKind.parse(kind)
+    def _wrap(
+        self, kind: str, lineno: int, caller: Any, id: str | None = None, role: str | None = None
+    ) -> str:
+        try:  # the kind and role, checked where the block is written
+            Segment(SegmentKind.parse(kind), "", id, role)
+        except PromptError as e:
+            raise _BlockError(lineno, str(e)) from None
+        text = caller()
+        if _MARK in text:
+            raise _BlockError(lineno, "a segment block contains another one; segments cannot nest")
         header = json.dumps({"kind": kind, "id": id, "role": role})
-        return f"{_MARK}{header}\n{caller()}{_END}"
+        return f"{_MARK}{header}\n{text}{_END}"
 
 
 def _environment() -> jinja2.Environment:
@@ -79,6 +97,8 @@ class PromptTemplate(Generic[InputT]):
             text = self._template.render(**dict(model))
         except jinja2.UndefinedError as e:
             raise PromptError(f"template {self.name!r} uses an undefined variable: {e}") from e
+        except _BlockError as e:
+            raise PromptError(f"template {self.name!r} line {e.lineno}: {e}") from e
         except PromptError as e:
             raise PromptError(f"template {self.name!r}: {e}") from e
         return SegmentedPrompt(self._split(text))

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from agentcache.errors import ConfigError
 from agentcache.model.tokenizer import TextTokenizer
 from agentcache.prompt.segments import Segment, SegmentedPrompt
 from agentcache.prompt.tokenize import TokenizedPrompt
@@ -76,4 +77,4 @@ def create_engine(
         from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
 
         return VLLMBackend(VLLMConfig(model=model, strategy=strategy, **options), cache_dir)
-    raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+    raise ConfigError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")

@@ -6,9 +6,11 @@ engine and the store; each gets the outputs it would get alone.
 
 from __future__ import annotations
 
+import math
+import numbers
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +21,7 @@ import agentcache.reuse  # noqa: F401  (registers strategies)
 from agentcache.decode.config import DecodeConfig
 from agentcache.decode.decoder import DecodeStats
 from agentcache.decode.setup import DecodeSetup
-from agentcache.errors import ContextLengthError, OutOfPagesError
+from agentcache.errors import ConfigError, ContextLengthError, OutOfPagesError
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
 from agentcache.kv.store import SegmentStore
 from agentcache.model.loading import LoadedModel
@@ -45,6 +47,7 @@ from agentcache.tiers.store import TierConfig, TieredSegmentStore
 from agentcache.tiers.versions import adopt_recomputed
 
 GiB = 1 << 30
+SEEDS = (-(1 << 63), (1 << 64) - 1)  # the seeds torch.Generator.manual_seed takes
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,18 @@ class EngineConfig:
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones
         if self.kv_pages < 1:
-            raise ValueError("kv_pages must be >= 1")
+            raise ConfigError("kv_pages must be >= 1")
+        for name, options in self.strategy_options.items():  # here, not at the first request
+            strategy = STRATEGIES.get(name)
+            if not isinstance(options, Mapping):
+                raise ConfigError(
+                    f"strategy_options[{name!r}] must be a dict of options, "
+                    f"got {type(options).__name__}"
+                )
+            try:
+                strategy(**options)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"strategy_options[{name!r}]: {e}") from e
 
 
 @dataclass(frozen=True)
@@ -73,10 +87,26 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 0:
-            raise ValueError("max_new_tokens must be >= 0")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError("top_p must be in (0, 1]")
+        n = self.max_new_tokens
+        if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 0:
+            raise ConfigError(f"max_new_tokens must be an integer >= 0, got {n!r}")
+        t = self.temperature
+        if not isinstance(t, numbers.Real) or not (math.isfinite(t) and t >= 0.0):
+            raise ConfigError(f"temperature must be a finite number >= 0 (0: greedy), got {t!r}")
+        if not isinstance(self.top_p, numbers.Real) or not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        seed = self.seed
+        if seed is not None and not (
+            isinstance(seed, numbers.Integral) and SEEDS[0] <= seed <= SEEDS[1]
+        ):
+            raise ConfigError(f"seed must be None or an integer in [-2**63, 2**64), got {seed!r}")
+        stop = self.stop
+        if isinstance(stop, str):  # one string is one stop string, as in OpenAI's API
+            stop = (stop,)
+        stop = tuple(stop) if isinstance(stop, Iterable) else (stop,)
+        if not all(isinstance(s, str) and s for s in stop):
+            raise ConfigError(f"stop strings must be non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", stop)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 
 from agentcache.chat.runner import ChatEngine, ChatResult, PreparedChat
 from agentcache.chat.segmenter import ConversationTracker
@@ -33,7 +34,7 @@ from agentcache.server.convert import (
     to_chat_request,
     usage_body,
 )
-from agentcache.server.errors import APIError, on_api_error, on_validation_error
+from agentcache.server.errors import APIError, on_api_error, on_http_error, on_validation_error
 from agentcache.server.metrics import ServerMetrics
 from agentcache.server.schemas import ChatCompletionRequest
 
@@ -77,6 +78,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
     app.state.metrics = metrics
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(HTTPException, on_http_error)
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next: Any) -> Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import quote
 
 from agentcache.chat.messages import ChatMessage, ToolSpec
 from agentcache.chat.runner import ChatRequest, ChatResult
@@ -115,13 +116,19 @@ def completion_body(result: ChatResult, rid: str, created: int, model: str) -> d
     }
 
 
+# header values: printable ASCII; the rest (a non-Latin user id, a newline) is percent-encoded
+_HEADER_SAFE = "".join(map(chr, range(0x21, 0x7F))).replace("%", "")
+
+
 def reuse_headers(result: ChatResult) -> dict[str, str]:
     r = result.report
     misses: dict[str, int] = {}
     for s in r.misses:
         misses[s.reason or "unknown"] = misses.get(s.reason or "unknown", 0) + 1
     return {
-        "X-Agentcache-Conversation": r.conversation_id,
+        "X-Agentcache-Conversation": quote(
+            r.conversation_id, safe=_HEADER_SAFE, errors="backslashreplace"
+        ),
         "X-Agentcache-Prompt-Tokens": str(r.prompt_tokens),
         "X-Agentcache-Reused-Tokens": str(r.reused_tokens),
         "X-Agentcache-Recomputed-Tokens": str(r.recomputed_tokens),

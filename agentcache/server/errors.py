@@ -7,6 +7,11 @@ from typing import Any
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from agentcache.server.schemas import field_names
+
+FIELDS = field_names()
 
 
 class APIError(Exception):
@@ -38,14 +43,29 @@ def error_response(err: APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status)
 
 
-def validation_error(exc: RequestValidationError) -> APIError:
+def _param(error: Any) -> list[str]:
+    """An error's location as field names and indices; a union's member (e.g. `str` of
+    `str | list[str]`), which pydantic puts in the location too, is left out."""
+    return [str(p) for p in error.get("loc", ()) if isinstance(p, int) or p in FIELDS]
+
+
+def validation_error(exc: RequestValidationError, content_type: str | None = None) -> APIError:
     """Name the first offending field; invalid JSON gets its own message."""
-    first = exc.errors()[0] if exc.errors() else {}
+    errors = exc.errors()
+    first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
         detail = first.get("ctx", {}).get("error", "")
         return APIError(400, f"request body is not valid JSON: {detail}".rstrip(": "),
                         "invalid_json")  # fmt: skip
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if tuple(first.get("loc", ())) == ("body",):  # no body, or not an object
+        msg = "request body must be a JSON object with 'model' and 'messages'"
+        if content_type and "json" not in content_type:
+            msg += f", sent as Content-Type: application/json (got {content_type})"
+        return APIError(400, msg, "invalid_value")
+    path = _param(first)  # of a union's members, report the one that got furthest into the value
+    related = [e for e in errors if _param(e)[: len(path)] == path]
+    first = max(related, key=lambda e: len(_param(e)), default=first)
+    loc = _param(first)
     param = ".".join(loc) or None
     msg = first.get("msg", "invalid request")
     if first.get("type") == "literal_error" and loc and loc[-1] == "role":
@@ -55,7 +75,17 @@ def validation_error(exc: RequestValidationError) -> APIError:
 
 async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return error_response(validation_error(exc))
+    return error_response(validation_error(exc, request.headers.get("content-type")))
+
+
+async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    """Routing errors and bodies FastAPI could not read, in the same OpenAI error body."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 400 and exc.__cause__ is not None:  # e.g. bytes that are not UTF-8
+        err = APIError(400, f"request body is not valid JSON: {exc.__cause__}", "invalid_json")
+    else:
+        err = APIError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}")
+    return JSONResponse(err.body(), status_code=err.status, headers=exc.headers)
 
 
 async def on_api_error(request: Request, exc: Exception) -> JSONResponse:

@@ -1,10 +1,15 @@
-"""Request bodies of the OpenAI chat API, validated at the edge (unknown fields are ignored)."""
+"""Request bodies of the OpenAI chat API, validated at the edge (unknown fields are ignored).
+
+Numbers and booleans are strict, as in OpenAI's API: `"stream": "yes"` or `"max_tokens": "5"`
+is an error, not a guess. Fields OpenAI declares nullable take null as their default.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import typing
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 class FunctionCallIn(BaseModel):
@@ -49,7 +54,10 @@ class ToolChoiceIn(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: bool = Field(default=False, strict=True)
+
+
+StopString = Annotated[str, Field(min_length=1)]
 
 
 class ChatCompletionRequest(BaseModel):
@@ -59,18 +67,38 @@ class ChatCompletionRequest(BaseModel):
     messages: list[MessageIn] = Field(min_length=1)
     tools: list[ToolIn] | None = None
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceIn | None = None
-    stop: str | list[str] | None = None
-    max_tokens: int | None = Field(default=None, ge=0)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
-    n: int = Field(default=1, ge=1, le=1)
-    stream: bool = False
+    stop: StopString | list[StopString] | None = None
+    max_tokens: int | None = Field(default=None, ge=0, strict=True)
+    max_completion_tokens: int | None = Field(default=None, ge=0, strict=True)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0, strict=True)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, strict=True)
+    seed: int | None = Field(default=None, ge=-(1 << 63), le=(1 << 64) - 1, strict=True)
+    n: int = Field(default=1, ge=1, le=1, strict=True)
+    stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
     user: str | None = None
+
+    @field_validator("temperature", "top_p", "n", "stream", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, value: Any, info: ValidationInfo) -> Any:
+        assert info.field_name is not None
+        return cls.model_fields[info.field_name].default if value is None else value
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+def field_names(model: type[BaseModel] = ChatCompletionRequest) -> frozenset[str]:
+    """Every field name in `model` and the models it nests: what an error's `param` may name
+    (pydantic also puts the member of a union it tried in an error's location)."""
+    names: set[str] = set()
+    todo = [f.annotation for f in model.model_fields.values()]
+    names.update(model.model_fields)
+    while todo:
+        t = todo.pop()
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            names |= field_names(t)
+        todo.extend(typing.get_args(t))
+    return frozenset(names)

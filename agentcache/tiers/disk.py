@@ -128,17 +128,23 @@ class DiskTier(Tier):
                 f"disk tier folder {self.folder} is not writable ({e.strerror or e}); "
                 "choose another folder (disk_dir) or run without a disk tier"
             ) from e
-        self._replay()
-        self._rewrite_journal()
-        for f in extents.iterdir():
-            if f.name not in self._file_live:
-                f.unlink(missing_ok=True)
-            else:  # the journal knows where live pages end; dead ones may follow them
-                size = f.stat().st_size
-                self.file_bytes += max(0, size - self._file_size[f.name])
-                self._file_size[f.name] = max(size, self._file_size[f.name])
+        try:
+            self._replay()
+            self._rewrite_journal()
+            for f in extents.iterdir():
+                if f.name not in self._file_live:
+                    f.unlink(missing_ok=True)
+                else:  # the journal knows where live pages end; dead ones may follow them
+                    size = f.stat().st_size
+                    self.file_bytes += max(0, size - self._file_size[f.name])
+                    self._file_size[f.name] = max(size, self._file_size[f.name])
+            self._open_journal()
+        except OSError as e:  # e.g. a journal that is a folder, or another user's file
+            raise CacheDirError(
+                f"disk tier folder {self.folder} cannot be opened: {e.filename or self.folder} "
+                f"({e.strerror or e}); fix or remove it, or choose another folder (disk_dir)"
+            ) from e
         self._next = 1 + max((int(f.split(".")[0]) for f in self._file_live), default=0)
-        self._open_journal()
         self._maybe_reclaim()  # what a process killed before its reclaim left
 
     def _replay(self) -> None:

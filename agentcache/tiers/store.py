@@ -21,7 +21,7 @@ outdated (a newer one lives above) or some tier below holds a current copy.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from agentcache.errors import ConfigError
 from agentcache.kv.store import Lookup, MissReason, SegmentKey, SegmentStore, StoredKV, _digest
 from agentcache.policy.eviction import EvictionPolicy
 from agentcache.policy.spill import SPILL_POLICIES, PageInfo, SpillPlan, SpillPolicy
@@ -58,19 +59,34 @@ class TierConfig:
     adopt_recomputed: bool = True  # recomputed/fused tokens of a reused segment update it
 
     def __post_init__(self) -> None:
-        SPILL_POLICIES.get(self.spill)  # unknown names list the known ones
+        policy = SPILL_POLICIES.get(self.spill)  # unknown names list the known ones
         if min(self.fast_bytes, self.host_bytes, self.disk_bytes) < 0 or self.page_size < 1:
-            raise ValueError("tier capacities must be >= 0 and page_size >= 1")
+            raise ConfigError("tier capacities must be >= 0 and page_size >= 1")
+        if not isinstance(self.spill_options, Mapping):
+            raise ConfigError(
+                f"spill_options must be a dict of options, got {type(self.spill_options).__name__}"
+            )
+        try:  # here, not when the engine starts
+            policy(**self.spill_options)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"spill_options for {self.spill!r}: {e}") from e
 
     def check_working_set(self, token_bytes: int, tokens: int) -> None:
-        """Fail at start-up when the fast tier cannot hold one request's reused KV."""
+        """Fail at start-up when the fast tier, or the lowest tier (which keeps only segments
+        that fit in it), cannot hold one request's reused KV."""
         need = token_bytes * tokens
-        if self.fast_bytes < need:
-            raise TierCapacityError(
-                f"fast tier of {self.fast_bytes} bytes cannot hold one request's working set "
-                f"({tokens} tokens x {token_bytes} bytes = {need}); raise fast_bytes to at "
-                "least that, or lower kv_pages"
-            )
+        tiers = [("fast", self.fast_bytes)]
+        if self.disk_dir is not None:
+            tiers.append(("disk", self.disk_bytes))
+        elif self.host_bytes:
+            tiers.append(("host", self.host_bytes))
+        for name, capacity in tiers:
+            if capacity < need:
+                raise TierCapacityError(
+                    f"{name} tier of {capacity} bytes cannot hold one request's working set "
+                    f"({tokens} tokens x {token_bytes} bytes = {need}); raise {name}_bytes to "
+                    "at least that, or lower kv_pages"
+                )
 
 
 @dataclass

@@ -93,6 +93,34 @@ def test_bad_messages_are_prompt_errors() -> None:
     assert ChatMessage.from_openai({"role": "user", "content": [{"type": "text", "text": "a"}]})
 
 
+@pytest.mark.parametrize(
+    ("message", "needle"),
+    [
+        ({"role": "user", "content": "ok \ud800"}, "user message content is not valid Unicode"),
+        ({"role": "user", "content": [{"type": "text", "text": 5}]}, "'text' must be a string"),
+        (
+            {"role": "assistant", "tool_calls": [
+                {"id": "1", "function": {"name": "f", "arguments": '{"a": "\\ud800"}'}}
+            ]},
+            "tool call 'f' is not valid Unicode",
+        ),
+    ],
+    ids=["surrogate", "non-string-text-part", "surrogate-in-arguments"],
+)  # fmt: skip
+def test_message_text_that_cannot_be_tokenized_is_a_prompt_error(
+    message: dict[str, object], needle: str
+) -> None:
+    with pytest.raises(PromptError, match=needle):
+        ChatMessage.from_openai(message)
+
+
+def test_a_tool_with_null_parameters_takes_none() -> None:
+    spec = ToolSpec.from_openai(
+        {"type": "function", "function": {"name": "now", "parameters": None}}
+    )
+    assert spec.parameters == {"type": "object", "properties": {}}
+
+
 def test_tracker_is_bounded() -> None:
     t = ConversationTracker(max_conversations=2)
     for i in range(3):

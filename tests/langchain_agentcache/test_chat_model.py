@@ -17,7 +17,7 @@ from langchain_core.messages import (
 from langchain_core.tools import tool
 from pydantic import BaseModel
 
-from agentcache.errors import PromptError
+from agentcache.errors import PromptError, UnknownStrategyError
 from agentcache.model.loading import LoadedModel
 from agentcache.runtime.engine import Engine, EngineConfig
 from langchain_agentcache import ChatAgentCache
@@ -139,3 +139,20 @@ def test_structured_output_reports_a_parse_failure_instead_of_inventing(
     assert out["parsed"] is None  # the random model does not complete the JSON
     assert out["raw"].invalid_tool_calls
     assert out["raw"].response_metadata["agentcache"]["segments"][-1]["reason"] == "prefill"
+
+
+def test_a_stop_string_is_one_stop_not_its_characters(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentcache.runtime import engine as engine_module
+    from agentcache.testing import scripted_sampler
+
+    monkeypatch.setattr(engine_module, "sample", scripted_sampler("say hello world"))
+    reply = make(tiny, max_tokens=32).invoke([HumanMessage("hi")], stop="lo w")  # type: ignore[arg-type]
+    assert reply.content == "say hel"  # not "say", cut at " " as if each character stopped it
+    assert reply.response_metadata["finish_reason"] == "stop"
+
+
+def test_unknown_strategy_fails_when_the_model_is_made(tiny: LoadedModel) -> None:
+    with pytest.raises(UnknownStrategyError, match="unknown reuse strategy 'nope'; known: "):
+        make(tiny, strategy="nope")

@@ -40,6 +40,29 @@ def test_non_string_text_raises() -> None:
         Segment(SegmentKind.UPDATE, 42)  # type: ignore[arg-type]
 
 
+def test_text_that_is_not_valid_unicode_raises() -> None:
+    with pytest.raises(PromptError) as e:
+        Segment(SegmentKind.UPDATE, "ok \ud800 then", role="user")
+    assert "not valid Unicode" in str(e.value)
+    assert "'\\ud800' at character 3" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("segments", "needle"),
+    [
+        ("just text", "got str"),
+        (None, "got NoneType"),
+        ([Segment(SegmentKind.SYSTEM, "s"), {"kind": "update", "text": "x"}], "item 1 is a dict"),
+    ],
+    ids=["string", "none", "dict-item"],
+)
+def test_prompt_of_things_that_are_not_segments_raises(segments: object, needle: str) -> None:
+    with pytest.raises(PromptError) as e:
+        SegmentedPrompt(segments)  # type: ignore[arg-type]
+    assert needle in str(e.value)
+    assert "Segment" in str(e.value)
+
+
 def test_from_dict_round_trip() -> None:
     seg = Segment.from_dict({"kind": "update", "text": "obs", "id": "o1", "role": "tool"})
     assert seg == Segment(SegmentKind.UPDATE, "obs", "o1", "tool")

@@ -116,6 +116,41 @@ def test_unknown_role_in_template() -> None:
         t.render({"observation": "", "step": 0})
 
 
+def test_bad_kind_or_role_names_the_template_and_line() -> None:
+    src = '{% segment "system" %}ok{% endsegment %}\n{% segment "update", role=step %}x'
+    src += "{% endsegment %}"
+    t = PromptTemplate(src, Inputs, name="roles")
+    with pytest.raises(PromptError) as e:
+        t.render({"observation": "", "step": 3})
+    assert str(e.value).startswith("template 'roles' line 2: unknown role 3")
+
+
+def test_unknown_segment_argument_is_a_syntax_error() -> None:
+    src = '{% segment "system" %}ok{% endsegment %}\n{% segment "update", name="x" %}u'
+    src += "{% endsegment %}"
+    with pytest.raises(PromptError) as e:
+        PromptTemplate(src, Inputs, name="args")
+    assert "'args' line 2" in str(e.value)
+    assert "id= and role=, not name=" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        '{% segment "system" %}a\n{% segment "update" %}b{% endsegment %}{% endsegment %}',
+        '{% macro m() %}{% segment "fixed" %}b{% endsegment %}{% endmacro %}'
+        '\n{% segment "system" %}a{{ m() }}{% endsegment %}',
+    ],
+    ids=["literal", "through-a-macro"],
+)
+def test_nested_segments_raise(src: str) -> None:
+    t = PromptTemplate(src, Inputs, name="nest")
+    with pytest.raises(PromptError) as e:
+        t.render({"observation": "", "step": 0})
+    assert str(e.value).startswith("template 'nest' line ")
+    assert "segments cannot nest" in str(e.value)
+
+
 def test_all_empty_render_is_empty_prompt() -> None:
     t = PromptTemplate('{% segment "update" %}{{ observation }}{% endsegment %}', Inputs)
     with pytest.raises(PromptError, match="empty prompt"):

@@ -3,7 +3,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentcache.errors import ContextLengthError, OutOfPagesError, UnknownStrategyError
+from agentcache.errors import (
+    ConfigError,
+    ContextLengthError,
+    OutOfPagesError,
+    UnknownStrategyError,
+)
 from agentcache.model.loading import LoadedModel
 from agentcache.model.tokenizer import ByteTokenizer
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
@@ -157,6 +162,52 @@ def test_generation_params_validation() -> None:
         GenerationParams(max_new_tokens=-1)
     with pytest.raises(ValueError, match="top_p"):
         GenerationParams(top_p=0.0)
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        ({"max_new_tokens": 2.5}, "max_new_tokens must be an integer >= 0, got 2.5"),
+        ({"max_new_tokens": "3"}, "max_new_tokens must be an integer >= 0, got '3'"),
+        ({"temperature": -0.5}, "temperature must be a finite number >= 0"),
+        ({"temperature": float("nan")}, "temperature must be a finite number >= 0"),
+        ({"seed": 2**70}, "seed must be None or an integer"),
+        ({"stop": ("",)}, "stop strings must be non-empty"),
+        ({"stop": ("ok", 5)}, "stop strings must be non-empty"),
+    ],
+    ids=["fractional", "string", "negative-temp", "nan-temp", "seed-overflow", "empty-stop",
+         "int-stop"],
+)  # fmt: skip
+def test_nonsense_generation_params_are_config_errors(
+    options: dict[str, object], needle: str
+) -> None:
+    with pytest.raises(ConfigError) as e:
+        GenerationParams(**options)  # type: ignore[arg-type]
+    assert needle in str(e.value)
+    assert isinstance(e.value, ValueError)  # still caught by `except ValueError`
+
+
+def test_one_stop_string_is_one_stop_not_its_characters() -> None:
+    assert GenerationParams(stop="ab").stop == ("ab",)  # type: ignore[arg-type]
+    assert GenerationParams(stop=["ab", "c"]).stop == ("ab", "c")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "needle"),
+    [
+        ({"rpcd": {"ratio": 0.5}}, UnknownStrategyError, "unknown reuse strategy 'rpcd'"),
+        ({"rpdc": {"ratio": 5}}, ConfigError, "strategy_options['rpdc']: ratio must be in [0, 1]"),
+        ({"full": {"ratio": 0.5}}, ConfigError, "full takes no options"),
+        ({"epic": 64}, ConfigError, "strategy_options['epic'] must be a dict"),
+    ],
+    ids=["unknown-strategy", "bad-value", "no-options", "not-a-dict"],
+)
+def test_bad_strategy_options_fail_when_the_config_is_made(
+    options: dict[str, dict[str, object]], error: type[Exception], needle: str
+) -> None:
+    with pytest.raises(error) as e:
+        EngineConfig(strategy_options=options)
+    assert needle in str(e.value)
 
 
 def test_unknown_strategy_lists_known(tiny: LoadedModel) -> None:

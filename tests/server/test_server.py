@@ -153,6 +153,18 @@ BAD_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type":
          "invalid_tool_schema", "properties.a"),
         ({**GOOD, "messages": []}, 400, "invalid_value", "messages"),
         ({**GOOD, "temperature": -1}, 400, "invalid_value", "temperature"),
+        # types are strict, as in OpenAI's API: no guessing "yes" is true
+        ({**GOOD, "stream": "yes"}, 400, "invalid_value", "stream: Input should be a valid bool"),
+        ({**GOOD, "max_tokens": "5"}, 400, "invalid_value", "max_tokens: Input should be a valid"),
+        ({**GOOD, "max_tokens": True}, 400, "invalid_value", "max_tokens: Input should be a valid"),
+        ({**GOOD, "seed": 2**70}, 400, "invalid_value", "seed: Input should be less than"),
+        ({**GOOD, "stop": ""}, 400, "invalid_value", "stop: String should have at least 1"),
+        ({**GOOD, "stop": ["x", ""]}, 400, "invalid_value", "stop.1: String should have at least"),
+        # the field is named without the union member pydantic tried (`content.str`)
+        ({**GOOD, "messages": [{"role": "user", "content": 5}]}, 400, "invalid_value",
+         "messages.0.content: Input should be a valid string"),
+        ({**GOOD, "tool_choice": "always"}, 400, "invalid_value",
+         "tool_choice: Input should be 'none', 'auto' or 'required'"),
     ],
 )  # fmt: skip
 def test_bad_input_is_a_4xx_with_an_openai_error(
@@ -172,6 +184,58 @@ def test_invalid_json_is_a_400_and_the_server_keeps_serving(server_url: str) -> 
     assert r.status_code == 400
     assert _error(r)["code"] == "invalid_json"
     assert httpx.post(f"{server_url}/v1/chat/completions", json=GOOD).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("content", "content_type", "code", "needle"),
+    [
+        (b"[1, 2]", "application/json", "invalid_value", "must be a JSON object"),
+        (b"null", "application/json", "invalid_value", "must be a JSON object"),
+        (b"", "application/json", "invalid_value", "must be a JSON object"),
+        (json.dumps(GOOD).encode(), "application/x-www-form-urlencoded", "invalid_value",
+         "sent as Content-Type: application/json (got application/x-www-form-urlencoded)"),
+        (json.dumps(GOOD).encode()[:-1] + b', "user": "\xff"}', "application/json",
+         "invalid_json", "can't decode byte 0xff"),
+        (json.dumps({**GOOD, "messages": [{"role": "user", "content": "a\ud800"}]}).encode(),
+         "application/json", "invalid_value", "user message content is not valid Unicode"),
+    ],
+    ids=["array", "null", "empty", "form-content-type", "not-utf8", "lone-surrogate"],
+)  # fmt: skip
+def test_a_body_that_is_not_a_usable_json_object_is_a_400(
+    server_url: str, content: bytes, content_type: str, code: str, needle: str
+) -> None:
+    url = f"{server_url}/v1/chat/completions"
+    r = httpx.post(url, content=content, headers={"content-type": content_type})
+    assert r.status_code == 400
+    err = _error(r)
+    assert err["code"] == code
+    assert needle in err["message"]
+    assert httpx.post(url, json=GOOD).status_code == 200
+
+
+def test_unknown_paths_and_methods_get_an_openai_error_body(server_url: str) -> None:
+    r = httpx.post(f"{server_url}/v1/completion", json=GOOD)
+    assert r.status_code == 404
+    assert _error(r)["message"] == "Not Found: POST /v1/completion"
+    r = httpx.get(f"{server_url}/v1/chat/completions")
+    assert r.status_code == 405
+    assert _error(r)["message"] == "Method Not Allowed: GET /v1/chat/completions"
+    assert r.headers["allow"] == "POST"
+
+
+def test_null_where_openai_allows_it_is_the_default(server_url: str) -> None:
+    nulls = {"temperature": None, "top_p": None, "n": None, "stream": None, "seed": None}
+    tool = {"type": "function", "function": {"name": "now"}}  # no parameters
+    r = httpx.post(f"{server_url}/v1/chat/completions", json={**GOOD, **nulls, "tools": [tool]})
+    assert r.status_code == 200, r.text
+    assert r.json()["object"] == "chat.completion"
+
+
+def test_a_user_id_that_is_not_ascii_is_percent_encoded_in_the_header(server_url: str) -> None:
+    r = httpx.post(f"{server_url}/v1/chat/completions", json={**GOOD, "user": "张三\nx"})
+    assert r.status_code == 200
+    assert r.headers["X-Agentcache-Conversation"] == "id:%E5%BC%A0%E4%B8%89%0Ax"
+    assert r.json()["agentcache"]["conversation_id"] == "id:张三\nx"
 
 
 def test_openai_client_raises_typed_errors(server_url: str) -> None:

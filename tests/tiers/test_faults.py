@@ -49,3 +49,33 @@ def test_unwritable_disk_folder_at_start_is_a_clear_error(
     tiers = TierConfig(fast_bytes=WORKING_SET, disk_dir=blocker / "kv")
     with pytest.raises(CacheDirError, match="not writable"):
         Engine(tiny, EngineConfig(kv_pages=KV_PAGES, tiers=tiers))
+
+
+def test_disk_folder_whose_journal_cannot_be_read_is_a_clear_error(
+    tiny: LoadedModel, tmp_path: Path
+) -> None:
+    (tmp_path / "journal.log").mkdir()  # the folder is writable, its journal is not a file
+    tiers = TierConfig(fast_bytes=WORKING_SET, disk_dir=tmp_path)
+    with pytest.raises(CacheDirError) as e:
+        Engine(tiny, EngineConfig(kv_pages=KV_PAGES, tiers=tiers))
+    assert f"disk tier folder {tmp_path} cannot be opened" in str(e.value)
+    assert "journal.log" in str(e.value)
+
+
+@pytest.mark.parametrize("lowest", ["disk", "host"])
+def test_lowest_tier_too_small_for_one_request_is_a_clear_error(
+    tiny: LoadedModel, tmp_path: Path, lowest: str
+) -> None:
+    """The lowest tier keeps only segments that fit in it: one smaller than a request would
+    reject every segment and the engine would silently reuse nothing."""
+    from agentcache.tiers import TierCapacityError
+
+    small = {"disk_dir": tmp_path, "disk_bytes": 10} if lowest == "disk" else {"host_bytes": 10}
+    tiers = TierConfig(fast_bytes=WORKING_SET, fsync=False, **small)
+    with pytest.raises(TierCapacityError) as e:
+        Engine(tiny, EngineConfig(kv_pages=KV_PAGES, tiers=tiers))
+    assert f"{lowest} tier of 10 bytes cannot hold one request's working set" in str(e.value)
+    assert f"raise {lowest}_bytes" in str(e.value)
+    # a host tier above a disk tier may be smaller: it spills on to the disk
+    middle = TierConfig(fast_bytes=WORKING_SET, host_bytes=10, disk_dir=tmp_path, fsync=False)
+    Engine(tiny, EngineConfig(kv_pages=KV_PAGES, tiers=middle))

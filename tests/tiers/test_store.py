@@ -158,3 +158,23 @@ def test_working_set_check_is_a_clear_error() -> None:
     with pytest.raises(TierCapacityError, match="working set"):
         TierConfig(fast_bytes=1000).check_working_set(token_bytes=100, tokens=11)
     TierConfig(fast_bytes=1100).check_working_set(token_bytes=100, tokens=11)
+
+
+@pytest.mark.parametrize(
+    ("spill", "options", "needle"),
+    [
+        ("slide", {"bogus": 1}, "spill_options for 'slide': "),
+        ("slide", {"max_extent_pages": 0}, "max_extent_pages must be >= 1"),
+        ("lru", {"max_extent_pages": 8}, "LRUSpillPolicy takes no options"),
+        ("slide", 8, "spill_options must be a dict of options, got int"),
+    ],
+    ids=["unknown-option", "bad-value", "no-options", "not-a-dict"],
+)
+def test_bad_spill_options_fail_when_the_config_is_made(
+    spill: str, options: object, needle: str
+) -> None:
+    from agentcache.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        TierConfig(spill=spill, spill_options=options)  # type: ignore[arg-type]
+    assert needle in str(e.value)
