@@ -54,6 +54,6 @@ test-vllm: $(VLLM_VENV)/.installed
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache
 
-# the reuse-strategy figures in docs/benchmarks.md (~70 min on 2 cores)
+# the reuse-strategy figures in docs/benchmarks.md (about 5 hours on 2 cores)
 bench: setup
 	bash benchmarks/run_docs_bench.sh

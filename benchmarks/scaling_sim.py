@@ -34,6 +34,7 @@ from agentcache.engines.vllm.storage import FolderSegmentStore
 from agentcache.kv.store import StoredKV
 
 WORKLOADS = Path(__file__).parent / "workloads"
+BENCH_WORKLOADS = ("memgpt", "reflexion", "swe_agent")  # the 24 sessions the bench runs
 KV_BYTES_PER_TOKEN = 30 * 3 * 64 * 2 * 4  # default model, fp32: layers * kv heads * dim * K,V
 
 
@@ -51,8 +52,8 @@ def load_sessions(tokenize: bool) -> list[tuple[str, list[list[tuple[str, str, i
             return len(tok.encode(text, add_special_tokens=False))
 
     sessions = []
-    for path in sorted(WORKLOADS.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
+    for name in BENCH_WORKLOADS:
+        for line in (WORKLOADS / f"{name}.jsonl").read_text().splitlines():
             obj = json.loads(line)
             turns = []
             for t in obj["turns"]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from agentcache.decode.minmax import GQA_COMBINES
 
-DEFAULT_BUDGET_PAGES = 64  # 1024 tokens per KV head (DESIGN.md)
+DEFAULT_BUDGET_PAGES = 64  # 1024 tokens per KV head
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -40,7 +41,8 @@ class LoadedModel:
 
 
 def default_cache_dir() -> Path:
-    return Path.home() / ".cache" / "agentcache"
+    """`AGENTCACHE_CACHE_DIR` when set, else ~/.cache/agentcache (the CLI's --cache-dir wins)."""
+    return Path(os.environ.get("AGENTCACHE_CACHE_DIR") or Path.home() / ".cache" / "agentcache")
 
 
 def locate_default_gguf() -> Path:

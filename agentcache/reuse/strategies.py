@@ -36,7 +36,7 @@ class CacheBlend(SelectiveRecompute):
 
 @STRATEGIES.register("cacheslide")
 class CacheSlide(SelectiveRecompute):
-    """The paper's WCA as DESIGN.md resolves it: deviation read at layer 1, literal fusion
+    """The paper's WCA, its open choices settled: deviation read at layer 1, literal fusion
     weight, gating every 4 layers with tau on 1 - CKSim; removal only unless promotion is set."""
 
     name = "cacheslide"

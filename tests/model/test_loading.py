@@ -79,6 +79,15 @@ def test_ensure_writable_under_a_file(tmp_path: Path) -> None:
     assert "AGENTCACHE_CACHE_DIR" in str(e.value)
 
 
+def test_default_cache_dir_follows_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTCACHE_CACHE_DIR", str(tmp_path))
+    assert loading.default_cache_dir() == tmp_path
+    monkeypatch.setenv("AGENTCACHE_CACHE_DIR", "")
+    assert loading.default_cache_dir() == Path.home() / ".cache" / "agentcache"
+
+
 def test_ensure_writable_on_a_file(tmp_path: Path) -> None:
     afile = tmp_path / "afile"
     afile.write_text("x")
