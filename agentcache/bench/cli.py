@@ -99,8 +99,8 @@ def _check_filters(args: argparse.Namespace, names: set[str] | None, loaded: lis
 def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> int:
     console = Console(stderr=True)
     specs = parse_specs(args.strategies) + (sweep_specs() if args.sweep else [])
-    output_folder(args.out, "--out")
     sessions, problems = select(args, console)
+    output_folder(args.out, "--out")
     if args.backend == "vllm":
         from agentcache.engines.vllm.cli import run_vllm
 

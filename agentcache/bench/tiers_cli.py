@@ -70,10 +70,10 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
         args.fast_mib * MiB if args.fast_mib else None, args.host_mib * MiB,
         args.ttft_samples, True, args.disk_dir,
     )  # fmt: skip
+    sessions, problems = select(args, console)
     if args.disk_dir is not None:
         output_folder(args.disk_dir, "--disk-dir")
     output_folder(args.out, "--out")
-    sessions, problems = select(args, console)
     model = load_model(model_path, cache_dir)
     per_policy = sum(len(s.turns) for s in sessions) + min(cfg.ttft_samples, len(sessions))
     results: dict[str, Any] = {}

@@ -201,3 +201,14 @@ def test_a_bad_max_new_tokens_skips_the_line(tmp_path: Path, value: object) -> N
     assert loaded.problems == (
         f"{path}:2: turn 0: max_new_tokens must be an integer >= 0, got {value!r}; skipped",
     )
+
+
+def test_a_bad_workload_leaves_no_output_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agentcache.cli import main
+
+    out = tmp_path / "out"
+    argv = ["bench", str(tmp_path / "none.jsonl"), "--out", str(out), "--threads", "1"]
+    assert main(argv) == 2
+    assert "none.jsonl does not exist" in capsys.readouterr().err and not out.exists()
