@@ -86,9 +86,13 @@ def _prompt(
     if not isinstance(turn, dict):
         raise PromptError("a turn must be an object")
     if template is None:
-        if not isinstance(turn.get("segments"), list):
+        segments = turn.get("segments")
+        if not isinstance(segments, list):
             raise PromptError("needs a 'segments' list (or name a template and give 'inputs')")
-        return SegmentedPrompt.from_dicts(turn["segments"])
+        for i, segment in enumerate(segments):
+            if not isinstance(segment, dict):
+                raise PromptError(f"segment {i} must be an object, got {type(segment).__name__}")
+        return SegmentedPrompt.from_dicts(segments)
     if "segments" in turn or not isinstance(turn.get("inputs"), dict):
         raise PromptError(f"template {template.name!r}: needs an 'inputs' object, not segments")
     try:

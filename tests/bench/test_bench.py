@@ -212,3 +212,11 @@ def test_a_bad_workload_leaves_no_output_folder(
     argv = ["bench", str(tmp_path / "none.jsonl"), "--out", str(out), "--threads", "1"]
     assert main(argv) == 2
     assert "none.jsonl does not exist" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_segment_that_is_not_an_object_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    path.write_text(json.dumps({"name": "s", "turns": [{"segments": [1]}]}) + "\n")
+    assert load_workload(path).problems == (
+        f"{path}:1: turn 0: segment 0 must be an object, got int; skipped",
+    )
