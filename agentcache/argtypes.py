@@ -33,7 +33,7 @@ def non_negative_int(text: str) -> int:
     return int(_number(text, int, lambda v: v >= 0, "an integer >= 0"))
 
 
-def port(text: str) -> int:
+def port_number(text: str) -> int:
     what = "a port number from 0 to 65535 (0: any free port)"
     return int(_number(text, int, lambda v: 0 <= v <= 65535, what))
 

@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentcache.argtypes import port, positive_int
+from agentcache.argtypes import port_number, positive_int
 from agentcache.engines.vllm.config import REUSE_MODES  # no vLLM import
 from agentcache.errors import AgentCacheError, ConfigError
 from agentcache.runtime.backends import BACKENDS
@@ -21,7 +21,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     text = "serve an OpenAI-compatible chat API that reuses agents' KV cache"
     p = sub.add_parser("serve", help=text, description=text)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
-    p.add_argument("--port", type=port, default=8000, help="port (default: 8000; 0: any free)")
+    p.add_argument(
+        "--port", type=port_number, default=8000, help="port (default: 8000; 0: any free)"
+    )
     p.add_argument("--strategy", default=None, help="reuse strategy (default: the default one)")
     p.add_argument("--served-model-name", default=None,
                    help="the `model` clients pass (default: the model's name)")  # fmt: skip
