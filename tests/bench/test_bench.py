@@ -220,3 +220,16 @@ def test_a_segment_that_is_not_an_object_is_named(tmp_path: Path) -> None:
     assert load_workload(path).problems == (
         f"{path}:1: turn 0: segment 0 must be an object, got int; skipped",
     )
+
+
+def test_an_unreadable_workload_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_workload(tmp_path / "w.jsonl")
+
+    def denied(self: Path, *args: object, **kwargs: object) -> str:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    with pytest.raises(AgentCacheError, match=r"w\.jsonl cannot be read \(Permission denied\)"):
+        load_workload(path)
