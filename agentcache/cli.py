@@ -10,14 +10,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentcache.errors import AgentCacheError
+from agentcache.argtypes import non_negative_int, positive_int
+from agentcache.errors import AgentCacheError, ConfigError
 
 
 def _threads(value: int | None) -> None:
     import torch
 
-    n = value or int(os.environ.get("AGENTCACHE_NUM_THREADS", "0")) or os.cpu_count() or 1
-    torch.set_num_threads(n)
+    env = os.environ.get("AGENTCACHE_NUM_THREADS", "").strip()
+    if value is None and env:
+        try:
+            value = non_negative_int(env)
+        except argparse.ArgumentTypeError as e:
+            raise ConfigError(f"AGENTCACHE_NUM_THREADS {e}") from None
+    torch.set_num_threads(value or os.cpu_count() or 1)
 
 
 def _cache_dir(value: str | None) -> Path:
@@ -29,7 +35,10 @@ def _cache_dir(value: str | None) -> Path:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model folder (default: embedded SmolLM2-135M)")
     p.add_argument("--cache-dir", default=None, help="cache folder (env AGENTCACHE_CACHE_DIR)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    p.add_argument(
+        "--threads", type=non_negative_int, default=None,
+        help="torch threads (env AGENTCACHE_NUM_THREADS; default or 0: all cores)",
+    )  # fmt: skip
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -88,8 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="prefix,default",
         help="comma list of strategies compared with full recompute (default: prefix,default)",
     )
-    demo.add_argument("--turns", type=int, default=6, help="number of agent turns")
-    demo.add_argument("--tokens", type=int, default=24, help="new tokens per turn")
+    demo.add_argument("--turns", type=positive_int, default=6, help="number of agent turns")
+    demo.add_argument("--tokens", type=non_negative_int, default=24, help="new tokens per turn")
     demo.set_defaults(func=cmd_demo)
     for module, factory, runner in MODEL_COMMANDS:
         command = getattr(importlib.import_module(module), factory)(sub)

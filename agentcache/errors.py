@@ -36,6 +36,10 @@ class CacheDirError(AgentCacheError):
     """The cache folder cannot be created or written."""
 
 
+class OutputDirError(AgentCacheError):
+    """A folder a command writes to (results, a disk tier's parent) cannot be created or written."""
+
+
 class UnknownStrategyError(AgentCacheError):
     """A strategy or policy name is not registered."""
 

@@ -90,3 +90,57 @@ def test_demo_with_missing_model_folder_reports_error(
     err = capsys.readouterr().err
     assert err.startswith("agentcache: error: ")
     assert str(missing) in err and "does not exist" in err
+
+
+def test_demo_with_a_model_file_says_it_is_not_a_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    file = tmp_path / "model.safetensors"
+    file.write_bytes(b"\0")
+    threads = str(torch.get_num_threads())
+    assert (
+        main(["demo", "--model", str(file), "--cache-dir", str(tmp_path), "--threads", threads])
+        == 2
+    )
+    assert f"model folder {file} is a file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["demo", "--turns", "0"], "argument --turns: must be an integer >= 1, got '0'"),
+        (["demo", "--tokens", "-1"], "argument --tokens: must be an integer >= 0, got '-1'"),
+        (["demo", "--threads", "-1"], "argument --threads: must be an integer >= 0, got '-1'"),
+        (["bench-decode", "--threads", "x"], "argument --threads: must be an integer >= 0"),
+    ],
+)
+def test_numbers_out_of_range_are_usage_errors(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-2", "many"])
+def test_a_bad_thread_count_in_the_environment_is_named(
+    value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    monkeypatch.setenv("AGENTCACHE_NUM_THREADS", value)
+    assert main(["demo", "--model", str(tmp_path / "none"), "--cache-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"agentcache: error: AGENTCACHE_NUM_THREADS must be an integer >= 0, got '{value}'" in err
+    )
+
+
+def test_demo_rejects_bad_strategy_options_before_loading_the_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "no-model"  # loading it would fail with another message
+    threads = str(torch.get_num_threads())
+    argv = ["demo", "--model", str(missing), "--threads", threads, "--strategies", "rpdc:extra=x"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "strategy 'rpdc:extra=x': extra must be a number, got 'x'" in err

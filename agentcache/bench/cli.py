@@ -9,10 +9,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from agentcache.argtypes import output_folder, positive_int
 from agentcache.bench.harness import BenchRunner, parse_specs, sweep_specs
 from agentcache.bench.report import table, write_results
 from agentcache.bench.workload import Session, load_workload
-from agentcache.errors import AgentCacheError
+from agentcache.errors import AgentCacheError, ConfigError
 from agentcache.model.loading import load_model
 from agentcache.reuse import DEFAULT_STRATEGY
 
@@ -28,11 +29,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument("--sweep", action="store_true", help="add budget sweeps (rho, tau, r, k)")
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
-    p.add_argument("--max-sessions", type=int, default=None, help="sessions per file")
-    p.add_argument("--max-turns", type=int, default=None, help="turns per session")
+    p.add_argument("--max-sessions", type=positive_int, default=None, help="sessions per file")
+    p.add_argument("--max-turns", type=positive_int, default=None, help="turns per session")
     p.add_argument("--case", default=None, help="only sessions of this case (swing / shift)")
     p.add_argument("--sessions", default=None, help="only these sessions (comma list of names)")
-    p.add_argument("--new-tokens", type=int, default=None, help="override max_new_tokens")
+    p.add_argument("--new-tokens", type=positive_int, default=None, help="override max_new_tokens")
     p.add_argument(
         "--backend",
         choices=("embedded", "vllm"),
@@ -46,10 +47,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def select(args: argparse.Namespace, console: Console) -> tuple[list[Session], list[str]]:
     sessions: list[Session] = []
     problems: list[str] = []
+    names = {n.strip() for n in args.sessions.split(",") if n.strip()} if args.sessions else None
+    loaded_all: list[Session] = []
     for path in args.workloads:
         loaded = load_workload(path)
         problems += loaded.problems
-        names = set(args.sessions.split(",")) if args.sessions else None
+        loaded_all += loaded.sessions
         chosen = [
             s
             for s in loaded.sessions
@@ -58,6 +61,7 @@ def select(args: argparse.Namespace, console: Console) -> tuple[list[Session], l
         sessions += chosen[: args.max_sessions]
     for p in problems:
         console.print(f"[yellow]warning:[/] {p}")
+    _check_filters(args, names, loaded_all)
     if args.max_turns or args.new_tokens:
         from dataclasses import replace
 
@@ -69,14 +73,34 @@ def select(args: argparse.Namespace, console: Console) -> tuple[list[Session], l
             for s in sessions
         ]  # fmt: skip
     if not sessions:
+        filters = [f"--{k} {v}" for k, v in (("case", args.case), ("sessions", args.sessions)) if v]
+        if loaded_all and filters:
+            raise ConfigError(f"no session in the workload files matches {' and '.join(filters)}")
         raise AgentCacheError("no runnable session in the workload files")
     return sessions, problems
+
+
+def _check_filters(args: argparse.Namespace, names: set[str] | None, loaded: list[Session]) -> None:
+    """--sessions and --case name sessions and cases the workload files hold."""
+    if not loaded:
+        return  # every line was skipped: the warnings above say why
+    if names is not None and (unknown := names - {s.name for s in loaded}):
+        known = ", ".join(s.name for s in loaded)
+        raise ConfigError(
+            f"--sessions: no session named {', '.join(sorted(unknown))} in the workload files; "
+            f"they hold: {known}"
+        )
+    cases = {s.case for s in loaded}
+    if args.case is not None and args.case not in cases:
+        labelled = ", ".join(sorted(c for c in cases if c)) or "none (no session has a case)"
+        raise ConfigError(f"--case {args.case}: no session of that case; cases: {labelled}")
 
 
 def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> int:
     console = Console(stderr=True)
     specs = parse_specs(args.strategies) + (sweep_specs() if args.sweep else [])
     sessions, problems = select(args, console)
+    output_folder(args.out, "--out")
     if args.backend == "vllm":
         from agentcache.engines.vllm.cli import run_vllm
 

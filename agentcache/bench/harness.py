@@ -19,6 +19,7 @@ from torch import Tensor
 
 from agentcache.bench.metrics import cksim_by_layer, fidelity
 from agentcache.bench.workload import Session
+from agentcache.errors import ConfigError
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import SegmentKind
@@ -41,13 +42,17 @@ class StrategySpec:
         name, *pairs = text.strip().split(":")
         if name == "default":
             name = DEFAULT_STRATEGY
-        STRATEGIES.get(name)  # unknown names list the known ones
+        strategy = STRATEGIES.get(name)  # unknown names list the known ones
         options: dict[str, Any] = {}
         for pair in pairs:
             key, sep, value = pair.partition("=")
             if not sep:
-                raise ValueError(f"strategy option {pair!r} in {text!r} is not key=value")
+                raise ConfigError(f"strategy option {pair!r} in {text!r} is not key=value")
             options[key] = _value(value)
+        try:  # here, not when the first engine is made after the model has loaded
+            strategy(**options)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"strategy {text.strip()!r}: {e}") from e
         label = name if not pairs else f"{name}:{':'.join(pairs)}"
         return cls(label, name, options)
 

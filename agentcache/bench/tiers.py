@@ -25,7 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from agentcache.bench.workload import Session
+from agentcache.errors import CacheDirError, ConfigError
 from agentcache.model.loading import LoadedModel
+from agentcache.policy.spill import SPILL_POLICIES
+from agentcache.reuse import STRATEGIES
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
 from agentcache.tiers.disk import DiskTier
 from agentcache.tiers.store import TierConfig, TieredSegmentStore
@@ -43,18 +46,28 @@ class TierBenchConfig:
     host_bytes: int = 0
     ttft_samples: int = 4
     fsync: bool = True
-    disk_root: Path | None = None  # None: a temporary folder, removed afterwards
+    disk_root: Path | None = None  # parent of the disk tiers (created); None: the temp folder
 
     def __post_init__(self) -> None:
-        if self.batch < 1 or self.ttft_samples < 0 or not self.policies:
-            raise ValueError("batch >= 1, ttft_samples >= 0 and at least one policy")
+        if not self.policies:
+            raise ConfigError("no spill policy to measure")
+        for policy in self.policies:
+            SPILL_POLICIES.get(policy)  # unknown names list the known ones
+        STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones
+        if self.batch < 1 or self.kv_pages < 1:
+            raise ConfigError(f"batch and kv_pages must be >= 1, got {self.batch}, {self.kv_pages}")
+        if self.ttft_samples < 0 or self.host_bytes < 0:
+            raise ConfigError(
+                f"ttft_samples and host_bytes must be >= 0, got {self.ttft_samples}, "
+                f"{self.host_bytes}"
+            )
 
 
 def run_policy(
     model: LoadedModel, sessions: list[Session], policy: str, cfg: TierBenchConfig,
     advance: Progress,
 ) -> dict[str, Any]:  # fmt: skip
-    root = Path(tempfile.mkdtemp(prefix=f"tiers-{policy}-", dir=cfg.disk_root))
+    root = _disk_folder(policy, cfg.disk_root)
     try:
         engine = _engine(model, policy, cfg, root)
         rounds, turns = _rounds(engine, sessions, cfg.batch, advance)
@@ -96,6 +109,19 @@ def run_policy(
         }  # fmt: skip
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _disk_folder(policy: str, parent: Path | None) -> Path:
+    """A fresh folder for one policy's disk tier, under `parent` (created with its parents)."""
+    try:
+        if parent is not None:
+            parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"tiers-{policy}-", dir=parent))
+    except OSError as e:
+        raise CacheDirError(
+            f"cannot make a disk tier folder in {parent or tempfile.gettempdir()} "
+            f"({e.strerror or e}); choose a writable disk_root (--disk-dir)"
+        ) from e
 
 
 def _engine(model: LoadedModel, policy: str, cfg: TierBenchConfig, root: Path) -> Engine:

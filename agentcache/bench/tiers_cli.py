@@ -14,11 +14,12 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from agentcache.argtypes import non_negative_int, output_folder, positive_int
 from agentcache.bench.cli import select
 from agentcache.bench.report import markdown_table
 from agentcache.bench.tiers import TierBenchConfig, ratios, run_policy
+from agentcache.errors import ConfigError
 from agentcache.model.loading import load_model
-from agentcache.policy.spill import SPILL_POLICIES
 
 MiB = 1 << 20
 COLUMNS = (
@@ -39,33 +40,40 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("bench-tiers", help=about, description=about)
     p.add_argument("workloads", nargs="+", type=Path, help="JSON Lines workload files")
     p.add_argument("--policies", default="slide,lru", help="comma list of spill policies")
-    p.add_argument("--batch", type=int, default=8, help="concurrent sessions (default 8)")
+    p.add_argument("--batch", type=positive_int, default=8, help="concurrent sessions (default 8)")
     p.add_argument("--strategy", default="rpdc", help="reuse strategy (default rpdc)")
-    p.add_argument("--kv-pages", type=int, default=256, help="fast pages per request (16 tokens)")
-    p.add_argument("--fast-mib", type=int, default=None, help="fast tier (default: one request)")
-    p.add_argument("--host-mib", type=int, default=0, help="host tier (default: none)")
-    p.add_argument("--ttft-samples", type=int, default=4, help="turns timed disk vs resident")
-    p.add_argument("--disk-dir", type=Path, default=None, help="parent of the disk tier folders")
+    p.add_argument("--kv-pages", type=positive_int, default=256,
+                   help="fast pages per request (16 tokens)")  # fmt: skip
+    p.add_argument("--fast-mib", type=non_negative_int, default=None,
+                   help="fast tier (default or 0: one request)")  # fmt: skip
+    p.add_argument("--host-mib", type=non_negative_int, default=0, help="host tier (default: none)")
+    p.add_argument("--ttft-samples", type=non_negative_int, default=4,
+                   help="turns timed disk vs resident")  # fmt: skip
+    disk = "parent of the disk tier folders, created if missing (default: the temp folder)"
+    p.add_argument("--disk-dir", type=Path, default=None, help=disk)
     p.add_argument("--out", type=Path, default=Path("bench-tiers-out"), help="output folder")
-    p.add_argument("--max-sessions", type=int, default=None, help="sessions per file")
-    p.add_argument("--max-turns", type=int, default=None, help="turns per session")
+    p.add_argument("--max-sessions", type=positive_int, default=None, help="sessions per file")
+    p.add_argument("--max-turns", type=positive_int, default=None, help="turns per session")
     p.add_argument("--case", default=None, help="only sessions of this case (swing / shift)")
     p.add_argument("--sessions", default=None, help="only these sessions (comma list of names)")
-    p.add_argument("--new-tokens", type=int, default=None, help="override max_new_tokens")
+    p.add_argument("--new-tokens", type=positive_int, default=None, help="override max_new_tokens")
     return p
 
 
 def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> int:
     console = Console(stderr=True)
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
-    for p in policies:
-        SPILL_POLICIES.get(p)  # unknown names list the known ones
+    if not policies:
+        raise ConfigError(f"--policies {args.policies!r} names no spill policy")
     cfg = TierBenchConfig(
         policies, args.batch, args.strategy, args.kv_pages,
         args.fast_mib * MiB if args.fast_mib else None, args.host_mib * MiB,
         args.ttft_samples, True, args.disk_dir,
     )  # fmt: skip
     sessions, problems = select(args, console)
+    if args.disk_dir is not None:
+        output_folder(args.disk_dir, "--disk-dir")
+    output_folder(args.out, "--out")
     model = load_model(model_path, cache_dir)
     per_policy = sum(len(s.turns) for s in sessions) + min(cfg.ttft_samples, len(sessions))
     results: dict[str, Any] = {}

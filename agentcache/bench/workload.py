@@ -51,13 +51,20 @@ def parse_session(obj: Any, default_name: str, workload: str) -> Session:
             prompt = _prompt(t, template, obj.get("inputs", {}))
         except PromptError as e:
             raise PromptError(f"turn {i}: {e}") from e
-        turns.append(Turn(prompt, int(t.get("max_new_tokens", 32))))
+        turns.append(Turn(prompt, _max_new_tokens(t, i)))
     return Session(
         str(obj.get("name", default_name)),
         str(obj.get("workload", workload)),
         str(obj.get("case", "")),
         tuple(turns),
     )
+
+
+def _max_new_tokens(turn: dict[str, Any], index: int) -> int:
+    n = turn.get("max_new_tokens", 32)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise PromptError(f"turn {index}: max_new_tokens must be an integer >= 0, got {n!r}")
+    return n
 
 
 def _template(obj: dict[str, Any]) -> PromptTemplate[Any] | None:
@@ -79,9 +86,13 @@ def _prompt(
     if not isinstance(turn, dict):
         raise PromptError("a turn must be an object")
     if template is None:
-        if not isinstance(turn.get("segments"), list):
+        segments = turn.get("segments")
+        if not isinstance(segments, list):
             raise PromptError("needs a 'segments' list (or name a template and give 'inputs')")
-        return SegmentedPrompt.from_dicts(turn["segments"])
+        for i, segment in enumerate(segments):
+            if not isinstance(segment, dict):
+                raise PromptError(f"segment {i} must be an object, got {type(segment).__name__}")
+        return SegmentedPrompt.from_dicts(segments)
     if "segments" in turn or not isinstance(turn.get("inputs"), dict):
         raise PromptError(f"template {template.name!r}: needs an 'inputs' object, not segments")
     try:
@@ -97,11 +108,26 @@ def _errors(e: ValidationError) -> str:
     )
 
 
+def read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of `path`; AgentCacheError naming `what` and the problem otherwise."""
+    if path.is_dir():
+        raise AgentCacheError(f"{what} {path} is a folder, not a file")
+    if not path.exists():
+        raise AgentCacheError(f"{what} {path} does not exist")
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise AgentCacheError(f"{what} {path} cannot be read ({e.strerror or e})") from e
+    except UnicodeDecodeError as e:
+        raise AgentCacheError(
+            f"{what} {path} is not UTF-8 text (byte {e.start} cannot be decoded)"
+        ) from e
+
+
 def load_workload(path: Path) -> LoadedWorkload:
-    if not path.is_file():
-        raise AgentCacheError(f"workload file {path} does not exist")
     sessions, problems = [], []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+    text = read_text(path, "workload file")
+    for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from agentcache.argtypes import output_file, positive_float, positive_int
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -21,18 +23,28 @@ if TYPE_CHECKING:
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     about = "train CoPE attention + LoRA adapters on a frozen model (resumable)"
     p = sub.add_parser("train-cope", help=about, description=about)
-    p.add_argument("--steps", type=int, default=500, help="optimizer steps (default 500)")
-    p.add_argument("--seq-len", type=int, default=256, help="tokens per window (default 256)")
-    p.add_argument("--batch", type=int, default=1, help="windows per step (default 1)")
-    p.add_argument("--lr", type=float, default=7e-4, help="peak learning rate (default 7e-4)")
-    p.add_argument("--rank", type=int, default=8, help="LoRA rank (default 8)")
-    p.add_argument("--max-position", type=int, default=64, help="CoPE position cap P")
+    p.add_argument("--steps", type=positive_int, default=500, help="optimizer steps (default 500)")
+    p.add_argument(
+        "--seq-len", type=positive_int, default=256, help="tokens per window (default 256)"
+    )
+    p.add_argument("--batch", type=positive_int, default=1, help="windows per step (default 1)")
+    p.add_argument(
+        "--lr", type=positive_float, default=7e-4, help="peak learning rate (default 7e-4)"
+    )
+    p.add_argument("--rank", type=positive_int, default=8, help="LoRA rank (default 8)")
+    p.add_argument("--max-position", type=positive_int, default=64, help="CoPE position cap P")
     p.add_argument(
         "--keep-rope", action="store_true", help="CoPE on top of RoPE instead of replacing it"
     )
-    p.add_argument("--checkpoint-every", type=int, default=25, help="steps between checkpoints")
-    p.add_argument("--eval-windows", type=int, default=16, help="held-out windows for perplexity")
-    p.add_argument("--max-corpus-tokens", type=int, default=2_000_000, help="text read (tokens)")
+    p.add_argument(
+        "--checkpoint-every", type=positive_int, default=25, help="steps between checkpoints"
+    )
+    p.add_argument(
+        "--eval-windows", type=positive_int, default=16, help="held-out windows for perplexity"
+    )
+    p.add_argument(
+        "--max-corpus-tokens", type=positive_int, default=2_000_000, help="text read (tokens)"
+    )
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--checkpoint", type=Path, default=None, help="checkpoint file (default: cache)")
     p.add_argument("--out", type=Path, default=None, help="write the run's figures as JSON")
@@ -55,6 +67,9 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
         steps=args.steps, seq_len=args.seq_len, batch=args.batch, lr=args.lr,
         checkpoint_every=args.checkpoint_every, eval_windows=args.eval_windows, cope=cope,
     )  # fmt: skip
+    for option, path in (("--checkpoint", args.checkpoint), ("--out", args.out)):
+        if path is not None and not args.eval_only:  # not after hours of training
+            output_file(path, option)
     model = load_model(model_path, cache_dir)
     split = split_windows(documents(), model.tokenizer, args.seq_len, args.max_corpus_tokens)
     out = adapter_path(cache_dir, model.model_id)
@@ -111,9 +126,10 @@ def evaluate(model: LoadedModel, held_out: Tensor, n: int, adapter: Path, consol
     from agentcache.cope.train import eval_windows, perplexity
 
     windows = eval_windows(held_out, n)
+    adapted = load_cope_adapter(model, path=adapter)  # a missing one fails before the base run
     with console.status(f"perplexity on {windows.numel()} held-out tokens"):
         base = perplexity(model.forward, windows)
-        cope = perplexity(load_cope_adapter(model, path=adapter).forward, windows)
+        cope = perplexity(adapted.forward, windows)
     tokens = windows.numel()
     console.print(f"held-out perplexity ({tokens} tokens): base {base:.2f}, CoPE {cope:.2f}")
     return 0

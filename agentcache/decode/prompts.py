@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from agentcache.bench.workload import load_workload
+from agentcache.bench.workload import load_workload, read_text
 from agentcache.errors import AgentCacheError
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentKind
@@ -34,15 +34,13 @@ def load_texts(path: Path | None) -> list[str]:
     """Texts from a file (.jsonl: workload sessions) or the bundled essays (None)."""
     if path is None:
         return [p.read_text(encoding="utf-8") for p in sorted(essay_folder().glob("*.txt"))]
-    if not path.is_file():
-        raise AgentCacheError(f"prompts file {path} does not exist")
     if path.suffix == ".jsonl":
         sessions = load_workload(path).sessions
         texts = ["\n\n".join(s.text for s in sess.turns[-1].prompt.segments) for sess in sessions]
         if not texts:
             raise AgentCacheError(f"{path} holds no runnable workload session")
         return texts
-    return [path.read_text(encoding="utf-8")]
+    return [read_text(path, "prompts file")]
 
 
 def token_prompts(

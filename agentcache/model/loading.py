@@ -107,6 +107,8 @@ def load_model(
 def load_folder(folder: Path, name: str | None = None) -> LoadedModel:
     """Load a Hugging Face checkpoint folder of the Llama / Qwen2 / Mistral families."""
     config_file = folder / "config.json"
+    if folder.exists() and not folder.is_dir():
+        raise ModelLoadError(f"model folder {folder} is a file; give the checkpoint's folder")
     if not folder.is_dir():
         raise ModelLoadError(f"model folder {folder} does not exist")
     if not config_file.is_file():

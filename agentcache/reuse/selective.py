@@ -39,6 +39,13 @@ PLANS = ("true", "mode", "ccpe")
 FUSIONS = ("replace", "wca")
 PROMOTIONS = ("none", "catch-up")
 SELECTIONS = ("deviation", "attention", "weighted", "random", "offset")
+OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {  # annotation -> accepted, in words
+    "int": ((int,), "an integer"),
+    "int | None": ((int, type(None)), "an integer or none"),
+    "float": ((int, float), "a number"),
+    "bool": ((bool,), "true or false"),
+    "str": ((str,), "a string"),
+}
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,13 @@ class SelectiveOptions:
     probe_shortcut: bool = True
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # options from the command line arrive as whatever they parse to
+            if (accepted := OPTION_TYPES.get(str(f.type))) is None:
+                continue
+            types, what = accepted
+            value = getattr(self, f.name)
+            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+                raise ValueError(f"{f.name} must be {what}, got {value!r}")
         checks: dict[str, tuple[str, ...]] = {"plan": PLANS, "fusion": FUSIONS}
         checks |= {"promotion": PROMOTIONS, "selection": SELECTIONS}
         for name, allowed in checks.items():

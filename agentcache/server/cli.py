@@ -4,10 +4,13 @@ engine or (`--backend vllm`) by vLLM with agentcache's KV connector."""
 from __future__ import annotations
 
 import argparse
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agentcache.argtypes import port_number, positive_int
 from agentcache.engines.vllm.config import REUSE_MODES  # no vLLM import
+from agentcache.errors import AgentCacheError, ConfigError
 from agentcache.runtime.backends import BACKENDS
 
 if TYPE_CHECKING:
@@ -18,18 +21,20 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     text = "serve an OpenAI-compatible chat API that reuses agents' KV cache"
     p = sub.add_parser("serve", help=text, description=text)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument(
+        "--port", type=port_number, default=8000, help="port (default: 8000; 0: any free)"
+    )
     p.add_argument("--strategy", default=None, help="reuse strategy (default: the default one)")
     p.add_argument("--served-model-name", default=None,
                    help="the `model` clients pass (default: the model's name)")  # fmt: skip
-    p.add_argument("--max-tokens", type=int, default=256,
+    p.add_argument("--max-tokens", type=positive_int, default=256,
                    help="max_tokens when a request sets none (default: 256)")  # fmt: skip
     share = (
         "let conversations reuse each other's identical messages (outputs then depend on what "
         "else ran; default: only the system prefix is shared)"
     )
     p.add_argument("--share-history", action="store_true", help=share)
-    p.add_argument("--kv-pages", type=int, default=2048,
+    p.add_argument("--kv-pages", type=positive_int, default=2048,
                    help="embedded backend: fast-tier KV pages of 16 tokens")  # fmt: skip
     p.add_argument("--decode", default="dense", metavar="POLICY",
                    help="embedded backend: decode policy, with options, e.g. "
@@ -45,7 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=None,
         help="vllm backend: the shared segment folder (default: <cache>/vllm-store)",
     )
-    p.add_argument("--max-model-len", type=int, default=8192,
+    p.add_argument("--max-model-len", type=positive_int, default=8192,
                    help="vllm backend: context length (default: 8192)")  # fmt: skip
     return p
 
@@ -59,10 +64,14 @@ def serve(args: argparse.Namespace, model: str | None, cache_dir: Path) -> int:
     try:
         import uvicorn
     except ImportError:
-        print("agentcache serve needs the server extra: pip install 'agentcache[server]'")
-        return 2
+        raise AgentCacheError(
+            "agentcache serve needs the server extra: pip install 'agentcache[server]'"
+        ) from None
     from agentcache.server.app import ServerConfig, create_app
 
+    if args.served_model_name == "":
+        raise ConfigError("--served-model-name must not be empty")
+    check_address(args.host, args.port)  # before the model loads, which can take minutes
     engine = serving_engine(args, model, cache_dir)
     server = ServerConfig(
         args.served_model_name or served_name(engine.model_id), args.max_tokens,
@@ -72,12 +81,27 @@ def serve(args: argparse.Namespace, model: str | None, cache_dir: Path) -> int:
     return 0
 
 
+def check_address(host: str, port: int) -> None:
+    """ConfigError when the server could not listen on host:port (unknown host, port in use)."""
+    try:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = info[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            sock.bind(address)
+    except OSError as e:
+        raise ConfigError(
+            f"cannot listen on {host}:{port} ({e.strerror or e}); choose another --host or --port"
+        ) from e
+
+
 def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path) -> ServingEngine:
     """The engine of `--backend`. vLLM absent: `VLLMUnavailableError` (naming the extra)
     before anything loads; `agentcache` prints it and exits with 2."""
-    from agentcache.reuse import DEFAULT_STRATEGY
+    from agentcache.reuse import DEFAULT_STRATEGY, STRATEGIES
 
     strategy = args.strategy or DEFAULT_STRATEGY
+    STRATEGIES.get(strategy)  # unknown names fail before anything loads
     if args.backend == "vllm":
         from agentcache.engines.vllm import require_vllm
 
@@ -91,7 +115,6 @@ def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path)
         )  # fmt: skip
         return VLLMBackend(config, cache_dir)
     from agentcache.decode.config import DecodeConfig
-    from agentcache.errors import AgentCacheError
     from agentcache.model.loading import load_model
     from agentcache.runtime.engine import Engine, EngineConfig
 

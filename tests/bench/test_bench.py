@@ -4,11 +4,12 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from agentcache.bench.harness import BenchRunner, StrategySpec, parse_specs
 from agentcache.bench.report import write_results
 from agentcache.bench.workload import load_workload
-from agentcache.errors import UnknownStrategyError
+from agentcache.errors import AgentCacheError, ConfigError, UnknownStrategyError
 from agentcache.model.loading import LoadedModel
 
 REQUIRED = {
@@ -99,3 +100,136 @@ def test_bench_cope_runs_the_models_adapter_or_says_how_to_train_one(
     assert main(argv) == 0
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert "+cope-" in results["model"] and set(results["strategies"]) == {"full", "pic"}
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("rpdc:extra=abc", "strategy 'rpdc:extra=abc': extra must be a number, got 'abc'"),
+        ("rpdc:nosuch=1", "rpdc: unknown options ['nosuch']"),
+        ("epic:boundary_k=-1", "boundary_k, gate_every, probe_layers must be >= 0"),
+        ("rpdc:ratio=2", "ratio must be in [0, 1], got 2"),
+        ("prefix:x=1", "prefix takes no options"),
+        ("rpdc:extra", "strategy option 'extra' in 'rpdc:extra' is not key=value"),
+    ],
+)
+def test_bad_strategy_options_fail_when_parsed(text: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        StrategySpec.parse(text)
+    assert needle in str(e.value)
+
+
+def no_model(*_: object) -> LoadedModel:
+    raise AssertionError("the model was loaded before the arguments were checked")
+
+
+def bench_argv(tmp_path: Path, *extra: str) -> list[str]:
+    workload = write_workload(tmp_path / "w.jsonl")
+    return ["bench", str(workload), "--strategies", "prefix", "--out", str(tmp_path / "out"),
+            "--threads", str(torch.get_num_threads()), *extra]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--strategies", "rpdc:extra=abc"], "extra must be a number, got 'abc'"),
+        (["--strategies", "epic:boundary_k=-1"], "boundary_k"),
+        (["--sessions", "nosuch"], "--sessions: no session named nosuch in the workload files"),
+        (
+            ["--sessions", "s1,nosuch"],
+            "no session named nosuch in the workload files; they hold: s1",
+        ),
+        (["--case", "nosuch"], "--case nosuch: no session of that case; cases: swing"),
+        (["--case", "swing", "--sessions", "s9"], "no session named s9"),
+        (["--out", "{file}"], "--out {file} is a file, not a folder"),
+        (
+            ["--out", "{file}/sub"],
+            "--out {file}/sub cannot be created or written (Not a directory)",
+        ),
+    ],
+)
+def test_bench_rejects_bad_arguments_before_loading_the_model(
+    extra: list[str], needle: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    from agentcache.bench import cli as bench_cli
+    from agentcache.cli import main
+
+    monkeypatch.setattr(bench_cli, "load_model", no_model)
+    file = tmp_path / "file"
+    file.write_text("x")
+    argv = bench_argv(tmp_path, *(a.format(file=file) for a in extra))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "agentcache: error: " in err and needle.format(file=file) in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--max-turns", "0"], "argument --max-turns: must be an integer >= 1, got '0'"),
+        (["--max-sessions", "-1"], "argument --max-sessions: must be an integer >= 1, got '-1'"),
+        (["--new-tokens", "0"], "argument --new-tokens: must be an integer >= 1, got '0'"),
+    ],
+)
+def test_bench_rejects_numbers_out_of_range(
+    extra: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agentcache.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(bench_argv(tmp_path, *extra))
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_a_workload_that_is_a_folder_or_not_text_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(AgentCacheError, match=r"workload file .* is a folder, not a file"):
+        load_workload(tmp_path)
+    binary = tmp_path / "w.jsonl"
+    binary.write_bytes(b'{"name": "\xff\xfe"}\n')
+    with pytest.raises(AgentCacheError, match=r"w.jsonl is not UTF-8 text \(byte 10 "):
+        load_workload(binary)
+
+
+@pytest.mark.parametrize("value", [-1, "abc", 2.5, True])
+def test_a_bad_max_new_tokens_skips_the_line(tmp_path: Path, value: object) -> None:
+    bad = {"name": "bad", "turns": [{**turn("x"), "max_new_tokens": value}]}
+    path = tmp_path / "w.jsonl"
+    path.write_text(json.dumps({"name": "ok", "turns": [turn("x")]}) + "\n" + json.dumps(bad))
+    loaded = load_workload(path)
+    assert [s.name for s in loaded.sessions] == ["ok"]
+    assert loaded.problems == (
+        f"{path}:2: turn 0: max_new_tokens must be an integer >= 0, got {value!r}; skipped",
+    )
+
+
+def test_a_bad_workload_leaves_no_output_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agentcache.cli import main
+
+    out = tmp_path / "out"
+    argv = ["bench", str(tmp_path / "none.jsonl"), "--out", str(out), "--threads", "1"]
+    assert main(argv) == 2
+    assert "none.jsonl does not exist" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_segment_that_is_not_an_object_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "w.jsonl"
+    path.write_text(json.dumps({"name": "s", "turns": [{"segments": [1]}]}) + "\n")
+    assert load_workload(path).problems == (
+        f"{path}:1: turn 0: segment 0 must be an object, got int; skipped",
+    )
+
+
+def test_an_unreadable_workload_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_workload(tmp_path / "w.jsonl")
+
+    def denied(self: Path, *args: object, **kwargs: object) -> str:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    with pytest.raises(AgentCacheError, match=r"w\.jsonl cannot be read \(Permission denied\)"):
+        load_workload(path)

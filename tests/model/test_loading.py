@@ -28,7 +28,7 @@ def test_load_folder_missing(tmp_path: Path) -> None:
 def test_load_folder_that_is_a_file(tmp_path: Path) -> None:
     f = tmp_path / "model.bin"
     f.write_bytes(b"\0")
-    with pytest.raises(ModelLoadError, match="does not exist"):
+    with pytest.raises(ModelLoadError, match=r"model\.bin is a file; give the checkpoint's folder"):
         load_folder(f)
 
 

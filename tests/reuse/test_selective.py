@@ -115,6 +115,22 @@ def test_bad_options_are_rejected(bad: dict[str, object]) -> None:
         SelectiveOptions(**bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("bad", "needle"),
+    [
+        ({"extra": "abc"}, "extra must be a number, got 'abc'"),
+        ({"boundary_k": 1.5}, "boundary_k must be an integer, got 1.5"),
+        ({"check_layer": "x"}, "check_layer must be an integer or none, got 'x'"),
+        ({"probe_redo": 1}, "probe_redo must be true or false, got 1"),
+        ({"ratio": True}, "ratio must be a number, got True"),
+    ],
+)
+def test_options_of_the_wrong_type_are_named(bad: dict[str, object], needle: str) -> None:
+    with pytest.raises(ValueError) as e:
+        SelectiveOptions(**bad)  # type: ignore[arg-type]
+    assert str(e.value) == needle
+
+
 def test_unknown_option_names_the_known_ones() -> None:
     with pytest.raises(ConfigError, match="boundary_k"):
         EngineConfig(strategy="epic", strategy_options={"epic": {"k": 3}})

@@ -81,3 +81,61 @@ def test_serve_builds_the_engine_with_the_decode_policy(
     assert engine.config.decode == DecodeConfig(
         "quest", budget_pages=8, verify=4, profile_dir=tmp_path / "profiles"
     )
+
+
+def no_model(*_: object) -> LoadedModel:
+    raise AssertionError("the model was loaded before the arguments were checked")
+
+
+def test_serve_on_a_port_in_use_fails_before_loading(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    import agentcache.model.loading as loading
+
+    monkeypatch.setattr(loading, "load_model", no_model)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"agentcache: error: cannot listen on 127.0.0.1:{port} (Address already in use)" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--strategy", "nope"], "unknown reuse strategy 'nope'"),
+        (["--strategy", "rpdc:ratio=0.5"], "unknown reuse strategy 'rpdc:ratio=0.5'"),
+        (["--served-model-name", ""], "--served-model-name must not be empty"),
+    ],
+)
+def test_serve_rejects_bad_names_before_loading(
+    argv: list[str], needle: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    import agentcache.model.loading as loading
+
+    monkeypatch.setattr(loading, "load_model", no_model)
+    assert main(["serve", "--port", "0", *argv]) == 2
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--port", "-1"], "argument --port: must be a port number from 0 to 65535"),
+        (["--port", "99999"], "argument --port: must be a port number from 0 to 65535"),
+        (["--kv-pages", "0"], "argument --kv-pages: must be an integer >= 1, got '0'"),
+        (["--max-tokens", "-5"], "argument --max-tokens: must be an integer >= 1, got '-5'"),
+        (["--max-model-len", "0"], "argument --max-model-len: must be an integer >= 1"),
+    ],
+)
+def test_serve_rejects_numbers_out_of_range(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["serve", *argv])
+    assert e.value.code == 2 and needle in capsys.readouterr().err

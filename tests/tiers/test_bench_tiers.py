@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
+import torch
+
+from agentcache.bench import tiers_cli
 from agentcache.bench.tiers import TierBenchConfig, run_policy
 from agentcache.bench.tiers_cli import write_tier_results
 from agentcache.bench.workload import Session, Turn
+from agentcache.cli import main
+from agentcache.errors import AgentCacheError, CacheDirError
 from agentcache.model.loading import LoadedModel
 from tests.tiers.conftest import agent_turn
 
@@ -37,3 +44,113 @@ def test_bench_tiers_writes_policies_report_and_plot(tiny: LoadedModel, tmp_path
     assert (tmp_path / "out" / "tiers.png").stat().st_size > 0
     assert out["vs_lru"]["slide"]["write_calls_ratio"] < 1
     assert list(tmp_path.glob("tiers-*")) == []  # disk tiers removed
+
+
+def one_turn_session() -> list[Session]:
+    return [Session("s0", "tiny", "", (Turn(agent_turn(0), 1),))]
+
+
+def test_a_missing_disk_root_is_created(tiny: LoadedModel, tmp_path: Path) -> None:
+    root = tmp_path / "not" / "yet"
+    cfg = TierBenchConfig(("slide",), batch=1, kv_pages=64, ttft_samples=0, fsync=False,
+                          disk_root=root)  # fmt: skip
+    result = run_policy(tiny, one_turn_session(), "slide", cfg, lambda _: None)
+    assert result["throughput_turns_per_s"] > 0
+    assert root.is_dir() and list(root.iterdir()) == []  # the policy's folder removed
+
+
+def test_a_disk_root_that_is_a_file_is_a_cache_dir_error(tiny: LoadedModel, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    cfg = TierBenchConfig(("slide",), batch=1, kv_pages=64, ttft_samples=0,
+                          disk_root=tmp_path / "file" / "sub")  # fmt: skip
+    with pytest.raises(CacheDirError, match=r"disk tier folder in .*file/sub \(Not a directory\)"):
+        run_policy(tiny, one_turn_session(), "slide", cfg, lambda _: None)
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        ({"policies": ()}, "no spill policy"),
+        ({"policies": ("nope",)}, "unknown spill policy 'nope'"),
+        ({"strategy": "nope"}, "unknown reuse strategy 'nope'"),
+        ({"batch": 0}, "batch and kv_pages must be >= 1"),
+        ({"kv_pages": 0}, "batch and kv_pages must be >= 1"),
+        ({"ttft_samples": -1}, "ttft_samples and host_bytes must be >= 0"),
+    ],
+)
+def test_bad_tier_bench_config_is_a_config_error(options: dict[str, Any], needle: str) -> None:
+    with pytest.raises(AgentCacheError, match=needle):
+        TierBenchConfig(**options)
+
+
+def no_model(*_: object) -> LoadedModel:
+    raise AssertionError("the model was loaded before the arguments were checked")
+
+
+def cli(tmp_path: Path, *extra: str) -> list[str]:
+    workload = tmp_path / "w.jsonl"
+    turn = {"max_new_tokens": 1, "segments": [{"kind": "system", "text": "You are an agent."}]}
+    workload.write_text(json.dumps({"name": "s0", "turns": [turn]}) + "\n")
+    return ["bench-tiers", str(workload), "--policies", "slide", "--out", str(tmp_path / "out"),
+            "--threads", str(torch.get_num_threads()), *extra]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("option", "needle"),
+    [("--disk-dir", "--disk-dir {} is a file, not a folder"), ("--out", "--out {} is a file")],
+)
+def test_cli_rejects_a_file_as_a_folder_before_loading_the_model(
+    option: str, needle: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    monkeypatch.setattr(tiers_cli, "load_model", no_model)
+    file = tmp_path / "file"
+    file.write_text("x")
+    assert main([*cli(tmp_path), option, str(file)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("agentcache: error: ") and needle.format(file) in err
+
+
+def test_cli_creates_a_missing_disk_dir_and_runs(
+    tiny: LoadedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tiers_cli, "load_model", lambda path, cache_dir: tiny)
+    disk = tmp_path / "does-not-exist" / "tiers"
+    argv = cli(tmp_path, "--disk-dir", str(disk), "--batch", "1", "--kv-pages", "64")
+    assert main(argv) == 0
+    assert disk.is_dir() and (tmp_path / "out" / "results.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--batch", "0"], "argument --batch: must be an integer >= 1, got '0'"),
+        (["--kv-pages", "-5"], "argument --kv-pages: must be an integer >= 1, got '-5'"),
+        (["--new-tokens", "-1"], "argument --new-tokens: must be an integer >= 1"),
+        (["--max-turns", "0"], "argument --max-turns: must be an integer >= 1"),
+        (["--host-mib", "-1"], "argument --host-mib: must be an integer >= 0"),
+        (["--ttft-samples", "x"], "argument --ttft-samples: must be an integer >= 0, got 'x'"),
+    ],
+)
+def test_cli_rejects_numbers_out_of_range(
+    argv: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(cli(tmp_path, *argv))
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--policies", ","], "--policies ',' names no spill policy"),
+        (["--strategy", "rpdc:ratio=0.5"], "unknown reuse strategy 'rpdc:ratio=0.5'"),
+    ],
+)
+def test_cli_rejects_bad_names_before_loading_the_model(
+    argv: list[str], needle: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    monkeypatch.setattr(tiers_cli, "load_model", no_model)
+    assert main(cli(tmp_path, *argv)) == 2
+    assert needle in capsys.readouterr().err

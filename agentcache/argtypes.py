@@ -1,0 +1,77 @@
+"""Checks of the `agentcache` subcommands' arguments: numbers in range when the command line is
+parsed, output folders and files before any model loads (so a typo fails in a second, not
+after an hour of benchmarking)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from agentcache.errors import OutputDirError
+
+
+def _number(
+    text: str, convert: Callable[[str], float], ok: Callable[[float], bool], what: str
+) -> float:
+    try:
+        value = convert(text)
+    except ValueError:
+        value = math.nan  # fails every range check
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return int(_number(text, int, lambda v: v >= 1, "an integer >= 1"))
+
+
+def non_negative_int(text: str) -> int:
+    return int(_number(text, int, lambda v: v >= 0, "an integer >= 0"))
+
+
+def port_number(text: str) -> int:
+    what = "a port number from 0 to 65535 (0: any free port)"
+    return int(_number(text, int, lambda v: 0 <= v <= 65535, what))
+
+
+def positive_float(text: str) -> float:
+    return _number(text, float, lambda v: 0.0 < v < math.inf, "a finite number > 0")
+
+
+def fraction(text: str) -> float:
+    return _number(text, float, lambda v: 0.0 <= v <= 1.0, "a number from 0 to 1")
+
+
+def _folder_problem(folder: Path) -> str | None:
+    """Create `folder` (and its parents); what is wrong when a file cannot be written in it."""
+    if folder.exists() and not folder.is_dir():
+        return "is a file, not a folder"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        return f"cannot be created or written ({e.strerror or e})"
+    return None
+
+
+def output_folder(folder: Path, option: str) -> Path:
+    """`folder`, created with its parents; OutputDirError when it cannot be written."""
+    if problem := _folder_problem(folder):
+        raise OutputDirError(f"{option} {folder} {problem}; choose a writable folder")
+    return folder
+
+
+def output_file(path: Path, option: str) -> Path:
+    """`path`, its folder created; OutputDirError when the file could not be written there."""
+    if path.is_dir():
+        raise OutputDirError(f"{option} {path} is a folder; give a file path")
+    if problem := _folder_problem(path.parent):
+        raise OutputDirError(
+            f"{option} {path}: folder {path.parent} {problem}; choose a writable path"
+        )
+    return path
