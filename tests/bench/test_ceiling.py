@@ -1,23 +1,10 @@
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def ceiling() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("ceiling", ROOT / "benchmarks/ceiling.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from tests.bench.scripts import load_script
 
 
 def rec(strategy: str, turn: int, ttft: float, reused: int, recomputed: int) -> dict[str, Any]:
@@ -28,7 +15,7 @@ def rec(strategy: str, turn: int, ttft: float, reused: int, recomputed: int) -> 
 
 
 def test_ceiling_is_prefix_over_the_perfect_cache_on_warm_turns_only() -> None:
-    c = ceiling()
+    c = load_script("ceiling")
     turns = [
         rec("prefix", 0, 900.0, 0, 1000),  # cold turn: skipped
         rec("pic", 0, 900.0, 0, 1000),
@@ -48,7 +35,7 @@ def test_ceiling_is_prefix_over_the_perfect_cache_on_warm_turns_only() -> None:
 
 
 def test_ceiling_needs_the_perfect_cache_token_count() -> None:
-    c = ceiling()
+    c = load_script("ceiling")
     turns = [rec("prefix", 1, 300.0, 400, 600)]
     with pytest.raises(ValueError, match="pic"):
         c.ceilings([{"turns": turns}])

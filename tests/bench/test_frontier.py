@@ -1,19 +1,8 @@
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def frontier() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("frontier", ROOT / "benchmarks/frontier.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.bench.scripts import load_script
 
 
 def row(compute: float, kl_first: float, kl_tf: float) -> dict[str, Any]:
@@ -22,7 +11,7 @@ def row(compute: float, kl_first: float, kl_tf: float) -> dict[str, Any]:
 
 
 def test_dominance_names_the_cheapest_winner_or_the_nearest_above() -> None:
-    f = frontier()
+    f = load_script("frontier")
     rows = {
         "epic": row(0.40, 1e-4, 1e-4),
         "cacheblend": row(0.30, 1e-3, 1e-3),

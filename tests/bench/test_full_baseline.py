@@ -1,10 +1,7 @@
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -13,22 +10,11 @@ from agentcache.model.tokenizer import ByteTokenizer
 from agentcache.prompt import Segment, SegmentedPrompt, SegmentKind
 from agentcache.runtime.engine import Engine
 from agentcache.testing import tiny_hf_model
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def full_baseline() -> ModuleType:
-    path = ROOT / "benchmarks/full_baseline.py"
-    spec = importlib.util.spec_from_file_location("full_baseline", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from tests.bench.scripts import load_script
 
 
 def test_times_the_same_prompt_both_ways_and_checks_the_logits_agree() -> None:
-    fb = full_baseline()
+    fb = load_script("full_baseline")
     hf = tiny_hf_model()
     model = from_hf(hf, ByteTokenizer(), "tiny")
     engine = Engine(model)
@@ -47,7 +33,7 @@ def test_times_the_same_prompt_both_ways_and_checks_the_logits_agree() -> None:
 
 
 def test_picks_prompts_spread_over_lengths(tmp_path: Path) -> None:
-    fb = full_baseline()
+    fb = load_script("full_baseline")
     engine = Engine(from_hf(tiny_hf_model(), ByteTokenizer(), "tiny"))
     turns = [{"segments": [{"kind": "system", "text": "x " * (10 * (i + 1))}]} for i in range(5)]
     wl = tmp_path / "w.jsonl"
