@@ -31,3 +31,8 @@ def _one_thread_for_tiny_models(request: pytest.FixtureRequest) -> object:
 @pytest.fixture(scope="session")
 def tiny() -> LoadedModel:
     return tiny_model()
+
+
+def no_model(*_: object) -> LoadedModel:
+    """Stands in for the model loader where arguments must be rejected before any model loads."""
+    raise AssertionError("the model was loaded before the arguments were checked")

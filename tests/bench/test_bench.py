@@ -11,6 +11,7 @@ from agentcache.bench.report import write_results
 from agentcache.bench.workload import load_workload
 from agentcache.errors import AgentCacheError, ConfigError, UnknownStrategyError
 from agentcache.model.loading import LoadedModel
+from tests.conftest import no_model
 
 REQUIRED = {
     "ttft_ms_median", "ttft_ratio_vs_full", "ttft_ratio_vs_limit", "first_token_agreement",
@@ -117,10 +118,6 @@ def test_bad_strategy_options_fail_when_parsed(text: str, needle: str) -> None:
     with pytest.raises(ConfigError) as e:
         StrategySpec.parse(text)
     assert needle in str(e.value)
-
-
-def no_model(*_: object) -> LoadedModel:
-    raise AssertionError("the model was loaded before the arguments were checked")
 
 
 def bench_argv(tmp_path: Path, *extra: str) -> list[str]:

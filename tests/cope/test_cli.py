@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from agentcache.cli import main
-from agentcache.model.loading import LoadedModel
 from agentcache.testing import tiny_model
+from tests.conftest import no_model
 
 
 @pytest.mark.parametrize(
@@ -25,10 +25,6 @@ def test_numbers_out_of_range_are_usage_errors(
     with pytest.raises(SystemExit) as e:
         main(["train-cope", *argv])
     assert e.value.code == 2 and needle in capsys.readouterr().err
-
-
-def no_model(*_: object) -> LoadedModel:
-    raise AssertionError("the model was loaded before the arguments were checked")
 
 
 @pytest.mark.parametrize("option", ["--out", "--checkpoint"])

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from agentcache.cli import build_parser, main
+from tests.conftest import no_model
 
 
 def test_subcommands_are_registered_with_their_defaults() -> None:
@@ -36,10 +37,6 @@ def test_missing_prompts_file_is_a_clear_error(
 def test_bench_decode_rejects_an_unknown_policy_option(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench-decode", "--policies", "dense,flexicache:fast=1"]) == 2
     assert "flexicache:fast=1" in capsys.readouterr().err
-
-
-def no_model(*_: object) -> object:
-    raise AssertionError("the model was loaded before the arguments were checked")
 
 
 @pytest.mark.parametrize(

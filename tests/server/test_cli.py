@@ -12,6 +12,7 @@ from agentcache.decode.config import DecodeConfig
 from agentcache.engines.vllm import installed_vllm_version
 from agentcache.model.loading import LoadedModel
 from agentcache.server.cli import served_name
+from tests.conftest import no_model
 
 
 def test_serve_arguments() -> None:
@@ -81,10 +82,6 @@ def test_serve_builds_the_engine_with_the_decode_policy(
     assert engine.config.decode == DecodeConfig(
         "quest", budget_pages=8, verify=4, profile_dir=tmp_path / "profiles"
     )
-
-
-def no_model(*_: object) -> LoadedModel:
-    raise AssertionError("the model was loaded before the arguments were checked")
 
 
 def test_serve_on_a_port_in_use_fails_before_loading(

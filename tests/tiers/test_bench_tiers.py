@@ -16,6 +16,7 @@ from agentcache.bench.workload import Session, Turn
 from agentcache.cli import main
 from agentcache.errors import AgentCacheError, CacheDirError
 from agentcache.model.loading import LoadedModel
+from tests.conftest import no_model
 from tests.tiers.conftest import agent_turn
 
 FIELDS = ("write_amplification", "write_calls", "ttft_disk_over_resident",
@@ -81,10 +82,6 @@ def test_a_disk_root_that_is_a_file_is_a_cache_dir_error(tiny: LoadedModel, tmp_
 def test_bad_tier_bench_config_is_a_config_error(options: dict[str, Any], needle: str) -> None:
     with pytest.raises(AgentCacheError, match=needle):
         TierBenchConfig(**options)
-
-
-def no_model(*_: object) -> LoadedModel:
-    raise AssertionError("the model was loaded before the arguments were checked")
 
 
 def cli(tmp_path: Path, *extra: str) -> list[str]:
