@@ -36,3 +36,13 @@ def tiny() -> LoadedModel:
 def no_model(*_: object) -> LoadedModel:
     """Stands in for the model loader where arguments must be rejected before any model loads."""
     raise AssertionError("the model was loaded before the arguments were checked")
+
+
+def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run the CLI on `argv`, check it stops with a usage error (exit 2), return its stderr."""
+    from agentcache.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err

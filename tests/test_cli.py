@@ -7,6 +7,7 @@ import torch
 
 from agentcache.cli import build_parser, main
 from agentcache.reuse import STRATEGIES
+from tests.conftest import usage_error
 
 
 def subcommands() -> dict[str, str]:
@@ -117,9 +118,7 @@ def test_demo_with_a_model_file_says_it_is_not_a_folder(
 def test_numbers_out_of_range_are_usage_errors(
     argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == 2 and needle in capsys.readouterr().err
+    assert needle in usage_error(argv, capsys)
 
 
 @pytest.mark.parametrize("value", ["-2", "many"])

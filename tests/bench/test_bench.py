@@ -11,7 +11,7 @@ from agentcache.bench.report import write_results
 from agentcache.bench.workload import load_workload
 from agentcache.errors import AgentCacheError, ConfigError, UnknownStrategyError
 from agentcache.model.loading import LoadedModel
-from tests.conftest import no_model
+from tests.conftest import no_model, usage_error
 
 REQUIRED = {
     "ttft_ms_median", "ttft_ratio_vs_full", "ttft_ratio_vs_limit", "first_token_agreement",
@@ -172,11 +172,8 @@ def test_bench_rejects_bad_arguments_before_loading_the_model(
 def test_bench_rejects_numbers_out_of_range(
     extra: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from agentcache.cli import main
 
-    with pytest.raises(SystemExit) as e:
-        main(bench_argv(tmp_path, *extra))
-    assert e.value.code == 2 and needle in capsys.readouterr().err
+    assert needle in usage_error(bench_argv(tmp_path, *extra), capsys)
 
 
 def test_a_workload_that_is_a_folder_or_not_text_is_a_clear_error(tmp_path: Path) -> None:

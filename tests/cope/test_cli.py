@@ -6,7 +6,7 @@ import pytest
 
 from agentcache.cli import main
 from agentcache.testing import tiny_model
-from tests.conftest import no_model
+from tests.conftest import no_model, usage_error
 
 
 @pytest.mark.parametrize(
@@ -22,9 +22,7 @@ from tests.conftest import no_model
 def test_numbers_out_of_range_are_usage_errors(
     argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as e:
-        main(["train-cope", *argv])
-    assert e.value.code == 2 and needle in capsys.readouterr().err
+    assert needle in usage_error(["train-cope", *argv], capsys)
 
 
 @pytest.mark.parametrize("option", ["--out", "--checkpoint"])

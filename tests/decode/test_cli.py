@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from agentcache.cli import build_parser, main
-from tests.conftest import no_model
+from tests.conftest import no_model, usage_error
 
 
 def test_subcommands_are_registered_with_their_defaults() -> None:
@@ -55,9 +55,7 @@ def test_bench_decode_rejects_an_unknown_policy_option(capsys: pytest.CaptureFix
 def test_numbers_out_of_range_are_usage_errors(
     argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == 2 and needle in capsys.readouterr().err
+    assert needle in usage_error(argv, capsys)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from agentcache.decode.config import DecodeConfig
 from agentcache.engines.vllm import installed_vllm_version
 from agentcache.model.loading import LoadedModel
 from agentcache.server.cli import served_name
-from tests.conftest import no_model
+from tests.conftest import no_model, usage_error
 
 
 def test_serve_arguments() -> None:
@@ -133,6 +133,4 @@ def test_serve_rejects_bad_names_before_loading(
 def test_serve_rejects_numbers_out_of_range(
     argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as e:
-        main(["serve", *argv])
-    assert e.value.code == 2 and needle in capsys.readouterr().err
+    assert needle in usage_error(["serve", *argv], capsys)
