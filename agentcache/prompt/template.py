@@ -66,6 +66,17 @@ class SegmentExtension(Extension):
         return f"{_MARK}{header}\n{text}{_END}"
 
 
+def _line(e: BaseException) -> str:
+    """" line N" for the template line an error was raised on (jinja2 rewrites the traceback
+    so that the template's own frames carry its line numbers), or "" when none does."""
+    tb, line = e.__traceback__, ""
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = f" line {tb.tb_lineno}"
+        tb = tb.tb_next
+    return line
+
+
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
         undefined=jinja2.StrictUndefined,
@@ -96,11 +107,17 @@ class PromptTemplate(Generic[InputT]):
         try:
             text = self._template.render(**dict(model))
         except jinja2.UndefinedError as e:
-            raise PromptError(f"template {self.name!r} uses an undefined variable: {e}") from e
+            raise PromptError(
+                f"template {self.name!r}{_line(e)} uses an undefined value: {e}"
+            ) from e
         except _BlockError as e:
             raise PromptError(f"template {self.name!r} line {e.lineno}: {e}") from e
         except PromptError as e:
             raise PromptError(f"template {self.name!r}: {e}") from e
+        except Exception as e:  # an expression that fails: {{ 1 / n }}, {{ x.method() }}, ...
+            raise PromptError(
+                f"template {self.name!r}{_line(e)}: {type(e).__name__}: {e}"
+            ) from e
         return SegmentedPrompt(self._split(text))
 
     def _split(self, text: str) -> list[Segment]:

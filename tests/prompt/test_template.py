@@ -171,3 +171,20 @@ def test_wrong_input_types_raise_validation_error(values: dict[str, object], fie
         t.render(values)
     assert field in str(e.value)
     assert e.value.errors()[0]["loc"][0] == field
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("{{ 10 // step }}", "line 3: ZeroDivisionError: integer division or modulo by zero"),
+        ("{{ observation.nope() }}", "line 3 uses an undefined value: 'str object' has no"),
+        ("{{ [1][5] }}", "line 3 uses an undefined value: list object has no element 5"),
+        ("{{ step + observation }}", "line 3: TypeError: unsupported operand"),
+    ],
+)
+def test_an_expression_that_fails_names_the_template_and_line(expr: str, message: str) -> None:
+    src = f'{{% segment "system" %}}ok{{% endsegment %}}\n\n{{% segment "update" %}}{expr}'
+    t = PromptTemplate(src + "{% endsegment %}", Inputs, name="exprs")
+    with pytest.raises(PromptError) as e:
+        t.render({"observation": "o", "step": 0})
+    assert str(e.value).startswith(f"template 'exprs' {message}")
