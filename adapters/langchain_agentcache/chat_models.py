@@ -22,7 +22,7 @@ import json
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Self
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams
@@ -32,7 +32,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator
+from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 from agentcache.chat.messages import ToolSpec
 from agentcache.chat.runner import ChatEngine, ChatRequest
@@ -92,6 +92,21 @@ class ChatAgentCache(BaseChatModel):
             STRATEGIES.get(name)  # here, not at the first call: unknown names list the known
         return name
 
+    @model_validator(mode="after")
+    def _valid_generation_params(self) -> Self:
+        self._params(self.max_tokens, self.stop or ())  # fails here, not at the first call
+        return self
+
+    def _params(
+        self, max_tokens: int | None = None, stops: Sequence[str] | str = (), **kwargs: Any
+    ) -> GenerationParams:
+        return GenerationParams(
+            max_new_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+            temperature=kwargs.get("temperature", self.temperature),
+            seed=kwargs.get("seed", self.seed),
+            stop=(stops,) if isinstance(stops, str) else tuple(stops),  # a string is one stop
+        )
+
     @property
     def _llm_type(self) -> str:
         return "agentcache-chat"
@@ -146,12 +161,7 @@ class ChatAgentCache(BaseChatModel):
             tools = ()
         max_tokens = kwargs.get("max_tokens", self.max_tokens)
         stops = stop or kwargs.get("stop") or self.stop or ()
-        params = GenerationParams(
-            max_new_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
-            temperature=kwargs.get("temperature", self.temperature),
-            seed=kwargs.get("seed", self.seed),
-            stop=(stops,) if isinstance(stops, str) else tuple(stops),  # a string is one stop
-        )
+        params = self._params(max_tokens, stops, **kwargs)
         prefill = _forced_prefill(choice, tools) if tools else None
         if prefill is None and self.assistant_prefill is not None:
             prefill = self.assistant_prefill(messages)

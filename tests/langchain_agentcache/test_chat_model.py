@@ -15,7 +15,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 from langchain_core.tools import tool
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from agentcache.errors import PromptError, UnknownStrategyError
 from agentcache.model.loading import LoadedModel
@@ -156,3 +156,19 @@ def test_a_stop_string_is_one_stop_not_its_characters(
 def test_unknown_strategy_fails_when_the_model_is_made(tiny: LoadedModel) -> None:
     with pytest.raises(UnknownStrategyError, match="unknown reuse strategy 'nope'; known: "):
         make(tiny, strategy="nope")
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"temperature": -1}, "temperature must be a finite number >= 0"),
+        ({"max_tokens": -3}, "max_new_tokens must be an integer >= 0, got -3"),
+        ({"seed": 2**70}, "seed must be None or an integer"),
+        ({"stop": ["ok", ""]}, "stop strings must be non-empty strings"),
+    ],
+)
+def test_bad_generation_settings_fail_when_the_model_is_made(
+    tiny: LoadedModel, kw: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValidationError, match=message):
+        make(tiny, **kw)
