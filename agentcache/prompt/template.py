@@ -67,7 +67,7 @@ class SegmentExtension(Extension):
 
 
 def _line(e: BaseException) -> str:
-    """" line N" for the template line an error was raised on (jinja2 rewrites the traceback
+    """ " line N" for the template line an error was raised on (jinja2 rewrites the traceback
     so that the template's own frames carry its line numbers), or "" when none does."""
     tb, line = e.__traceback__, ""
     while tb is not None:
@@ -115,9 +115,7 @@ class PromptTemplate(Generic[InputT]):
         except PromptError as e:
             raise PromptError(f"template {self.name!r}: {e}") from e
         except Exception as e:  # an expression that fails: {{ 1 / n }}, {{ x.method() }}, ...
-            raise PromptError(
-                f"template {self.name!r}{_line(e)}: {type(e).__name__}: {e}"
-            ) from e
+            raise PromptError(f"template {self.name!r}{_line(e)}: {type(e).__name__}: {e}") from e
         return SegmentedPrompt(self._split(text))
 
     def _split(self, text: str) -> list[Segment]:
