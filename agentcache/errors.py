@@ -20,10 +20,15 @@ class ConfigError(AgentCacheError, ValueError):
 class ContextLengthError(PromptError):
     """A prompt (plus requested new tokens) does not fit the model's context."""
 
-    def __init__(self, num_tokens: int, max_tokens: int, what: str = "prompt") -> None:
-        super().__init__(
-            f"{what} is {num_tokens} tokens but the model's context holds {max_tokens} positions"
+    def __init__(
+        self, num_tokens: int, max_tokens: int, what: str = "prompt", holder: str | None = None
+    ) -> None:
+        holds = (
+            f"{holder} holds {max_tokens} tokens"
+            if holder
+            else (f"the model's context holds {max_tokens} positions")
         )
+        super().__init__(f"{what} is {num_tokens} tokens but {holds}")
         self.num_tokens = num_tokens
         self.max_tokens = max_tokens
 

@@ -85,7 +85,9 @@ class ChatEngine:
             request = replace(request, params=params)
         needed = tokens.num_tokens + request.params.max_new_tokens
         if needed > self.max_context:
-            raise ContextLengthError(needed, self.max_context, "prompt + max_tokens")
+            raise ContextLengthError(
+                needed, self.max_context, "prompt + max_tokens", self.engine.context_holder
+            )
         return PreparedChat(request, chat, tokens)
 
     def run(

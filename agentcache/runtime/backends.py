@@ -55,6 +55,9 @@ class ServingEngine(TurnEngine, Protocol):
     def max_context(self) -> int: ...  # prompt + generated tokens, at most
 
     @property
+    def context_holder(self) -> str | None: ...  # what sets max_context; None: the model
+
+    @property
     def model_id(self) -> str: ...  # `name#weights-fingerprint`
 
     def store_bytes(self) -> dict[str, int]: ...  # bytes held by the segment store, per tier

@@ -195,7 +195,22 @@ class Engine:
 
     @property
     def max_context(self) -> int:
-        return self.model.config.max_position_embeddings
+        """Prompt + generated tokens, at most: the model's positions or, when smaller, the
+        tokens the fast tier's KV pages hold (one request's pages must fit at once)."""
+        return min(self.model.config.max_position_embeddings, self._pool_tokens)
+
+    @property
+    def context_holder(self) -> str | None:
+        """What limits `max_context` when it is not the model's positions."""
+        if self._pool_tokens >= self.model.config.max_position_embeddings:
+            return None
+        pool = self.ctx.pool.config
+        return f"the engine's KV pool (kv_pages={pool.num_pages} of {pool.page_size} tokens)"
+
+    @property
+    def _pool_tokens(self) -> int:
+        pool = self.ctx.pool.config
+        return pool.num_pages * pool.page_size
 
     @property
     def model_id(self) -> str:

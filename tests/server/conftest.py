@@ -36,8 +36,8 @@ def live_server(app: FastAPI) -> Iterator[str]:
         thread.join(timeout=30)
 
 
-def tiny_app(model: LoadedModel, strategy: str = DEFAULT_STRATEGY) -> FastAPI:
-    engine = Engine(model, EngineConfig(strategy=strategy, kv_pages=512))
+def tiny_app(model: LoadedModel, strategy: str = DEFAULT_STRATEGY, kv_pages: int = 512) -> FastAPI:
+    engine = Engine(model, EngineConfig(strategy=strategy, kv_pages=kv_pages))
     return create_app(engine, ServerConfig(MODEL, default_max_tokens=8))
 
 

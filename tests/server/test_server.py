@@ -178,6 +178,24 @@ def test_bad_input_is_a_4xx_with_an_openai_error(
     assert httpx.post(f"{server_url}/v1/chat/completions", json=GOOD).status_code == 200
 
 
+def test_a_request_larger_than_the_kv_pool_is_a_400_before_any_compute(tiny: LoadedModel) -> None:
+    """The pool (4 pages of 16 tokens) is what limits the context here, not the model."""
+    long = {**GOOD, "messages": [{"role": "user", "content": "word " * 80}]}
+    with live_server(tiny_app(tiny, kv_pages=4)) as url:
+        r = httpx.post(f"{url}/v1/chat/completions", json=long)
+        assert r.status_code == 400
+        err = _error(r)
+        assert (err["code"], err["param"]) == ("context_length_exceeded", "max_tokens")
+        assert "the engine's KV pool (kv_pages=4 of 16 tokens) holds 64 tokens" in err["message"]
+        # no max_tokens: the reply is clamped to what the pool has left (4 of the server's 8)
+        short = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 10}]}
+        r = httpx.post(f"{url}/v1/chat/completions", json={**short, "temperature": 0})
+        assert r.status_code == 200
+        usage = r.json()["usage"]
+        assert (usage["prompt_tokens"], usage["completion_tokens"]) == (60, 4)
+        assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
 def test_invalid_json_is_a_400_and_the_server_keeps_serving(server_url: str) -> None:
     r = httpx.post(f"{server_url}/v1/chat/completions", content=b'{"model": "tiny", "mess',
                    headers={"content-type": "application/json"})  # fmt: skip

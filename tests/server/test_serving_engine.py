@@ -33,6 +33,7 @@ class ScriptedEngine:
     tokenizer: ByteTokenizer = field(default_factory=ByteTokenizer)
     max_context: int = 4096
     model_id: str = "scripted#0123"
+    context_holder: str | None = None
     calls: list[tuple[GenerationParams, str | None, bool]] = field(default_factory=list)
 
     @property

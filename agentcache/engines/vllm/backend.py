@@ -125,6 +125,10 @@ class VLLMBackend:
     def max_context(self) -> int:
         return self.config.max_model_len
 
+    @property
+    def context_holder(self) -> str | None:
+        return "vLLM's max_model_len"
+
     def store_bytes(self) -> dict[str, int]:
         """Bytes of KV in the shared segment folder (the store every vLLM process reads)."""
         if self.config.reuse != "agentcache":
