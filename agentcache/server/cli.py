@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import socket
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -71,28 +72,40 @@ def serve(args: argparse.Namespace, model: str | None, cache_dir: Path) -> int:
 
     if args.served_model_name == "":
         raise ConfigError("--served-model-name must not be empty")
-    check_address(args.host, args.port)  # before the model loads, which can take minutes
-    engine = serving_engine(args, model, cache_dir)
-    server = ServerConfig(
-        args.served_model_name or served_name(engine.model_id), args.max_tokens,
-        isolate_conversations=not args.share_history,
-    )  # fmt: skip
-    uvicorn.run(create_app(engine, server), host=args.host, port=args.port, log_level="info")
+    # bound before the model loads (which can take minutes) and held until uvicorn serves on
+    # it: a port in use fails at once, and no other process can take it meanwhile
+    with bind_address(args.host, args.port) as sock:
+        engine = serving_engine(args, model, cache_dir)
+        server = ServerConfig(
+            args.served_model_name or served_name(engine.model_id), args.max_tokens,
+            isolate_conversations=not args.share_history,
+        )  # fmt: skip
+        config = uvicorn.Config(create_app(engine, server), log_level="info")
+        host, port = sock.getsockname()[:2]
+        url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        print(f"agentcache serve: {server.model_name} on {url} (Ctrl+C to quit)", file=sys.stderr)
+        uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 
-def check_address(host: str, port: int) -> None:
-    """ConfigError when the server could not listen on host:port (unknown host, port in use)."""
+def bind_address(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port; uvicorn serves on it once the app is ready (connections
+    made before wait in its backlog). ConfigError when it cannot (unknown host, port in use)."""
+    sock = None
     try:
         info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, kind, proto, _, address = info[0]
-        with socket.socket(family, kind, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-            sock.bind(address)
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        sock.bind(address)
+        sock.listen(2048)  # uvicorn's backlog; listening now keeps the port ours
     except OSError as e:
+        if sock is not None:
+            sock.close()
         raise ConfigError(
             f"cannot listen on {host}:{port} ({e.strerror or e}); choose another --host or --port"
         ) from e
+    return sock
 
 
 def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path) -> ServingEngine:

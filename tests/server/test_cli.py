@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -134,3 +135,41 @@ def test_serve_rejects_numbers_out_of_range(
     argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert needle in usage_error(["serve", *argv], capsys)
+
+
+def test_serve_holds_its_port_from_the_check_until_uvicorn_serves_on_it(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import uvicorn
+
+    import agentcache.server.cli as serve_cli
+    from agentcache.errors import ConfigError
+    from agentcache.runtime.engine import Engine
+
+    held: list[int] = []
+
+    def load_engine(args: object, model: object, cache_dir: object) -> Engine:
+        port = held[0] if held else 0
+        with pytest.raises(ConfigError, match="Address already in use"):
+            serve_cli.bind_address("127.0.0.1", port)  # nobody can take it while loading
+        return Engine(tiny)
+
+    served: list[socket.socket] = []
+
+    def run(server: uvicorn.Server, sockets: list[socket.socket]) -> None:
+        served.extend(sockets)
+        assert sockets[0].getsockname()[1] == held[0]
+
+    real_bind = serve_cli.bind_address
+
+    def bind(host: str, port: int) -> socket.socket:
+        sock = real_bind(host, port)
+        held.append(sock.getsockname()[1])
+        return sock
+
+    monkeypatch.setattr(serve_cli, "serving_engine", load_engine)
+    monkeypatch.setattr(serve_cli, "bind_address", bind)
+    monkeypatch.setattr(uvicorn.Server, "run", run)
+    assert main(["serve", "--port", "0"]) == 0
+    assert len(served) == 1 and served[0].fileno() == -1  # closed once the server is done
+    assert f"on http://127.0.0.1:{held[0]} (Ctrl+C to quit)" in capsys.readouterr().err
