@@ -23,7 +23,7 @@ from agentcache.argtypes import (
 from agentcache.decode.config import DEFAULT_BUDGET_PAGES, DecodeConfig
 from agentcache.decode.minmax import GQA_COMBINES
 from agentcache.decode.profile import profile_filename, save_profile
-from agentcache.errors import AgentCacheError
+from agentcache.errors import AgentCacheError, ProfileError
 
 
 def add_profile_parser(sub: Any) -> argparse.ArgumentParser:
@@ -152,6 +152,11 @@ def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
     except ValueError as e:
         raise AgentCacheError(str(e)) from e
     texts = load_texts(args.prompts)
+    if args.profile is not None and not args.profile.is_file():
+        raise ProfileError(
+            f"--profile {args.profile} is not a file; make one with "
+            f"`agentcache profile-heads --out {args.profile}` or leave --profile out"
+        )
     output_folder(args.out, "--out")
     model = load_model(model_path, cache_dir)
     _check_context(settings.context, model.config.max_position_embeddings, "--context")

@@ -63,6 +63,8 @@ def test_numbers_out_of_range_are_usage_errors(
     [
         (["bench-decode", "--policies", "nosuch"], "unknown decode policy 'nosuch'"),
         (["bench-decode", "--policies", "dense", "--out", "{file}"], "--out {file} is a file"),
+        (["bench-decode", "--profile", "{tmp}/none.json"], "--profile {tmp}/none.json is not a "
+         "file; make one with `agentcache profile-heads --out {tmp}/none.json`"),
         (["profile-heads", "--steps", "1"], "steps >= 2"),
         (["profile-heads", "--context", "1000"], "profiling prompts need more than 66 pages "
          "(1056 tokens); got 1000 tokens"),
