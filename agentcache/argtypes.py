@@ -5,6 +5,7 @@ after an hour of benchmarking)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import tempfile
 from collections.abc import Callable
@@ -46,11 +47,28 @@ def fraction(text: str) -> float:
     return _number(text, float, lambda v: 0.0 <= v <= 1.0, "a number from 0 to 1")
 
 
+# folders `output_folder`/`output_file` created in this process: a command that fails removes
+# those it left empty (`end_outputs`)
+_created: list[Path] = []
+
+
+def end_outputs(failed: bool) -> None:
+    """At the end of a command: when it failed, remove the folders it created for output
+    that are still empty (a partial result stays); then forget them."""
+    deepest_first = sorted(_created, key=lambda f: len(f.parts), reverse=True)
+    for folder in deepest_first if failed else ():
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only when empty
+    _created.clear()
+
+
 def _folder_problem(folder: Path) -> str | None:
     """Create `folder` (and its parents); what is wrong when a file cannot be written in it."""
     if folder.exists() and not folder.is_dir():
         return "is a file, not a folder"
     try:
+        folder = folder.absolute()
+        _created.extend(f for f in (folder, *folder.parents) if not f.exists())
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder):
             pass

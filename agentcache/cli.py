@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentcache.argtypes import non_negative_int, positive_int
+from agentcache.argtypes import end_outputs, non_negative_int, positive_int
 from agentcache.errors import AgentCacheError, ConfigError
 
 
@@ -112,11 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    code = 1  # until the command returns
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        return code
     except AgentCacheError as e:
+        code = 2
         print(f"agentcache: error: {e}", file=sys.stderr)
-        return 2
+        return code
+    finally:
+        end_outputs(failed=code != 0)  # a failed command leaves no empty output folder
 
 
 if __name__ == "__main__":

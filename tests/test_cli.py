@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from agentcache.cli import build_parser, main
+from agentcache.errors import ModelLoadError
+from agentcache.model.loading import LoadedModel
 from agentcache.reuse import STRATEGIES
 from tests.conftest import usage_error
 
@@ -143,3 +145,34 @@ def test_demo_rejects_bad_strategy_options_before_loading_the_model(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "strategy 'rpdc:extra=x': extra must be a number, got 'x'" in err
+
+
+def _failing_load(*_: object) -> LoadedModel:
+    raise ModelLoadError("no weights here")
+
+
+def test_a_failed_command_removes_the_output_folders_it_left_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import agentcache.model.loading as loading
+
+    monkeypatch.setattr(loading, "load_model", _failing_load)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("some text")
+    kept = tmp_path / "kept"  # existed before: stays, as does what it holds
+    (kept / "old").mkdir(parents=True)
+    for out in (tmp_path / "a" / "b" / "out", kept / "new", kept / "old"):
+        argv = ["bench-decode", str(prompts), "--out", str(out), "--threads", "1"]
+        assert main(argv) == 2
+        assert "no weights here" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "prompts.txt"]
+    assert [p.name for p in kept.iterdir()] == ["old"]
+
+
+def test_a_command_that_succeeds_keeps_its_output_folder(tmp_path: Path) -> None:
+    from agentcache.argtypes import end_outputs, output_folder
+
+    out = output_folder(tmp_path / "x" / "out", "--out")
+    end_outputs(failed=False)
+    end_outputs(failed=True)  # a later failure does not touch an earlier command's folders
+    assert out.is_dir()
