@@ -18,16 +18,15 @@ class ConfigError(AgentCacheError, ValueError):
 
 
 class ContextLengthError(PromptError):
-    """A prompt (plus requested new tokens) does not fit the model's context."""
+    """A prompt (plus requested new tokens) does not fit the model's context, or `holder`
+    (e.g. the engine's KV pool) when that is what limits it."""
 
     def __init__(
         self, num_tokens: int, max_tokens: int, what: str = "prompt", holder: str | None = None
     ) -> None:
-        holds = (
-            f"{holder} holds {max_tokens} tokens"
-            if holder
-            else (f"the model's context holds {max_tokens} positions")
-        )
+        holds = f"{holder} holds {max_tokens} tokens"
+        if holder is None:
+            holds = f"the model's context holds {max_tokens} positions"
         super().__init__(f"{what} is {num_tokens} tokens but {holds}")
         self.num_tokens = num_tokens
         self.max_tokens = max_tokens
