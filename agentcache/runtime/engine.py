@@ -180,8 +180,7 @@ class Engine:
         tiers = self.config.tiers
         if tiers is None:
             return SegmentStore(self.config.store_bytes, self.config.eviction)
-        tokens = min(pool.num_pages * pool.page_size, self.model.config.max_position_embeddings)
-        tiers.check_working_set(pool.page_bytes // pool.page_size, tokens)
+        tiers.check_working_set(pool.page_bytes // pool.page_size, self.max_context)
         return TieredSegmentStore(tiers, self.config.eviction)
 
     @property
@@ -204,13 +203,12 @@ class Engine:
         """What limits `max_context` when it is not the model's positions."""
         if self._pool_tokens >= self.model.config.max_position_embeddings:
             return None
-        pool = self.ctx.pool.config
-        return f"the engine's KV pool (kv_pages={pool.num_pages} of {pool.page_size} tokens)"
+        c = self.config
+        return f"the engine's KV pool (kv_pages={c.kv_pages} of {c.page_size} tokens)"
 
     @property
-    def _pool_tokens(self) -> int:
-        pool = self.ctx.pool.config
-        return pool.num_pages * pool.page_size
+    def _pool_tokens(self) -> int:  # set by the config, so known before the pool exists
+        return self.config.kv_pages * self.config.page_size
 
     @property
     def model_id(self) -> str:
