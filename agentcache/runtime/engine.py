@@ -244,6 +244,9 @@ class Engine:
         true context, is stored so the next turn finds it (TurnStats.reply_kv says whether)."""
         params = params or GenerationParams()
         tokens = prompt if isinstance(prompt, TokenizedPrompt) else self.tokenize(prompt)
+        if tokens.num_tokens > self._pool_tokens:  # before any page is taken or compute spent
+            n, holder = tokens.num_tokens, self.context_holder
+            raise ContextLengthError(n, self._pool_tokens, "prompt", holder)
         with self._lock, torch.inference_mode():
             strat = self.strategy(strategy)
             seq = SequenceKV(self.ctx.pool)
@@ -389,8 +392,12 @@ class Engine:
                 if not queue:
                     room = min(draft, params.max_new_tokens - len(ids), max_pos - position - 1)
                     queue = sparse.advance(token, position, max(room, 1), eos)
-            else:
-                logits = sparse.step(token, position) if sparse else self.step(seq, token, position)
+            elif sparse is not None:
+                logits = sparse.step(token, position)
+            elif seq.num_tokens < self._pool_tokens:
+                logits = self.step(seq, token, position)
+            else:  # the fast tier holds no more of this sequence: as at the last position
+                break
             position += 1
         elapsed = time.perf_counter() - t0
         return ids, finish, elapsed, sparse.stats() if sparse else None

@@ -84,16 +84,40 @@ def test_pages_returned_after_generate(tiny: LoadedModel) -> None:
     assert engine.ctx.pool.peak_pages_used > 0
 
 
-def test_out_of_pages_frees_partial_sequence(tiny: LoadedModel) -> None:
+def test_prompt_over_the_kv_pool_is_a_context_error_before_any_page(tiny: LoadedModel) -> None:
     engine = Engine(tiny, EngineConfig(strategy="prefix", kv_pages=2))
-    with pytest.raises(OutOfPagesError, match="kv_pages"):
+    with pytest.raises(ContextLengthError, match=r"KV pool \(kv_pages=2 of 16 tokens\) holds 32"):
         engine.generate(chat([], USERS[0]))
-    assert engine.ctx.pool.num_free == 2
+    assert engine.ctx.pool.num_free == 2 and engine.ctx.pool.peak_pages_used == 0
     # the engine still works for a prompt that fits
     out = engine.generate(
         SegmentedPrompt([Segment(SegmentKind.UPDATE, "hi")]), GenerationParams(max_new_tokens=8)
     )
     assert out.stats.prompt_tokens == 2
+
+
+def test_decode_stops_where_the_kv_pool_is_full(tiny: LoadedModel) -> None:
+    """As at the model's last position: finish "length", every page given back."""
+    engine = Engine(tiny, EngineConfig(strategy="full", kv_pages=2))
+    prompt = engine.tokenize(SegmentedPrompt([Segment(SegmentKind.UPDATE, "x" * 20)]))
+    free = Engine(tiny, EngineConfig(strategy="full")).generate(prompt, GenerationParams(48))
+    out = engine.generate(prompt, GenerationParams(max_new_tokens=48, stop=()))
+    # the pool holds the prompt and all but the last new token (whose K/V is never needed)
+    room = 32 - prompt.num_tokens + 1
+    assert len(free.token_ids) > room, "the reference must run past the pool to test this"
+    assert out.token_ids == free.token_ids[:room] and out.finish_reason == "length"
+    assert engine.ctx.pool.num_used == 0
+
+
+def test_out_of_pages_mid_prefill_frees_the_partial_sequence(tiny: LoadedModel) -> None:
+    engine = Engine(tiny, EngineConfig(strategy="prefix", kv_pages=16))
+    prompt = engine.tokenize(chat([], USERS[0]))
+    assert 128 < prompt.num_tokens <= 256
+    taken = engine.ctx.pool.allocate(8)  # another holder of pages (a tier's overlay, say)
+    with pytest.raises(OutOfPagesError, match="kv_pages"):
+        engine.generate(prompt)
+    assert engine.ctx.pool.num_free == 8
+    engine.ctx.pool.release(taken)
 
 
 def test_stop_string_cuts_text_and_finishes_with_stop(tiny: LoadedModel) -> None:
