@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from agentcache.kv.pool import SequenceKV
-from agentcache.kv.store import content_id
+from agentcache.kv.store import chain_id, content_id
 from agentcache.model.config import ModelConfig
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse.base import PrefillResult, ReuseContext, ReuseStats, ReuseStrategy
@@ -39,6 +39,7 @@ PLANS = ("true", "mode", "ccpe")
 FUSIONS = ("replace", "wca")
 PROMOTIONS = ("none", "catch-up")
 SELECTIONS = ("deviation", "attention", "weighted", "random", "offset")
+CHUNKS = ("segment", "span")
 OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {  # annotation -> accepted, in words
     "int": ((int,), "an integer"),
     "int | None": ((int, type(None)), "an integer or none"),
@@ -51,11 +52,19 @@ OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {  # annotation -> accep
 @dataclass(frozen=True)
 class SelectiveOptions:
     boundary_k: int = 0  # first k tokens of every reused chunk not at index 0 (EPIC)
+    # what a chunk is, for `boundary_k` and offset order: every reused segment (EPIC), or a
+    # span of reused segments that were stored next to each other, after the same context,
+    # and sit next to each other again: inside a span no token's local context changed
+    chunks: str = "segment"
     check_layer: int | None = None  # layer whose key deviation ranks tokens; None: no check
     ratio: float = 0.0  # fraction of reused tokens recomputed by deviation rank
     # when > 0, the budget is instead `extra` tokens per always-computed token (update tokens,
     # misses, boundary and last): a bound on TTFT over a perfect cache, not on reused tokens
     extra: float = 0.0
+    # when > 0, the budget is instead the reused tokens EPIC's boundary_k=per_chunk would
+    # recompute (the first per_chunk of every reused segment not at index 0 whose KV is not
+    # exact), spent in the selection's order: a comparison with EPIC at its own token count
+    per_chunk: int = 0
     fusion: str = "replace"  # recomputed K/V replace cached, or WCA's weighted fusion
     gate_every: int = 0  # WCA: every n layers, converged tokens leave the recompute set
     tau: float = 0.12  # WCA: 1 - CKSim < tau means converged
@@ -93,7 +102,7 @@ class SelectiveOptions:
             if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
                 raise ValueError(f"{f.name} must be {what}, got {value!r}")
         checks: dict[str, tuple[str, ...]] = {"plan": PLANS, "fusion": FUSIONS}
-        checks |= {"promotion": PROMOTIONS, "selection": SELECTIONS}
+        checks |= {"promotion": PROMOTIONS, "selection": SELECTIONS, "chunks": CHUNKS}
         for name, allowed in checks.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -101,8 +110,10 @@ class SelectiveOptions:
             raise ValueError(f"ratio must be in [0, 1], got {self.ratio}")
         if not self.extra >= 0.0:
             raise ValueError(f"extra must be >= 0, got {self.extra}")
-        if self.extra > 0 and self.ratio > 0:
-            raise ValueError("ratio and extra are alternative budgets: set one")
+        if self.per_chunk < 0:
+            raise ValueError(f"per_chunk must be >= 0, got {self.per_chunk}")
+        if sum(b > 0 for b in (self.ratio, self.extra, self.per_chunk)) > 1:
+            raise ValueError("ratio, extra and per_chunk are alternative budgets: set one")
         if min(self.boundary_k, self.gate_every, self.probe_layers) < 0 or self.probe_window < 1:
             raise ValueError("boundary_k, gate_every, probe_layers must be >= 0, probe_window >= 1")
         if self.probe_layers and self.check_layer is not None:
@@ -127,8 +138,8 @@ class SelectiveRecompute(ReuseStrategy):
             raise TypeError(
                 f"{self.name}: unknown options {sorted(unknown)}; known: {sorted(known)}"
             )
-        if "ratio" in options and "extra" not in options:
-            options = {**options, "extra": 0.0}  # a ratio given replaces a default `extra` budget
+        if ("ratio" in options or "per_chunk" in options) and "extra" not in options:
+            options = {**options, "extra": 0.0}  # a budget given replaces a default `extra`
         self.options = replace(self.defaults, **options)
         self._starts: dict[str, Counter[int]] = {}  # CCPE histogram: segment -> start counts
         self._ccpe = CCPEPlan()
@@ -152,16 +163,18 @@ class SelectiveRecompute(ReuseStrategy):
             stats.load_s = time.perf_counter() - t0
         stats.reused_tokens = int(reused.sum())
         base = ~reused  # update tokens, missed segments and the last token
-        for h in hits:
-            if h.start > 0 and not exact[h.start]:
-                base[h.start : h.start + min(o.boundary_k, h.num_tokens)] = True
+        spans = chunk_spans(hits, o.chunks == "span")
+        for start, end in spans:
+            if start > 0 and not exact[start]:
+                base[start : start + min(o.boundary_k, end - start)] = True
         candidates = reused & ~exact
+        epic = epic_tokens(hits, candidates & ~base, o.per_chunk) if o.per_chunk else 0
+        budget = _budget(o, int(candidates.sum()), int(base.sum()), epic)
         if o.selection == "offset":  # selected up front: the run computes them with the base
-            budget = _budget(o, int(candidates.sum()), int(base.sum()))
-            base |= by_offset(hits, candidates & ~base, budget)
+            base |= by_offset(spans, candidates & ~base, budget)
             candidates = torch.zeros_like(candidates)
         run = _Run(ctx, prompt, seq, positions, stats, kv)
-        logits = run.layers(base, candidates, exact, o)
+        logits = run.layers(base, candidates, exact, o, budget)
         stats.load_overlap = kv.finish()
         if isinstance(kv, OverlayKV):
             stats.load_s = kv.load_s
@@ -240,11 +253,12 @@ class _Run:
         self.dirty = torch.zeros(prompt.num_tokens, dtype=torch.bool)  # written at layer >= 1
 
     def layers(
-        self, base: Tensor, candidates: Tensor, exact: Tensor, o: SelectiveOptions
+        self, base: Tensor, candidates: Tensor, exact: Tensor, o: SelectiveOptions, budget: int
     ) -> Tensor:
+        """`budget`: reused tokens to select beyond `base`, by `o.selection`."""
         num_layers = self.f.config.num_layers
         if o.probe_layers and bool(candidates.any()):
-            return self._probed(base, candidates, o)
+            return self._probed(base, candidates, o, budget)
         if o.check_layer is None or not bool(candidates.any()):
             q_idx = base.nonzero().flatten()
             hidden = self._through(self.f.embed(self.ids[q_idx]), q_idx, 0, num_layers)
@@ -258,7 +272,7 @@ class _Run:
         attn = None
         if o.selection in ("attention", "weighted"):
             attn = self._attention_paid(base, all_idx, q, k, cached_k)
-        selected, ranked = self._select(base, candidates, all_idx, k, cached_k, attn, o)
+        selected, ranked = self._select(base, candidates, all_idx, k, cached_k, attn, o, budget)
         q_idx = (base | selected).nonzero().flatten()
         pick = torch.searchsorted(all_idx, q_idx)  # rows of q_idx within all_idx
         fused = selected[q_idx]
@@ -275,7 +289,7 @@ class _Run:
             self.stats.token_layers_computed += len(q_idx)
         return self.f.logits(hidden[-1:])[0]
 
-    def _probed(self, base: Tensor, candidates: Tensor, o: SelectiveOptions) -> Tensor:
+    def _probed(self, base: Tensor, candidates: Tensor, o: SelectiveOptions, budget: int) -> Tensor:
         """Probe-guided selection (the module map, with attention instead of deviation):
 
         layers [0, P)  : Q0 = base tokens computed over cached KV; the last W prompt tokens'
@@ -292,7 +306,7 @@ class _Run:
         probe = min(o.probe_layers, num_layers // 2)  # selected tokens need layers after it
         q_idx = base.nonzero().flatten()
         cand = (candidates & ~base).nonzero().flatten()
-        budget = min(len(cand), _budget(o, int(candidates.sum()), len(q_idx)))
+        budget = min(len(cand), budget)
         if o.probe_shortcut and _select_all(o, q_idx, cand, budget, probe, num_layers):
             # the probe could only rank tokens that are all (or almost all) computed anyway:
             # compute every candidate, exact, for no more token-layers than the probe path
@@ -392,6 +406,7 @@ class _Run:
         cached_k: Tensor,
         attn: Tensor | None,
         o: SelectiveOptions,
+        budget: int,
     ) -> tuple[Tensor, Tensor]:
         """Top `ratio` of reused tokens by score. Returns (selected mask, ranked pool)."""
         cand = (candidates & ~base).nonzero().flatten()
@@ -404,19 +419,49 @@ class _Run:
             dev = torch.rand(len(cand), generator=g)
         keep = dev > 0
         cand, dev = cand[keep], dev[keep]
-        budget = min(len(cand), _budget(o, int(candidates.sum()), int(base.sum())))
+        budget = min(len(cand), budget)
         order = torch.argsort(dev, descending=True)
         selected = torch.zeros_like(base)
         selected[cand[order[:budget]]] = True
         return selected, cand[order[budget:]]
 
 
-def by_offset(hits: list[SegmentHit], candidates: Tensor, budget: int) -> Tensor:
+def chunk_spans(hits: list[SegmentHit], merge: bool) -> list[tuple[int, int]]:
+    """(start, end) of every reused chunk. With `merge`, a hit joins the chunk before it when
+    it follows that chunk's last hit in this prompt, that hit is reused whole, and the two were
+    stored from one prompt, one after the other (its stored context is the chain of that
+    hit's): the KV in the span was computed together, so only the span's start saw a context
+    that changed since."""
+    spans: list[tuple[int, int]] = []
+    prev: SegmentHit | None = None
+    for h in hits:
+        joins = (
+            merge
+            and prev is not None
+            and spans[-1][1] == h.start
+            and prev.num_tokens == len(prev.segment.ids)
+            and prev.kv.context_id is not None
+            and h.kv.context_id == chain_id(prev.kv.context_id, prev.segment.ids)
+        )
+        if joins:
+            spans[-1] = (spans[-1][0], h.end)
+        else:
+            spans.append((h.start, h.end))
+        prev = h
+    return spans
+
+
+def epic_tokens(hits: list[SegmentHit], candidates: Tensor, k: int) -> int:
+    """Candidates among the first k tokens of every hit not at index 0: EPIC's token count."""
+    return sum(int(candidates[h.start : h.start + k].sum()) for h in hits if h.start > 0)
+
+
+def by_offset(spans: list[tuple[int, int]], candidates: Tensor, budget: int) -> Tensor:
     """`budget` candidates in order of their offset within their chunk (every chunk's first
     candidate, then every chunk's second, ...; earlier chunks first at equal offset). (T,)"""
     offset = torch.full(candidates.shape, -1, dtype=torch.int64)
-    for h in hits:
-        offset[h.start : h.end] = torch.arange(h.num_tokens)
+    for start, end in spans:
+        offset[start:end] = torch.arange(end - start)
     idx = (candidates & (offset >= 0)).nonzero().flatten()
     order = torch.argsort(offset[idx] * (len(candidates) + 1) + idx)[:budget]
     chosen = torch.zeros_like(candidates)
@@ -444,10 +489,13 @@ def _select_all(
     return (n - budget) * num_layers <= redo_min * probe
 
 
-def _budget(o: SelectiveOptions, reused: int, computed: int) -> int:
-    """Tokens to select: `extra` per always-computed token when set, else `ratio` of reused."""
+def _budget(o: SelectiveOptions, reused: int, computed: int, epic: int) -> int:
+    """Tokens to select: `extra` per always-computed token when set, EPIC's count (`epic`)
+    with `per_chunk`, else `ratio` of reused."""
     if o.extra > 0:
         return math.ceil(o.extra * computed)
+    if o.per_chunk > 0:
+        return epic
     return math.ceil(o.ratio * reused)
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch
 from agentcache.bench.metrics import kl
 from agentcache.errors import ConfigError
 from agentcache.model.loading import LoadedModel
+from agentcache.reuse.base import ReuseStats
 from agentcache.reuse.selective import (
     SelectiveOptions,
     attention_probs,
@@ -253,18 +255,17 @@ def test_probe_redo_shortcut_never_costs_more_than_the_probe(tiny: LoadedModel) 
 
 
 def test_offset_selection_fills_chunks_from_their_starts() -> None:
-    from types import SimpleNamespace
 
     from agentcache.reuse.selective import by_offset
 
-    hits = [SimpleNamespace(start=s, end=s + n, num_tokens=n) for s, n in ((0, 4), (6, 3), (9, 6))]
+    spans = [(0, 4), (6, 9), (9, 15)]
     candidates = torch.zeros(16, dtype=torch.bool)
     candidates[6:15] = True  # the chunk at 0 is an exact prefix: no candidate
-    chosen = by_offset(hits, candidates, 5)  # type: ignore[arg-type]
+    chosen = by_offset(spans, candidates, 5)
     # offsets 0 and 1 of both chunks, then offset 2 of the earlier chunk
     assert chosen.nonzero().flatten().tolist() == [6, 7, 8, 9, 10]
-    assert int(by_offset(hits, candidates, 100).sum()) == 9  # type: ignore[arg-type]
-    assert not bool(by_offset(hits, candidates, 100)[:6].any())  # type: ignore[arg-type]
+    assert int(by_offset(spans, candidates, 100).sum()) == 9
+    assert not bool(by_offset(spans, candidates, 100)[:6].any())
 
 
 def test_offset_selection_at_epics_token_count_is_epic(tiny: LoadedModel) -> None:
@@ -283,3 +284,55 @@ def test_offset_selection_at_epics_token_count_is_epic(tiny: LoadedModel) -> Non
     assert out.stats.recomputed_tokens == epic.stats.recomputed_tokens
     assert out.stats.recompute_fraction == pytest.approx(epic.stats.recompute_fraction)
     torch.testing.assert_close(out.first_token_logits, epic.first_token_logits)
+
+
+def test_per_chunk_budget_with_offset_order_is_epic(tiny: LoadedModel) -> None:
+    """`per_chunk=k` spends EPIC's own token count: in offset order, EPIC's prefill."""
+    epic = second_turn(tiny, "epic", boundary_k=8).generate(agent_prompt(SHIFTED), ONE)
+    same = second_turn(tiny, "rpdc", selection="offset", per_chunk=8)
+    out = same.generate(agent_prompt(SHIFTED), ONE)
+    assert out.stats.recomputed_tokens == epic.stats.recomputed_tokens
+    assert out.stats.recompute_fraction == pytest.approx(epic.stats.recompute_fraction)
+    torch.testing.assert_close(out.first_token_logits, epic.first_token_logits)
+    # the probe ranking at the same count computes as many tokens, chosen otherwise
+    probed = second_turn(tiny, "rpdc", per_chunk=8, probe_shortcut=False)
+    assert probed.generate(agent_prompt(SHIFTED), ONE).stats.recomputed_tokens == (
+        epic.stats.recomputed_tokens
+    )
+
+
+def test_span_chunks_join_segments_stored_together(tiny: LoadedModel) -> None:
+    """h1 and h2 were computed together on the first turn and follow each other again: one
+    span, so boundary tokens go to its start only. A segment stored from another prompt
+    starts a span of its own."""
+    from agentcache.reuse.segments import find_hits
+    from agentcache.reuse.selective import chunk_spans
+
+    engine = second_turn(tiny, "pic")
+    prompt = engine.tokenize(agent_prompt(SHIFTED))
+    stats = ReuseStats(prompt.num_tokens, tiny.config.num_layers)
+    hits = find_hits(engine.ctx, prompt, stats)
+    assert [h.segment.segment.id for h in hits] == ["sys", "h1", "h2"]
+    sys, h1, h2 = hits
+    assert chunk_spans(hits, merge=False) == [(h.start, h.end) for h in hits]
+    assert chunk_spans(hits, merge=True) == [(sys.start, sys.end), (h1.start, h2.end)]
+    # h2 stored after a different h1: its own span
+    other = replace(h2, kv=replace(h2.kv, context_id="another prompt"))
+    assert chunk_spans([sys, h1, other], merge=True) == [(h.start, h.end) for h in hits]
+
+    pic = shifted(second_turn(tiny, "pic"))
+    span = shifted(second_turn(tiny, "epic", boundary_k=8, chunks="span"))
+    assert span.recomputed_tokens - pic.recomputed_tokens == 8  # the span's start only
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"per_chunk": 8, "ratio": 0.1}, "alternative budgets"),
+        ({"per_chunk": -1}, "per_chunk must be >= 0"),
+        ({"chunks": "message"}, "chunks must be one of"),
+    ],
+)
+def test_bad_budget_and_chunk_options_are_named(options: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SelectiveOptions(**options)  # type: ignore[arg-type]
