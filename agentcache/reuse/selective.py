@@ -453,7 +453,9 @@ def chunk_spans(hits: list[SegmentHit], merge: bool) -> list[tuple[int, int]]:
 
 def epic_tokens(hits: list[SegmentHit], candidates: Tensor, k: int) -> int:
     """Candidates among the first k tokens of every hit not at index 0: EPIC's token count."""
-    return sum(int(candidates[h.start : h.start + k].sum()) for h in hits if h.start > 0)
+    return sum(
+        int(candidates[h.start : h.start + min(k, h.num_tokens)].sum()) for h in hits if h.start > 0
+    )
 
 
 def by_offset(spans: list[tuple[int, int]], candidates: Tensor, budget: int) -> Tensor:

@@ -301,6 +301,20 @@ def test_per_chunk_budget_with_offset_order_is_epic(tiny: LoadedModel) -> None:
     )
 
 
+def test_epic_token_count_stays_inside_each_segment() -> None:
+    from types import SimpleNamespace
+
+    from agentcache.reuse.selective import epic_tokens
+
+    hits = [SimpleNamespace(start=s, num_tokens=n) for s, n in ((0, 4), (6, 3), (9, 6))]
+    candidates = torch.zeros(16, dtype=torch.bool)
+    candidates[6:15] = True
+    assert epic_tokens(hits, candidates, 4) == 3 + 4  # type: ignore[arg-type]
+    assert epic_tokens(hits, candidates, 100) == 9  # type: ignore[arg-type]
+    candidates[9] = False  # already computed (a boundary token, say): not counted again
+    assert epic_tokens(hits, candidates, 4) == 3 + 3  # type: ignore[arg-type]
+
+
 def test_span_chunks_join_segments_stored_together(tiny: LoadedModel) -> None:
     """h1 and h2 were computed together on the first turn and follow each other again: one
     span, so boundary tokens go to its start only. A segment stored from another prompt
