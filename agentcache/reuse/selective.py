@@ -52,9 +52,10 @@ OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {  # annotation -> accep
 @dataclass(frozen=True)
 class SelectiveOptions:
     boundary_k: int = 0  # first k tokens of every reused chunk not at index 0 (EPIC)
-    # what a chunk is, for `boundary_k` and offset order: every reused segment (EPIC), or a
-    # span of reused segments that were stored next to each other, after the same context,
-    # and sit next to each other again: inside a span no token's local context changed
+    # what offset order counts offsets from: the start of every reused segment (EPIC), or of
+    # every span of reused segments that were stored next to each other, after the same
+    # context, and sit next to each other again (inside a span no token's local context
+    # changed, so offsets grow from where the context did change)
     chunks: str = "segment"
     check_layer: int | None = None  # layer whose key deviation ranks tokens; None: no check
     ratio: float = 0.0  # fraction of reused tokens recomputed by deviation rank
@@ -163,14 +164,14 @@ class SelectiveRecompute(ReuseStrategy):
             stats.load_s = time.perf_counter() - t0
         stats.reused_tokens = int(reused.sum())
         base = ~reused  # update tokens, missed segments and the last token
-        spans = chunk_spans(hits, o.chunks == "span")
-        for start, end in spans:
-            if start > 0 and not exact[start]:
-                base[start : start + min(o.boundary_k, end - start)] = True
+        for h in hits:
+            if h.start > 0 and not exact[h.start]:
+                base[h.start : h.start + min(o.boundary_k, h.num_tokens)] = True
         candidates = reused & ~exact
         epic = epic_tokens(hits, candidates & ~base, o.per_chunk) if o.per_chunk else 0
         budget = _budget(o, int(candidates.sum()), int(base.sum()), epic)
         if o.selection == "offset":  # selected up front: the run computes them with the base
+            spans = chunk_spans(hits, o.chunks == "span")
             base |= by_offset(spans, candidates & ~base, budget)
             candidates = torch.zeros_like(candidates)
         run = _Run(ctx, prompt, seq, positions, stats, kv)

@@ -35,6 +35,7 @@ def shifted(engine: Engine):  # type: ignore[no-untyped-def]
 
 
 SHIFTED = "memory v2 is longer than before " * 5
+CHUNK_KINDS = ("span", "segment")
 
 
 def first_token_kl_vs_full(tiny: LoadedModel, name: str, **options: object) -> float:
@@ -317,10 +318,10 @@ def test_epic_token_count_stays_inside_each_segment() -> None:
 
 def test_span_chunks_join_segments_stored_together(tiny: LoadedModel) -> None:
     """h1 and h2 were computed together on the first turn and follow each other again: one
-    span, so boundary tokens go to its start only. A segment stored from another prompt
-    starts a span of its own."""
+    span, whose offsets run from h1's start on. A segment stored from another prompt starts a
+    span of its own."""
     from agentcache.reuse.segments import find_hits
-    from agentcache.reuse.selective import chunk_spans
+    from agentcache.reuse.selective import by_offset, chunk_spans
 
     engine = second_turn(tiny, "pic")
     prompt = engine.tokenize(agent_prompt(SHIFTED))
@@ -334,9 +335,16 @@ def test_span_chunks_join_segments_stored_together(tiny: LoadedModel) -> None:
     other = replace(h2, kv=replace(h2.kv, context_id="another prompt"))
     assert chunk_spans([sys, h1, other], merge=True) == [(h.start, h.end) for h in hits]
 
-    pic = shifted(second_turn(tiny, "pic"))
-    span = shifted(second_turn(tiny, "epic", boundary_k=8, chunks="span"))
-    assert span.recomputed_tokens - pic.recomputed_tokens == 8  # the span's start only
+    # offset order from the span's start: h1's first tokens, then on into h2
+    spans, segments = ({"selection": "offset", "per_chunk": 8, "chunks": c} for c in CHUNK_KINDS)
+    by_span = second_turn(tiny, "rpdc", **spans).generate(agent_prompt(SHIFTED), ONE)
+    by_segment = second_turn(tiny, "rpdc", **segments).generate(agent_prompt(SHIFTED), ONE)
+    assert by_span.stats.recomputed_tokens == by_segment.stats.recomputed_tokens
+    assert not torch.equal(by_span.first_token_logits, by_segment.first_token_logits)
+    candidates = torch.zeros(prompt.num_tokens, dtype=torch.bool)
+    candidates[h1.start : h2.end] = True
+    chosen = by_offset(chunk_spans(hits, merge=True), candidates, 16)
+    assert chosen.nonzero().flatten().tolist() == list(range(h1.start, h1.start + 16))
 
 
 @pytest.mark.parametrize(
