@@ -32,6 +32,7 @@ import matplotlib.pyplot as plt
 # pic recomputes only what every strategy must (update tokens): nothing can cost less, so it
 # is the quality floor, compared by KL alone (the `vs pic` column), not a frontier point
 BASELINES = ("cacheblend", "epic", "cacheslide")
+TIED = ("recompute_fraction_mean", "tf_kl_mean", "kl_first_token_mean")
 
 
 def family(label: str) -> str:
@@ -41,7 +42,9 @@ def family(label: str) -> str:
 def curve(label: str) -> str:
     """The plot's series: the family, with `selection=offset` settings drawn apart from the
     probe-ranked ones (a different ranking, so a different curve)."""
-    return family(label) + (" (offset)" if "selection=offset" in label else "")
+    if "selection=offset" not in label:
+        return family(label)
+    return family(label) + (" (offset, span)" if "chunks=span" in label else " (offset)")
 
 
 def groups(results: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
@@ -60,8 +63,9 @@ def dominance(
     rows: dict[str, dict[str, Any]], fam: str
 ) -> list[tuple[str, str | None, str | None, dict[str, Any]]]:
     """For each baseline default present: the cheapest `fam` setting that is no costlier and
-    no less faithful on both KL figures, or None; and, when there is none, the cheapest
-    setting that is no less faithful at any compute (how far above the baseline it sits)."""
+    no less faithful on both KL figures (at equal cost, the one with the lowest KL), or None;
+    and, when there is none, the cheapest setting that is no less faithful at any compute (how
+    far above the baseline it sits)."""
     out = []
     mine = {k: v for k, v in rows.items() if family(k) == fam}
     for base in BASELINES:
@@ -74,8 +78,12 @@ def dominance(
             if v["tf_kl_mean"] <= b["tf_kl_mean"]
             and v["kl_first_token_mean"] <= b["kl_first_token_mean"]
         ]
-        wins = [(c, k) for c, k in faithful if c <= b["recompute_fraction_mean"] + 1e-9]
-        win = min(wins)[1] if wins else None
+        wins = [
+            (c, mine[k]["tf_kl_mean"], mine[k]["kl_first_token_mean"], k)
+            for c, k in faithful
+            if c <= b["recompute_fraction_mean"] + 1e-9
+        ]
+        win = min(wins)[-1] if wins else None  # the cheapest; at equal cost, the most faithful
         near = min(faithful)[1] if faithful and win is None else None
         out.append((base, win, near, b))
     return out
@@ -143,6 +151,8 @@ def table(grouped: dict[tuple[str, str], dict[str, dict[str, Any]]], fam: str) -
                 continue
             w = rows[shown]
             name = shown
+            if win is not None and all(w[m] == b[m] for m in TIED):
+                name = f"{shown} (tie: the same figures)"
             if win is None:
                 above = w["recompute_fraction_mean"] / b["recompute_fraction_mean"] - 1
                 name = f"none; at {above:+.0%} compute: {shown}"

@@ -27,3 +27,17 @@ def test_dominance_names_the_cheapest_winner_or_the_nearest_above() -> None:
     assert "none; at +10% compute: rpdc:extra=1" in table
     assert f.curve("rpdc:selection=offset:extra=1") == "rpdc (offset)"
     assert f.curve("rpdc:extra=1") == "rpdc"
+
+
+def test_at_equal_cost_the_more_faithful_wins_and_a_tie_is_labelled() -> None:
+    f = load_script("frontier")
+    rows = {
+        "epic": row(0.40, 1e-4, 1e-4),
+        "rpdc:a": row(0.40, 1e-4, 1e-4),  # the same figures: a tie
+        "rpdc:b": row(0.40, 5e-5, 2e-5),  # as costly, more faithful
+    }
+    out = {base: win for base, win, _, _ in f.dominance(rows, "rpdc")}
+    assert out["epic"] == "rpdc:b"
+    del rows["rpdc:b"]
+    assert "rpdc:a (tie: the same figures)" in f.table({("w", "shift"): rows}, "rpdc")
+    assert f.curve("rpdc:selection=offset:chunks=span:per_chunk=64") == "rpdc (offset, span)"
