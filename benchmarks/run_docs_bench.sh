@@ -34,7 +34,7 @@ for w in reflexion memgpt swe_agent; do
   $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
     --new-tokens 16 --strategies "full,$old,$old:boundary_k=16" --out "docs/bench/boundary-$w"
 done
-# fidelity at matched compute (docs/benchmarks.md, "Fidelity at matched compute"); ~80 min
+# fidelity at matched compute (docs/benchmarks.md, "Fidelity at matched compute"); ~2 hours
 o=probe_window=256
 low="full,pic,cacheblend,cacheblend:ratio=0.3,epic,epic:boundary_k=16,$old,rpdc:ratio=0.15:$o"
 low="$low,$old:boundary_k=16,rpdc:ratio=0.15:$o:boundary_k=16,rpdc:ratio=0.15:$o:boundary_k=32"
@@ -42,6 +42,9 @@ high="full,epic,rpdc:ratio=0.5:$o,$old:boundary_k=32,rpdc:ratio=0.1:$o:boundary_
 new="full,rpdc,rpdc:extra=0.1,rpdc:extra=0.5,rpdc:extra=1"
 redo="full,rpdc,rpdc:probe_redo=true,rpdc:extra=0.5:probe_redo=true,rpdc:extra=1:probe_redo=true,epic"
 offset="full,rpdc,rpdc:selection=offset,rpdc:selection=offset:extra=0.5,rpdc:selection=offset:extra=1,epic"
+span=rpdc:selection=offset:chunks=span:per_chunk=64  # epic's token count, span offset order
+count="full,epic,rpdc:selection=offset:per_chunk=64,$span,rpdc:per_chunk=64"
+hybrid="full,epic,$span:boundary_k=4,$span:boundary_k=8,$span:boundary_k=16"
 declare -A fill=(
   [swe_agent]="full,rpdc:selection=offset:extra=1.5,rpdc:extra=1.5:probe_redo=true"
   [reflexion]="full,rpdc:selection=offset:extra=0.7,rpdc:selection=offset:extra=0.8"
@@ -60,10 +63,14 @@ for w in reflexion memgpt swe_agent; do
     --new-tokens 16 --strategies "$offset" --out "docs/bench/frontier/offset-$w"
   $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
     --new-tokens 16 --strategies "${fill[$w]}" --out "docs/bench/frontier/fill-$w"
+  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+    --new-tokens 16 --strategies "$count" --out "docs/bench/frontier/count-$w"
 done
 for w in reflexion memgpt; do
   $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
     --new-tokens 16 --strategies "$high" --out "docs/bench/frontier/hi-$w"
+  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+    --new-tokens 16 --strategies "$hybrid" --out "docs/bench/frontier/hybrid-$w"
 done
 .venv/bin/python benchmarks/frontier.py docs/bench/frontier/*/results.json --out docs/bench/frontier
 
