@@ -51,7 +51,7 @@ OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {  # annotation -> accep
 
 @dataclass(frozen=True)
 class SelectiveOptions:
-    boundary_k: int = 0  # first k tokens of every reused chunk not at index 0 (EPIC)
+    boundary_k: int = 0  # first k tokens of every reused segment not at index 0 (EPIC)
     # what offset order counts offsets from: the start of every reused segment (EPIC), or of
     # every span of reused segments that were stored next to each other, after the same
     # context, and sit next to each other again (inside a span no token's local context
@@ -117,6 +117,12 @@ class SelectiveOptions:
             raise ValueError("ratio, extra and per_chunk are alternative budgets: set one")
         if min(self.boundary_k, self.gate_every, self.probe_layers) < 0 or self.probe_window < 1:
             raise ValueError("boundary_k, gate_every, probe_layers must be >= 0, probe_window >= 1")
+        ranked = self.selection == "offset" or self.probe_layers or self.check_layer is not None
+        if not ranked and (self.ratio > 0 or self.extra > 0 or self.per_chunk > 0):
+            raise ValueError(
+                "a budget (ratio, extra or per_chunk) needs a ranking to spend it: set "
+                "selection=offset, probe_layers or check_layer"
+            )
         if self.probe_layers and self.check_layer is not None:
             raise ValueError("probe_layers and check_layer are alternative selections: set one")
 

@@ -353,6 +353,8 @@ def test_span_chunks_join_segments_stored_together(tiny: LoadedModel) -> None:
         ({"per_chunk": 8, "ratio": 0.1}, "alternative budgets"),
         ({"per_chunk": -1}, "per_chunk must be >= 0"),
         ({"chunks": "message"}, "chunks must be one of"),
+        ({"extra": 0.5}, "needs a ranking"),  # pic's settings: nothing would spend it
+        ({"per_chunk": 64, "boundary_k": 64}, "needs a ranking"),
     ],
 )
 def test_bad_budget_and_chunk_options_are_named(options: dict[str, object], message: str) -> None:
