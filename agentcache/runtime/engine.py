@@ -244,9 +244,9 @@ class Engine:
         true context, is stored so the next turn finds it (TurnStats.reply_kv says whether)."""
         params = params or GenerationParams()
         tokens = prompt if isinstance(prompt, TokenizedPrompt) else self.tokenize(prompt)
-        if tokens.num_tokens > self._pool_tokens:  # before any page is taken or compute spent
+        if tokens.num_tokens > self.max_context:  # before any page is taken or compute spent
             n, holder = tokens.num_tokens, self.context_holder
-            raise ContextLengthError(n, self._pool_tokens, "prompt", holder)
+            raise ContextLengthError(n, self.max_context, "prompt", holder)
         with self._lock, torch.inference_mode():
             strat = self.strategy(strategy)
             seq = SequenceKV(self.ctx.pool)
