@@ -82,7 +82,7 @@ class SelectiveOptions:
     seed: int = 0
     # probe: run the always-computed tokens through the first `probe_layers` layers over the
     # cached KV, rank reused tokens by the attention the last `probe_window` prompt tokens pay
-    # them, then bring the top `ratio` up to that layer and carry both through the rest
+    # them, then bring the top of the budget up to that layer and carry both through the rest
     probe_layers: int = 0
     probe_window: int = 32
     # probe: after selection, recompute the probe layers of the always-computed tokens that
@@ -113,12 +113,13 @@ class SelectiveOptions:
             raise ValueError(f"extra must be >= 0, got {self.extra}")
         if self.per_chunk < 0:
             raise ValueError(f"per_chunk must be >= 0, got {self.per_chunk}")
-        if sum(b > 0 for b in (self.ratio, self.extra, self.per_chunk)) > 1:
+        budgets = sum(b > 0 for b in (self.ratio, self.extra, self.per_chunk))
+        if budgets > 1:
             raise ValueError("ratio, extra and per_chunk are alternative budgets: set one")
         if min(self.boundary_k, self.gate_every, self.probe_layers) < 0 or self.probe_window < 1:
             raise ValueError("boundary_k, gate_every, probe_layers must be >= 0, probe_window >= 1")
         ranked = self.selection == "offset" or self.probe_layers or self.check_layer is not None
-        if not ranked and (self.ratio > 0 or self.extra > 0 or self.per_chunk > 0):
+        if budgets and not ranked:
             raise ValueError(
                 "a budget (ratio, extra or per_chunk) needs a ranking to spend it: set "
                 "selection=offset, probe_layers or check_layer"
@@ -301,7 +302,7 @@ class _Run:
 
         layers [0, P)  : Q0 = base tokens computed over cached KV; the last W prompt tokens'
                          attention onto each reused token is summed over layers 1..P-1
-        select         : S = top ratio of candidates by that attention
+        select         : S = the top `budget` candidates by that attention
         layers [0, P)  : S computed (its fresh K/V replace cached); with `probe_redo`, the
                          Q0 tokens after S's first token are computed again with S
         layers [P, L)  : Q0 + S computed
@@ -415,7 +416,7 @@ class _Run:
         o: SelectiveOptions,
         budget: int,
     ) -> tuple[Tensor, Tensor]:
-        """Top `ratio` of reused tokens by score. Returns (selected mask, ranked pool)."""
+        """The top `budget` reused tokens by score. Returns (selected mask, ranked pool)."""
         cand = (candidates & ~base).nonzero().flatten()
         rows = torch.searchsorted(all_idx, cand)
         dev = (k_fresh[rows] - cached_k[cand]).pow(2).sum(dim=(1, 2))
