@@ -95,16 +95,13 @@ class BenchRunner:
         self.specs = specs
         self.kv_pages = kv_pages
 
+    def engine_config(self, spec: StrategySpec) -> EngineConfig:
+        """The configuration of `spec`'s engine (a fresh engine and store per session)."""
+        options = {spec.name: spec.options}
+        return EngineConfig(strategy=spec.name, kv_pages=self.kv_pages, strategy_options=options)
+
     def _engines(self) -> dict[str, Engine]:
-        return {
-            s.label: Engine(
-                self.model,
-                EngineConfig(
-                    strategy=s.name, kv_pages=self.kv_pages, strategy_options={s.name: s.options}
-                ),
-            )
-            for s in self.specs
-        }
+        return {s.label: Engine(self.model, self.engine_config(s)) for s in self.specs}
 
     def run_session(self, session: Session, advance: Progress) -> list[dict[str, Any]]:
         engines = self._engines()
@@ -135,7 +132,7 @@ class BenchRunner:
                 seq, pre, ttft = _timed_prefill(engine, prompt, spec.name)
                 logits = _teacher_force(engine, seq, pre, ref_tokens)
                 keys = seq.gather_all(slice(0, prompt.num_tokens))[0]
-                engine.strategy(spec.name).commit(engine.ctx, prompt, seq, pre.positions)
+                engine.commit(prompt, seq, pre, spec.name)
                 seq.free()
                 records.append(self._record(base, spec.label, engine, pre, ttft, ref_logits, logits,
                                             ref_tokens, ref_keys, keys))  # fmt: skip

@@ -255,9 +255,7 @@ class Engine:
                 pre = strat.prefill(self.ctx, tokens, seq)
                 ttft = time.perf_counter() - t0
                 if commit:  # the prompt's KV, before a sparse decoder lets its pages go
-                    strat.commit(self.ctx, tokens, seq, pre.positions)
-                    if pre.stats.dirty is not None and self._adopts():
-                        adopt_recomputed(self.ctx, tokens, seq, pre.positions, pre.stats.dirty)
+                    self._commit(strat, tokens, seq, pre)
                 ids, finish, decode_s, dstats = self._decode(seq, pre, params, on_token)
                 text = self._text(ids, params.stop)
                 reply_kv = None
@@ -317,6 +315,23 @@ class Engine:
 
     def _adopts(self) -> bool:
         return self.config.tiers is not None and self.config.tiers.adopt_recomputed
+
+    def commit(
+        self, prompt: TokenizedPrompt, seq: SequenceKV, pre: PrefillResult,
+        strategy: str | None = None,
+    ) -> None:  # fmt: skip
+        """Store the prompt's KV from `seq` after `prefill`, as `generate` does: the strategy's
+        segments, then (tiered store with `adopt_recomputed`) the recomputed tokens' newer
+        K/V of reused segments as dirty pages."""
+        with self._lock, torch.inference_mode():
+            self._commit(self.strategy(strategy), prompt, seq, pre)
+
+    def _commit(
+        self, strat: ReuseStrategy, prompt: TokenizedPrompt, seq: SequenceKV, pre: PrefillResult
+    ) -> None:
+        strat.commit(self.ctx, prompt, seq, pre.positions)
+        if pre.stats.dirty is not None and self._adopts():
+            adopt_recomputed(self.ctx, prompt, seq, pre.positions, pre.stats.dirty)
 
     def prefill(
         self, prompt: TokenizedPrompt, strategy: str | None = None

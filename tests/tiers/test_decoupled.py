@@ -105,3 +105,35 @@ def test_dirty_pages_count_the_recomputed_reused_tokens(tiny: LoadedModel, tmp_p
             assert (page.dirty_tokens, page.clean) == (want, want == 0)
             checked += want > 0
     assert checked > 0
+
+
+def test_engine_commit_after_prefill_stores_what_generate_stores(
+    tiny: LoadedModel, tmp_path: Path
+) -> None:
+    """`Engine.commit` (the bench harness's path) adopts the dirty pages as `generate` does."""
+    engines = []
+    for name in ("generate", "commit"):
+        tiers = TierConfig(fast_bytes=GiB, disk_dir=tmp_path / name, fsync=False)
+        e = Engine(tiny, EngineConfig(strategy="rpdc", kv_pages=128, tiers=tiers))
+        run(e, 1)
+        store = e.store
+        assert isinstance(store, TieredSegmentStore) and store.persist() > 0
+        engines.append(e)
+    gen, com = engines
+    prompt = gen.tokenize(agent_turn(1))
+    gen.generate(prompt, GenerationParams(max_new_tokens=1))
+    seq, pre = com.prefill(prompt)
+    try:
+        com.commit(prompt, seq, pre)
+    finally:
+        seq.free()
+    m = tiny
+    stores = [e.store for e in engines]
+    assert all(isinstance(s, TieredSegmentStore) for s in stores)
+    dirty_pages = 0
+    for seg in prompt.segments:
+        cid = content_id(seg.ids, "segment", None)
+        a, b = (s.page_info(m.model_id, m.tokenizer.tokenizer_id, cid) for s in stores)  # type: ignore[attr-defined]
+        assert [(p.dirty_tokens, p.clean) for p in a] == [(p.dirty_tokens, p.clean) for p in b]
+        dirty_pages += sum(not p.clean for p in a)
+    assert dirty_pages > 0
