@@ -47,6 +47,7 @@ class TierBenchConfig:
     ttft_samples: int = 4
     fsync: bool = True
     disk_root: Path | None = None  # parent of the disk tiers (created); None: the temp folder
+    adopt: bool = True  # TierConfig.adopt_recomputed: recomputed tokens make dirty pages
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -130,7 +131,7 @@ def _engine(model: LoadedModel, policy: str, cfg: TierBenchConfig, root: Path) -
     working = min(cfg.kv_pages * 16, c.max_position_embeddings) * token_bytes
     tiers = TierConfig(
         fast_bytes=cfg.fast_bytes or working, host_bytes=cfg.host_bytes, disk_dir=root,
-        spill=policy, fsync=cfg.fsync,
+        spill=policy, fsync=cfg.fsync, adopt_recomputed=cfg.adopt,
     )  # fmt: skip
     return Engine(model, EngineConfig(strategy=cfg.strategy, kv_pages=cfg.kv_pages, tiers=tiers))
 

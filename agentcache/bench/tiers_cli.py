@@ -57,6 +57,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--case", default=None, help="only sessions of this case (swing / shift)")
     p.add_argument("--sessions", default=None, help="only these sessions (comma list of names)")
     p.add_argument("--new-tokens", type=positive_int, default=None, help="override max_new_tokens")
+    p.add_argument("--no-adopt", dest="adopt", action="store_false",
+                   help="keep stored segments as first computed: recomputed tokens make no "
+                        "dirty pages (TierConfig.adopt_recomputed=False)")  # fmt: skip
     return p
 
 
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
     cfg = TierBenchConfig(
         policies, args.batch, args.strategy, args.kv_pages,
         args.fast_mib * MiB if args.fast_mib else None, args.host_mib * MiB,
-        args.ttft_samples, True, args.disk_dir,
+        args.ttft_samples, True, args.disk_dir, args.adopt,
     )  # fmt: skip
     sessions, problems = select(args, console)
     if args.disk_dir is not None:

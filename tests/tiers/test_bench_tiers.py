@@ -47,6 +47,17 @@ def test_bench_tiers_writes_policies_report_and_plot(tiny: LoadedModel, tmp_path
     assert list(tmp_path.glob("tiers-*")) == []  # disk tiers removed
 
 
+@pytest.mark.parametrize("adopt", [True, False])
+def test_adopt_decides_whether_recomputed_tokens_make_dirty_pages(
+    tiny: LoadedModel, tmp_path: Path, adopt: bool
+) -> None:
+    sessions = [Session("s0", "tiny", "", tuple(Turn(agent_turn(t), 1) for t in range(3)))]
+    cfg = TierBenchConfig(("slide",), batch=1, kv_pages=64, ttft_samples=0, fsync=False,
+                          disk_root=tmp_path, adopt=adopt)  # fmt: skip
+    result = run_policy(tiny, sessions, "slide", cfg, lambda _: None)
+    assert (result["dirty_page_updates"] > 0) == adopt
+
+
 def one_turn_session() -> list[Session]:
     return [Session("s0", "tiny", "", (Turn(agent_turn(0), 1),))]
 
@@ -116,6 +127,11 @@ def test_cli_creates_a_missing_disk_dir_and_runs(
     argv = cli(tmp_path, "--disk-dir", str(disk), "--batch", "1", "--kv-pages", "64")
     assert main(argv) == 0
     assert disk.is_dir() and (tmp_path / "out" / "results.json").is_file()
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved["config"]["adopt"] is True
+    assert main([*argv, "--no-adopt"]) == 0
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved["config"]["adopt"] is False
 
 
 @pytest.mark.parametrize(
