@@ -1,0 +1,155 @@
+"""Does writing recomputed tokens back into the stored segments help the next turns?
+
+With a tiered store and `TierConfig.adopt_recomputed` (the default), the K/V a selective
+strategy recomputes inside a reused segment replaces the stored copy of that segment's page
+(a dirty page, which must be written to disk before it can leave the fast tier). Without it
+the store keeps each segment's first copy and the page stays clean. This script runs the same
+sessions through `agentcache bench`'s harness with the strategy on the plain store (label
+`STRATEGY`) and on a tiered store that adopts (label `STRATEGY+adopt`, fast tier large enough
+that nothing spills), and reports fidelity against full recompute for each. Turns 0 and 1 are
+the same in both (nothing adopted is reused before turn 2); the comparison (`adopt.md`) is over
+turns 2 and later, per workload and over all.
+
+    python benchmarks/adopt_fidelity.py benchmarks/workloads/{reflexion,memgpt,swe_agent}.jsonl \
+        --sessions reflexion-01,reflexion-02,memgpt-01,memgpt-02,swe_agent-01,swe_agent-02 \
+        --out docs/bench/adopt/a
+    python benchmarks/adopt_fidelity.py --summary docs/bench/adopt/*/results.json \
+        --out docs/bench/adopt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from agentcache.bench.harness import BenchRunner, StrategySpec
+from agentcache.bench.report import table, write_results
+from agentcache.bench.workload import load_workload
+from agentcache.model.loading import load_model
+from agentcache.runtime.engine import EngineConfig
+from agentcache.tiers.store import GiB, TierConfig
+
+ADOPT = "+adopt"
+
+
+class AdoptRunner(BenchRunner):
+    def engine_config(self, spec: StrategySpec) -> EngineConfig:
+        config = super().engine_config(StrategySpec(spec.label.removesuffix(ADOPT), spec.name,
+                                                    spec.options))  # fmt: skip
+        if not spec.label.endswith(ADOPT):
+            return config
+        tiers = TierConfig(fast_bytes=8 * GiB, adopt_recomputed=True)
+        return EngineConfig(strategy=config.strategy, kv_pages=config.kv_pages,
+                            strategy_options=config.strategy_options, tiers=tiers)  # fmt: skip
+
+
+def compare(records: list[dict[str, Any]], strategy: str) -> str:
+    """Markdown: `strategy` vs `strategy+adopt` on turns >= 2, per workload and over all."""
+    pairs: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = defaultdict(list)
+    by_turn = {(r["session"], r["turn"], r["strategy"]): r for r in records}
+    for (session, turn, label), plain in sorted(by_turn.items()):
+        adopted = by_turn.get((session, turn, label + ADOPT))
+        if label == strategy and turn >= 2 and adopted is not None:
+            pairs[plain["workload"]].append((plain, adopted))
+            pairs["all"].append((plain, adopted))
+    rows = [
+        "| workload | turns | KL first (plain / adopt) | KL tf (plain / adopt) "
+        "| greedy exact (plain / adopt) | turns adopt lower KL tf | KL tf adopt/plain (median) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, ps in sorted(pairs.items(), key=lambda kv: (kv[0] == "all", kv[0])):
+
+        def mean(key: str, side: int, ps: list[Any] = ps) -> float:
+            return statistics.mean(float(p[side][key]) for p in ps)
+
+        better = sum(b["tf_kl"] < a["tf_kl"] for a, b in ps)
+        ratios = [b["tf_kl"] / a["tf_kl"] for a, b in ps if a["tf_kl"] > 0]
+        ratio = f"{statistics.median(ratios):.2f}" if ratios else "-"
+        rows.append(
+            f"| {name} | {len(ps)} | {mean('kl_first_token', 0):.2e} / "
+            f"{mean('kl_first_token', 1):.2e} | {mean('tf_kl', 0):.2e} / {mean('tf_kl', 1):.2e} "
+            f"| {mean('greedy_exact_match', 0):.2f} / {mean('greedy_exact_match', 1):.2f} "
+            f"| {better} of {len(ps)} | {ratio} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def summary(files: list[Path], out: Path) -> int:
+    records: list[dict[str, Any]] = []
+    strategy = ""
+    for f in files:
+        saved = json.loads(f.read_text())
+        records += saved["turns"]
+        strategy = next(s for s in saved["strategies"] if s != "full" and not s.endswith(ADOPT))
+    text = compare(records, strategy)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "adopt.md").write_text(text)
+    print(text)
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("workloads", nargs="*", type=Path)
+    p.add_argument("--summary", nargs="+", type=Path, default=None,
+                   help="only compare these results.json files (runs of this script)")  # fmt: skip
+    p.add_argument("--sessions", default="", help="comma list of session names")
+    p.add_argument("--strategy", default="rpdc", help="strategy spec (default rpdc)")
+    p.add_argument("--max-turns", type=int, default=0, help="turns per session (0: all)")
+    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    if args.summary:
+        return summary(args.summary, args.out)
+    if not args.workloads or not args.sessions:
+        p.error("give workload files and --sessions (or --summary FILES)")
+    wanted = [s.strip() for s in args.sessions.split(",") if s.strip()]
+    sessions = {s.name: s for w in args.workloads for s in load_workload(w).sessions}
+    missing = [n for n in wanted if n not in sessions]
+    if missing:
+        p.error(f"no session named {', '.join(missing)}; the files hold {', '.join(sessions)}")
+    base = StrategySpec.parse(args.strategy)
+    specs = [StrategySpec("full", "full"), base,
+             StrategySpec(base.label + ADOPT, base.name, base.options)]  # fmt: skip
+    model = load_model()
+    runner = AdoptRunner(model, specs)
+    chosen = [_trim(sessions[n], args.max_turns, args.new_tokens) for n in wanted]
+    records: list[dict[str, Any]] = []
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as progress:  # fmt: skip
+        task = progress.add_task("adopt", total=sum(len(s.turns) for s in chosen) * len(specs))
+        for s in chosen:
+
+            def advance(label: str, name: str = s.name) -> None:
+                progress.update(task, advance=1, description=f"{name} {label}")
+
+            records += runner.run_session(s, advance)
+    meta = {"model": model.model_id, "command": "python " + " ".join(sys.argv),
+            "sessions": wanted}  # fmt: skip
+    results = write_results(args.out, records, meta, [])
+    print(table(results["strategies"]))
+    text = compare(records, base.label)
+    (args.out / "adopt.md").write_text(text)
+    print(text)
+    return 0
+
+
+def _trim(session: Any, max_turns: int, new_tokens: int) -> Any:
+    from dataclasses import replace
+
+    turns = session.turns[:max_turns] if max_turns > 0 else session.turns
+    turns = tuple(replace(t, max_new_tokens=new_tokens) for t in turns)
+    return replace(session, turns=turns)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
