@@ -24,6 +24,7 @@ import json
 import statistics
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agentcache.bench.harness import BenchRunner, StrategySpec
 from agentcache.bench.report import table, write_results
-from agentcache.bench.workload import load_workload
+from agentcache.bench.workload import Session, load_workload
 from agentcache.model.loading import load_model
 from agentcache.runtime.engine import EngineConfig
 from agentcache.tiers.store import GiB, TierConfig
@@ -42,13 +43,10 @@ ADOPT = "+adopt"
 
 class AdoptRunner(BenchRunner):
     def engine_config(self, spec: StrategySpec) -> EngineConfig:
-        config = super().engine_config(StrategySpec(spec.label.removesuffix(ADOPT), spec.name,
-                                                    spec.options))  # fmt: skip
+        config = super().engine_config(spec)
         if not spec.label.endswith(ADOPT):
             return config
-        tiers = TierConfig(fast_bytes=8 * GiB, adopt_recomputed=True)
-        return EngineConfig(strategy=config.strategy, kv_pages=config.kv_pages,
-                            strategy_options=config.strategy_options, tiers=tiers)  # fmt: skip
+        return replace(config, tiers=TierConfig(fast_bytes=8 * GiB, adopt_recomputed=True))
 
 
 def compare(records: list[dict[str, Any]], strategy: str) -> str:
@@ -143,9 +141,7 @@ def main() -> int:
     return 0
 
 
-def _trim(session: Any, max_turns: int, new_tokens: int) -> Any:
-    from dataclasses import replace
-
+def _trim(session: Session, max_turns: int, new_tokens: int) -> Session:
     turns = session.turns[:max_turns] if max_turns > 0 else session.turns
     turns = tuple(replace(t, max_new_tokens=new_tokens) for t in turns)
     return replace(session, turns=turns)
