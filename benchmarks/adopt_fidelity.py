@@ -31,9 +31,11 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from agentcache.argtypes import positive_int
+from agentcache.bench.cli import select
 from agentcache.bench.harness import BenchRunner, StrategySpec
 from agentcache.bench.report import table, write_results
-from agentcache.bench.workload import Session, load_workload
+from agentcache.errors import AgentCacheError
 from agentcache.model.loading import load_model
 from agentcache.runtime.engine import EngineConfig
 from agentcache.tiers.store import GiB, TierConfig
@@ -87,11 +89,15 @@ def summary(files: list[Path], out: Path) -> int:
         saved = json.loads(f.read_text())
         records += saved["turns"]
         strategy = next(s for s in saved["strategies"] if s != "full" and not s.endswith(ADOPT))
-    text = compare(records, strategy)
     out.mkdir(parents=True, exist_ok=True)
+    write_compare(records, strategy, out)
+    return 0
+
+
+def write_compare(records: list[dict[str, Any]], strategy: str, out: Path) -> None:
+    text = compare(records, strategy)
     (out / "adopt.md").write_text(text)
     print(text)
-    return 0
 
 
 def main() -> int:
@@ -101,27 +107,26 @@ def main() -> int:
                    help="only compare these results.json files (runs of this script)")  # fmt: skip
     p.add_argument("--sessions", default="", help="comma list of session names")
     p.add_argument("--strategy", default="rpdc", help="strategy spec (default rpdc)")
-    p.add_argument("--max-turns", type=int, default=0, help="turns per session (0: all)")
-    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--max-turns", type=positive_int, default=None, help="turns per session")
+    p.add_argument("--new-tokens", type=positive_int, default=16)
     p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(case=None, max_sessions=None)  # what `select` reads besides the above
     args = p.parse_args()
     if args.summary:
         return summary(args.summary, args.out)
     if not args.workloads or not args.sessions:
         p.error("give workload files and --sessions (or --summary FILES)")
-    wanted = [s.strip() for s in args.sessions.split(",") if s.strip()]
-    sessions = {s.name: s for w in args.workloads for s in load_workload(w).sessions}
-    missing = [n for n in wanted if n not in sessions]
-    if missing:
-        p.error(f"no session named {', '.join(missing)}; the files hold {', '.join(sessions)}")
+    console = Console(stderr=True)
+    try:
+        chosen, problems = select(args, console)
+    except AgentCacheError as e:
+        p.error(str(e))
     base = StrategySpec.parse(args.strategy)
     specs = [StrategySpec("full", "full"), base,
              StrategySpec(base.label + ADOPT, base.name, base.options)]  # fmt: skip
     model = load_model()
     runner = AdoptRunner(model, specs)
-    chosen = [_trim(sessions[n], args.max_turns, args.new_tokens) for n in wanted]
     records: list[dict[str, Any]] = []
-    console = Console(stderr=True)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console) as progress:  # fmt: skip
         task = progress.add_task("adopt", total=sum(len(s.turns) for s in chosen) * len(specs))
@@ -132,19 +137,11 @@ def main() -> int:
 
             records += runner.run_session(s, advance)
     meta = {"model": model.model_id, "command": "python " + " ".join(sys.argv),
-            "sessions": wanted}  # fmt: skip
-    results = write_results(args.out, records, meta, [])
+            "sessions": [s.name for s in chosen]}  # fmt: skip
+    results = write_results(args.out, records, meta, problems)
     print(table(results["strategies"]))
-    text = compare(records, base.label)
-    (args.out / "adopt.md").write_text(text)
-    print(text)
+    write_compare(records, base.label, args.out)
     return 0
-
-
-def _trim(session: Session, max_turns: int, new_tokens: int) -> Session:
-    turns = session.turns[:max_turns] if max_turns > 0 else session.turns
-    turns = tuple(replace(t, max_new_tokens=new_tokens) for t in turns)
-    return replace(session, turns=turns)
 
 
 if __name__ == "__main__":
