@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -19,51 +18,13 @@ from torch import Tensor
 
 from agentcache.bench.metrics import cksim_by_layer, fidelity
 from agentcache.bench.workload import Session
-from agentcache.errors import ConfigError
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import SegmentKind
 from agentcache.prompt.tokenize import TokenizedPrompt
-from agentcache.reuse import DEFAULT_STRATEGY, STRATEGIES
 from agentcache.reuse.base import PrefillResult, ReuseStats, compute_subset
+from agentcache.reuse.spec import StrategySpec
 from agentcache.runtime.engine import Engine, EngineConfig
-
-
-@dataclass(frozen=True)
-class StrategySpec:
-    """`name` or `name:key=value:key=value` (options of that strategy)."""
-
-    label: str
-    name: str
-    options: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, text: str) -> StrategySpec:
-        name, *pairs = text.strip().split(":")
-        if name == "default":
-            name = DEFAULT_STRATEGY
-        strategy = STRATEGIES.get(name)  # unknown names list the known ones
-        options: dict[str, Any] = {}
-        for pair in pairs:
-            key, sep, value = pair.partition("=")
-            if not sep:
-                raise ConfigError(f"strategy option {pair!r} in {text!r} is not key=value")
-            options[key] = _value(value)
-        try:  # here, not when the first engine is made after the model has loaded
-            strategy(**options)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"strategy {text.strip()!r}: {e}") from e
-        label = name if not pairs else f"{name}:{':'.join(pairs)}"
-        return cls(label, name, options)
-
-
-def _value(text: str) -> Any:
-    for conv in (int, float):
-        try:
-            return conv(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
 
 
 def parse_specs(text: str) -> list[StrategySpec]:

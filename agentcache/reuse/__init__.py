@@ -2,8 +2,7 @@
 
 from agentcache.reuse import full, prefix, promptcache, strategies  # noqa: F401  (registers)
 from agentcache.reuse.base import STRATEGIES, PrefillResult, ReuseContext, ReuseStats, ReuseStrategy
-
-DEFAULT_STRATEGY = "rpdc"
+from agentcache.reuse.spec import DEFAULT_STRATEGY, StrategySpec
 
 __all__ = [
     "DEFAULT_STRATEGY",
@@ -12,4 +11,5 @@ __all__ = [
     "ReuseContext",
     "ReuseStats",
     "ReuseStrategy",
+    "StrategySpec",
 ]

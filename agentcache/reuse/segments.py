@@ -34,6 +34,14 @@ class SegmentHit:
     def end(self) -> int:
         return self.segment.start + self.num_tokens
 
+    @property
+    def stored_context(self) -> str | None:
+        return self.kv.context_id
+
+    @property
+    def stored_positions(self) -> Tensor:
+        return self.kv.positions
+
 
 def scoped(namespace: str, seg: TokenizedSegment) -> str:
     """A segment with a scope is keyed in its own namespace, so other scopes never see it."""
@@ -70,10 +78,16 @@ def find_hits(
             assert found.miss is not None
             stats.misses.append(SegmentMiss(seg.segment.id, seg.kind, len(seg.ids), found.miss))
             continue
-        n = min(len(seg.ids), prompt.num_tokens - 1 - seg.start)
+        n = reusable_tokens(prompt, seg)
         if n > 0:
             hits.append(SegmentHit(seg, found.kv, n))
     return hits
+
+
+def reusable_tokens(prompt: TokenizedPrompt, seg: TokenizedSegment) -> int:
+    """Tokens of a stored segment a prompt reuses: all of them but the prompt's last token,
+    which is always computed (it gives the first output token)."""
+    return min(len(seg.ids), prompt.num_tokens - 1 - seg.start)
 
 
 def commit_segments(

@@ -20,8 +20,9 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor
@@ -29,7 +30,7 @@ from torch import Tensor
 from agentcache.kv.pool import SequenceKV
 from agentcache.kv.store import chain_id, content_id
 from agentcache.model.config import ModelConfig
-from agentcache.prompt.tokenize import TokenizedPrompt
+from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment
 from agentcache.reuse.base import PrefillResult, ReuseContext, ReuseStats, ReuseStrategy
 from agentcache.reuse.ccpe import CCPEPlan
 from agentcache.reuse.segments import REUSABLE, SegmentHit, commit_segments, context_ids, find_hits
@@ -161,26 +162,17 @@ class SelectiveRecompute(ReuseStrategy):
         positions = self._plan(prompt, hits)
         seq.extend(prompt.num_tokens)
         t0 = time.perf_counter()
-        loads, reused, exact = self._loads(ctx, prompt, seq, hits, positions)
+        sel = select_up_front(o, prompt.num_tokens, reused_runs(prompt, hits, positions, o))
+        loads = self._loads(seq, hits, positions)
         rope = ctx.model.forward.rope
         if ctx.decoupled_load and loads:
-            kv: DirectKV = OverlayKV(seq, loads, rope, reused)
+            kv: DirectKV = OverlayKV(seq, loads, rope, sel.reused)
         else:
             DirectKV.load_all(seq, loads, rope)
             kv = DirectKV(seq)
             stats.load_s = time.perf_counter() - t0
-        stats.reused_tokens = int(reused.sum())
-        base = ~reused  # update tokens, missed segments and the last token
-        for h in hits:
-            if h.start > 0 and not exact[h.start]:
-                base[h.start : h.start + min(o.boundary_k, h.num_tokens)] = True
-        candidates = reused & ~exact
-        epic = epic_tokens(hits, candidates & ~base, o.per_chunk) if o.per_chunk else 0
-        budget = _budget(o, int(candidates.sum()), int(base.sum()), epic)
-        if o.selection == "offset":  # selected up front: the run computes them with the base
-            spans = chunk_spans(hits, o.chunks == "span")
-            base |= by_offset(spans, candidates & ~base, budget)
-            candidates = torch.zeros_like(candidates)
+        stats.reused_tokens = int(sel.reused.sum())
+        base, candidates, exact, budget = sel.base, sel.candidates, sel.exact, sel.budget
         run = _Run(ctx, prompt, seq, positions, stats, kv)
         logits = run.layers(base, candidates, exact, o, budget)
         stats.load_overlap = kv.finish()
@@ -189,7 +181,7 @@ class SelectiveRecompute(ReuseStrategy):
         for reason in kv.fallbacks:
             stats.fallback(reason)
         stats.recomputed_tokens = int(run.ever_computed.sum())
-        stats.dirty = run.dirty & reused
+        stats.dirty = run.dirty & sel.reused
         return PrefillResult(logits, positions, stats)
 
     def commit(
@@ -212,30 +204,122 @@ class SelectiveRecompute(ReuseStrategy):
                 self._starts.setdefault(key, Counter())[seg.start] += 1
         return positions
 
+    @property
+    def positional(self) -> bool:
+        """Whether the tokens it computes are known before any layer runs (offset order, or
+        no check layer and no probe; the prompt's own positions): `select_up_front` alone
+        says which."""
+        o = self.options
+        ranked_later = o.check_layer is not None or o.probe_layers > 0
+        return o.plan == "true" and (o.selection == "offset" or not ranked_later)
+
     def _loads(
-        self,
-        ctx: ReuseContext,
-        prompt: TokenizedPrompt,
-        seq: SequenceKV,
-        hits: list[SegmentHit],
-        positions: Tensor,
-    ) -> tuple[list[PendingLoad], Tensor, Tensor]:
-        """The cached K/V of every hit to load (re-rotated to `positions`), and the
-        (reused, exact) token masks."""
-        loads = []
+        self, seq: SequenceKV, hits: list[SegmentHit], positions: Tensor
+    ) -> list[PendingLoad]:
+        """The cached K/V of every hit to load, re-rotated to `positions`."""
         slots = seq.slots()
-        reused = torch.zeros(prompt.num_tokens, dtype=torch.bool)
-        exact = torch.zeros(prompt.num_tokens, dtype=torch.bool)
-        contexts = dict(zip((s.start for s in prompt.segments), context_ids(prompt), strict=True))
+        loads = []
         for h in hits:
             span = slice(h.start, h.end)
             old, new = h.kv.positions[: h.num_tokens], positions[span]
             keys, values = h.kv.keys[:, : h.num_tokens], h.kv.values[:, : h.num_tokens]
             loads.append(PendingLoad(slots[span], keys, values, old, new))
-            reused[span] = True
-            if self.options.exact_prefix and h.kv.context_id == contexts[h.start]:
-                exact[span] = bool(torch.equal(old, new))
-        return loads, reused, exact
+        return loads
+
+
+@dataclass(frozen=True)
+class ReusedRun:
+    """A hit as the up-front selection sees it (no KV needed): where it sits, whether its KV is
+    exact here, and whether it continues the hit before it (stored right after it, from one
+    prompt: the two form one span for `chunks=span`)."""
+
+    start: int
+    num_tokens: int
+    exact: bool = False
+    joins_previous: bool = False
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+
+class StoredHit(Protocol):
+    """What `reused_runs` reads of a hit: `SegmentHit`, or a plan made from store metadata."""
+
+    @property
+    def segment(self) -> TokenizedSegment: ...
+    @property
+    def start(self) -> int: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def stored_context(self) -> str | None: ...
+    @property
+    def stored_positions(self) -> Tensor | None: ...
+
+
+def reused_runs(
+    prompt: TokenizedPrompt, hits: Sequence[StoredHit], positions: Tensor, o: SelectiveOptions
+) -> list[ReusedRun]:
+    """Each hit's run: exact when `o.exact_prefix` and it was stored after this very context
+    at these very positions."""
+    contexts = dict(zip((s.start for s in prompt.segments), context_ids(prompt), strict=True))
+    runs: list[ReusedRun] = []
+    prev: StoredHit | None = None
+    for h in hits:
+        old, new = h.stored_positions, positions[h.start : h.start + h.num_tokens]
+        exact = (
+            o.exact_prefix
+            and old is not None
+            and h.stored_context == contexts[h.start]
+            and bool(torch.equal(old[: h.num_tokens], new))
+        )
+        joins = (
+            prev is not None
+            and prev.num_tokens == len(prev.segment.ids)
+            and prev.stored_context is not None
+            and h.stored_context == chain_id(prev.stored_context, prev.segment.ids)
+        )
+        runs.append(ReusedRun(h.start, h.num_tokens, exact, joins))
+        prev = h
+    return runs
+
+
+@dataclass(frozen=True)
+class UpFrontSelection:
+    """Token masks (T,) before any layer runs. `base` is computed through every layer; the
+    ranking (check layer or probe) picks `budget` more among `candidates` (none when the
+    order is by offset: those are in `base` already)."""
+
+    reused: Tensor
+    exact: Tensor
+    base: Tensor
+    candidates: Tensor
+    budget: int
+
+
+def select_up_front(
+    o: SelectiveOptions, num_tokens: int, runs: list[ReusedRun]
+) -> UpFrontSelection:
+    """Update tokens, misses and the last token; boundary tokens; with offset order, the
+    budget's tokens from each chunk's start."""
+    reused = torch.zeros(num_tokens, dtype=torch.bool)
+    exact = torch.zeros(num_tokens, dtype=torch.bool)
+    for r in runs:
+        reused[r.start : r.end] = True
+        exact[r.start : r.end] = r.exact
+    base = ~reused  # update tokens, missed segments and the last token
+    for r in runs:
+        if r.start > 0 and not r.exact:
+            base[r.start : r.start + min(o.boundary_k, r.num_tokens)] = True
+    candidates = reused & ~exact
+    epic = epic_tokens(runs, candidates & ~base, o.per_chunk) if o.per_chunk else 0
+    budget = _budget(o, int(candidates.sum()), int(base.sum()), epic)
+    if o.selection == "offset":  # selected up front: the run computes them with the base
+        spans = chunk_spans(runs, o.chunks == "span")
+        base = base | by_offset(spans, candidates & ~base, budget)
+        candidates = torch.zeros_like(candidates)
+    return UpFrontSelection(reused, exact, base, candidates, budget)
 
 
 class _Run:
@@ -434,35 +518,24 @@ class _Run:
         return selected, cand[order[budget:]]
 
 
-def chunk_spans(hits: list[SegmentHit], merge: bool) -> list[tuple[int, int]]:
-    """(start, end) of every reused chunk. With `merge`, a hit joins the chunk before it when
-    it follows that chunk's last hit in this prompt, that hit is reused whole, and the two were
-    stored from one prompt, one after the other (its stored context is the chain of that
-    hit's): the KV in the span was computed together, so only the span's start saw a context
-    that changed since."""
+def chunk_spans(runs: list[ReusedRun], merge: bool) -> list[tuple[int, int]]:
+    """(start, end) of every reused chunk. With `merge`, a run joins the chunk before it when
+    it follows that chunk's last run in this prompt and was stored right after it, from one
+    prompt (`ReusedRun.joins_previous`): the KV in the span was computed together, so only
+    the span's start saw a context that changed since."""
     spans: list[tuple[int, int]] = []
-    prev: SegmentHit | None = None
-    for h in hits:
-        joins = (
-            merge
-            and prev is not None
-            and spans[-1][1] == h.start
-            and prev.num_tokens == len(prev.segment.ids)
-            and prev.kv.context_id is not None
-            and h.kv.context_id == chain_id(prev.kv.context_id, prev.segment.ids)
-        )
-        if joins:
-            spans[-1] = (spans[-1][0], h.end)
+    for r in runs:
+        if merge and spans and spans[-1][1] == r.start and r.joins_previous:
+            spans[-1] = (spans[-1][0], r.end)
         else:
-            spans.append((h.start, h.end))
-        prev = h
+            spans.append((r.start, r.end))
     return spans
 
 
-def epic_tokens(hits: list[SegmentHit], candidates: Tensor, k: int) -> int:
-    """Candidates among the first k tokens of every hit not at index 0: EPIC's token count."""
+def epic_tokens(runs: list[ReusedRun], candidates: Tensor, k: int) -> int:
+    """Candidates among the first k tokens of every run not at index 0: EPIC's token count."""
     return sum(
-        int(candidates[h.start : h.start + min(k, h.num_tokens)].sum()) for h in hits if h.start > 0
+        int(candidates[r.start : r.start + min(k, r.num_tokens)].sum()) for r in runs if r.start > 0
     )
 
 

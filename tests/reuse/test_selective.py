@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -321,7 +322,7 @@ def test_span_chunks_join_segments_stored_together(tiny: LoadedModel) -> None:
     span, whose offsets run from h1's start on. A segment stored from another prompt starts a
     span of its own."""
     from agentcache.reuse.segments import find_hits
-    from agentcache.reuse.selective import by_offset, chunk_spans
+    from agentcache.reuse.selective import by_offset, chunk_spans, reused_runs
 
     engine = second_turn(tiny, "pic")
     prompt = engine.tokenize(agent_prompt(SHIFTED))
@@ -329,11 +330,16 @@ def test_span_chunks_join_segments_stored_together(tiny: LoadedModel) -> None:
     hits = find_hits(engine.ctx, prompt, stats)
     assert [h.segment.segment.id for h in hits] == ["sys", "h1", "h2"]
     sys, h1, h2 = hits
-    assert chunk_spans(hits, merge=False) == [(h.start, h.end) for h in hits]
-    assert chunk_spans(hits, merge=True) == [(sys.start, sys.end), (h1.start, h2.end)]
+    natural = torch.arange(prompt.num_tokens)
+
+    def chunks(hits: list[Any], merge: bool) -> list[tuple[int, int]]:
+        return chunk_spans(reused_runs(prompt, hits, natural, SelectiveOptions()), merge)
+
+    assert chunks(hits, merge=False) == [(h.start, h.end) for h in hits]
+    assert chunks(hits, merge=True) == [(sys.start, sys.end), (h1.start, h2.end)]
     # h2 stored after a different h1: its own span
     other = replace(h2, kv=replace(h2.kv, context_id="another prompt"))
-    assert chunk_spans([sys, h1, other], merge=True) == [(h.start, h.end) for h in hits]
+    assert chunks([sys, h1, other], merge=True) == [(h.start, h.end) for h in hits]
 
     # offset order from the span's start: h1's first tokens, then on into h2
     spans, segments = ({"selection": "offset", "per_chunk": 8, "chunks": c} for c in CHUNK_KINDS)
@@ -343,7 +349,7 @@ def test_span_chunks_join_segments_stored_together(tiny: LoadedModel) -> None:
     assert not torch.equal(by_span.first_token_logits, by_segment.first_token_logits)
     candidates = torch.zeros(prompt.num_tokens, dtype=torch.bool)
     candidates[h1.start : h2.end] = True
-    chosen = by_offset(chunk_spans(hits, merge=True), candidates, 16)
+    chosen = by_offset(chunks(hits, merge=True), candidates, 16)
     assert chosen.nonzero().flatten().tolist() == list(range(h1.start, h1.start + 16))
 
 
