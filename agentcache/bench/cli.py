@@ -40,6 +40,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default="embedded",
         help="vllm: vLLM + agentcache's connector vs vLLM prefix caching (see docs/vllm.md)",
     )
+    p.add_argument(
+        "--vllm-fill",
+        default="auto",
+        help="with --backend vllm: who computes what reuse cannot supply, a comma list of "
+        "auto, vllm (staged prefills), engine (agentcache's engine in the worker); each "
+        "strategy runs under each (default auto)",
+    )
     p.add_argument("--cope", action="store_true", help="run the model's trained CoPE adapter")
     return p
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agentcache.engines.vllm.bench import plot, report_markdown, summarize
-from agentcache.engines.vllm.cli import vllm_strategies
+from agentcache.engines.vllm.bench import _configs, plot, report_markdown, summarize
+from agentcache.engines.vllm.cli import vllm_fills, vllm_strategies
 
 
 def _run(config: str, ttfts: list[float], tokens: list[int]) -> dict[str, object]:
@@ -41,5 +41,18 @@ def test_summary_ratios_and_agreement(tmp_path: Path) -> None:
 def test_vllm_strategies() -> None:
     assert vllm_strategies("anything", default_list=True) == ["rpdc"]
     assert vllm_strategies("full,prefix,default,pic", default_list=False) == ["rpdc", "pic"]
-    with pytest.raises(ValueError, match="without options"):
-        vllm_strategies("rpdc:ratio=0.5", default_list=False)
+    assert vllm_strategies("rpdc:selection=offset:extra=1", default_list=False) == [
+        "rpdc:selection=offset:extra=1"
+    ]
+    with pytest.raises(ValueError, match="unknown options"):
+        vllm_strategies("rpdc:nope=1", default_list=False)
+
+
+def test_vllm_fills_name_configurations() -> None:
+    assert vllm_fills("") == ["auto"]
+    assert _configs(["pic"], vllm_fills("vllm,engine")) == [
+        "none", "prefix", "agentcache-vllm:pic", "agentcache-engine:pic"
+    ]  # fmt: skip
+    assert _configs(["pic"]) == ["none", "prefix", "agentcache:pic"]
+    with pytest.raises(ValueError, match="--vllm-fill takes auto, vllm, engine"):
+        vllm_fills("gpu")

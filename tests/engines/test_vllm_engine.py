@@ -42,7 +42,7 @@ from agentcache.prompt.segments import Segment, SegmentedPrompt
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
 from agentcache.session import AgentSession
 
-store = sys.argv[1]
+store, strategy, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 system = ("You are a travel agent. You plan trips, check the weather tool and keep notes. "
           "Answer briefly and cite the notes you used. ") * 6
 history = [
@@ -58,16 +58,16 @@ def turn(state):
 states = ["Notes: budget 900 EUR.", "Notes: budget 900 EUR. Flights from Berlin cost 120 EUR. "
           "Hotels in Lisbon average 95 EUR a night; Porto 80 EUR. The user prefers the coast. " * 3]
 params = GenerationParams(max_new_tokens=1)
-session = AgentSession.create("vllm", strategy="rpdc", params=params, reuse="agentcache",
+session = AgentSession.create("vllm", strategy=strategy, params=params, reuse="agentcache",
                               store_dir=store, kv_cache_bytes=256 << 20, max_model_len=2048,
-                              min_reused_fraction=0.0)
+                              **options)
 backend = session.engine
 out = []
 for s in states:
     g = session.turn(turn(s))
     out.append({"token": g.token_ids[0], "info": backend.last_transfer,
                 "reused": g.stats.reused_tokens, "prompt": g.stats.prompt_tokens})
-engine = Engine(load_model(None), EngineConfig(strategy="rpdc"))
+engine = Engine(load_model(None), EngineConfig(strategy=strategy))
 ref = [engine.generate(turn(s), params).token_ids[0] for s in states]
 print("RESULT " + json.dumps({"turns": out, "engine": ref}))
 """
@@ -102,7 +102,7 @@ def test_shifted_segments_are_served_by_the_connector(tmp_path: Path) -> None:
     """Turn 2's update grows, so its history shifts: vLLM's prefix cache stops at the system
     prompt; the connector claims the rest, reuses the history re-rotated, and the first token
     is the one agentcache's own engine gives with the same strategy."""
-    result = _run(SESSION_SCRIPT, str(tmp_path / "store"))
+    result = _run(SESSION_SCRIPT, str(tmp_path / "store"), "rpdc", '{"min_reused_fraction": 0}')
     turns = result["turns"]
     assert isinstance(turns, list)
     first, second = turns
@@ -112,6 +112,72 @@ def test_shifted_segments_are_served_by_the_connector(tmp_path: Path) -> None:
     assert info["vllm_cached_tokens"] + info["claimed_tokens"] == second["prompt"] - 1
     assert info["reused_tokens"] > 0 and info["fallbacks"] == 0
     assert [t["token"] for t in turns] == result["engine"]
+
+
+STAGED_SCRIPT = (
+    SESSION_SCRIPT.split("session = AgentSession")[0]
+    + """
+from pathlib import Path
+from agentcache.engines.vllm.plan import segment_content_id
+from agentcache.engines.vllm.storage import FolderSegmentStore
+from agentcache.kv.pool import SequenceKV
+from agentcache.reuse.base import ReuseStats, compute_subset
+session = AgentSession.create("vllm", strategy=strategy, params=params, reuse="agentcache",
+                              store_dir=store, kv_cache_bytes=256 << 20, max_model_len=2048,
+                              fill="vllm", min_stage_tokens=32)
+backend = session.engine
+out = []
+for s in states:
+    tokens = backend.tokenize(turn(s))
+    plan = backend.stage_plan(tokens, backend.staged())  # what the turn will compute
+    g = session.turn(turn(s))
+    top = int(g.first_token_logits.argmax())
+    out.append({"token": g.token_ids[0], "logprob": float(g.first_token_logits[top]),
+                "info": backend.last_transfer, "reused": g.stats.reused_tokens,
+                "prompt": g.stats.prompt_tokens})
+# the reference for the last turn: agentcache's forward computing exactly the plan's tokens
+# over the stored KV (as vLLM's pages gave it to the store), re-rotated where it is reused
+model = load_model(None)
+engine = Engine(model)
+shared = FolderSegmentStore(Path(store), 1 << 30)
+seq = SequenceKV(engine.ctx.pool)
+seq.extend(tokens.num_tokens)
+for seg in tokens.segments:
+    found = shared.lookup_content(model.model_id, model.tokenizer.tokenizer_id,
+                                  segment_content_id(seg.ids, seg.segment.scope))
+    if found.kv is not None and found.kv.num_tokens == len(seg.ids):
+        new = torch.arange(seg.start, seg.end)
+        keys = model.forward.rope.rerotate(found.kv.keys, found.kv.positions, new)
+        seq.write_all(seq.slots()[seg.start : seg.end], keys, found.kv.values)
+idx = torch.tensor([i for i, c in enumerate(plan.computed) if c])
+with torch.inference_mode():
+    logits = compute_subset(engine.ctx, tokens, seq, idx, ReuseStats(tokens.num_tokens, 1))
+ref = torch.log_softmax(logits.float(), dim=-1)
+print("RESULT " + json.dumps({"turns": out, "ref_token": int(ref.argmax()),
+                              "ref_logprob": float(ref.max())}))
+"""
+)
+
+
+def test_a_staged_prefill_lets_vllm_compute_and_the_store_supply(tmp_path: Path) -> None:
+    """fill='vllm': turn 2 runs as a staged prefill: vLLM computes the grown update (and the
+    last tokens), the connector writes the shifted history from the store, nothing else
+    computes. Its first token and log-probability are those of agentcache's own forward
+    computing the same tokens over the same stored KV."""
+    result = _run(STAGED_SCRIPT, str(tmp_path / "store"), "pic", "{}")
+    turns = result["turns"]
+    assert isinstance(turns, list)
+    first, second = turns
+    assert first["info"]["stages"] == 1 and first["info"]["stored_entries"] > 0
+    info = second["info"]
+    assert info["mode"] == "staged" and info["stages"] == 2, info
+    assert info["claimed_tokens"] > 0 and info["reused_tokens"] == info["claimed_tokens"]
+    assert info["computed_tokens"] == 0 and info["fallbacks"] == 0 and info["load_failures"] == 0
+    # vLLM computed what the plan said (its prefix cache carried stage 1 into stage 2)
+    assert info["vllm_computed_tokens"] == info["planned_computed_tokens"]
+    assert second["prompt"] - second["reused"] == info["vllm_computed_tokens"]
+    assert second["token"] == result["ref_token"]
+    assert abs(second["logprob"] - result["ref_logprob"]) < 1e-3
 
 
 BF16_SCRIPT = """

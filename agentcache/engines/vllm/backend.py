@@ -19,8 +19,8 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +28,35 @@ import torch
 
 from agentcache.engines.vllm import require_vllm
 from agentcache.engines.vllm.config import (
+    FILL_MODES,
     REUSE_MODES,
     ConnectorSettings,
     default_model_folder,
     kv_transfer_config,
 )
-from agentcache.engines.vllm.identity import model_identity
-from agentcache.engines.vllm.plan import RequestSpec
-from agentcache.engines.vllm.storage import read_report
+from agentcache.engines.vllm.identity import model_identity, store_model_id
+from agentcache.engines.vllm.plan import RequestSpec, segment_content_id
+from agentcache.engines.vllm.stages import (
+    FillChooser,
+    Stage,
+    StagePlan,
+    plan_prompt,
+    staged_strategy,
+)
+from agentcache.engines.vllm.storage import (
+    FolderSegmentStore,
+    StoredMeta,
+    merge_counts,
+    read_report,
+)
 from agentcache.kv.store import MissReason
 from agentcache.model.loading import DEFAULT_MODEL
 from agentcache.model.tokenizer import HFTokenizer, chat_format_for
 from agentcache.prompt.segments import Segment, SegmentedPrompt
-from agentcache.prompt.tokenize import TokenizedPrompt, tokenize_prompt
-from agentcache.reuse import DEFAULT_STRATEGY, STRATEGIES
+from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment, tokenize_prompt
+from agentcache.reuse import DEFAULT_STRATEGY, StrategySpec
 from agentcache.reuse.base import SegmentMiss
+from agentcache.reuse.selective import SelectiveRecompute
 from agentcache.runtime.engine import Generation, GenerationParams, TurnStats
 
 GiB = 1 << 30
@@ -62,11 +76,22 @@ class VLLMConfig:
     dtype: str = "float32"
     logprobs: int = 20  # top log-probabilities kept for `first_token_logits`
     in_process: bool = True  # run vLLM's engine core in this process (no spawn)
+    # who computes what reuse cannot supply (config.FILL_MODES): "vllm" runs staged prefills
+    # (stages.py: positional strategies only), "engine" agentcache's engine in the worker,
+    # "auto" staged where the strategy allows it
+    fill: str = "auto"
+    min_stage_tokens: int = 64  # a reused run shorter than this is computed, not staged
 
     def __post_init__(self) -> None:
         if self.reuse not in REUSE_MODES:
             raise ValueError(f"reuse must be one of {REUSE_MODES}, got {self.reuse!r}")
-        STRATEGIES.get(self.strategy)
+        if self.fill not in FILL_MODES:
+            raise ValueError(f"fill must be one of {FILL_MODES}, got {self.fill!r}")
+        if self.min_stage_tokens < 1:
+            raise ValueError(f"min_stage_tokens must be >= 1, got {self.min_stage_tokens}")
+        spec = StrategySpec.parse(self.strategy)
+        if self.reuse == "agentcache" and self.fill == "vllm":
+            staged_strategy(spec)  # a clear error now for one that cannot be staged
 
     @property
     def strategy_name(self) -> str:
@@ -112,13 +137,20 @@ class VLLMBackend:
                 strategy=c.strategy,
                 model_name=name,
                 min_reused_fraction=c.min_reused_fraction,
+                fill=c.fill,
             )
             kwargs["kv_transfer_config"] = kv_transfer_config(settings)
         if c.in_process:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.llm = vllm.LLM(**kwargs)
-        self.model_id = model_identity(folder, name).model_id
+        ident = model_identity(folder, name)
+        self.model_id = ident.model_id
+        # the store as a staged prefill plans from it: metadata only, no KV held here
+        self._plan_store = FolderSegmentStore(Path(self.store_dir), 0)
+        self._store_ids = (store_model_id(ident.model_id, getattr(torch, c.dtype)),
+                           ident.tokenizer_id)  # fmt: skip
         self.last_transfer: dict[str, Any] = {}  # the connector's report on the latest turn
+        self.chooser = FillChooser()  # fill="auto": staged or the engine, by measured cost
         self._lock = threading.Lock()
 
     @property
@@ -138,22 +170,54 @@ class VLLMBackend:
         return {"folder": sum(f.stat().st_size for f in files if f.is_file())}
 
     def strategy(self, name: str | None = None) -> str:
-        """Validate a strategy name (unknown names list the known ones)."""
+        """Validate a strategy spec (unknown names list the known ones)."""
         name = name or self.config.strategy
-        STRATEGIES.get(name)
+        StrategySpec.parse(name)
         return name
+
+    def staged(self, strategy: str | None = None) -> SelectiveRecompute | None:
+        """The strategy a turn runs as a staged prefill (vLLM computes every token), or None
+        when the turn goes to the connector's engine (or there is no connector)."""
+        c = self.config
+        if c.reuse != "agentcache" or c.fill == "engine":
+            return None
+        spec = StrategySpec.parse(self.strategy(strategy))
+        if c.fill == "vllm":
+            return staged_strategy(spec)
+        built = spec.build()
+        return built if isinstance(built, SelectiveRecompute) and built.positional else None
+
+    def stage_plan(self, tokens: TokenizedPrompt, strategy: SelectiveRecompute) -> StagePlan:
+        """Which tokens vLLM computes, and in which requests, from what the store holds now."""
+        model_id, tokenizer_id = self._store_ids
+
+        def meta(seg: TokenizedSegment) -> StoredMeta | None:
+            cid = segment_content_id(seg.ids, seg.segment.scope)
+            return self._plan_store.meta(model_id, tokenizer_id, cid)
+
+        c = self.config
+        return plan_prompt(tokens, strategy, meta, c.block_size, c.min_stage_tokens)
 
     def tokenize(self, prompt: SegmentedPrompt) -> TokenizedPrompt:
         return tokenize_prompt(prompt, self.tokenizer, self.chat_format, self.config.max_model_len)
 
     def sampling_params(
-        self, tokens: TokenizedPrompt, params: GenerationParams, strategy: str | None
+        self,
+        tokens: TokenizedPrompt,
+        params: GenerationParams,
+        strategy: str | None,
+        stage: Stage | None = None,
+        min_reused: float | None = None,
     ) -> Any:
+        """vLLM's parameters for a turn, or for the last stage of its staged prefill."""
         from vllm import SamplingParams
 
         extra: dict[str, Any] = {}
         if self.config.reuse == "agentcache":
             spec = RequestSpec.from_prompt(tokens, self.strategy(strategy))
+            spec = replace(spec, min_reused=min_reused)
+            if stage is not None:
+                spec = replace(spec, strategy=None, stage=stage.claim or (0, 0))
             extra["kv_transfer_params"] = spec.with_report(uuid.uuid4().hex).to_params()
         return SamplingParams(
             temperature=params.temperature,
@@ -182,19 +246,31 @@ class VLLMBackend:
             raise ValueError("the vLLM backend always stores a turn's segments (commit=False)")
         params = params or GenerationParams()
         tokens = prompt if isinstance(prompt, TokenizedPrompt) else self.tokenize(prompt)
-        sp = self.sampling_params(tokens, params, strategy)
+        staged = self.staged(strategy)
         with self._lock:
-            out, ttft, wall = self._run(tokens, sp, on_token)
+            plan = None if staged is None else self.stage_plan(tokens, staged)
+            fill = "engine" if plan is None else self._fill(plan)
+            if fill == "engine":
+                # the backend chose the engine on measurements: no share threshold
+                floor = None if plan is None else 0.0
+                sp = self.sampling_params(tokens, params, strategy, min_reused=floor)
+                out, ttft, wall = self._run(tokens.ids, sp, on_token)
+                info = self.transfer_report(sp, out)
+                # vLLM computed what it had not cached (its prefix cache + the connector's
+                # span); the connector's engine computed `computed_tokens` more (the last
+                # token counted twice)
+                computed = tokens.num_tokens - int(out.num_cached_tokens or 0)
+                computed = min(tokens.num_tokens, computed + int(info.get("computed_tokens", 0)))
+            else:
+                assert plan is not None
+                out, ttft, wall, info = self._run_staged(tokens, params, strategy, plan, on_token)
+                computed = int(info["vllm_computed_tokens"])
+            if plan is not None and plan.num_reused > 0 and self.config.fill == "auto":
+                self.chooser.observe(fill, ttft * 1e3, computed)
+            info["fill"] = fill
         comp = out.outputs[0]
         ids = self._token_ids(comp.token_ids)[: params.max_new_tokens]
         finish = "stop" if comp.finish_reason == "stop" else "length"
-        info = self.transfer_report(sp, out)
-        # vLLM computed what it had not cached (its prefix cache + the connector's span); the
-        # connector's engine computed `computed_tokens` more (the last token counted twice)
-        cached = int(out.num_cached_tokens or 0)
-        computed = min(
-            tokens.num_tokens, tokens.num_tokens - cached + int(info.get("computed_tokens", 0))
-        )
         decode_s = wall - ttft
         stats = TurnStats(
             self.report_strategy(strategy),
@@ -207,6 +283,53 @@ class VLLMBackend:
         text = _cut_at_stop(self.tokenizer.decode(ids), params.stop)
         return Generation(text, ids, finish, self._first_logits(comp.logprobs), stats)
 
+    def _fill(self, plan: StagePlan) -> str:
+        """Who computes a positional strategy's tokens this turn (config.FILL_MODES)."""
+        if self.config.fill == "vllm" or plan.num_reused == 0:
+            return "vllm"  # nothing to reuse: vLLM computes the prompt either way
+        return self.chooser.choose(plan.num_computed, plan.requested)
+
+    def _run_staged(
+        self,
+        tokens: TokenizedPrompt,
+        params: GenerationParams,
+        strategy: str | None,
+        plan: StagePlan,
+        on_token: Callable[[int], None] | None,
+    ) -> tuple[Any, float, float, dict[str, Any]]:
+        """A turn as a staged prefill (stages.py): one one-token request per stage but the
+        last, then the turn's own request. `ttft_s` runs from the first stage's submission."""
+        t0 = time.perf_counter()
+        reports, computed = [], 0
+        for stage in plan.stages[:-1]:
+            sp = self._stage_params(tokens, stage)
+            out, _, _ = self._run(tokens.ids[: stage.prompt_len], sp, None)
+            reports.append(self.transfer_report(sp, out))
+            computed += stage.prompt_len - int(out.num_cached_tokens or 0)
+        sp = self.sampling_params(tokens, params, strategy, plan.stages[-1])
+        out, ttft, wall = self._run(tokens.ids, sp, on_token, t0)
+        reports.append(self.transfer_report(sp, out))
+        computed += tokens.num_tokens - int(out.num_cached_tokens or 0)
+        info: dict[str, Any] = {}
+        for report in reports:
+            merge_counts(info, report)
+        info |= {"mode": "staged", "vllm_cached_tokens": reports[0].get("vllm_cached_tokens", 0)}
+        info |= {"stages": len(plan.stages), "vllm_computed_tokens": computed}
+        info |= {"planned_computed_tokens": plan.num_computed}
+        self.last_transfer = info
+        return out, ttft, wall, info
+
+    def _stage_params(self, tokens: TokenizedPrompt, stage: Stage) -> Any:
+        """A stage before the last: the prompt's first `stage.prompt_len` tokens, one token out
+        (discarded), its run claimed, nothing stored (the last stage stores the turn)."""
+        from vllm import SamplingParams
+
+        spec = RequestSpec.from_prompt(tokens, None).clipped(stage.prompt_len)
+        spec = replace(spec, stage=stage.claim or (0, 0), save=False)
+        params = spec.with_report(uuid.uuid4().hex).to_params()
+        return SamplingParams(temperature=0.0, max_tokens=1,
+                              extra_args={"kv_transfer_params": params})  # fmt: skip
+
     def report_strategy(self, strategy: str | None) -> str:
         """The strategy a turn's stats name: the connector's, or for the baselines the
         embedded strategy doing the same (`full`: no reuse; `prefix`: exact prefix blocks)."""
@@ -215,17 +338,21 @@ class VLLMBackend:
         return "full" if self.config.reuse == "none" else "prefix"
 
     def _run(
-        self, tokens: TokenizedPrompt, sp: Any, on_token: Callable[[int], None] | None
+        self,
+        ids: Sequence[int],
+        sp: Any,
+        on_token: Callable[[int], None] | None,
+        t0: float | None = None,
     ) -> tuple[Any, float, float]:
         """Drive vLLM's engine until the request finishes; returns (final output, seconds to
-        the first token, seconds in all). A raising `on_token` (the client went away) aborts
-        the request, so the engine is left clean for the next one."""
+        the first token, seconds in all), both from `t0` (default: now). A raising `on_token`
+        (the client went away) aborts the request, so the engine is left clean for the next."""
         engine = self.llm.llm_engine
         rid = f"agentcache-{uuid.uuid4().hex}"
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if t0 is None else t0
         ttft: float | None = None
         sent = 0
-        engine.add_request(rid, {"prompt_token_ids": list(tokens.ids)}, sp)
+        engine.add_request(rid, {"prompt_token_ids": list(ids)}, sp)
         try:
             while True:
                 for out in engine.step():

@@ -6,6 +6,7 @@ for agentcache an empty segment folder) over the same turns:
     none              vLLM without any reuse: the fidelity reference
     prefix            vLLM's automatic prefix caching alone (the baseline)
     agentcache:NAME   vLLM's prefix caching + agentcache's connector, reuse strategy NAME
+                      (`agentcache-vllm:NAME`, `agentcache-engine:NAME`: with that `fill`)
 
 Per turn: TTFT = time from submitting a one-token request to its first token (what
 `VLLMBackend.generate` measures around vLLM's engine steps), the first token and the top-5
@@ -32,8 +33,10 @@ from agentcache.bench.workload import Session, parse_session
 TURN_PREFIX = "TURN "
 
 
-def _configs(strategies: list[str]) -> list[str]:
-    return ["none", "prefix"] + [f"agentcache:{s}" for s in strategies]
+def _configs(strategies: list[str], fills: list[str] | None = None) -> list[str]:
+    """Configuration names; a fill other than auto is part of the name."""
+    labels = ["agentcache" if f == "auto" else f"agentcache-{f}" for f in fills or ["auto"]]
+    return ["none", "prefix"] + [f"{label}:{s}" for label in labels for s in strategies]
 
 
 def run_config(config: str, sessions_file: Path, out_file: Path, store_dir: str) -> None:
@@ -42,13 +45,14 @@ def run_config(config: str, sessions_file: Path, out_file: Path, store_dir: str)
     from agentcache.runtime.engine import GenerationParams
 
     reuse, _, strategy = config.partition(":")
+    reuse, _, fill = reuse.partition("-")
     sessions = [
         parse_session(json.loads(line), f"s{i}", "")
         for i, line in enumerate(sessions_file.read_text().splitlines())
     ]
     options: dict[str, Any] = {"reuse": reuse, "store_dir": store_dir, "logprobs": 5}
     if strategy:
-        options["strategy"] = strategy
+        options |= {"strategy": strategy, "fill": fill or "auto"}
     t0 = time.perf_counter()
     backend = VLLMBackend(VLLMConfig(**options))
     startup = time.perf_counter() - t0
@@ -68,6 +72,10 @@ def run_config(config: str, sessions_file: Path, out_file: Path, store_dir: str)
                 "claimed_tokens": int(info.get("claimed_tokens", 0)),
                 "engine_reused_tokens": int(info.get("reused_tokens", 0)),
                 "engine_computed_tokens": int(info.get("computed_tokens", 0)),
+                "vllm_computed_tokens": g.stats.recomputed_tokens - int(
+                    info.get("computed_tokens", 0)),
+                "stages": int(info.get("stages", 1)),
+                "fill": str(info.get("fill", "")),
                 "fill_ms": float(info.get("fill_ms", 0.0)),
                 "fallbacks": int(info.get("fallbacks", 0)),
             })  # fmt: skip
@@ -81,6 +89,7 @@ def run_all(
     out: Path,
     advance: Callable[[str], None],
     threads: int | None = None,
+    fills: list[str] | None = None,
 ) -> dict[str, Any]:
     """Every configuration in its own process; returns the merged results (also written).
     `threads` sets the engine processes' OpenMP threads (`OMP_NUM_THREADS`, which vLLM
@@ -91,9 +100,9 @@ def run_all(
     sessions_file = work / "sessions.jsonl"
     sessions_file.write_text("\n".join(json.dumps(_session_json(s)) for s in sessions))
     runs: dict[str, Any] = {}
-    for config in _configs(strategies):
-        result = work / f"{config.replace(':', '_')}.json"
-        store = work / f"store-{config.replace(':', '_')}"
+    for i, config in enumerate(_configs(strategies, fills)):
+        name = f"{i}-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in config)
+        result, store = work / f"{name}.json", work / f"store-{name}"
         args = [sys.executable, "-m", "agentcache.engines.vllm.bench", config,
                 str(sessions_file), str(result), str(store)]  # fmt: skip
         with subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env) as proc:

@@ -7,13 +7,17 @@ from pathlib import Path
 from typing import Any
 
 from agentcache.model.loading import default_cache_dir
-from agentcache.reuse import DEFAULT_STRATEGY, STRATEGIES
+from agentcache.reuse import DEFAULT_STRATEGY, StrategySpec
 
 CONNECTOR_CLASS = "AgentCacheConnector"
 CONNECTOR_MODULE = "agentcache.engines.vllm.connector"
 GiB = 1 << 30
 # what a VLLMBackend reuses: vLLM's prefix cache + the connector, the prefix cache alone, nothing
 REUSE_MODES = ("agentcache", "prefix", "none")
+# who computes the tokens of a segment request that reuse cannot supply: vLLM, in a staged
+# prefill (positional strategies: stages.py); agentcache's engine inside the worker (the
+# filler, any strategy); or, with auto, vLLM where the strategy allows it
+FILL_MODES = ("auto", "vllm", "engine")
 
 
 @dataclass(frozen=True)
@@ -23,7 +27,10 @@ class ConnectorSettings:
     store_dir: the shared segment folder (every engine that should share KV points here);
     store_bytes: the in-memory tier in front of it; segments: serve segment spans with a reuse
     strategy (False: exact prefix blocks only); strategy: the default one for segment requests;
-    model_name: the name model ids are built from (the folder's name by default).
+    model_name: the name model ids are built from (the folder's name by default);
+    fill: who computes a segment request's other tokens (FILL_MODES): with "vllm" the
+    connector never runs agentcache's engine (no second copy of the weights), so it needs
+    no float32 and serves segment spans through staged prefills only.
     """
 
     store_dir: str = str(default_cache_dir() / "vllm-store")
@@ -34,9 +41,12 @@ class ConnectorSettings:
     # claim a span only when stored segments cover this share of it: the filler computes
     # the rest on agentcache's engine, slower per token than vLLM's kernels (docs/vllm.md)
     min_reused_fraction: float = 0.5
+    fill: str = "auto"
 
     def __post_init__(self) -> None:
-        STRATEGIES.get(self.strategy)  # unknown names list the known ones
+        StrategySpec.parse(self.strategy)  # unknown names list the known ones
+        if self.fill not in FILL_MODES:
+            raise ValueError(f"fill must be one of {FILL_MODES}, got {self.fill!r}")
         if not 0.0 <= self.min_reused_fraction <= 1.0:
             raise ValueError("min_reused_fraction must be in [0, 1]")
         if self.store_bytes < 0:

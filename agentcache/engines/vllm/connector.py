@@ -7,14 +7,16 @@ kv_connector_module_path="agentcache.engines.vllm.connector", kv_role="kv_both",
 Scheduler side (one instance in the scheduler process):
     get_num_new_matched_tokens  prefix mode: stored blocks after vLLM's own hit; segment mode:
                                 the whole span up to the last prompt token if a reusable
-                                segment in it is stored (plan.py)
+                                segment in it is stored (plan.py); a stage of a staged
+                                prefill: the rest of its run of stored KV (stages.py)
     update_state_after_alloc    remembers the claimed span for the next step's metadata
     build_connector_meta        per request scheduled this step: span to load, and whether
                                 its prefill completes this step (then its KV is saved)
     request_finished            returns what the connector did in kv_transfer_params
 Worker side (one instance per worker):
     register_kv_caches          checks the layout (CPU / split-last) or refuses loudly
-    start_load_kv               loads prefix blocks, or runs the segment filler, synchronously
+    start_load_kv               loads prefix blocks or a staged run's stored KV, or runs the
+                                segment filler, synchronously
     wait_for_save               after the forward: stores blocks / segments from the pages
 Loads are synchronous (the step waits for them); saves happen after the forward pass, before
 the pages can be reused.
@@ -43,16 +45,18 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
 
 from agentcache.engines.vllm import UnsupportedKVLayoutError  # noqa: E402
 from agentcache.engines.vllm.config import ConnectorSettings  # noqa: E402
-from agentcache.engines.vllm.identity import model_identity  # noqa: E402
+from agentcache.engines.vllm.identity import model_identity, store_model_id  # noqa: E402
 from agentcache.engines.vllm.layout import KVShape, layout_for  # noqa: E402
 from agentcache.engines.vllm.plan import (  # noqa: E402
     RequestSpec,
     claim_prefix,
     claim_segments,
+    claim_stage,
     unclaimed_segments,
 )
 from agentcache.engines.vllm.storage import (  # noqa: E402
     FolderSegmentStore,
+    merge_counts,
     write_report,
 )
 from agentcache.engines.vllm.transfer import (  # noqa: E402
@@ -60,10 +64,12 @@ from agentcache.engines.vllm.transfer import (  # noqa: E402
     PrefixTransfer,
     RequestStats,
     SegmentFiller,
+    StoredRunLoader,
     layer_order,
     save_segments,
 )
 from agentcache.errors import PromptError  # noqa: E402
+from agentcache.model.rope import RotaryEmbedding  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -100,20 +106,8 @@ class AgentCacheWorkerMetadata(KVConnectorWorkerMetadata):
         assert isinstance(other, AgentCacheWorkerMetadata)
         merged = {k: dict(v) for k, v in self.stats.items()}
         for req_id, s in other.stats.items():
-            merge_stats(merged.setdefault(req_id, {}), s)
+            merge_counts(merged.setdefault(req_id, {}), s)
         return AgentCacheWorkerMetadata(merged)
-
-
-def merge_stats(into: dict[str, Any], more: dict[str, Any]) -> None:
-    """Add counters, concatenate lists, keep the latest of anything else."""
-    for key, value in more.items():
-        old = into.get(key)
-        if isinstance(value, int | float) and isinstance(old, int | float):
-            into[key] = old + value
-        elif isinstance(value, list) and isinstance(old, list):
-            into[key] = [*old, *value]
-        else:
-            into[key] = value
 
 
 @dataclass
@@ -140,14 +134,15 @@ class AgentCacheConnector(KVConnectorBase_V1):
         model_config = vllm_config.model_config
         self.model_folder = Path(model_config.model)
         self.dtype: torch.dtype = model_config.dtype
-        if self.settings.segments and self.dtype != torch.float32:
+        self.runs_engine = self.settings.segments and self.settings.fill != "vllm"
+        if self.runs_engine and self.dtype != torch.float32:
             raise UnsupportedKVLayoutError(
-                f"segment reuse runs agentcache's float32 engine; start vLLM with "
-                f"dtype='float32' (got {self.dtype}) or turn segment reuse off"
+                f"segment reuse with agentcache's engine runs it in float32; start vLLM with "
+                f"dtype='float32' (got {self.dtype}), or set fill='vllm' (staged prefills, "
+                "vLLM computes every token), or turn segment reuse off"
             )
         ident = model_identity(self.model_folder, self.settings.model_name)
-        suffix = "" if self.dtype == torch.float32 else f"@{str(self.dtype).removeprefix('torch.')}"
-        self.model_id = ident.model_id + suffix
+        self.model_id = store_model_id(ident.model_id, self.dtype)
         self.tokenizer_id = ident.tokenizer_id
         self.num_layers = ident.num_layers
         self.store = FolderSegmentStore(Path(self.settings.store_dir), self.settings.store_bytes)
@@ -161,9 +156,12 @@ class AgentCacheConnector(KVConnectorBase_V1):
         self._rejected: dict[str, str] = {}  # request -> why its segment spec was refused
         # request -> (segments vLLM computed though reusable, why), when nothing was claimed
         self._unclaimed: dict[str, tuple[list[list[Any]], str | None]] = {}
+        # request -> why its staged run was not claimed
+        self._stage_declined: dict[str, str] = {}
         # worker side
         self._paged: PagedKV | None = None
         self._filler: SegmentFiller | None = None
+        self._runs: StoredRunLoader | None = None
         self._step_stats: dict[str, RequestStats] = {}
         self._failed_blocks: set[int] = set()
         self._reports: dict[str, str] = {}  # request -> report file name
@@ -189,14 +187,25 @@ class AgentCacheConnector(KVConnectorBase_V1):
     ) -> tuple[int | None, bool]:
         ids = list(request.prompt_token_ids or [])
         spec = self._spec(request)
-        if spec.mode == "segments" and self.settings.segments:
 
-            def present(cid: str) -> bool:
-                return self.store.contains_content(self.model_id, self.tokenizer_id, cid)
+        def present(cid: str) -> bool:
+            return self.store.contains_content(self.model_id, self.tokenizer_id, cid)
 
-            n = claim_segments(
-                spec, ids, num_computed_tokens, present, self.settings.min_reused_fraction
+        if spec.mode == "staged" and self.settings.segments:
+            n, declined = claim_stage(spec, ids, num_computed_tokens, present)
+            if declined is not None:
+                self._stage_declined[request.request_id] = declined
+        elif spec.mode == "segments" and self.settings.segments and not self.runs_engine:
+            n = 0  # nothing here computes the span's other tokens: vLLM computes it all
+            self._stage_declined[request.request_id] = (
+                "the connector runs with fill='vllm' and serves segment spans through staged "
+                "prefills only (VLLMBackend sends them): vLLM computed the span"
             )
+        elif spec.mode == "segments" and self.settings.segments:
+            floor = (
+                self.settings.min_reused_fraction if spec.min_reused is None else spec.min_reused
+            )
+            n = claim_segments(spec, ids, num_computed_tokens, present, floor)
             if n == 0:  # vLLM computes the segments after its own hit: say why
                 self._unclaimed[request.request_id] = unclaimed_segments(
                     spec, ids, num_computed_tokens, present
@@ -252,6 +261,7 @@ class AgentCacheConnector(KVConnectorBase_V1):
         # a claimed span counts as computed before the step's forward pass
         if load is not None:
             save = not live.saved and load[1] + scheduled >= prompt_len
+        save = save and live.spec.save  # a staged prefill stores at its last stage only
         if load is None and not save:
             return
         live.saved = live.saved or save
@@ -264,7 +274,7 @@ class AgentCacheConnector(KVConnectorBase_V1):
         worker = connector_output.kv_connector_worker_meta
         if isinstance(worker, AgentCacheWorkerMetadata):
             for req_id, s in worker.stats.items():
-                merge_stats(self._finished_stats.setdefault(req_id, {}), s)
+                merge_counts(self._finished_stats.setdefault(req_id, {}), s)
 
     def request_finished(
         self, request: Request, block_ids: list[int]
@@ -280,7 +290,8 @@ class AgentCacheConnector(KVConnectorBase_V1):
         # the scheduler's own findings, under keys of their own: the worker's report file
         # (merged over these by VLLMBackend) carries the worker's misses and fallbacks
         misses, declined = self._unclaimed.pop(req_id, ([], None))
-        reasons = [r for r in (self._rejected.pop(req_id, None), declined) if r is not None]
+        found = (self._rejected.pop(req_id, None), declined, self._stage_declined.pop(req_id, None))
+        reasons = [r for r in found if r is not None]
         stats["scheduler_misses"] = misses
         stats["scheduler_fallback_reasons"] = reasons
         return False, {"agentcache": stats}
@@ -319,8 +330,20 @@ class AgentCacheConnector(KVConnectorBase_V1):
             cpu_isa=isa,
         )
         self._paged = PagedKV([kv_caches[n] for n in names], layout)
-        if self.settings.segments:  # load the filler's weights now, not in a request's TTFT
+        if self.settings.segments:
+            self._runs = StoredRunLoader(
+                self.store, self.model_id, self.tokenizer_id, self._rope(shape.head_size)
+            )
+        if self.runs_engine:  # load the filler's weights now, not in a request's TTFT
             self._segment_filler()
+
+    def _rope(self, head_dim: int) -> RotaryEmbedding:
+        """The model's own rotary embedding (config only, no weights), for re-rotation."""
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(self.model_folder)
+        max_len = int(self._vllm_config.model_config.max_model_len)
+        return RotaryEmbedding.from_hf_config(hf_config, head_dim, max_len)
 
     def _segment_filler(self) -> SegmentFiller:
         if self._filler is None:
@@ -350,7 +373,14 @@ class AgentCacheConnector(KVConnectorBase_V1):
             stats = self._step_stats.setdefault(work.req_id, RequestStats(work.spec.mode))
             stats.claimed_tokens += end - start
             t0 = time.perf_counter()
-            if work.spec.mode == "segments":
+            if work.spec.mode == "staged":
+                assert self._runs is not None
+                run = self._runs.fill(paged, work.spec, work.token_ids, work.block_ids, start, end)
+                stats.reused_tokens += run.reused_tokens
+                stats.load_failures += len(run.failed_blocks)
+                stats.misses += run.misses
+                self._failed_blocks.update(run.failed_blocks)
+            elif work.spec.mode == "segments":
                 rs = self._segment_filler().fill(
                     paged, work.spec, work.token_ids, work.block_ids, start, end
                 )
@@ -383,7 +413,7 @@ class AgentCacheConnector(KVConnectorBase_V1):
             if not work.save or paged is None:
                 continue
             stats = self._step_stats.setdefault(work.req_id, RequestStats(work.spec.mode))
-            if work.spec.mode == "segments":
+            if work.spec.mode in ("segments", "staged"):
                 stats.stored_entries += save_segments(
                     self.store, self.model_id, self.tokenizer_id, paged, work.spec,
                     work.token_ids, work.block_ids,

@@ -62,3 +62,9 @@ def model_identity(folder: Path, name: str | None = None) -> ModelIdentity:
     tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(folder), label)
     model_id = f"{label}#{_weights_fingerprint(folder, num_layers)}"
     return ModelIdentity(model_id, tokenizer.tokenizer_id, num_layers)
+
+
+def store_model_id(model_id: str, dtype: torch.dtype) -> str:
+    """The model id vLLM's KV is stored under: float32 KV is the embedded engine's own (the
+    two share entries); KV of another dtype carries it, so it never mixes with float32."""
+    return model_id if dtype == torch.float32 else f"{model_id}@{str(dtype).removeprefix('torch.')}"

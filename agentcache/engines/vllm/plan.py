@@ -15,7 +15,7 @@ Two modes, chosen per request:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agentcache.errors import PromptError
@@ -44,22 +44,38 @@ class SegmentSpan:
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """What a request asks of the connector: segment spans and a strategy, or nothing."""
+    """What a request asks of the connector: segment spans and a strategy, or nothing.
+
+    A request of a staged prefill (`stages.py`) carries `stage`, the run of stored KV it may
+    claim, instead of a strategy; only the last stage of a prompt stores (`save`).
+    `min_reused` overrides the connector's `min_reused_fraction` for this request (the backend
+    sets 0 when it has measured that the engine fill is the faster)."""
 
     spans: tuple[SegmentSpan, ...] = ()
     strategy: str | None = None
     report: str | None = None  # name of the worker's report file for this request
+    stage: tuple[int, int] | None = None
+    save: bool = True
+    min_reused: float | None = None
 
     def with_report(self, report: str) -> RequestSpec:
-        return RequestSpec(self.spans, self.strategy, report)
+        return replace(self, report=report)
 
     @property
     def mode(self) -> str:
-        return "segments" if self.spans else "prefix"
+        if not self.spans:
+            return "prefix"
+        return "segments" if self.stage is None else "staged"
 
     def to_params(self) -> dict[str, Any]:
         spans = [[s.kind.value, s.start, s.end, s.id, s.scope] for s in self.spans]
-        return {PARAMS_KEY: {"segments": spans, "strategy": self.strategy, "report": self.report}}
+        body: dict[str, Any] = {"segments": spans, "strategy": self.strategy}
+        body |= {"report": self.report, "save": self.save}
+        if self.stage is not None:
+            body["stage"] = list(self.stage)
+        if self.min_reused is not None:
+            body["min_reused"] = self.min_reused
+        return {PARAMS_KEY: body}
 
     @classmethod
     def from_prompt(cls, prompt: TokenizedPrompt, strategy: str | None) -> RequestSpec:
@@ -95,7 +111,28 @@ class RequestSpec:
         strategy, report = body.get("strategy"), body.get("report")
         if report is not None and not str(report).isalnum():
             raise PromptError(f"report name {report!r} must be alphanumeric")
-        return cls(tuple(spans), str(strategy) if strategy else None, report and str(report))
+        stage = _stage(body.get("stage"), num_tokens) if spans else None
+        save = body.get("save", True)
+        if not isinstance(save, bool):
+            raise PromptError(f"save must be true or false, got {save!r}")
+        min_reused = body.get("min_reused")
+        if min_reused is not None and (
+            isinstance(min_reused, bool)
+            or not isinstance(min_reused, int | float)
+            or not 0 <= min_reused <= 1
+        ):
+            raise PromptError(f"min_reused must be a number in [0, 1], got {min_reused!r}")
+        return cls(
+            tuple(spans), str(strategy) if strategy else None, report and str(report), stage,
+            save, None if min_reused is None else float(min_reused),
+        )  # fmt: skip
+
+    def clipped(self, num_tokens: int) -> RequestSpec:
+        """The spans of the prompt's first `num_tokens` tokens (the last one cut there)."""
+        spans = tuple(
+            replace(s, end=min(s.end, num_tokens)) for s in self.spans if s.start < num_tokens
+        )
+        return replace(self, spans=spans)
 
     def tokenized(self, token_ids: Sequence[int]) -> TokenizedPrompt:
         """The prompt as agentcache's engine sees it (texts are not needed for reuse)."""
@@ -106,6 +143,20 @@ class RequestSpec:
             for s in self.spans
         )
         return TokenizedPrompt(segs, tuple(token_ids))
+
+
+def _stage(raw: Any, num_tokens: int) -> tuple[int, int] | None:
+    if raw is None:
+        return None
+    ok = isinstance(raw, list | tuple) and len(raw) == 2
+    if not ok or not all(isinstance(x, int) and not isinstance(x, bool) for x in raw):
+        raise PromptError(f"stage {raw!r} is not [start, end]")
+    start, end = raw
+    if not 0 <= start <= end < num_tokens:  # [0, 0): a stage that claims nothing
+        raise PromptError(
+            f"stage claim [{start}, {end}) must lie before the last of the {num_tokens} tokens"
+        )
+    return start, end
 
 
 def prefix_chunk_ids(token_ids: Sequence[int], block_size: int) -> list[str]:
@@ -185,3 +236,29 @@ def unclaimed_segments(
             f"[{num_computed}, {last}) to claim them (min_reused_fraction): vLLM computed them"
         )
     return misses, reason
+
+
+def claim_stage(
+    spec: RequestSpec, token_ids: Sequence[int], num_computed: int, present: Callable[[str], bool]
+) -> tuple[int, str | None]:
+    """What a stage of a staged prefill claims after vLLM's hit of `num_computed` tokens: the
+    rest of its run [a, b) when the hit reaches the run and every segment of it is stored;
+    otherwise nothing, and (when the run was not already covered) why vLLM computes it."""
+    assert spec.stage is not None
+    start, end = spec.stage
+    if num_computed >= end:
+        return 0, None  # vLLM's own cache holds the run already
+    if num_computed < start:
+        return 0, (
+            f"vLLM's prefix cache held {num_computed} tokens where the staged prefill expected "
+            f"{start} (evicted?): vLLM computed tokens [{num_computed}, {len(token_ids)})"
+        )
+    for s in spec.spans:
+        if s.end <= num_computed or s.start >= end:
+            continue
+        if s.kind not in REUSABLE or not present(s.content_id(token_ids)):
+            return 0, (
+                f"segment {s.id or f'@{s.start}'} of the staged run [{start}, {end}) is not "
+                "stored any more: vLLM computed it"
+            )
+    return end - num_computed, None

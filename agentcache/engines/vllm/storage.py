@@ -10,6 +10,11 @@ ids), so a file named by that key is the simplest shared tier. Each file is
 written to a temporary name and renamed, so a reader never sees half a file. A file whose
 digest does not match its bytes is a miss (`MissReason.CHECKSUM`), counted, and never served.
 The memory tier in front is the ordinary byte-bounded `SegmentStore` with its eviction policy.
+
+Next to each entry, `<key>.meta` (JSON: the context it was computed after and its positions)
+lets a process plan a prompt without reading the KV (`meta`): a staged prefill decides which
+tokens vLLM computes from it (`stages.py`). It is a hint: the KV file stays the truth, and a
+missing or unreadable meta file only makes the plan assume the least (not exact, no span).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import io
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +33,14 @@ import torch
 from agentcache.kv.store import Lookup, MissReason, SegmentKey, SegmentStore, StoredKV, _digest
 
 _DIGEST = 32
+
+
+@dataclass(frozen=True)
+class StoredMeta:
+    """What a plan needs to know of a stored segment, read without its KV."""
+
+    context_id: str | None
+    positions: torch.Tensor | None  # None: unknown (no readable meta file)
 
 
 class FolderSegmentStore(SegmentStore):
@@ -64,6 +78,27 @@ class FolderSegmentStore(SegmentStore):
         super().put_content(cid, kv)
         return Lookup(kv, None)
 
+    def meta(self, model_id: str, tokenizer_id: str, cid: str) -> StoredMeta | None:
+        """The stored segment's context and positions (None: not stored)."""
+        key = SegmentKey(_digest(model_id, tokenizer_id, cid))
+        with self._lock:
+            kv = self._entries.get(key)
+        if kv is not None:
+            return StoredMeta(kv.context_id, kv.positions)
+        path = self._path(model_id, tokenizer_id, cid)
+        if not path.is_file():
+            return None
+        try:
+            raw = json.loads(path.with_suffix(".meta").read_text(encoding="utf-8"))
+            start, n = int(raw["start"]), int(raw["num_tokens"])
+            listed = raw.get("positions")
+            positions = torch.arange(start, start + n) if listed is None else torch.tensor(listed)
+            if len(positions) != n:
+                raise ValueError("positions do not match num_tokens")
+            return StoredMeta(raw["context_id"] or None, positions)
+        except (OSError, ValueError, KeyError, TypeError):
+            return StoredMeta(None, None)
+
     def contains_content(self, model_id: str, tokenizer_id: str, cid: str) -> bool:
         return super().contains_content(model_id, tokenizer_id, cid) or (
             self._path(model_id, tokenizer_id, cid).is_file()
@@ -96,6 +131,7 @@ class FolderSegmentStore(SegmentStore):
             Path(tmp).unlink(missing_ok=True)
             raise
         self.folder_writes += 1
+        _write_atomic(path.with_suffix(".meta"), json.dumps(_meta_json(kv)).encode())
 
     @staticmethod
     def _read(path: Path) -> StoredKV | None:
@@ -118,6 +154,39 @@ class FolderSegmentStore(SegmentStore):
             return None
 
 
+def _meta_json(kv: StoredKV) -> dict[str, Any]:
+    n = kv.num_tokens
+    start = int(kv.positions[0]) if n else 0
+    natural = bool(torch.equal(kv.positions, torch.arange(start, start + n)))
+    meta: dict[str, Any] = {"num_tokens": n, "start": start, "context_id": kv.context_id or ""}
+    if not natural:
+        meta["positions"] = kv.positions.tolist()
+    return meta
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def merge_counts(into: dict[str, Any], more: dict[str, Any]) -> None:
+    """Add counters, concatenate lists, keep the latest of anything else."""
+    for key, value in more.items():
+        old = into.get(key)
+        if isinstance(value, int | float) and isinstance(old, int | float):
+            into[key] = old + value
+        elif isinstance(value, list) and isinstance(old, list):
+            into[key] = [*old, *value]
+        else:
+            into[key] = value
+
+
 def write_report(folder: Path, name: str, stats: dict[str, Any]) -> None:
     """Add a request's worker-side counters to `folder/reports/name.json` (atomic rename).
 
@@ -127,14 +196,7 @@ def write_report(folder: Path, name: str, stats: dict[str, Any]) -> None:
     path = folder / "reports" / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     merged = read_report(folder, name, remove=False)
-    for key, value in stats.items():
-        old = merged.get(key)
-        if isinstance(value, int | float) and isinstance(old, int | float):
-            merged[key] = old + value
-        elif isinstance(value, list) and isinstance(old, list):
-            merged[key] = [*old, *value]
-        else:
-            merged[key] = value
+    merge_counts(merged, stats)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     with os.fdopen(fd, "w") as f:
         json.dump(merged, f)

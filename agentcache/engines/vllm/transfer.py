@@ -4,6 +4,7 @@
     PrefixTransfer  exact prefix blocks: paged KV <-> store entries keyed by chained block ids
     SegmentFiller   shifted fixed segments: runs an agentcache reuse strategy on the same
                     weights and writes the KV of the claimed span into vLLM's pages
+    StoredRunLoader a staged prefill's run (stages.py): stored KV only, keys re-rotated
     save_segments   stores every segment of a finished prefill not stored yet, from the pages
 
 Who computes what in segment mode (span = [num_computed, last prompt token)):
@@ -34,8 +35,10 @@ from agentcache.engines.vllm.plan import (
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
 from agentcache.kv.store import SegmentStore, StoredKV
 from agentcache.model.loading import LoadedModel
-from agentcache.reuse.base import STRATEGIES, ReuseContext, ReuseStats, ReuseStrategy
+from agentcache.model.rope import RotaryEmbedding
+from agentcache.reuse.base import ReuseContext, ReuseStats, ReuseStrategy
 from agentcache.reuse.segments import context_ids
+from agentcache.reuse.spec import StrategySpec
 
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
 
@@ -181,14 +184,15 @@ class SegmentFiller:
         pool = PagePool(PoolConfig(c.num_layers, c.num_kv_heads, c.head_dim, pages, 16))
         self.ctx = ReuseContext(model, store, pool)
         self.default_strategy = default_strategy
-        STRATEGIES.get(default_strategy)
+        StrategySpec.parse(default_strategy)
         self._strategies: dict[str, ReuseStrategy] = {}
 
-    def strategy(self, name: str | None) -> ReuseStrategy:
-        name = name or self.default_strategy
-        if name not in self._strategies:
-            self._strategies[name] = STRATEGIES.get(name)()
-        return self._strategies[name]
+    def strategy(self, spec: str | None) -> ReuseStrategy:
+        """The strategy of a spec (`name` or `name:key=value...`), one instance per spec."""
+        spec = spec or self.default_strategy
+        if spec not in self._strategies:
+            self._strategies[spec] = StrategySpec.parse(spec).build()
+        return self._strategies[spec]
 
     def fill(
         self,
@@ -210,3 +214,59 @@ class SegmentFiller:
         finally:
             seq.free()
         return pre.stats
+
+
+@dataclass
+class RunFill:
+    """What loading a staged prefill's run did."""
+
+    reused_tokens: int = 0
+    failed_blocks: set[int] = field(default_factory=set)  # vLLM recomputes these
+    misses: list[list[Any]] = field(default_factory=list)  # [segment id, kind, tokens, reason]
+
+
+class StoredRunLoader:
+    """Fills a staged prefill's claimed run with stored KV, keys re-rotated to the positions
+    the run's tokens have now. Nothing is computed here (vLLM computes the rest)."""
+
+    def __init__(
+        self, store: SegmentStore, model_id: str, tokenizer_id: str, rope: RotaryEmbedding
+    ) -> None:
+        self.store = store
+        self.model_id = model_id
+        self.tokenizer_id = tokenizer_id
+        self.rope = rope
+
+    def fill(
+        self,
+        kv: PagedKV,
+        spec: RequestSpec,
+        token_ids: Sequence[int],
+        block_ids: Sequence[int],
+        start: int,
+        end: int,
+    ) -> RunFill:
+        """Write tokens [start, end) from the stored segments covering them. A segment that
+        is gone or fails its checksum leaves its blocks to vLLM (reported as load errors)."""
+        out = RunFill()
+        bs = kv.block_size
+        for s in spec.spans:
+            lo, hi = max(start, s.start), min(end, s.end)
+            if lo >= hi:
+                continue
+            found = self.store.lookup_content(
+                self.model_id, self.tokenizer_id, s.content_id(token_ids)
+            )
+            if found.kv is None or found.kv.num_tokens < hi - s.start:
+                reason = str(found.miss or "other")
+                out.misses.append([s.id, s.kind.value, s.end - s.start, reason])
+                out.failed_blocks.update(block_ids[b] for b in range(lo // bs, (hi - 1) // bs + 1))
+                continue
+            a, b = lo - s.start, hi - s.start
+            keys, values = found.kv.keys[:, a:b], found.kv.values[:, a:b]
+            old, new = found.kv.positions[a:b], torch.arange(lo, hi)
+            if not torch.equal(old, new):
+                keys = self.rope.rerotate(keys, old, new)
+            kv.write(block_ids, lo, hi, keys, values)
+            out.reused_tokens += hi - lo
+        return out
