@@ -25,7 +25,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help=about, description=about)
     p.add_argument("workloads", nargs="+", type=Path, help="JSON Lines workload files")
     p.add_argument(
-        "--strategies", default=ALL, help=f"comma list, name or name:key=value (default {ALL})"
+        "--strategies",
+        default=ALL,
+        help=f"comma list, name or name:key=value (default {ALL}); with --backend vllm, "
+        "name@vllm or name@engine sets who computes what reuse cannot supply",
     )
     p.add_argument("--sweep", action="store_true", help="add budget sweeps (rho, tau, r, k)")
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
@@ -39,13 +42,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         choices=("embedded", "vllm"),
         default="embedded",
         help="vllm: vLLM + agentcache's connector vs vLLM prefix caching (see docs/vllm.md)",
-    )
-    p.add_argument(
-        "--vllm-fill",
-        default="auto",
-        help="with --backend vllm: who computes what reuse cannot supply, a comma list of "
-        "auto, vllm (staged prefills), engine (agentcache's engine in the worker); each "
-        "strategy runs under each (default auto)",
     )
     p.add_argument("--cope", action="store_true", help="run the model's trained CoPE adapter")
     return p

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from agentcache.engines.vllm.bench import _configs, plot, report_markdown, summarize
-from agentcache.engines.vllm.cli import vllm_fills, vllm_strategies
+from agentcache.engines.vllm.cli import vllm_strategies
 
 
 def _run(config: str, ttfts: list[float], tokens: list[int]) -> dict[str, object]:
@@ -48,11 +48,11 @@ def test_vllm_strategies() -> None:
         vllm_strategies("rpdc:nope=1", default_list=False)
 
 
-def test_vllm_fills_name_configurations() -> None:
-    assert vllm_fills("") == ["auto"]
-    assert _configs(["pic"], vllm_fills("vllm,engine")) == [
-        "none", "prefix", "agentcache-vllm:pic", "agentcache-engine:pic"
-    ]  # fmt: skip
-    assert _configs(["pic"]) == ["none", "prefix", "agentcache:pic"]
-    with pytest.raises(ValueError, match="--vllm-fill takes auto, vllm, engine"):
-        vllm_fills("gpu")
+def test_vllm_strategies_take_a_fill() -> None:
+    strategies = vllm_strategies("pic@vllm,pic@engine,pic@auto,rpdc", default_list=False)
+    assert strategies == ["pic@vllm", "pic@engine", "pic", "rpdc"]
+    assert _configs(strategies)[2:] == [f"agentcache:{s}" for s in strategies]
+    with pytest.raises(ValueError, match="the fill after @ is one of auto, vllm, engine"):
+        vllm_strategies("pic@gpu", default_list=False)
+    with pytest.raises(ValueError, match="cannot run as a staged prefill"):
+        vllm_strategies("rpdc@vllm", default_list=False)

@@ -6,7 +6,7 @@ for agentcache an empty segment folder) over the same turns:
     none              vLLM without any reuse: the fidelity reference
     prefix            vLLM's automatic prefix caching alone (the baseline)
     agentcache:NAME   vLLM's prefix caching + agentcache's connector, reuse strategy NAME
-                      (`agentcache-vllm:NAME`, `agentcache-engine:NAME`: with that `fill`)
+                      (NAME@vllm, NAME@engine: with that `fill`, see docs/vllm.md)
 
 Per turn: TTFT = time from submitting a one-token request to its first token (what
 `VLLMBackend.generate` measures around vLLM's engine steps), the first token and the top-5
@@ -33,10 +33,8 @@ from agentcache.bench.workload import Session, parse_session
 TURN_PREFIX = "TURN "
 
 
-def _configs(strategies: list[str], fills: list[str] | None = None) -> list[str]:
-    """Configuration names; a fill other than auto is part of the name."""
-    labels = ["agentcache" if f == "auto" else f"agentcache-{f}" for f in fills or ["auto"]]
-    return ["none", "prefix"] + [f"{label}:{s}" for label in labels for s in strategies]
+def _configs(strategies: list[str]) -> list[str]:
+    return ["none", "prefix"] + [f"agentcache:{s}" for s in strategies]
 
 
 def run_config(config: str, sessions_file: Path, out_file: Path, store_dir: str) -> None:
@@ -45,7 +43,7 @@ def run_config(config: str, sessions_file: Path, out_file: Path, store_dir: str)
     from agentcache.runtime.engine import GenerationParams
 
     reuse, _, strategy = config.partition(":")
-    reuse, _, fill = reuse.partition("-")
+    strategy, _, fill = strategy.partition("@")
     sessions = [
         parse_session(json.loads(line), f"s{i}", "")
         for i, line in enumerate(sessions_file.read_text().splitlines())
@@ -80,7 +78,9 @@ def run_config(config: str, sessions_file: Path, out_file: Path, store_dir: str)
                 "fallbacks": int(info.get("fallbacks", 0)),
             })  # fmt: skip
             print(f"{TURN_PREFIX}{config} {session.name} {ti}", flush=True)
-    out_file.write_text(json.dumps({"startup_s": startup, "records": records}))
+    # what fill="auto" measured: ms of TTFT per computed token, staged (vllm) and engine
+    costs = dict(backend.chooser.cost_ms)
+    out_file.write_text(json.dumps({"startup_s": startup, "records": records, "fill_costs": costs}))
 
 
 def run_all(
@@ -89,7 +89,6 @@ def run_all(
     out: Path,
     advance: Callable[[str], None],
     threads: int | None = None,
-    fills: list[str] | None = None,
 ) -> dict[str, Any]:
     """Every configuration in its own process; returns the merged results (also written).
     `threads` sets the engine processes' OpenMP threads (`OMP_NUM_THREADS`, which vLLM
@@ -100,7 +99,7 @@ def run_all(
     sessions_file = work / "sessions.jsonl"
     sessions_file.write_text("\n".join(json.dumps(_session_json(s)) for s in sessions))
     runs: dict[str, Any] = {}
-    for i, config in enumerate(_configs(strategies, fills)):
+    for i, config in enumerate(_configs(strategies)):
         name = f"{i}-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in config)
         result, store = work / f"{name}.json", work / f"store-{name}"
         args = [sys.executable, "-m", "agentcache.engines.vllm.bench", config,
@@ -156,6 +155,7 @@ def summarize(runs: dict[str, Any]) -> dict[str, Any]:
                 r["claimed_tokens"] / r["prompt_tokens"] for r in warm
             ),
             "fallbacks": sum(r["fallbacks"] for r in rows),
+            "fill_costs_ms_per_token": run.get("fill_costs", {}),
         }
     return {"configs": summary, "records": records, "command": " ".join(sys.argv)}
 

@@ -10,29 +10,32 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from agentcache.bench.workload import Session
 from agentcache.engines.vllm import require_vllm
 from agentcache.engines.vllm.config import FILL_MODES
+from agentcache.engines.vllm.stages import staged_strategy
+from agentcache.errors import ConfigError
 from agentcache.reuse import DEFAULT_STRATEGY, StrategySpec
 
 BASELINES = ("full", "prefix")  # measured by vLLM itself (no reuse / prefix caching)
 
 
 def vllm_strategies(text: str, default_list: bool) -> list[str]:
-    """The connector strategies to measure (`name` or `name:key=value...`): `default` unless
-    named. The baselines are vLLM's own runs."""
+    """The connector configurations to measure: `spec` or `spec@fill` (a FILL_MODES entry:
+    who computes what reuse cannot supply; auto by default), `default` unless named. The
+    baselines are vLLM's own runs."""
     if default_list:
         return [DEFAULT_STRATEGY]
-    names = [DEFAULT_STRATEGY if t == "default" else t for t in text.split(",") if t.strip()]
-    for name in names:
-        StrategySpec.parse(name)  # a clear error now, not in an engine process
-    return [n for n in names if n not in BASELINES] or [DEFAULT_STRATEGY]
-
-
-def vllm_fills(text: str) -> list[str]:
-    """`--vllm-fill`: a comma list of FILL_MODES; each strategy runs under each."""
-    fills = [f.strip() for f in text.split(",") if f.strip()]
-    for fill in fills:
-        if fill not in FILL_MODES:
-            raise ValueError(f"--vllm-fill takes {', '.join(FILL_MODES)}, got {fill!r}")
-    return fills or ["auto"]
+    out = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        spec, _, fill = item.partition("@")
+        spec = DEFAULT_STRATEGY if spec == "default" else spec
+        if spec in BASELINES:
+            continue
+        parsed = StrategySpec.parse(spec)  # a clear error now, not in an engine process
+        if fill and fill not in FILL_MODES:
+            raise ConfigError(f"{item!r}: the fill after @ is one of {', '.join(FILL_MODES)}")
+        if fill == "vllm":  # staged prefills need strategies that choose tokens up front
+            staged_strategy(parsed)
+        out.append(spec if fill in ("", "auto") else f"{spec}@{fill}")
+    return out or [DEFAULT_STRATEGY]
 
 
 def run_vllm(args: argparse.Namespace, sessions: list[Session], console: Console) -> int:
@@ -41,8 +44,7 @@ def run_vllm(args: argparse.Namespace, sessions: list[Session], console: Console
 
     require_vllm()  # a clear error before anything starts
     strategies = vllm_strategies(args.strategies, args.strategies == ALL)
-    fills = vllm_fills(args.vllm_fill)
-    total = len(_configs(strategies, fills)) * sum(len(s.turns) for s in sessions)
+    total = len(_configs(strategies)) * sum(len(s.turns) for s in sessions)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=console,
@@ -54,7 +56,6 @@ def run_vllm(args: argparse.Namespace, sessions: list[Session], console: Console
             args.out,
             lambda d: progress.update(task, advance=1, description=d),
             args.threads,  # the engine processes' OpenMP threads (docs/vllm.md, TTFT)
-            fills,
         )
     print(report_markdown({"configs": results["configs"], "records": []}).split("\n\n")[0])
     print(f"\nwrote {args.out}/results.json, report.md and ttft_per_turn.png")
