@@ -101,13 +101,16 @@ def _check_filters(args: argparse.Namespace, names: set[str] | None, loaded: lis
 
 def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> int:
     console = Console(stderr=True)
+    if args.backend == "vllm":
+        from agentcache.engines.vllm.cli import run_vllm, vllm_strategies
+
+        vllm_strategies(args.strategies, args.strategies == ALL)  # checked before any work
+        sessions, _ = select(args, console)
+        output_folder(args.out, "--out")
+        return run_vllm(args, sessions, console)
     specs = parse_specs(args.strategies) + (sweep_specs() if args.sweep else [])
     sessions, problems = select(args, console)
     output_folder(args.out, "--out")
-    if args.backend == "vllm":
-        from agentcache.engines.vllm.cli import run_vllm
-
-        return run_vllm(args, sessions, console)
     model = load_model(model_path, cache_dir)
     if args.cope:  # the adapter trained by `agentcache train-cope` (docs/cope.md)
         from agentcache.cope.checkpoint import load_cope_adapter
