@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentcache.argtypes import port_number, positive_int
-from agentcache.engines.vllm.config import REUSE_MODES  # no vLLM import
+from agentcache.engines.vllm.config import FILL_MODES, REUSE_MODES  # no vLLM import
 from agentcache.errors import AgentCacheError, ConfigError
 from agentcache.runtime.backends import BACKENDS
 
@@ -51,6 +51,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=None,
         help="vllm backend: the shared segment folder (default: <cache>/vllm-store)",
     )
+    p.add_argument("--vllm-fill", choices=FILL_MODES, default="auto",
+                   help="vllm backend: who computes what reuse cannot supply: vllm (staged "
+                   "prefills; pic, epic or rpdc:selection=offset:...), engine (agentcache's "
+                   "engine in vLLM's worker) or auto (default; see docs/vllm.md)")  # fmt: skip
     p.add_argument("--max-model-len", type=positive_int, default=8192,
                    help="vllm backend: context length (default: 8192)")  # fmt: skip
     return p
@@ -111,11 +115,15 @@ def bind_address(host: str, port: int) -> socket.socket:
 def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path) -> ServingEngine:
     """The engine of `--backend`. vLLM absent: `VLLMUnavailableError` (naming the extra)
     before anything loads; `agentcache` prints it and exits with 2."""
-    from agentcache.reuse import DEFAULT_STRATEGY, STRATEGIES
+    from agentcache.reuse import DEFAULT_STRATEGY, STRATEGIES, StrategySpec
 
     strategy = args.strategy or DEFAULT_STRATEGY
-    STRATEGIES.get(strategy)  # unknown names fail before anything loads
-    if args.backend == "vllm":
+    if args.backend == "vllm":  # a spec with options; unknown names fail before anything loads
+        from agentcache.engines.vllm.stages import staged_strategy
+
+        spec = StrategySpec.parse(strategy)
+        if args.vllm_fill == "vllm":
+            staged_strategy(spec)
         from agentcache.engines.vllm import require_vllm
 
         require_vllm()
@@ -124,9 +132,10 @@ def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path)
         store_dir = args.store_dir or str(cache_dir / "vllm-store")
         config = VLLMConfig(
             model=model, reuse=args.vllm_reuse, strategy=strategy, store_dir=store_dir,
-            max_model_len=args.max_model_len,
+            max_model_len=args.max_model_len, fill=args.vllm_fill,
         )  # fmt: skip
         return VLLMBackend(config, cache_dir)
+    STRATEGIES.get(strategy)  # unknown names fail before anything loads
     from agentcache.decode.config import DecodeConfig
     from agentcache.model.loading import load_model
     from agentcache.runtime.engine import Engine, EngineConfig

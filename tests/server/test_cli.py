@@ -35,6 +35,17 @@ def test_serve_backend_defaults_to_embedded() -> None:
     assert (args.backend, args.vllm_reuse) == ("vllm", "prefix")
 
 
+def test_serve_on_vllm_checks_the_fill_against_the_strategy_first(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A strategy a staged prefill cannot run is named before vLLM is even looked for."""
+    argv = ["serve", "--backend", "vllm", "--port", "0", "--vllm-fill", "vllm"]
+    assert main([*argv, "--strategy", "rpdc"]) == 2
+    err = capsys.readouterr().err
+    assert "'rpdc' cannot run as a staged prefill" in err and "Traceback" not in err
+    assert build_parser().parse_args([*argv, "--strategy", "pic"]).vllm_fill == "vllm"
+
+
 def test_serve_on_vllm_without_vllm_names_the_extra(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -82,8 +82,9 @@ class KVLayout(ABC):
         return k, v
 
     def write(self, layer: Tensor, slots: Tensor, k: Tensor, v: Tensor) -> None:
-        """Write K and V (n, H, D) into `slots` (n,)."""
-        k, v = k.to(layer.dtype), v.to(layer.dtype)
+        """Write K and V (n, H, D) into `slots` (n,): one copy to the layer's device and dtype,
+        then per-run slices (no host-to-device copy per run)."""
+        k, v = (x.to(device=layer.device, dtype=layer.dtype) for x in (k, v))
         for b, o, i, j in self.runs(slots):
             self.write_run(layer, b, o, o + j - i, k[i:j], v[i:j])
 
