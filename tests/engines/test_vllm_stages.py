@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
 from agentcache.engines.vllm.layout import CpuLayout, KVShape
 from agentcache.engines.vllm.plan import (
     RequestSpec,
@@ -22,6 +23,8 @@ from agentcache.engines.vllm.stages import (
     FillChooser,
     Stage,
     StagePlan,
+    engine_tokens,
+    exact_prefix_tokens,
     plan_prompt,
     plan_stages,
     staged_strategy,
@@ -32,10 +35,15 @@ from agentcache.errors import ConfigError, PromptError
 from agentcache.kv.pool import SequenceKV
 from agentcache.kv.store import SegmentStore, StoredKV
 from agentcache.model.loading import LoadedModel
-from agentcache.prompt.segments import SegmentKind
+from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment
 from agentcache.reuse.base import ReuseContext, ReuseStats, compute_subset
-from agentcache.reuse.selective import SelectiveRecompute
+from agentcache.reuse.selective import (
+    ReusedRun,
+    SelectiveOptions,
+    SelectiveRecompute,
+    select_up_front,
+)
 from agentcache.reuse.spec import StrategySpec
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
 from tests.engines.test_vllm_transfer import _prompt
@@ -358,3 +366,50 @@ def test_a_staged_turn_with_blocks_computes_its_plan_and_no_more(
     expect = compute_subset(ref.ctx, second, seq, idx, ReuseStats(second.num_tokens, 1))
     seq.free()
     torch.testing.assert_close(logits, expect, atol=1e-4, rtol=1e-4)
+
+
+def test_exact_prefix_and_engine_token_estimates() -> None:
+    runs = [ReusedRun(0, 10, exact=True), ReusedRun(10, 10, exact=True), ReusedRun(25, 5, True)]
+    assert exact_prefix_tokens(runs, 8) == 16  # [0, 20) exact, in whole blocks
+    assert exact_prefix_tokens([ReusedRun(0, 10), *runs[1:]], 8) == 0
+    o = SelectiveOptions(probe_layers=10, extra=0.5, selection="attention")
+    selection = select_up_front(o, 40, [ReusedRun(5, 30)])
+    assert engine_tokens(selection) == 10 + 5  # base: [0, 5) and [35, 40); budget 0.5 each
+
+
+def _backend(tmp_path: Path, fill: str, strategy: str) -> VLLMBackend:
+    """The backend's decision inputs without a vLLM engine (its store is the folder)."""
+    backend = object.__new__(VLLMBackend)
+    backend.config = VLLMConfig(fill=fill, strategy=strategy, min_stage_tokens=8)
+    backend._plan_store = FolderSegmentStore(tmp_path, 0)
+    backend._choosers = {}
+    return backend
+
+
+def test_the_backend_decides_who_computes(tiny: LoadedModel, tmp_path: Path) -> None:
+    engine = Engine(tiny, store=FolderSegmentStore(tmp_path, 64 * MB))
+    engine.generate(_prompt("step 1"), ONE)  # stores its segments (and their metadata)
+    warm = engine.tokenize(_prompt("step 2 " * 9))
+
+    def decide(fill: str, strategy: str, prompt: TokenizedPrompt) -> tuple[Any, ...]:
+        backend = _backend(tmp_path, fill, strategy)
+        backend._store_ids = (tiny.model_id, tiny.tokenizer.tokenizer_id)
+        return backend._decide(prompt, None)
+
+    assert decide("engine", "pic", warm) == (None, "engine", False)
+    plan, fill, chosen = decide("vllm", "pic", warm)
+    assert fill == "vllm" and not chosen and plan is not None and len(plan.stages) == 2
+    other = engine.tokenize(SegmentedPrompt([Segment(SegmentKind.SYSTEM, "new words " * 20)]))
+    plan, fill, chosen = decide("auto", "pic", other)  # nothing stored: vLLM, no choice made
+    assert fill == "vllm" and not chosen and plan is not None and len(plan.stages) == 1
+    plan, fill, chosen = decide("auto", "pic", warm)  # both can: measured (vLLM first)
+    assert (fill, chosen) == ("vllm", True) and plan is not None and plan.num_reused > 0
+    assert decide("auto", "full", warm) == (None, "engine", False)
+    # rpdc ranks while it runs: the engine fills, or vLLM computes the span alone
+    backend = _backend(tmp_path, "auto", "rpdc")
+    backend._store_ids = (tiny.model_id, tiny.tokenizer.tokenizer_id)
+    plan, fill, chosen = backend._decide(warm, None)
+    assert (fill, chosen) == ("vllm", True) and plan is not None
+    assert plan.stages == (Stage(warm.num_tokens, None),)
+    backend.chooser().observe("vllm", 100.0, 10)
+    assert backend._decide(warm, None)[1:] == ("engine", True)

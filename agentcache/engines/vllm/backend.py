@@ -40,7 +40,11 @@ from agentcache.engines.vllm.stages import (
     FillChooser,
     Stage,
     StagePlan,
+    engine_tokens,
+    exact_prefix_tokens,
     plan_prompt,
+    plan_stages,
+    select_from_store,
     staged_strategy,
 )
 from agentcache.engines.vllm.storage import (
@@ -150,7 +154,7 @@ class VLLMBackend:
         self._store_ids = (store_model_id(ident.model_id, getattr(torch, c.dtype)),
                            ident.tokenizer_id)  # fmt: skip
         self.last_transfer: dict[str, Any] = {}  # the connector's report on the latest turn
-        self.chooser = FillChooser()  # fill="auto": staged or the engine, by measured cost
+        self._choosers: dict[str, FillChooser] = {}  # fill="auto": per strategy spec
         self._lock = threading.Lock()
 
     @property
@@ -189,14 +193,13 @@ class VLLMBackend:
 
     def stage_plan(self, tokens: TokenizedPrompt, strategy: SelectiveRecompute) -> StagePlan:
         """Which tokens vLLM computes, and in which requests, from what the store holds now."""
-        model_id, tokenizer_id = self._store_ids
-
-        def meta(seg: TokenizedSegment) -> StoredMeta | None:
-            cid = segment_content_id(seg.ids, seg.segment.scope)
-            return self._plan_store.meta(model_id, tokenizer_id, cid)
-
         c = self.config
-        return plan_prompt(tokens, strategy, meta, c.block_size, c.min_stage_tokens)
+        return plan_prompt(tokens, strategy, self._meta, c.block_size, c.min_stage_tokens)
+
+    def _meta(self, seg: TokenizedSegment) -> StoredMeta | None:
+        model_id, tokenizer_id = self._store_ids
+        cid = segment_content_id(seg.ids, seg.segment.scope)
+        return self._plan_store.meta(model_id, tokenizer_id, cid)
 
     def tokenize(self, prompt: SegmentedPrompt) -> TokenizedPrompt:
         return tokenize_prompt(prompt, self.tokenizer, self.chat_format, self.config.max_model_len)
@@ -246,13 +249,10 @@ class VLLMBackend:
             raise ValueError("the vLLM backend always stores a turn's segments (commit=False)")
         params = params or GenerationParams()
         tokens = prompt if isinstance(prompt, TokenizedPrompt) else self.tokenize(prompt)
-        staged = self.staged(strategy)
         with self._lock:
-            plan = None if staged is None else self.stage_plan(tokens, staged)
-            fill = "engine" if plan is None else self._fill(plan)
+            plan, fill, chosen = self._decide(tokens, strategy)
             if fill == "engine":
-                # the backend chose the engine on measurements: no share threshold
-                floor = None if plan is None else 0.0
+                floor = 0.0 if chosen else None  # chosen on measurements: no share threshold
                 sp = self.sampling_params(tokens, params, strategy, min_reused=floor)
                 out, ttft, wall = self._run(tokens.ids, sp, on_token)
                 info = self.transfer_report(sp, out)
@@ -265,8 +265,8 @@ class VLLMBackend:
                 assert plan is not None
                 out, ttft, wall, info = self._run_staged(tokens, params, strategy, plan, on_token)
                 computed = int(info["vllm_computed_tokens"])
-            if plan is not None and plan.num_reused > 0 and self.config.fill == "auto":
-                self.chooser.observe(fill, ttft * 1e3, computed)
+            if chosen:
+                self.chooser(strategy).observe(fill, ttft * 1e3, computed)
             info["fill"] = fill
         comp = out.outputs[0]
         ids = self._token_ids(comp.token_ids)[: params.max_new_tokens]
@@ -283,11 +283,37 @@ class VLLMBackend:
         text = _cut_at_stop(self.tokenizer.decode(ids), params.stop)
         return Generation(text, ids, finish, self._first_logits(comp.logprobs), stats)
 
-    def _fill(self, plan: StagePlan) -> str:
-        """Who computes a positional strategy's tokens this turn (config.FILL_MODES)."""
-        if self.config.fill == "vllm" or plan.num_reused == 0:
-            return "vllm"  # nothing to reuse: vLLM computes the prompt either way
-        return self.chooser.choose(plan.num_computed, plan.requested)
+    def _decide(
+        self, tokens: TokenizedPrompt, strategy: str | None
+    ) -> tuple[StagePlan | None, str, bool]:
+        """(stages to run or None, fill, whether the fill was chosen on measurements)."""
+        c = self.config
+        if c.reuse != "agentcache" or c.fill == "engine":
+            return None, "engine", False
+        built = StrategySpec.parse(self.strategy(strategy)).build()
+        if c.fill == "vllm":
+            built = staged_strategy(StrategySpec.parse(self.strategy(strategy)))
+        if not isinstance(built, SelectiveRecompute):
+            return None, "engine", False  # full, prefix, promptcache: the connector's engine
+        if built.positional:
+            plan = self.stage_plan(tokens, built)
+            if c.fill == "vllm" or plan.num_reused == 0:
+                return plan, "vllm", False  # nothing to reuse: vLLM computes it either way
+            chooser = self.chooser(strategy)
+            return plan, chooser.choose(plan.num_computed, plan.requested), True
+        # the strategy ranks tokens while it runs: its engine fills the span, or vLLM computes
+        # the span itself (no reuse after vLLM's own prefix-cache hit)
+        selection, runs = select_from_store(tokens, built, self._meta)
+        if not runs:
+            return None, "engine", False  # nothing stored: the connector claims nothing
+        hit = exact_prefix_tokens(runs, c.block_size)
+        fill = self.chooser(strategy).choose(tokens.num_tokens - hit, engine_tokens(selection))
+        alone = plan_stages([True] * tokens.num_tokens, c.block_size)
+        return (alone if fill == "vllm" else None), fill, True
+
+    def chooser(self, strategy: str | None = None) -> FillChooser:
+        """`fill="auto"`'s measurements for a strategy spec (each has its own costs)."""
+        return self._choosers.setdefault(self.strategy(strategy), FillChooser())
 
     def _run_staged(
         self,

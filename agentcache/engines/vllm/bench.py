@@ -79,7 +79,7 @@ def run_config(config: str, sessions_file: Path, out_file: Path, store_dir: str)
             })  # fmt: skip
             print(f"{TURN_PREFIX}{config} {session.name} {ti}", flush=True)
     # what fill="auto" measured: ms of TTFT per computed token, staged (vllm) and engine
-    costs = dict(backend.chooser.cost_ms)
+    costs = dict(backend.chooser().cost_ms)
     out_file.write_text(json.dumps({"startup_s": startup, "records": records, "fill_costs": costs}))
 
 

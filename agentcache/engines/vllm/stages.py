@@ -22,7 +22,7 @@ its own (`min_claim_tokens`) is computed whole.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -31,7 +31,13 @@ from agentcache.engines.vllm.storage import StoredMeta
 from agentcache.errors import ConfigError
 from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment
 from agentcache.reuse.segments import REUSABLE, reusable_tokens
-from agentcache.reuse.selective import SelectiveRecompute, reused_runs, select_up_front
+from agentcache.reuse.selective import (
+    ReusedRun,
+    SelectiveRecompute,
+    UpFrontSelection,
+    reused_runs,
+    select_up_front,
+)
 from agentcache.reuse.spec import StrategySpec
 
 
@@ -130,18 +136,14 @@ def staged_strategy(spec: StrategySpec) -> SelectiveRecompute:
     return built
 
 
-def plan_prompt(
+def select_from_store(
     prompt: TokenizedPrompt,
     strategy: SelectiveRecompute,
     meta: Callable[[TokenizedSegment], StoredMeta | None],
-    block_size: int,
-    min_claim_tokens: int | None = None,
-) -> StagePlan:
-    """The stages for `prompt` under a positional strategy (`SelectiveRecompute.positional`):
-    the tokens it computes up front, from the store's metadata (`meta` of a segment, None
-    when it is not stored), are what vLLM computes, alignment added."""
-    if not strategy.positional:
-        raise ConfigError(f"strategy {strategy.name!r} cannot run as a staged prefill")
+) -> tuple[UpFrontSelection, list[ReusedRun]]:
+    """What `strategy` decides before any layer runs, from the store's metadata (`meta` of a
+    segment; None when it is not stored), and its reused runs with exactness read as vLLM's
+    prefix cache sees it (stored after this very context, at these positions)."""
     hits = []
     for seg in prompt.segments:
         if seg.kind not in REUSABLE:
@@ -151,9 +153,41 @@ def plan_prompt(
         if found is not None and n > 0:
             hits.append(PlannedHit(seg, n, found.context_id, found.positions))
     natural = torch.arange(prompt.num_tokens)
-    runs = reused_runs(prompt, hits, natural, strategy.options)
-    selection = select_up_front(strategy.options, prompt.num_tokens, runs)
+    o = strategy.options
+    selection = select_up_front(o, prompt.num_tokens, reused_runs(prompt, hits, natural, o))
+    return selection, reused_runs(prompt, hits, natural, replace(o, exact_prefix=True))
+
+
+def plan_prompt(
+    prompt: TokenizedPrompt,
+    strategy: SelectiveRecompute,
+    meta: Callable[[TokenizedSegment], StoredMeta | None],
+    block_size: int,
+    min_claim_tokens: int | None = None,
+) -> StagePlan:
+    """The stages for `prompt` under a positional strategy (`SelectiveRecompute.positional`):
+    the tokens it computes up front are what vLLM computes, alignment added."""
+    if not strategy.positional:
+        raise ConfigError(f"strategy {strategy.name!r} cannot run as a staged prefill")
+    selection, _ = select_from_store(prompt, strategy, meta)
     return plan_stages(selection.base.tolist(), block_size, min_claim_tokens)
+
+
+def exact_prefix_tokens(runs: list[ReusedRun], block_size: int) -> int:
+    """About what vLLM's own prefix cache holds of a prompt: the leading stored segments
+    computed after this very context, in whole blocks."""
+    end = 0
+    for r in runs:
+        if r.start != end or not r.exact:
+            break
+        end = r.end
+    return end // block_size * block_size
+
+
+def engine_tokens(selection: UpFrontSelection) -> int:
+    """The tokens the engine computes through every layer: its base and its budget."""
+    ranked = min(selection.budget, int((selection.candidates & ~selection.base).sum()))
+    return int(selection.base.sum()) + ranked
 
 
 FILLS = ("vllm", "engine")
@@ -161,12 +195,13 @@ FILLS = ("vllm", "engine")
 
 @dataclass
 class FillChooser:
-    """Who computes a positional strategy's tokens when both can (`fill="auto"`): vLLM in a
-    staged prefill, or agentcache's engine inside the worker. Which is faster per token
-    depends on the machine (vLLM's kernels against agentcache's forward; a GPU; load), so it
-    is measured: the turn's TTFT per computed token, averaged over turns (the newest weighs
-    `weight`). Each fill is tried `warmup` times first, in turn; then the cheaper one runs,
-    and the other once every `revisit` turns, so a change in the machine is noticed."""
+    """Who computes what reuse cannot supply (`fill="auto"`): vLLM (a staged prefill for a
+    positional strategy; for the others, vLLM computing the span itself, no reuse after its
+    own prefix-cache hit) or agentcache's engine inside the worker. Which is faster depends
+    on the machine (vLLM's kernels against agentcache's forward; a GPU; load), so it is
+    measured: the turn's TTFT per computed token, averaged over turns (the newest weighs
+    `weight`). Each fill is tried `warmup` times first, in turn; then the one predicted
+    cheaper runs, and the other once every `revisit` turns, so a change is noticed."""
 
     warmup: int = 2
     revisit: int = 16
@@ -176,8 +211,8 @@ class FillChooser:
     turns: int = 0
 
     def choose(self, vllm_tokens: int, engine_tokens: int) -> str:
-        """The fill for a turn whose staged prefill computes `vllm_tokens` and whose engine
-        fill computes about `engine_tokens` (no alignment)."""
+        """The fill for a turn where vLLM would compute `vllm_tokens` and the engine about
+        `engine_tokens`."""
         self.turns += 1
         fewest = min(FILLS, key=lambda f: self.samples[f])
         if self.samples[fewest] < self.warmup:
