@@ -102,7 +102,8 @@ def test_shifted_segments_are_served_by_the_connector(tmp_path: Path) -> None:
     """Turn 2's update grows, so its history shifts: vLLM's prefix cache stops at the system
     prompt; the connector claims the rest, reuses the history re-rotated, and the first token
     is the one agentcache's own engine gives with the same strategy."""
-    result = _run(SESSION_SCRIPT, str(tmp_path / "store"), "rpdc", '{"min_reused_fraction": 0}')
+    options = '{"min_reused_fraction": 0, "fill": "engine"}'
+    result = _run(SESSION_SCRIPT, str(tmp_path / "store"), "rpdc", options)
     turns = result["turns"]
     assert isinstance(turns, list)
     first, second = turns

@@ -24,7 +24,8 @@ from tests.server.conftest import live_server
 
 store, reuse, min_reused = sys.argv[1], sys.argv[2], float(sys.argv[3])
 backend = VLLMBackend(VLLMConfig(reuse=reuse, store_dir=store, kv_cache_bytes=256 << 20,
-                                 max_model_len=2048, min_reused_fraction=min_reused))
+                                 max_model_len=2048, min_reused_fraction=min_reused,
+                                 fill="engine"))
 system = ("You are a support agent for a hosting company. Be brief. Refunds are possible "
           "within 30 days; outages are credited at 10% of the monthly bill per hour. ") * 3
 users = ["My server was down for two hours.", "My bill is $40. What is my credit?"]
