@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -56,3 +57,34 @@ def test_vllm_strategies_take_a_fill() -> None:
         vllm_strategies("pic@gpu", default_list=False)
     with pytest.raises(ValueError, match="cannot run as a staged prefill"):
         vllm_strategies("rpdc@vllm", default_list=False)
+
+
+def test_each_configurations_store_is_removed_when_its_run_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine processes' segment stores hold GBs: only the results stay."""
+    import agentcache.engines.vllm.bench as bench
+
+    stores = []
+
+    class FakeProcess:
+        def __init__(self, args: list[str], **_: object) -> None:
+            config, _, result, store = args[3:7]
+            Path(store, "ab").mkdir(parents=True)
+            Path(store, "ab", "x.kv").write_bytes(b"kv")
+            stores.append(Path(store))
+            Path(result).write_text(json.dumps(_run(config, [100.0], [5])))
+            self.stdout = iter([f"{bench.TURN_PREFIX}{config} s 0\n"])
+            self.returncode = 0
+
+        def __enter__(self) -> FakeProcess:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            return None
+
+    monkeypatch.setattr(bench.subprocess, "Popen", FakeProcess)
+    seen: list[str] = []
+    runs = bench._run_configs(tmp_path, [], ["pic"], seen.append, {})
+    assert list(runs) == ["none", "prefix", "agentcache:pic"] and len(seen) == 3
+    assert stores and not any(s.exists() for s in stores)

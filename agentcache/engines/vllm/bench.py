@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -95,7 +96,23 @@ def run_all(
     respects); None leaves vLLM's default."""
     env = dict(os.environ) | ({"OMP_NUM_THREADS": str(threads)} if threads else {})
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="agentcache-vllm-bench-"))
+    with tempfile.TemporaryDirectory(prefix="agentcache-vllm-bench-") as tmp:
+        # each configuration's segment store holds GBs of KV: it goes when its run is done
+        runs = _run_configs(Path(tmp), sessions, strategies, advance, env)
+    results = summarize(runs)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "report.md").write_text(report_markdown(results))
+    plot(results, out / "ttft_per_turn.png")
+    return results
+
+
+def _run_configs(
+    work: Path,
+    sessions: list[Session],
+    strategies: list[str],
+    advance: Callable[[str], None],
+    env: dict[str, str],
+) -> dict[str, Any]:
     sessions_file = work / "sessions.jsonl"
     sessions_file.write_text("\n".join(json.dumps(_session_json(s)) for s in sessions))
     runs: dict[str, Any] = {}
@@ -109,14 +126,11 @@ def run_all(
             for line in proc.stdout:
                 if line.startswith(TURN_PREFIX):
                     advance(line.removeprefix(TURN_PREFIX).strip())
+        shutil.rmtree(store, ignore_errors=True)
         if proc.returncode != 0:
             raise RuntimeError(f"vLLM bench configuration {config} failed (exit {proc.returncode})")
         runs[config] = json.loads(result.read_text())
-    results = summarize(runs)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    (out / "report.md").write_text(report_markdown(results))
-    plot(results, out / "ttft_per_turn.png")
-    return results
+    return runs
 
 
 def _session_json(s: Session) -> dict[str, Any]:
