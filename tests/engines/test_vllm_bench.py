@@ -13,9 +13,9 @@ from agentcache.engines.vllm.cli import vllm_strategies
 
 def _run(config: str, ttfts: list[float], tokens: list[int]) -> dict[str, object]:
     records = [
-        {"config": config, "session": "s", "turn": i, "prompt_tokens": 100, "ttft_ms": t,
-         "first_token": tok, "top5": [tok, 1, 2, 3, 4], "claimed_tokens": 50 if i else 0,
-         "fallbacks": 0}
+        {"config": config, "session": "s", "workload": "w", "turn": i, "prompt_tokens": 100,
+         "ttft_ms": t, "first_token": tok, "top5": [tok, 1, 2, 3, 4],
+         "claimed_tokens": 50 if i else 0, "fallbacks": 0, "fill": ("engine", "vllm")[i % 2]}
         for i, (t, tok) in enumerate(zip(ttfts, tokens, strict=True))
     ]  # fmt: skip
     return {"startup_s": 1.0, "records": records}
@@ -33,8 +33,16 @@ def test_summary_ratios_and_agreement(tmp_path: Path) -> None:
     assert s["agentcache:rpdc"]["top5_overlap"] == pytest.approx((1 + 1 + 0.8) / 3)
     assert s["agentcache:rpdc"]["claimed_fraction_warm"] == pytest.approx(0.5)
     assert s["prefix"]["ttft_ms_median_warm"] == pytest.approx(70)
+    assert s["agentcache:rpdc"]["by_workload"] == {
+        "w": {"warm_turns": 2, "ttft_ratio_vs_prefix_warm": pytest.approx(0.75),
+              "turns_at_least_2x_faster": 1}
+    }  # fmt: skip
+    assert s["agentcache:rpdc"]["fills_warm"] == {"engine": 1, "vllm": 1}
+    assert s["prefix"]["fills_warm"] == {}
     results = summarize(runs)
-    assert "| agentcache:rpdc | 50 | 0.75 | 0.67 |" in report_markdown(results)
+    report = report_markdown(results)
+    assert "| agentcache:rpdc | 50 | 0.75 | 0.67 |" in report
+    assert "| agentcache:rpdc | 0.75 (1 of 2) |" in report
     plot(results, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 0
 

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -170,8 +170,35 @@ def summarize(runs: dict[str, Any]) -> dict[str, Any]:
             ),
             "fallbacks": sum(r["fallbacks"] for r in rows),
             "fill_costs_ms_per_token": run.get("fill_costs", {}),
+            "fills_warm": _counts(r.get("fill") for r in warm if config.startswith("agentcache")),
+            "by_workload": _by_workload(warm, base),
         }
     return {"configs": summary, "records": records, "command": " ".join(sys.argv)}
+
+
+def _counts(values: Iterable[str | None]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for v in values:
+        if v:
+            counts[v] = counts.get(v, 0) + 1
+    return counts
+
+
+def _by_workload(
+    warm: list[dict[str, Any]], base: dict[tuple[str, int], dict[str, Any]]
+) -> dict[str, dict[str, float]]:
+    """Per workload: the median warm TTFT ratio to `prefix` and how many warm turns were at
+    least 2x faster than `prefix` (the vLLM target, turn by turn)."""
+    ratios: dict[str, list[float]] = {}
+    for r in warm:
+        ratios.setdefault(r.get("workload") or "-", []).append(
+            r["ttft_ms"] / base[(r["session"], r["turn"])]["ttft_ms"]
+        )
+    return {
+        w: {"warm_turns": len(v), "ttft_ratio_vs_prefix_warm": statistics.median(v),
+            "turns_at_least_2x_faster": sum(x <= 0.5 for x in v)}
+        for w, v in ratios.items()
+    }  # fmt: skip
 
 
 def report_markdown(results: dict[str, Any]) -> str:
@@ -186,6 +213,22 @@ def report_markdown(results: dict[str, Any]) -> str:
             f"{s['first_token_agreement']:.2f} | {s['top5_overlap']:.2f} | "
             f"{s['claimed_fraction_warm']:.2f} | {s['fallbacks']} |"
         )
+    workloads = sorted({w for s in results["configs"].values() for w in s.get("by_workload", {})})
+    if workloads:
+        lines += ["", "TTFT / prefix by workload (warm, median; turns >= 2x faster than "
+                  "prefix):", "", "| config | " + " | ".join(workloads) + " |",
+                  "|---|" + "---|" * len(workloads)]  # fmt: skip
+        for name, c in results["configs"].items():
+            shares = []
+            for w in workloads:
+                b = c.get("by_workload", {}).get(w)
+                shares.append(
+                    f"{b['ttft_ratio_vs_prefix_warm']:.2f} ({b['turns_at_least_2x_faster']} of "
+                    f"{b['warm_turns']})"
+                    if b
+                    else "-"
+                )
+            lines.append(f"| {name} | " + " | ".join(shares) + " |")
     lines += ["", "| session | turn | tokens | " + " | ".join(results["configs"]) + " |"]
     lines.append("|---|---|---|" + "---|" * len(results["configs"]))
     by_turn: dict[tuple[str, int], dict[str, Any]] = {}
