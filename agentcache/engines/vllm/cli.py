@@ -58,5 +58,5 @@ def run_vllm(args: argparse.Namespace, sessions: list[Session], console: Console
             args.threads,  # the engine processes' OpenMP threads (docs/vllm.md, TTFT)
         )
     print(report_markdown({"configs": results["configs"], "records": []}).split("\n\n")[0])
-    print(f"\nwrote {args.out}/results.json, report.md and ttft_per_turn.png")
+    print(f"\nwrote {args.out}/results.json, report.md and ttft.png")
     return 0
