@@ -44,6 +44,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="vllm: vLLM + agentcache's connector vs vLLM prefix caching (see docs/vllm.md)",
     )
     p.add_argument("--cope", action="store_true", help="run the model's trained CoPE adapter")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --backend vllm: reuse the configurations already measured on the same turns "
+        "(kept in OUT/configs/) instead of running them again",
+    )
     return p
 
 
@@ -108,6 +114,10 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
         sessions, _ = select(args, console)
         output_folder(args.out, "--out")
         return run_vllm(args, sessions, console)
+    if args.resume:
+        raise ConfigError(
+            "--resume applies to --backend vllm (the embedded bench runs in one process)"
+        )
     specs = parse_specs(args.strategies) + (sweep_specs() if args.sweep else [])
     sessions, problems = select(args, console)
     output_folder(args.out, "--out")

@@ -138,6 +138,7 @@ def bench_argv(tmp_path: Path, *extra: str) -> list[str]:
         ),
         (["--case", "nosuch"], "--case nosuch: no session of that case; cases: swing"),
         (["--case", "swing", "--sessions", "s9"], "no session named s9"),
+        (["--resume"], "--resume applies to --backend vllm"),
         (["--out", "{file}"], "--out {file} is a file, not a folder"),
         (
             ["--out", "{file}/sub"],

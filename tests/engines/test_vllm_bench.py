@@ -96,3 +96,54 @@ def test_each_configurations_store_is_removed_when_its_run_ends(
     runs = bench._run_configs(tmp_path, [], ["pic"], seen.append, {})
     assert list(runs) == ["none", "prefix", "agentcache:pic"] and len(seen) == 3
     assert stores and not any(s.exists() for s in stores)
+
+
+def test_a_rerun_with_resume_keeps_the_configurations_measured_on_the_same_turns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bench cut short loses only the configuration it was in: with `resume`, kept results
+    for the same turns are taken, others (other turns, a cut-short file) are run again."""
+    import agentcache.engines.vllm.bench as bench
+    from agentcache.bench.workload import parse_session
+
+    ran: list[str] = []
+
+    class FakeProcess:
+        def __init__(self, args: list[str], **_: object) -> None:
+            config, _, result = args[3:6]
+            ran.append(config)
+            Path(result).write_text(json.dumps(_run(config, [100.0, 50.0], [5, 6])))
+            self.stdout = iter([f"{bench.TURN_PREFIX}{config} s 0\n"])
+            self.returncode = 0
+
+        def __enter__(self) -> FakeProcess:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            return None
+
+    monkeypatch.setattr(bench.subprocess, "Popen", FakeProcess)
+    session = {"name": "s", "turns": [{"segments": [{"kind": "system", "text": "hello"}]}]}
+    sessions = [parse_session(session, "s", "")]
+    kept = tmp_path / "configs"
+    work = tmp_path / "work"
+    work.mkdir()
+    first = bench._run_configs(work, sessions, ["pic"], lambda _: None, {}, kept)
+    assert ran == ["none", "prefix", "agentcache:pic"] and len(list(kept.glob("*.json"))) == 3
+
+    ran.clear()
+    (pic,) = [p for p in kept.glob("*.json") if "pic" in p.name]
+    pic.write_text(pic.read_text()[:40])  # cut short
+    seen: list[str] = []
+    again = bench._run_configs(work, sessions, ["pic", "rpdc"], seen.append, {}, kept, True)
+    assert ran == ["agentcache:pic", "agentcache:rpdc"]  # none, prefix were kept
+    assert again["none"] == first["none"] and any("(kept)" in s for s in seen)
+
+    ran.clear()
+    bench._run_configs(work, sessions, ["pic"], lambda _: None, {}, kept)  # no resume: all run
+    assert ran == ["none", "prefix", "agentcache:pic"]
+
+    ran.clear()
+    other = [parse_session(session | {"name": "t"}, "t", "")]
+    bench._run_configs(work, other, ["pic"], lambda _: None, {}, kept, True)  # other turns
+    assert ran == ["none", "prefix", "agentcache:pic"]

@@ -8,6 +8,10 @@ for agentcache an empty segment folder) over the same turns:
     agentcache:NAME   vLLM's prefix caching + agentcache's connector, reuse strategy NAME
                       (NAME@vllm, NAME@engine: with that `fill`, see docs/vllm.md)
 
+Each finished configuration's result is kept in `OUT/configs/`; `--resume` takes the kept
+results measured on the same turns instead of running those configurations again (a run cut
+short loses only the configuration it was in).
+
 Per turn: TTFT = time from submitting a one-token request to its first token (what
 `VLLMBackend.generate` measures around vLLM's engine steps), the first token and the top-5
 candidates. Reported: TTFT per turn, the median over warm turns
@@ -17,6 +21,7 @@ agreement and top-5 overlap against `none`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -90,15 +95,17 @@ def run_all(
     out: Path,
     advance: Callable[[str], None],
     threads: int | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Every configuration in its own process; returns the merged results (also written).
     `threads` sets the engine processes' OpenMP threads (`OMP_NUM_THREADS`, which vLLM
-    respects); None leaves vLLM's default."""
+    respects); None leaves vLLM's default. Each finished configuration's result is kept in
+    `out/configs/`; with `resume`, one kept there for the very same turns is not run again."""
     env = dict(os.environ) | ({"OMP_NUM_THREADS": str(threads)} if threads else {})
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="agentcache-vllm-bench-") as tmp:
         # each configuration's segment store holds GBs of KV: it goes when its run is done
-        runs = _run_configs(Path(tmp), sessions, strategies, advance, env)
+        runs = _run_configs(Path(tmp), sessions, strategies, advance, env, out / "configs", resume)
     results = summarize(runs)
     (out / "results.json").write_text(json.dumps(results, indent=2))
     (out / "report.md").write_text(report_markdown(results))
@@ -112,12 +119,26 @@ def _run_configs(
     strategies: list[str],
     advance: Callable[[str], None],
     env: dict[str, str],
+    kept: Path | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
+    """Run each configuration (or, with `resume`, take its result from `kept` when it was
+    measured on the same turns); each finished result is copied into `kept`."""
+    sessions_text = "\n".join(json.dumps(_session_json(s)) for s in sessions)
+    turns_id = hashlib.blake2b(sessions_text.encode(), digest_size=8).hexdigest()
     sessions_file = work / "sessions.jsonl"
-    sessions_file.write_text("\n".join(json.dumps(_session_json(s)) for s in sessions))
+    sessions_file.write_text(sessions_text)
+    if kept is not None:
+        kept.mkdir(parents=True, exist_ok=True)
     runs: dict[str, Any] = {}
-    for i, config in enumerate(_configs(strategies)):
-        name = f"{i}-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in config)
+    for config in _configs(strategies):
+        name = "".join(c if c.isalnum() or c in "-_" else "_" for c in config)
+        name += "-" + hashlib.blake2b(config.encode(), digest_size=4).hexdigest()
+        if resume and kept is not None and (run := _kept_run(kept / f"{name}.json", turns_id)):
+            for r in run["records"]:
+                advance(f"{config} {r['session']} {r['turn']} (kept)")
+            runs[config] = run
+            continue
         result, store = work / f"{name}.json", work / f"store-{name}"
         args = [sys.executable, "-m", "agentcache.engines.vllm.bench", config,
                 str(sessions_file), str(result), str(store)]  # fmt: skip
@@ -129,8 +150,22 @@ def _run_configs(
         shutil.rmtree(store, ignore_errors=True)
         if proc.returncode != 0:
             raise RuntimeError(f"vLLM bench configuration {config} failed (exit {proc.returncode})")
-        runs[config] = json.loads(result.read_text())
+        run = json.loads(result.read_text()) | {"turns_id": turns_id}
+        if kept is not None:
+            (kept / f"{name}.json").write_text(json.dumps(run))
+        runs[config] = run
     return runs
+
+
+def _kept_run(path: Path, turns_id: str) -> dict[str, Any] | None:
+    """A kept configuration result, if it is whole and measured on the same turns."""
+    try:
+        run = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # absent or cut short: measured again
+    if not isinstance(run, dict) or run.get("turns_id") != turns_id or "records" not in run:
+        return None
+    return run
 
 
 def _session_json(s: Session) -> dict[str, Any]:

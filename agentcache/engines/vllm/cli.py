@@ -56,6 +56,7 @@ def run_vllm(args: argparse.Namespace, sessions: list[Session], console: Console
             args.out,
             lambda d: progress.update(task, advance=1, description=d),
             args.threads,  # the engine processes' OpenMP threads (docs/vllm.md, TTFT)
+            resume=args.resume,
         )
     print(report_markdown({"configs": results["configs"], "records": []}).split("\n\n")[0])
     print(f"\nwrote {args.out}/results.json, report.md and ttft.png")
