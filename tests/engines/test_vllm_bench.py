@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from agentcache.engines.vllm.bench import _configs, plot, report_markdown, summarize
 from agentcache.engines.vllm.cli import vllm_strategies
@@ -147,3 +148,40 @@ def test_a_rerun_with_resume_keeps_the_configurations_measured_on_the_same_turns
     other = [parse_session(session | {"name": "t"}, "t", "")]
     bench._run_configs(work, other, ["pic"], lambda _: None, {}, kept, True)  # other turns
     assert ran == ["none", "prefix", "agentcache:pic"]
+
+
+def test_bench_cli_passes_resume_and_threads_to_the_vllm_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agentcache.engines.vllm.bench as bench
+    import agentcache.engines.vllm.cli as vllm_cli
+    from agentcache.cli import main
+
+    calls: list[dict[str, object]] = []
+
+    def fake_run_all(
+        sessions: list[object],
+        strategies: list[str],
+        out: Path,
+        advance: object,
+        threads: int | None = None,
+        resume: bool = False,
+    ) -> dict[str, object]:
+        calls.append({"sessions": len(sessions), "strategies": strategies, "threads": threads,
+                      "resume": resume})  # fmt: skip
+        return {"configs": {}, "records": []}
+
+    monkeypatch.setattr(vllm_cli, "require_vllm", lambda: None)
+    monkeypatch.setattr(bench, "run_all", fake_run_all)
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(json.dumps(
+        {"name": "s", "turns": [{"segments": [{"kind": "system", "text": "hi"}]}]}
+    ))  # fmt: skip
+    n = torch.get_num_threads()  # the CLI sets torch's threads for the whole process
+    argv = ["bench", str(workload), "--backend", "vllm", "--strategies", "pic@vllm",
+            "--threads", str(n), "--out", str(tmp_path / "out")]  # fmt: skip
+    assert main([*argv, "--resume"]) == 0 and main(argv) == 0
+    assert calls == [
+        {"sessions": 1, "strategies": ["pic@vllm"], "threads": n, "resume": True},
+        {"sessions": 1, "strategies": ["pic@vllm"], "threads": n, "resume": False},
+    ]
