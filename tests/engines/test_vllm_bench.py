@@ -68,21 +68,22 @@ def test_vllm_strategies_take_a_fill() -> None:
         vllm_strategies("rpdc@vllm", default_list=False)
 
 
-def test_each_configurations_store_is_removed_when_its_run_ends(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The engine processes' segment stores hold GBs: only the results stay."""
+def fake_engine_processes(
+    monkeypatch: pytest.MonkeyPatch, ttfts: list[float], tokens: list[int]
+) -> list[tuple[str, Path]]:
+    """Stand-ins for the bench's engine processes: each writes its result and a file into
+    its segment store. Returns (configuration, store folder) per process started."""
     import agentcache.engines.vllm.bench as bench
 
-    stores = []
+    started: list[tuple[str, Path]] = []
 
     class FakeProcess:
         def __init__(self, args: list[str], **_: object) -> None:
             config, _, result, store = args[3:7]
             Path(store, "ab").mkdir(parents=True)
             Path(store, "ab", "x.kv").write_bytes(b"kv")
-            stores.append(Path(store))
-            Path(result).write_text(json.dumps(_run(config, [100.0], [5])))
+            started.append((config, Path(store)))
+            Path(result).write_text(json.dumps(_run(config, ttfts, tokens)))
             self.stdout = iter([f"{bench.TURN_PREFIX}{config} s 0\n"])
             self.returncode = 0
 
@@ -93,10 +94,20 @@ def test_each_configurations_store_is_removed_when_its_run_ends(
             return None
 
     monkeypatch.setattr(bench.subprocess, "Popen", FakeProcess)
+    return started
+
+
+def test_each_configurations_store_is_removed_when_its_run_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine processes' segment stores hold GBs: only the results stay."""
+    import agentcache.engines.vllm.bench as bench
+
+    started = fake_engine_processes(monkeypatch, [100.0], [5])
     seen: list[str] = []
     runs = bench._run_configs(tmp_path, [], ["pic"], seen.append, {})
     assert list(runs) == ["none", "prefix", "agentcache:pic"] and len(seen) == 3
-    assert stores and not any(s.exists() for s in stores)
+    assert started and not any(store.exists() for _, store in started)
 
 
 def test_a_rerun_with_resume_keeps_the_configurations_measured_on_the_same_turns(
@@ -107,47 +118,34 @@ def test_a_rerun_with_resume_keeps_the_configurations_measured_on_the_same_turns
     import agentcache.engines.vllm.bench as bench
     from agentcache.bench.workload import parse_session
 
-    ran: list[str] = []
+    started = fake_engine_processes(monkeypatch, [100.0, 50.0], [5, 6])
 
-    class FakeProcess:
-        def __init__(self, args: list[str], **_: object) -> None:
-            config, _, result = args[3:6]
-            ran.append(config)
-            Path(result).write_text(json.dumps(_run(config, [100.0, 50.0], [5, 6])))
-            self.stdout = iter([f"{bench.TURN_PREFIX}{config} s 0\n"])
-            self.returncode = 0
+    def ran() -> list[str]:
+        configs = [config for config, _ in started]
+        started.clear()
+        return configs
 
-        def __enter__(self) -> FakeProcess:
-            return self
-
-        def __exit__(self, *_: object) -> None:
-            return None
-
-    monkeypatch.setattr(bench.subprocess, "Popen", FakeProcess)
     session = {"name": "s", "turns": [{"segments": [{"kind": "system", "text": "hello"}]}]}
     sessions = [parse_session(session, "s", "")]
     kept = tmp_path / "configs"
     work = tmp_path / "work"
     work.mkdir()
     first = bench._run_configs(work, sessions, ["pic"], lambda _: None, {}, kept)
-    assert ran == ["none", "prefix", "agentcache:pic"] and len(list(kept.glob("*.json"))) == 3
+    assert ran() == ["none", "prefix", "agentcache:pic"] and len(list(kept.glob("*.json"))) == 3
 
-    ran.clear()
     (pic,) = [p for p in kept.glob("*.json") if "pic" in p.name]
     pic.write_text(pic.read_text()[:40])  # cut short
     seen: list[str] = []
     again = bench._run_configs(work, sessions, ["pic", "rpdc"], seen.append, {}, kept, True)
-    assert ran == ["agentcache:pic", "agentcache:rpdc"]  # none, prefix were kept
+    assert ran() == ["agentcache:pic", "agentcache:rpdc"]  # none, prefix were kept
     assert again["none"] == first["none"] and any("(kept)" in s for s in seen)
 
-    ran.clear()
     bench._run_configs(work, sessions, ["pic"], lambda _: None, {}, kept)  # no resume: all run
-    assert ran == ["none", "prefix", "agentcache:pic"]
+    assert ran() == ["none", "prefix", "agentcache:pic"]
 
-    ran.clear()
     other = [parse_session(session | {"name": "t"}, "t", "")]
     bench._run_configs(work, other, ["pic"], lambda _: None, {}, kept, True)  # other turns
-    assert ran == ["none", "prefix", "agentcache:pic"]
+    assert ran() == ["none", "prefix", "agentcache:pic"]
 
 
 def test_bench_cli_passes_resume_and_threads_to_the_vllm_runs(

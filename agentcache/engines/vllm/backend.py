@@ -182,14 +182,19 @@ class VLLMBackend:
     def staged(self, strategy: str | None = None) -> SelectiveRecompute | None:
         """The strategy a turn runs as a staged prefill (vLLM computes every token), or None
         when the turn goes to the connector's engine (or there is no connector)."""
+        built = self._selective(strategy)
+        return built if built is not None and built.positional else None
+
+    def _selective(self, strategy: str | None) -> SelectiveRecompute | None:
+        """The selective strategy whose turns can leave computing to vLLM (checked to run
+        staged under `fill="vllm"`), or None when the connector's engine fills every turn: no
+        connector, `fill="engine"`, or a strategy that is not selective (full, prefix, ...)."""
         c = self.config
         if c.reuse != "agentcache" or c.fill == "engine":
             return None
         spec = StrategySpec.parse(self.strategy(strategy))
-        if c.fill == "vllm":
-            return staged_strategy(spec)
-        built = spec.build()
-        return built if isinstance(built, SelectiveRecompute) and built.positional else None
+        built = staged_strategy(spec) if c.fill == "vllm" else spec.build()
+        return built if isinstance(built, SelectiveRecompute) else None
 
     def stage_plan(self, tokens: TokenizedPrompt, strategy: SelectiveRecompute) -> StagePlan:
         """Which tokens vLLM computes, and in which requests, from what the store holds now."""
@@ -288,13 +293,9 @@ class VLLMBackend:
     ) -> tuple[StagePlan | None, str, bool]:
         """(stages to run or None, fill, whether the fill was chosen on measurements)."""
         c = self.config
-        if c.reuse != "agentcache" or c.fill == "engine":
+        built = self._selective(strategy)
+        if built is None:
             return None, "engine", False
-        built = StrategySpec.parse(self.strategy(strategy)).build()
-        if c.fill == "vllm":
-            built = staged_strategy(StrategySpec.parse(self.strategy(strategy)))
-        if not isinstance(built, SelectiveRecompute):
-            return None, "engine", False  # full, prefix, promptcache: the connector's engine
         if built.positional:
             plan = self.stage_plan(tokens, built)
             if c.fill == "vllm" or plan.num_reused == 0:

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -212,11 +213,12 @@ def summarize(runs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _counts(values: Iterable[str | None]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for v in values:
-        if v:
-            counts[v] = counts.get(v, 0) + 1
-    return counts
+    return dict(Counter(v for v in values if v))
+
+
+def _workloads(results: dict[str, Any]) -> list[str]:
+    """The workloads the summary has per-workload figures for, in name order."""
+    return sorted({w for s in results["configs"].values() for w in s.get("by_workload", {})})
 
 
 def _by_workload(
@@ -248,7 +250,7 @@ def report_markdown(results: dict[str, Any]) -> str:
             f"{s['first_token_agreement']:.2f} | {s['top5_overlap']:.2f} | "
             f"{s['claimed_fraction_warm']:.2f} | {s['fallbacks']} |"
         )
-    workloads = sorted({w for s in results["configs"].values() for w in s.get("by_workload", {})})
+    workloads = _workloads(results)
     if workloads:
         lines += ["", "TTFT / prefix by workload (warm, median; turns >= 2x faster than "
                   "prefix):", "", "| config | " + " | ".join(workloads) + " |",
@@ -285,9 +287,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     configs = [c for c in results["configs"] if c != "prefix"]
-    workloads = sorted(
-        {w for s in results["configs"].values() for w in s.get("by_workload", {})}
-    ) or ["-"]
+    workloads = _workloads(results) or ["-"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     width = 0.8 / max(len(configs), 1)
     for i, config in enumerate(configs):
