@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Write amplification against session length, from `agentcache bench-tiers` results.
+
+    python benchmarks/tiers_turns.py docs/bench/tiers/*/results.json \
+        docs/bench/tiers/*/*/results.json --out docs/bench/tiers/long
+
+Each results.json must hold the `slide` and `lru` policies. A run is placed by its workload
+(the session names' prefix), its turns per session (the most turns any session ran) and
+whether recomputed tokens were written back (`config.adopt`; runs that predate the option
+wrote them back). Writes `DIR/wa_turns.md` (a table) and `DIR/wa_turns.png` (lru's write
+amplification over slide's, per turns per session, the 3x target drawn across).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TARGET = 3.0
+
+
+@dataclass(frozen=True)
+class Run:
+    path: str
+    workload: str
+    turns: int
+    writeback: bool
+    reduction: float  # lru's write amplification / slide's
+    calls_ratio: float  # lru's write calls / slide's
+    throughput_ratio: float  # slide's turns/s / lru's
+
+
+def load(path: Path) -> Run:
+    try:
+        return _load(path, json.loads(path.read_text(encoding="utf-8")))
+    except KeyError as e:
+        raise ValueError(f"{path}: no field {e} in its results") from e
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from e
+
+
+def _load(path: Path, data: dict[str, Any]) -> Run:
+    pol = data.get("policies", {})
+    missing = [p for p in ("slide", "lru") if p not in pol]
+    if missing:
+        raise ValueError(f"{path}: no {' or '.join(missing)} policy in its results")
+    workloads = {s.rsplit("-", 1)[0] for s in data.get("sessions", [])}
+    if len(workloads) != 1:
+        raise ValueError(f"{path}: needs the sessions of one workload, got {sorted(workloads)}")
+    turns = 1 + max(t["turn"] for p in ("slide", "lru") for t in pol[p]["turns"])
+    adopt = data.get("config", {}).get("adopt")
+    slide, lru = pol["slide"], pol["lru"]
+    return Run(
+        path=str(path),
+        workload=workloads.pop(),
+        turns=turns,
+        writeback=adopt is None or bool(adopt),
+        reduction=lru["write_amplification"] / slide["write_amplification"],
+        calls_ratio=lru["write_calls"] / slide["write_calls"],
+        throughput_ratio=slide["throughput_turns_per_s"] / lru["throughput_turns_per_s"],
+    )
+
+
+def table(runs: list[Run]) -> str:
+    rows = [
+        "| workload | write-back | turns per session | WA lru / slide | write calls lru / slide "
+        "| turns/s slide / lru | results |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(runs, key=lambda r: (r.workload, not r.writeback, r.turns, r.path)):
+        met = " (>= 3x)" if r.reduction >= TARGET else ""
+        rows.append(
+            f"| {r.workload} | {'yes' if r.writeback else 'no'} | {r.turns} | "
+            f"{r.reduction:.2f}x{met} | {r.calls_ratio:.0f}x | {r.throughput_ratio:.2f}x | "
+            f"`{r.path}` |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def plot(runs: list[Run], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    groups: dict[tuple[str, bool], list[Run]] = {}
+    for r in runs:
+        groups.setdefault((r.workload, r.writeback), []).append(r)
+    colors = {"memgpt": "tab:blue", "reflexion": "tab:orange", "swe_agent": "tab:green"}
+    for (workload, writeback), rs in sorted(groups.items()):
+        by_turns: dict[int, list[float]] = {}
+        for r in rs:
+            by_turns.setdefault(r.turns, []).append(r.reduction)
+        xs = sorted(by_turns)
+        ys = [sum(by_turns[x]) / len(by_turns[x]) for x in xs]
+        ax.plot(
+            xs,
+            ys,
+            marker="o",
+            linestyle="-" if writeback else "--",
+            color=colors.get(workload, "tab:gray"),
+            markerfacecolor=None if writeback else "white",
+            label=f"{workload}, {'write-back' if writeback else 'no write-back'}",
+        )
+    ax.axhline(TARGET, color="black", linewidth=0.8, linestyle=":")
+    ax.text(ax.get_xlim()[0], TARGET, " 3x target", va="bottom", fontsize=8)
+    ax.set_xlabel("turns per session")
+    ax.set_ylabel("write amplification, lru / slide")
+    ax.set_title("Spill write amplification against session length (batch 8)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("results", nargs="+", type=Path, help="bench-tiers results.json files")
+    ap.add_argument("--out", type=Path, required=True, help="output folder")
+    args = ap.parse_args(argv)
+    try:
+        runs = [load(p) for p in args.results]
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    md = table(runs)
+    (args.out / "wa_turns.md").write_text(md, encoding="utf-8")
+    plot(runs, args.out / "wa_turns.png")
+    print(md, end="")
+    print(f"wrote {args.out / 'wa_turns.md'} and {args.out / 'wa_turns.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
