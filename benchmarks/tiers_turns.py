@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentcache.bench.tiers import ratios
+
 TARGET = 3.0
 
 
@@ -53,15 +55,19 @@ def _load(path: Path, data: dict[str, Any]) -> Run:
         raise ValueError(f"{path}: needs the sessions of one workload, got {sorted(workloads)}")
     turns = 1 + max(t["turn"] for p in ("slide", "lru") for t in pol[p]["turns"])
     adopt = data.get("config", {}).get("adopt")
-    slide, lru = pol["slide"], pol["lru"]
+    r = ratios({"slide": pol["slide"], "lru": pol["lru"]})["slide"]
+    keys = ("write_amplification_reduction", "write_calls_ratio", "throughput_ratio")
+    undefined = [k for k in keys if not r[k]]
+    if undefined:
+        raise ValueError(f"{path}: {', '.join(undefined)} undefined (a zero in its results)")
     return Run(
         path=str(path),
         workload=workloads.pop(),
         turns=turns,
         writeback=adopt is None or bool(adopt),
-        reduction=lru["write_amplification"] / slide["write_amplification"],
-        calls_ratio=lru["write_calls"] / slide["write_calls"],
-        throughput_ratio=slide["throughput_turns_per_s"] / lru["throughput_turns_per_s"],
+        reduction=r["write_amplification_reduction"],
+        calls_ratio=1 / r["write_calls_ratio"],
+        throughput_ratio=r["throughput_ratio"],
     )
 
 
