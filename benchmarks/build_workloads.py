@@ -596,6 +596,7 @@ def main() -> None:
     import argparse
 
     global N_TURNS
+    default_turns = N_TURNS
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--turns", type=int, default=N_TURNS, help=f"turns per session ({N_TURNS})")
     ap.add_argument("--out", type=Path, default=OUT_DIR, help="output folder")
@@ -614,7 +615,7 @@ def main() -> None:
         workloads["swe_agent"] = build_swe_agent(bfcl)
     else:
         print(f"swe_agent skipped: its sessions have at most {SWE_MIN_STEPS} steps each")
-    summarize(workloads, token_counter(), long=N_TURNS != 6)
+    summarize(workloads, token_counter(), long=args.turns != default_turns)
     args.out.mkdir(parents=True, exist_ok=True)
     for name, sessions in workloads.items():
         path = args.out / f"{name}.jsonl"
