@@ -9,7 +9,7 @@ drop and count. Which pages live where, and what gets written when, is the store
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NewType
 
@@ -51,7 +51,8 @@ class TierCounters:
     loads: pages read out of it; writes/write_calls/write_s: pages written into it, the calls
     that wrote them and the seconds spent in them; bytes_written includes per-call headers;
     corrupt: reads that failed their checksum or found the page file missing; failed_writes:
-    write calls that raised."""
+    write calls that raised; delta_writes: pages of `writes` stored as deltas (only their
+    changed token slots, on top of the copy the tier held)."""
 
     bytes: int = 0
     pages: int = 0
@@ -64,6 +65,7 @@ class TierCounters:
     corrupt: int = 0
     failed_writes: int = 0
     write_s: float = 0.0  # wall time spent inside write calls
+    delta_writes: int = 0
 
 
 class Tier(ABC):
@@ -74,6 +76,10 @@ class Tier(ABC):
       already present is replaced. It never evicts: the caller makes room first, and a write
       that would exceed `capacity_bytes` raises ValueError. On an I/O failure it raises
       TierError and stores none of the pages; counters count the failed call.
+    - `write(pages, deltas)`: for a key in `deltas`, the caller promises that the tier's copy
+      of that page differs from the new one only at the token slots `deltas[key]` names; the
+      tier may store just those slots (a delta) instead of the whole page. A read returns the
+      whole new page either way. Tiers where a copy costs nothing extra ignore `deltas`.
     - `read(key)` returns the page or None when it is absent, missing or fails its checksum
       (counted in `counters.corrupt`); it never raises for bad data. The returned tensors are
       the caller's: a tier keeps no alias to them, nor to tensors it was given by `write`.
@@ -94,7 +100,11 @@ class Tier(ABC):
         return self.capacity_bytes - self.counters.bytes
 
     @abstractmethod
-    def write(self, pages: Sequence[tuple[PageKey, PageData]]) -> None: ...
+    def write(
+        self,
+        pages: Sequence[tuple[PageKey, PageData]],
+        deltas: Mapping[PageKey, Sequence[int]] | None = None,
+    ) -> None: ...
 
     @abstractmethod
     def read(self, key: PageKey) -> PageData | None: ...

@@ -3,8 +3,15 @@
     folder/extents/0000000007.ext   one file per write call: pages back to back
                                     [keys bytes | values bytes | positions bytes] per page
     folder/journal.log              one line per change: "<crc32 of json> <json>\\n"
-                                    put  {file, pages: [{key, off, shape, dtype, crc}]}
+                                    put  {file, pages: [{key, off, shape, dtype, crc[, slots]}]}
                                     drop {keys}   meta {name, value}   unmeta {name}
+
+A page is a chain: a whole copy (base) and up to `MAX_DELTAS` deltas after it. A delta holds
+only the token slots a newer version changed (the entry's `slots`; its shape counts just
+those tokens), in the same [keys | values | positions] layout; a read applies the deltas to
+the base in journal order. Each piece has its own crc: any piece missing, short or failing
+it makes the whole page a miss. A delta is written only when the chain stays within twice a
+page's bytes; otherwise the page is written whole, which replaces its chain.
 
 A write call writes its extent to a temporary file, fsyncs it, renames it into place, then
 appends and fsyncs its journal line: the pages exist once their line is in the journal. A
@@ -27,7 +34,7 @@ import json
 import os
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -39,6 +46,7 @@ from agentcache.errors import CacheDirError
 from agentcache.tiers.base import PageData, PageKey, Tier, TierError
 
 JOURNAL = "journal.log"
+MAX_DELTAS = 4  # deltas on top of a page's base before it is written whole again
 COMPACT_FACTOR = 4  # journal lines per live record (extent or meta) before a compaction
 SPACE_FACTOR = 2.0  # extent-file bytes per live page byte before half-empty extents are rewritten
 RECLAIM_MIN_BYTES = 1 << 20  # ... and only once this much is dead
@@ -46,11 +54,14 @@ RECLAIM_MIN_BYTES = 1 << 20  # ... and only once this much is dead
 
 @dataclass(frozen=True)
 class _Loc:
+    """One piece of a page in an extent file: the whole page, or a delta of `slots`."""
+
     file: str
     off: int
-    shape: tuple[int, int, int, int]  # (L, n, Hkv, Dh)
+    shape: tuple[int, int, int, int]  # (L, n, Hkv, Dh); n = len(slots) for a delta
     dtype: str
     crc: int
+    slots: tuple[int, ...] | None = None  # None: a whole page (the base of its chain)
 
     @property
     def kv_bytes(self) -> int:
@@ -78,9 +89,37 @@ def _parse(line: bytes) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def _page_bytes(page: PageData) -> bytes:
-    parts = (page.keys, page.values, page.positions.to(torch.int64))
+def _page_bytes(page: PageData, slots: Sequence[int] | None = None) -> bytes:
+    keys, values, positions = page.keys, page.values, page.positions.to(torch.int64)
+    if slots is not None:
+        idx = torch.tensor(list(slots), dtype=torch.long)
+        keys = keys.index_select(1, idx.to(keys.device))
+        values = values.index_select(1, idx.to(values.device))
+        positions = positions.index_select(0, idx.to(positions.device))
+    parts = (keys, values, positions)
     return b"".join(t.detach().cpu().contiguous().numpy().tobytes() for t in parts)
+
+
+def _entry(key: PageKey, loc: _Loc) -> dict[str, Any]:
+    entry = {"key": key, "off": loc.off, "shape": list(loc.shape), "dtype": loc.dtype,
+             "crc": loc.crc}  # fmt: skip
+    if loc.slots is not None:
+        entry["slots"] = list(loc.slots)
+    return entry
+
+
+def _chain_ok(chain: list[_Loc], page: PageData, slots: Sequence[int]) -> bool:
+    """Whether `slots` of `page` may go on top of `chain` as a delta."""
+    base = chain[0]
+    n = base.shape[1]
+    return (
+        0 < len(slots) < n
+        and len(chain) <= MAX_DELTAS
+        and list(page.keys.shape) == list(base.shape)
+        and str(page.keys.dtype).removeprefix("torch.") == base.dtype
+        and all(0 <= s < n for s in slots)
+        and sum(loc.shape[1] for loc in chain[1:]) + len(slots) <= n
+    )
 
 
 class DiskTier(Tier):
@@ -104,7 +143,7 @@ class DiskTier(Tier):
         self.reclaimed_files = 0  # extent files emptied by rewriting their live pages
         self.reclaim_bytes = 0  # bytes those rewrites wrote (also in counters.bytes_written)
         self._reclaiming = False
-        self._locs: dict[PageKey, _Loc] = {}
+        self._locs: dict[PageKey, list[_Loc]] = {}  # page -> [base, delta, ...]
         self._file_live: dict[str, int] = {}  # extent file -> bytes of its live pages (> 0)
         self._file_size: dict[str, int] = {}  # extent file -> its length in bytes
         self._live_bytes = 0  # sums of the two, kept as they change
@@ -165,20 +204,26 @@ class DiskTier(Tier):
         if op == "put":
             for p in r["pages"]:
                 key = PageKey(p["key"])
-                if (empty := self._forget(key)) is not None:
-                    emptied.append(empty)
-                loc = _Loc(r["file"], p["off"], tuple(p["shape"]), p["dtype"], p["crc"])
-                self._locs[key] = loc
+                slots = p.get("slots")
+                loc = _Loc(r["file"], p["off"], tuple(p["shape"]), p["dtype"], p["crc"],
+                           None if slots is None else tuple(slots))  # fmt: skip
+                if slots is not None:  # a delta: on top of the page's chain
+                    chain = self._locs.get(key)
+                    if chain is None:  # its base is gone: the delta is garbage
+                        continue
+                    chain.append(loc)
+                else:
+                    emptied += self._forget(key)
+                    self._locs[key] = [loc]
+                    self.counters.bytes += loc.kv_bytes
                 self._file_live[loc.file] = self._file_live.get(loc.file, 0) + loc.length
                 self._live_bytes += loc.length
                 size = self._file_size.get(loc.file, 0)
                 self._file_size[loc.file] = max(size, loc.off + loc.length)
                 self.file_bytes += self._file_size[loc.file] - size
-                self.counters.bytes += loc.kv_bytes
         elif op == "drop":
             for key in r["keys"]:
-                if (empty := self._forget(PageKey(key))) is not None:
-                    emptied.append(empty)
+                emptied += self._forget(PageKey(key))
         elif op == "meta":
             self.meta[r["name"]] = r["value"]
         elif op == "unmeta":
@@ -186,19 +231,21 @@ class DiskTier(Tier):
         self.counters.pages = len(self._locs)
         return emptied
 
-    def _forget(self, key: PageKey) -> str | None:
-        """Drop `key` from the index; returns its extent file if that file is now empty."""
-        loc = self._locs.pop(key, None)
-        if loc is None:
-            return None
-        self.counters.bytes -= loc.kv_bytes
-        self._file_live[loc.file] -= loc.length
-        self._live_bytes -= loc.length
-        if self._file_live[loc.file] == 0:
-            self.file_bytes -= self._file_size.pop(loc.file)
-            del self._file_live[loc.file]
-            return loc.file
-        return None
+    def _forget(self, key: PageKey) -> list[str]:
+        """Drop `key` from the index; returns the extent files that are now empty."""
+        chain = self._locs.pop(key, None)
+        if chain is None:
+            return []
+        self.counters.bytes -= chain[0].kv_bytes
+        emptied = []
+        for loc in chain:
+            self._file_live[loc.file] -= loc.length
+            self._live_bytes -= loc.length
+            if self._file_live[loc.file] == 0:
+                self.file_bytes -= self._file_size.pop(loc.file)
+                del self._file_live[loc.file]
+                emptied.append(loc.file)
+        return emptied
 
     def _maybe_reclaim(self) -> None:
         """Rewrite the live pages of the emptiest extents (under half live) into new extents
@@ -220,9 +267,12 @@ class DiskTier(Tier):
             for name in emptiest:
                 if total <= SPACE_FACTOR * live:
                     break
+                if name not in self._file_live:  # emptied by rewriting a chain through it
+                    continue
                 if 2 * self._file_live[name] > self._file_size[name]:
                     break  # the rest are more than half live: rewriting them gains little
-                pages = [(k, self._read_page(k)) for k in by_file[name]]
+                keys = [k for k in by_file[name] if any(c.file == name for c in self._locs[k])]
+                pages = [(k, self._read_page(k)) for k in keys]
                 good = [(k, p) for k, p in pages if p is not None]
                 if len(good) < len(pages):
                     continue
@@ -237,16 +287,22 @@ class DiskTier(Tier):
         finally:
             self._reclaiming = False
 
+    def _pieces_by_file(self) -> dict[str, list[tuple[PageKey, _Loc]]]:
+        """Every live piece, by extent file, files in the order they were written (a chain's
+        pieces are in increasing files, so replaying in this order rebuilds every chain)."""
+        by_file: dict[str, list[tuple[PageKey, _Loc]]] = {}
+        for key, chain in self._locs.items():
+            for loc in chain:
+                by_file.setdefault(loc.file, []).append((key, loc))
+        return dict(sorted(by_file.items()))
+
     def _keys_by_file(self) -> dict[str, list[PageKey]]:
-        by_file: dict[str, list[PageKey]] = {}
-        for key, loc in self._locs.items():
-            by_file.setdefault(loc.file, []).append(key)
-        return by_file
+        return {f: [k for k, _ in pieces] for f, pieces in self._pieces_by_file().items()}
 
     def _rewrite_journal(self) -> None:
         lines = [
-            _line({"op": "put", "file": f, "pages": [self._entry(k) for k in keys]})
-            for f, keys in self._keys_by_file().items()
+            _line({"op": "put", "file": f, "pages": [_entry(k, loc) for k, loc in pieces]})
+            for f, pieces in self._pieces_by_file().items()
         ]
         lines += [_line({"op": "meta", "name": n, "value": v}) for n, v in self.meta.items()]
         tmp = self.folder / (JOURNAL + ".tmp")
@@ -254,11 +310,6 @@ class DiskTier(Tier):
         os.replace(tmp, self.folder / JOURNAL)
         self._sync_dir(self.folder)
         self._lines = len(lines)
-
-    def _entry(self, key: PageKey) -> dict[str, Any]:
-        loc = self._locs[key]
-        return {"key": key, "off": loc.off, "shape": list(loc.shape), "dtype": loc.dtype,
-                "crc": loc.crc}  # fmt: skip
 
     def _maybe_compact(self) -> None:
         """Rewrite the journal from the index once dead lines dominate it. The rewrite is
@@ -281,18 +332,32 @@ class DiskTier(Tier):
 
     # ---- the Tier interface ----
 
-    def write(self, pages: Sequence[tuple[PageKey, PageData]]) -> None:
-        held = sum(self._locs[k].kv_bytes for k, _ in pages if k in self._locs)
+    def write(
+        self,
+        pages: Sequence[tuple[PageKey, PageData]],
+        deltas: Mapping[PageKey, Sequence[int]] | None = None,
+    ) -> None:
+        held = sum(self._locs[k][0].kv_bytes for k, _ in pages if k in self._locs)
         self._check_room(pages, held)
         name = f"{self._next:010d}.ext"
         self._next += 1
-        blobs, entries, off = [], [], 0
+        blobs, entries, off, n_deltas = [], [], 0, 0
         for key, page in pages:
-            blob = _page_bytes(page)
+            slots = None if deltas is None else deltas.get(key)
+            if slots is not None:
+                slots = sorted(set(slots))
+                chain = self._locs.get(key)
+                if chain is None or not _chain_ok(chain, page, slots):
+                    slots = None  # no copy to build on, or the chain is long: whole page
+            blob = _page_bytes(page, slots)
             dtype = str(page.keys.dtype).removeprefix("torch.")
             shape = list(page.keys.shape)
-            entries.append({"key": key, "off": off, "shape": shape, "dtype": dtype,
-                            "crc": zlib.crc32(blob)})  # fmt: skip
+            if slots is not None:
+                shape[1] = len(slots)
+                n_deltas += 1
+            loc = _Loc(name, off, (shape[0], shape[1], shape[2], shape[3]), dtype,
+                       zlib.crc32(blob), None if slots is None else tuple(slots))  # fmt: skip
+            entries.append(_entry(key, loc))
             blobs.append(blob)
             off += len(blob)
         line = _line({"op": "put", "file": name, "pages": entries})
@@ -317,6 +382,7 @@ class DiskTier(Tier):
         for empty in self._apply({"op": "put", "file": name, "pages": entries}):
             (self.folder / "extents" / empty).unlink(missing_ok=True)
         self._count_write(pages, 0, off + len(line))
+        self.counters.delta_writes += n_deltas
         self.counters.peak_bytes = max(self.counters.peak_bytes, self.counters.bytes)
         self._maybe_compact()
         self._maybe_reclaim()
@@ -330,9 +396,21 @@ class DiskTier(Tier):
         return page
 
     def _read_page(self, key: PageKey) -> PageData | None:
-        loc = self._locs.get(key)
-        if loc is None:
+        chain = self._locs.get(key)
+        if chain is None:
             return None
+        page = self._read_piece(chain[0])
+        for loc in chain[1:]:
+            delta = self._read_piece(loc)
+            if page is None or delta is None:
+                return None
+            idx = torch.tensor(list(loc.slots or ()), dtype=torch.long)
+            page.keys[:, idx] = delta.keys
+            page.values[:, idx] = delta.values
+            page.positions[idx] = delta.positions
+        return page
+
+    def _read_piece(self, loc: _Loc) -> PageData | None:
         try:
             with open(self.folder / "extents" / loc.file, "rb") as f:
                 f.seek(loc.off)
@@ -366,8 +444,8 @@ class DiskTier(Tier):
 
     def page_size_of(self, key: PageKey) -> tuple[int, int]:
         """(tokens, K/V bytes) of a stored page, from the index."""
-        loc = self._locs[key]
-        return loc.shape[1], loc.kv_bytes
+        base = self._locs[key][0]
+        return base.shape[1], base.kv_bytes
 
     # ---- opaque metadata (the store's segment index) ----
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -23,7 +23,11 @@ class MemoryTier(Tier):
         self.pin = pin
         self._pages: dict[PageKey, PageData] = {}
 
-    def write(self, pages: Sequence[tuple[PageKey, PageData]]) -> None:
+    def write(
+        self,
+        pages: Sequence[tuple[PageKey, PageData]],
+        deltas: Mapping[PageKey, Sequence[int]] | None = None,  # a copy in memory is whole
+    ) -> None:
         held = sum(self._pages[k].nbytes for k, _ in pages if k in self._pages)
         self._check_room(pages, held)
         t0 = time.perf_counter()

@@ -244,3 +244,114 @@ def test_disk_folder_not_writable_is_a_clear_error(tmp_path: Path) -> None:
     blocker.write_text("not a folder")
     with pytest.raises(CacheDirError, match="not writable"):
         DiskTier(blocker / "sub", PAGE_BYTES)
+
+
+# ---- deltas: a page stored as the changed slots on top of the copy the tier holds ----
+
+
+def patched(base: PageData, new: PageData, slots: list[int]) -> PageData:
+    keys, values, positions = base.keys.clone(), base.values.clone(), base.positions.clone()
+    idx = torch.tensor(slots)
+    keys[:, idx], values[:, idx] = new.keys[:, idx], new.values[:, idx]
+    positions[idx] = new.positions[idx]
+    return PageData(keys, values, positions)
+
+
+def test_write_with_deltas_reads_back_the_whole_new_page(make: Callable[[int], Tier]) -> None:
+    tier = make(4 * PAGE_BYTES)
+    key = PageKey("s/0")
+    tier.write([(key, page(0))])
+    v2 = patched(page(0), page(50), [1, 7])
+    tier.write([(key, v2), (PageKey("s/1"), page(1))], {key: [1, 7]})
+    assert same(tier.read(key), v2) and same(tier.read(PageKey("s/1")), page(1))
+    assert tier.counters.bytes == 2 * PAGE_BYTES  # a page counts once, however stored
+
+
+def test_disk_delta_writes_only_the_changed_slots(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path / "disk", 4 * PAGE_BYTES, fsync=False)
+    key = PageKey("s/0")
+    tier.write([(key, page(0))])
+    before = tier.counters.bytes_written
+    v2 = patched(page(0), page(50), [3, 4])
+    tier.write([(key, v2)], {key: [3, 4]})
+    written = tier.counters.bytes_written - before
+    slot_bytes = PAGE_BYTES // 16 + 8  # K/V of one token in every layer, and its position
+    assert 2 * slot_bytes < written < 2 * slot_bytes + 400  # the delta and its journal line
+    assert tier.counters.delta_writes == 1 and tier.counters.writes == 2
+    assert same(tier.read(key), v2)
+
+
+def test_disk_delta_chain_survives_reopen_and_compaction(tmp_path: Path) -> None:
+    folder = tmp_path / "disk"
+    tier = DiskTier(folder, 4 * PAGE_BYTES, fsync=False)
+    key = PageKey("s/0")
+    tier.write([(key, page(0))])
+    want = page(0)
+    for r, slots in enumerate(([0], [5, 6], [15])):
+        want = patched(want, page(100 + r), slots)
+        tier.write([(key, want), (PageKey(f"x/{r}"), page(r))], {key: slots})
+        tier.drop([PageKey(f"x/{r}")])
+    assert tier.counters.delta_writes == 3 and same(tier.read(key), want)
+    tier.close()
+    for _ in range(2):  # replays the journal as written, then as compacted at the first open
+        again = DiskTier(folder, 4 * PAGE_BYTES, fsync=False)
+        assert same(again.read(key), want) and again.counters.bytes == PAGE_BYTES
+        again.close()
+    assert len(list((folder / "extents").iterdir())) == 4  # base and three deltas
+    assert len((folder / "journal.log").read_bytes().splitlines()) == 4  # one put per file
+
+
+def test_disk_writes_whole_when_a_delta_cannot_apply(tmp_path: Path) -> None:
+    """No copy to build on, slots out of range or all of them, or a chain already at its
+    limit (MAX_DELTAS, or twice a page's bytes): the page is written whole, replacing the
+    chain, and the files of the old chain go."""
+    from agentcache.tiers.disk import MAX_DELTAS
+
+    folder = tmp_path / "disk"
+    tier = DiskTier(folder, 4 * PAGE_BYTES, fsync=False)
+    key = PageKey("s/0")
+    tier.write([(key, page(0))], {key: [1]})  # nothing on disk yet
+    tier.write([(key, page(1))], {key: [16]})
+    tier.write([(key, page(2))], {key: list(range(16))})
+    assert tier.counters.delta_writes == 0 and same(tier.read(key), page(2))
+    want = page(2)
+    for r in range(MAX_DELTAS + 1):
+        want = patched(want, page(10 + r), [r])
+        tier.write([(key, want)], {key: [r]})
+    assert tier.counters.delta_writes == MAX_DELTAS and same(tier.read(key), want)
+    assert len(list((folder / "extents").iterdir())) == 1  # the last write was whole
+    big = patched(want, page(40), list(range(12)))
+    tier.write([(key, big)], {key: list(range(12))})
+    tier.write([(key, patched(big, page(41), list(range(5))))], {key: list(range(5))})
+    assert tier.counters.delta_writes == MAX_DELTAS + 1  # 12 + 5 slots > one page: whole
+    assert same(tier.read(key), patched(big, page(41), list(range(5))))
+
+
+def test_disk_corrupt_delta_or_base_makes_the_page_a_miss(tmp_path: Path) -> None:
+    folder = tmp_path / "disk"
+    tier = DiskTier(folder, 4 * PAGE_BYTES, fsync=False)
+    a, b = PageKey("s/0"), PageKey("s/1")
+    tier.write([(a, page(0)), (b, page(1))])
+    tier.write([(a, patched(page(0), page(9), [2]))], {a: [2]})
+    delta = sorted((folder / "extents").iterdir())[-1]
+    data = bytearray(delta.read_bytes())
+    data[5] ^= 0xFF
+    delta.write_bytes(bytes(data))
+    assert tier.read(a) is None and tier.counters.corrupt == 1
+    assert same(tier.read(b), page(1))  # the base's other page is fine
+    tier.write([(b, patched(page(1), page(8), [0]))], {b: [0]})
+    sorted((folder / "extents").iterdir())[0].unlink()  # the base file of both
+    assert tier.read(b) is None and tier.counters.corrupt == 2
+
+
+def test_disk_reclaim_rewrites_chains_whole(tmp_path: Path) -> None:
+    folder = tmp_path / "disk"
+    tier = DiskTier(folder, 64 * PAGE_BYTES, fsync=False, reclaim_min_bytes=0)
+    keys = [PageKey(f"s/{i}") for i in range(4)]
+    tier.write([(k, page(i)) for i, k in enumerate(keys)])
+    want = patched(page(0), page(20), [4])
+    tier.write([(keys[0], want)], {keys[0]: [4]})
+    tier.drop(keys[1:])  # the base file is now mostly dead: reclaimed
+    assert tier.reclaimed_files >= 1 and same(tier.read(keys[0]), want)
+    assert len(list((folder / "extents").iterdir())) == 1
+    assert tier.file_bytes <= 2 * (PAGE_BYTES + 8 * 16)
