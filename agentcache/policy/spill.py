@@ -43,7 +43,13 @@ class SpillPolicy(ABC):
     each at most once, whose bytes add up to at least `need_bytes` (all pages when they hold
     less). Only clean pages may be dropped; every other victim is in exactly one extent. A
     policy may also write a clean page (a rewrite). need_bytes <= 0 is always an empty plan.
+
+    `deltas`: whether the store writes a dirty page whose disk copy is stale at only some
+    token slots as a delta of those slots (SLIDE's dirty ranges) rather than whole; a policy
+    that keeps no dirty bits cannot.
     """
+
+    deltas: bool = False
 
     def __init__(self, **options: Any) -> None:
         if options:
@@ -67,12 +73,17 @@ def _take(pages: Sequence[PageInfo], need: int) -> list[PageInfo]:
 class SlidePolicy(SpillPolicy):
     """SLIDE: clean pages first (oldest first, dropped, no write), then dirty pages by dirty
     token count descending; the dirty victims are written sorted by (segment, page), cut into
-    extents of at most `max_extent_pages`, so each extent is one sequential write."""
+    extents of at most `max_extent_pages`, so each extent is one sequential write. A dirty
+    page with a stale disk copy is written as a delta of its stale slots (`deltas=False`:
+    whole pages, an ablation)."""
 
-    def __init__(self, max_extent_pages: int = 64) -> None:
+    def __init__(self, max_extent_pages: int = 64, deltas: bool = True) -> None:
         if max_extent_pages < 1:
             raise ValueError("max_extent_pages must be >= 1")
+        if not isinstance(deltas, bool):
+            raise ValueError(f"deltas must be true or false, got {deltas!r}")
         self.max_extent_pages = max_extent_pages
+        self.deltas = deltas
 
     def plan(self, pages: Sequence[PageInfo], need_bytes: int) -> SpillPlan:
         if need_bytes <= 0:

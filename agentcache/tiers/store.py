@@ -13,9 +13,16 @@ every strategy uses it unchanged. What it adds:
                rest written to the tier below, one write call per extent
     evict    : the lowest tier, when full, drops whole segments in eviction-policy order
 
-Per page, `stale[tier]` counts the tokens the copy in that tier lacks (absent: no copy). The
-fastest copy is always current (stale 0). A page is clean in tier i when its copy there is
-outdated (a newer one lives above) or some tier below holds a current copy.
+Per page, `stale[tier]` is a bit mask of the token slots whose K/V the copy in that tier
+lacks (absent: no copy; bit i: the page's token i). The fastest copy is always current
+(stale 0). A page is clean in tier i when its copy there is outdated (a newer one lives
+above) or some tier below holds a current copy; its dirty count is the fewest stale slots of
+any copy below.
+
+An update changes only the slots it names: the new version is the current one with those
+slots replaced (keys, values and the positions their keys are rotated at), so a lower copy
+differs from the current version exactly at its stale slots. A spill policy with `deltas`
+writes such a page to the disk tier as a delta of those slots instead of whole.
 """
 
 from __future__ import annotations
@@ -94,10 +101,15 @@ class TierStats:
     spills: int = 0  # tier-full events that asked the spill policy
     dropped_clean: int = 0  # pages dropped without a write
     written_pages: int = 0  # pages written to a lower tier by spills
-    persist_required_bytes: int = 0  # K/V bytes written to disk with no current disk copy
+    # K/V bytes the disk tier lacked when written: a page with no disk copy counts whole, one
+    # with a stale copy counts its stale slots, a current copy nothing
+    persist_required_bytes: int = 0
+    persist_required_page_bytes: int = 0  # the same counting every page not current whole
+    delta_pages: int = 0  # pages written to disk as deltas of their stale slots
     failed_spills: int = 0
     unpromoted: int = 0  # pages served from a lower tier and left there (no room above)
     updates: int = 0  # pages replaced by a newer version
+    whole_updates: int = 0  # ... of which no current copy could be read to merge into
     errors: list[str] = field(default_factory=list)  # last tier errors, newest last
 
 
@@ -127,6 +139,10 @@ class _Segment:
 
 class _NoRoom(Exception):
     pass
+
+
+def _slots(mask: int) -> list[int]:
+    return [i for i in range(mask.bit_length()) if mask >> i & 1]
 
 
 class TieredSegmentStore(SegmentStore):
@@ -215,14 +231,24 @@ class TieredSegmentStore(SegmentStore):
     def update_pages(
         self, model_id: str, tokenizer_id: str, cid: str, updates: dict[int, tuple[PageData, int]]
     ) -> bool:
-        """Replace pages (index -> (new version, tokens changed)) of a stored segment with a
-        newer version in the fast tier; lower copies become stale. False if it is not stored
-        (or not all of it fits in the fast tier)."""
+        """Give pages of a stored segment a newer version in the fast tier: index -> (K/V and
+        positions of the page's tokens, bit mask of the slots that changed). Only the masked
+        slots are taken; the rest of the page stays as stored. Lower copies become stale at
+        those slots. False if the segment is not stored (or the pages do not fit in fast)."""
         key = SegmentKey(_digest(model_id, tokenizer_id, cid))
         with self._lock:
             seg = self._segments.get(key)
             if seg is None or not updates:
                 return False
+            for i, (page, changed) in updates.items():
+                n = self._pages[seg.pages[i]].num_tokens
+                if page.num_tokens != n or not 0 < changed < 1 << n:
+                    raise ValueError(
+                        f"update of page {i}: {page.num_tokens} tokens and slot mask "
+                        f"{changed:#x} for a page of {n} tokens"
+                    )
+            updates = {i: self._merged(seg.pages[i], page, changed)
+                       for i, (page, changed) in updates.items()}  # fmt: skip
             writes = [(seg.pages[i], page) for i, (page, _) in sorted(updates.items())]
             absent = sum(p.nbytes for k, p in writes if k not in self.tiers[0])
             with self._pin(key):
@@ -236,11 +262,28 @@ class TieredSegmentStore(SegmentStore):
             for i, (_, changed) in updates.items():
                 state = self._pages[seg.pages[i]]
                 for tier in list(state.stale):
-                    state.stale[tier] = min(state.num_tokens, state.stale[tier] + changed)
+                    state.stale[tier] |= changed
                 state.stale["fast"] = 0
                 state.last_use = now
                 self.tier_stats.updates += 1
             return True
+
+    def _merged(self, pk: PageKey, page: PageData, changed: int) -> tuple[PageData, int]:
+        """The current version of `pk` with the slots in `changed` taken from `page`; when no
+        current copy can be read (a corrupt disk page), `page` whole, all slots changed."""
+        current = self._read_current(pk)
+        n = page.num_tokens
+        if current is None:
+            self.tier_stats.whole_updates += 1
+            return page, (1 << n) - 1
+        idx = torch.tensor([j for j in range(n) if changed >> j & 1], dtype=torch.long)
+        dev = current.keys.device
+        keys, values, positions = current.keys, current.values, current.positions
+        keys[:, idx.to(dev)] = page.keys.index_select(1, idx.to(page.keys.device)).to(dev)
+        values[:, idx.to(dev)] = page.values.index_select(1, idx.to(page.values.device)).to(dev)
+        pos = page.positions.index_select(0, idx.to(page.positions.device))
+        positions[idx.to(positions.device)] = pos.to(positions.device)
+        return PageData(keys, values, positions), changed
 
     def persist(self) -> int:
         """Write every page without a current disk copy to disk (copies stay where they
@@ -401,11 +444,20 @@ class TieredSegmentStore(SegmentStore):
     def _write_below(self, below: Tier, pages: list[tuple[PageKey, PageData]]) -> None:
         if not pages:
             return
+        deltas = None
         if isinstance(below, DiskTier):
-            self.tier_stats.persist_required_bytes += sum(
-                p.nbytes for k, p in pages if self._pages[k].stale.get("disk") != 0
-            )
-        below.write(pages)
+            st = self.tier_stats
+            for k, p in pages:
+                stale = self._pages[k].stale.get("disk")
+                if stale != 0:
+                    st.persist_required_page_bytes += p.nbytes
+                    n = stale.bit_count() if stale is not None else p.num_tokens
+                    st.persist_required_bytes += p.nbytes * n // p.num_tokens
+            if self.spill_policy.deltas:
+                deltas = {k: _slots(m) for k, _ in pages if (m := self._pages[k].stale.get("disk"))}
+        before = below.counters.delta_writes
+        below.write(pages, deltas)
+        self.tier_stats.delta_pages += below.counters.delta_writes - before
         self.tier_stats.written_pages += len(pages)
         for k, _ in pages:
             self._pages[k].stale[below.name] = 0
@@ -444,7 +496,7 @@ class TieredSegmentStore(SegmentStore):
         below = [t.name for t in self.tiers[level + 1 :] if t.name in state.stale]
         outdated = state.stale[self.tiers[level].name] > 0
         fresh_below = any(state.stale[t] == 0 for t in below)
-        dirty = min((state.stale[t] for t in below), default=state.num_tokens)
+        dirty = min((state.stale[t].bit_count() for t in below), default=state.num_tokens)
         clean = outdated or fresh_below
         return PageInfo(
             pk, state.segment, state.index, state.nbytes, 0 if clean else dirty, clean,

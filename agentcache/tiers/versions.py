@@ -1,9 +1,10 @@
 """Dirty pages: after a reuse prefill, the pages of reused segments holding recomputed or
 fused tokens carry a newer K/V version than the store's copy. This hands that version to a
-tiered store, page by page, with the count of changed tokens (the page's dirty count).
+tiered store, page by page, with the slots of the changed tokens (their count is the page's
+dirty count); the store keeps the rest of each page as it was stored.
 
     segment   : [ page 0 ][ page 1 ][ page 2 ]        page j = segment tokens [16j, 16j+16)
-    dirty     :   . . x .   . . . .   x x . .         -> pages 0 (1 token), 2 (2 tokens)
+    dirty     :   . . x .   . . . .   x x . .         -> pages 0 (slot 2), 2 (slots 0, 1)
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def adopt_recomputed(
         updates: dict[int, tuple[PageData, int]] = {}
         for j, first in enumerate(range(seg.start, seg.end, size)):
             span = slice(first, min(first + size, seg.end))
-            changed = int(dirty[span].sum())
+            changed = sum(1 << i for i in dirty[span].nonzero().flatten().tolist())
             if changed:
                 keys, values = seq.gather_all(span)
                 updates[j] = (PageData(keys, values, positions[span].clone()), changed)

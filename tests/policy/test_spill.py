@@ -81,3 +81,12 @@ def test_unknown_policy_lists_known() -> None:
 
     with pytest.raises(UnknownStrategyError, match="slide"):
         SPILL_POLICIES.get("nope")
+
+
+def test_only_slide_writes_deltas_and_the_option_is_checked() -> None:
+    assert SPILL_POLICIES.get("slide")().deltas is True
+    assert SPILL_POLICIES.get("slide")(deltas=False).deltas is False
+    assert SPILL_POLICIES.get("lru")().deltas is False  # no dirty bits: whole pages
+    assert SPILL_POLICIES.get("lru-clean")().deltas is False
+    with pytest.raises(ValueError, match="deltas must be true or false"):
+        SPILL_POLICIES.get("slide")(deltas="yes")

@@ -1,5 +1,6 @@
 """A writer process for the crash test: puts segments into a tiered store whose fast tier
-holds two segments (so every put spills to disk), dirties some, persists, and prints
+holds two segments (so every put spills to disk), dirties some (before their first disk
+copy, and again after it, so spills and persists write deltas), persists, and prints
 "committed <i>" once segment i is durable. The test kills it with SIGKILL at random.
 
 With `journal` as the second argument it instead rewrites four disk pages over and over
@@ -34,8 +35,12 @@ def version1(i: int) -> StoredKV:
     return StoredKV(keys, values, torch.arange(TOKENS), M, T, f"ctx{i}")
 
 
+FIRST = 0b1000_0000_0010_0011  # slots of page 0 a reuse recomputes before the disk copy
+SECOND = 0b0000_0110_0000_0001  # ... and after it (segments i % 3 == 0)
+
+
 def version2_page0(i: int) -> PageData:
-    """The newer version of page 0 a reuse with recompute would leave (segments i % 3 == 0)."""
+    """The recomputed K/V of page 0 a reuse would leave (only the masked slots are taken)."""
     g = torch.Generator().manual_seed(10_000_000 + i)
     return PageData(
         torch.randn((2, 16, 2, 8), generator=g),
@@ -61,10 +66,14 @@ def main(folder: Path, first: int) -> None:
         store.put(ids(i), version1(i))
         if i % 3 == 0:
             cid = content_id(ids(i), "segment", None)
-            store.update_pages(M, T, cid, {0: (version2_page0(i), 5)})
+            store.update_pages(M, T, cid, {0: (version2_page0(i), FIRST)})
         if i % 2 == 1:
             store.persist()
             print(f"committed {i - 1} {i}", flush=True)
+            for j in (i - 1, i):  # on disk now: the next spill or persist writes a delta
+                if j % 3 == 0 and store.lookup(M, T, ids(j)).kv is not None:
+                    cid = content_id(ids(j), "segment", None)
+                    store.update_pages(M, T, cid, {0: (version2_page0(j), SECOND)})
         i += 1
 
 

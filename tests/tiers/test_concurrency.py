@@ -44,14 +44,18 @@ def engine(model: LoadedModel, tiers: TierConfig) -> Engine:
     return Engine(model, EngineConfig(strategy="rpdc", kv_pages=KV_PAGES, tiers=tiers))
 
 
-@pytest.mark.parametrize("spill", ["slide", "lru"])
+@pytest.mark.parametrize(
+    ("spill", "deltas"), [("slide", True), ("slide", False), ("lru", False)],
+    ids=["slide", "slide-whole", "lru"],
+)  # fmt: skip
 def test_concurrent_sessions_under_spill_match_unbounded(
-    tiny: LoadedModel, tmp_path: Path, spill: str
+    tiny: LoadedModel, tmp_path: Path, spill: str, deltas: bool
 ) -> None:
     unbounded = run_sessions(engine(tiny, TierConfig(fast_bytes=1 << 30)))
+    options = {"deltas": False} if spill == "slide" and not deltas else {}
     tight = TierConfig(
         fast_bytes=WORKING_SET, host_bytes=WORKING_SET // 2, disk_dir=tmp_path, spill=spill,
-        fsync=False,
+        fsync=False, spill_options=options,
     )  # fmt: skip
     bounded_engine = engine(tiny, tight)
     bounded = run_sessions(bounded_engine)
@@ -61,6 +65,8 @@ def test_concurrent_sessions_under_spill_match_unbounded(
     c = store.counters()
     assert store.tier_stats.spills > 0 and c["disk"]["writes"] > 0 and c["disk"]["hits"] > 0
     assert store.stats.evictions == 0 and store.tier_stats.failed_spills == 0
+    # dirty pages with a stale disk copy went down as deltas, and were served back exactly
+    assert (store.tier_stats.delta_pages > 0) == deltas
 
 
 def test_fast_tier_below_one_working_set_fails_at_start(tiny: LoadedModel) -> None:

@@ -31,11 +31,15 @@ def equal(a: StoredKV | None, b: StoredKV) -> bool:
         (a.keys, a.values, a.positions), (b.keys, b.values, b.positions), strict=True))  # fmt: skip
 
 
-def store(tmp: Path | None, fast: int, host: int = 0, spill: str = "slide") -> TieredSegmentStore:
+def store(
+    tmp: Path | None, fast: int, host: int = 0, spill: str = "slide", **options: bool
+) -> TieredSegmentStore:
     disk = None if tmp is None else tmp / "disk"
-    return TieredSegmentStore(
-        TierConfig(fast_bytes=fast, host_bytes=host, disk_dir=disk, spill=spill, fsync=False)
-    )
+    config = TierConfig(
+        fast_bytes=fast, host_bytes=host, disk_dir=disk, spill=spill, fsync=False,
+        spill_options=options,
+    )  # fmt: skip
+    return TieredSegmentStore(config)
 
 
 def test_fast_only_behaves_like_a_segment_store() -> None:
@@ -89,24 +93,98 @@ def test_lru_rewrites_clean_pages_page_at_a_time(tmp_path: Path) -> None:
     assert disk.writes == 9 and s.tier_stats.persist_required_bytes == 6 * PAGE
 
 
+def mask(*slots: int) -> int:
+    return sum(1 << i for i in slots)
+
+
 def test_dirty_update_is_written_back_and_served(tmp_path: Path) -> None:
     s = store(tmp_path, fast=3 * PAGE)
     s.put(ids(0), kv(0))
     cid = content_id(ids(0), "segment", None)
     new = kv(7)
     page1 = PageData(new.keys[:, 16:32], new.values[:, 16:32], torch.arange(100, 116))
-    assert s.update_pages(M, T, cid, {1: (page1, 5)})
+    assert s.update_pages(M, T, cid, {1: (page1, mask(0, 1, 2, 3, 9))})
     s.put(ids(10), kv(1))  # pushes segment 0 down: page 1 is dirty (no copy), written
     got = s.lookup(M, T, ids(0)).kv
     assert got is not None and got.context_id is None  # mixed contexts now
-    assert torch.equal(got.keys[:, 16:32], new.keys[:, 16:32])
+    taken = torch.tensor([16, 17, 18, 19, 25])  # only the masked slots are the new version
+    kept = torch.tensor([i for i in range(16, 32) if i not in taken])
+    assert torch.equal(got.keys[:, taken], new.keys[:, taken])
+    assert torch.equal(got.values[:, taken], new.values[:, taken])
+    assert torch.equal(got.keys[:, kept], kv(0).keys[:, kept])
     assert torch.equal(got.keys[:, :16], kv(0).keys[:, :16])
-    assert torch.equal(got.positions[16:32], torch.arange(100, 116))
+    assert torch.equal(got.positions[taken], torch.tensor([100, 101, 102, 103, 109]))
+    assert torch.equal(got.positions[kept], kept)  # the rest keep their stored positions
     # the page is in fast and on disk; a second update makes it dirty by 3 tokens
-    assert s.update_pages(M, T, cid, {1: (page1, 3)})
+    assert s.update_pages(M, T, cid, {1: (page1, mask(4, 5, 6))})
     pages = s.page_info(M, T, cid)
     assert [(p.clean, p.dirty_tokens) for p in pages] == [(True, 0), (False, 3), (True, 0)]
-    assert s.tier_stats.updates == 2
+    assert s.tier_stats.updates == 2 and s.tier_stats.whole_updates == 0
+
+
+def test_update_with_a_bad_slot_mask_is_a_clear_error(tmp_path: Path) -> None:
+    s = store(tmp_path, fast=3 * PAGE)
+    s.put(ids(0), kv(0))
+    cid = content_id(ids(0), "segment", None)
+    p = PageData(kv(7).keys[:, :16], kv(7).values[:, :16], torch.arange(16))
+    for bad in (0, 1 << 16):
+        with pytest.raises(ValueError, match="slot mask"):
+            s.update_pages(M, T, cid, {0: (p, bad)})
+    short = PageData(p.keys[:, :8], p.values[:, :8], p.positions[:8])
+    with pytest.raises(ValueError, match="8 tokens"):
+        s.update_pages(M, T, cid, {0: (short, 1)})
+    assert equal(s.lookup(M, T, ids(0)).kv, kv(0))  # nothing changed
+
+
+def dirty_then_spill(
+    tmp_path: Path, spill: str, **options: bool
+) -> tuple[TieredSegmentStore, StoredKV]:
+    """Segment 0 on disk and back in fast, two slots of page 1 recomputed, then pushed down
+    again; returns the store and segment 0's current version."""
+    s = store(tmp_path, fast=3 * PAGE, spill=spill, **options)
+    s.put(ids(0), kv(0))
+    s.put(ids(10), kv(1))  # segment 0 to disk, whole
+    assert s.lookup(M, T, ids(0)).hit  # back in fast, a current copy on disk
+    cid = content_id(ids(0), "segment", None)
+    new = kv(7)
+    page1 = PageData(new.keys[:, 16:32], new.values[:, 16:32], torch.arange(200, 216))
+    assert s.update_pages(M, T, cid, {1: (page1, mask(2, 11))})
+    old = kv(0)
+    want = StoredKV(old.keys, old.values, old.positions, M, T, None)  # mixed contexts now
+    for t in (18, 27):
+        want.keys[:, t], want.values[:, t] = new.keys[:, t], new.values[:, t]
+        want.positions[t] = 200 + t - 16
+    s.lookup(M, T, ids(10))  # segment 1 back: segment 0 leaves fast
+    return s, want
+
+
+def test_slide_writes_a_dirty_page_back_as_a_delta_of_its_stale_slots(tmp_path: Path) -> None:
+    s, want = dirty_then_spill(tmp_path, "slide")
+    disk = s.tier("disk").counters
+    assert s.tier_stats.delta_pages == 1 and disk.delta_writes == 1
+    assert s.tier_stats.dropped_clean == 2  # pages 0 and 2: current on disk
+    assert s.tier_stats.persist_required_bytes == 6 * PAGE + 2 * TOKEN_BYTES
+    assert s.tier_stats.persist_required_page_bytes == 7 * PAGE
+    assert equal(s.lookup(M, T, ids(0)).kv, want)
+    s.demote_all()  # every copy above disk dropped: served from the chain on disk
+    assert equal(s.lookup(M, T, ids(0)).kv, want)
+    s.tier("disk").close()  # type: ignore[attr-defined]
+    again = TieredSegmentStore(
+        TierConfig(fast_bytes=9 * PAGE, disk_dir=tmp_path / "disk", fsync=False)
+    )
+    assert equal(again.lookup(M, T, ids(0)).kv, want)
+
+
+@pytest.mark.parametrize(("spill", "options"), [("lru", {}), ("slide", {"deltas": False})])
+def test_without_deltas_the_dirty_page_is_written_whole(
+    tmp_path: Path, spill: str, options: dict[str, bool]
+) -> None:
+    s, want = dirty_then_spill(tmp_path, spill, **options)
+    assert not s.spill_policy.deltas
+    assert s.tier_stats.delta_pages == 0 and s.tier("disk").counters.delta_writes == 0
+    assert s.tier_stats.persist_required_bytes == 6 * PAGE + 2 * TOKEN_BYTES  # the same need
+    s.demote_all()
+    assert equal(s.lookup(M, T, ids(0)).kv, want)
 
 
 def test_corrupt_page_is_a_checksum_miss_then_recomputed(tmp_path: Path) -> None:
