@@ -7,8 +7,11 @@
 Each results.json must hold the `slide` and `lru` policies. A run is placed by its workload
 (the session names' prefix), its turns per session (the most turns any session ran) and
 whether recomputed tokens were written back (`config.adopt`; runs that predate the option
-wrote them back). Writes `DIR/wa_turns.md` (a table) and `DIR/wa_turns.png` (lru's write
-amplification over slide's, per turns per session, the 3x target drawn across).
+wrote them back) and, when written back, how `slide` wrote its dirty pages: as deltas of
+their stale token slots (results with `disk_delta_pages`) or whole (results that predate
+deltas; their write amplification counted a dirty page whole in what had to be persisted,
+too). Writes `DIR/wa_turns.md` (a table) and `DIR/wa_turns.png` (lru's write amplification
+over slide's, per turns per session, the 3x target drawn across).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class Run:
     workload: str
     turns: int
     writeback: bool
+    deltas: bool  # slide wrote dirty pages as deltas (False: whole, or no write-back)
     reduction: float  # lru's write amplification / slide's
     calls_ratio: float  # lru's write calls / slide's
     throughput_ratio: float  # slide's turns/s / lru's
@@ -65,6 +69,7 @@ def _load(path: Path, data: dict[str, Any]) -> Run:
         workload=workloads.pop(),
         turns=turns,
         writeback=adopt is None or bool(adopt),
+        deltas=(adopt is None or bool(adopt)) and "disk_delta_pages" in pol["slide"],
         reduction=r["write_amplification_reduction"],
         calls_ratio=1 / r["write_calls_ratio"],
         throughput_ratio=r["throughput_ratio"],
@@ -73,18 +78,28 @@ def _load(path: Path, data: dict[str, Any]) -> Run:
 
 def table(runs: list[Run]) -> str:
     rows = [
-        "| workload | write-back | turns per session | WA lru / slide | write calls lru / slide "
-        "| turns/s slide / lru | results |",
-        "|---|---|---|---|---|---|---|",
+        "| workload | write-back | dirty pages written | turns per session | WA lru / slide "
+        "| write calls lru / slide | turns/s slide / lru | results |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for r in sorted(runs, key=lambda r: (r.workload, not r.writeback, r.turns, r.path)):
+    for r in sorted(runs, key=lambda r: (r.workload, not r.writeback, not r.deltas, r.turns)):
         met = " (>= 3x)" if r.reduction >= TARGET else ""
         rows.append(
-            f"| {r.workload} | {'yes' if r.writeback else 'no'} | {r.turns} | "
+            f"| {r.workload} | {'yes' if r.writeback else 'no'} | {_mode(r)} | {r.turns} | "
             f"{r.reduction:.2f}x{met} | {r.calls_ratio:.0f}x | {r.throughput_ratio:.2f}x | "
             f"`{r.path}` |"
         )
     return "\n".join(rows) + "\n"
+
+
+def _mode(r: Run) -> str:
+    return "-" if not r.writeback else "as deltas" if r.deltas else "whole"
+
+
+def _label(writeback: bool, deltas: bool) -> str:
+    if not writeback:
+        return "no write-back"
+    return "write-back, deltas" if deltas else "write-back, whole pages"
 
 
 def plot(runs: list[Run], out: Path) -> None:
@@ -94,11 +109,12 @@ def plot(runs: list[Run], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    groups: dict[tuple[str, bool], list[Run]] = {}
+    groups: dict[tuple[str, bool, bool], list[Run]] = {}
     for r in runs:
-        groups.setdefault((r.workload, r.writeback), []).append(r)
+        groups.setdefault((r.workload, r.writeback, r.deltas), []).append(r)
     colors = {"memgpt": "tab:blue", "reflexion": "tab:orange", "swe_agent": "tab:green"}
-    for (workload, writeback), rs in sorted(groups.items()):
+    styles = {(True, True): "-", (True, False): "-.", (False, False): "--"}
+    for (workload, writeback, deltas), rs in sorted(groups.items()):
         by_turns: dict[int, list[float]] = {}
         for r in rs:
             by_turns.setdefault(r.turns, []).append(r.reduction)
@@ -107,11 +123,11 @@ def plot(runs: list[Run], out: Path) -> None:
         ax.plot(
             xs,
             ys,
-            marker="o",
-            linestyle="-" if writeback else "--",
+            linestyle=styles[(writeback, deltas)],
             color=colors.get(workload, "tab:gray"),
-            markerfacecolor=None if writeback else "white",
-            label=f"{workload}, {'write-back' if writeback else 'no write-back'}",
+            markerfacecolor=None if deltas else "white",
+            marker="o" if writeback else "s",
+            label=f"{workload}, {_label(writeback, deltas)}",
         )
     ax.axhline(TARGET, color="black", linewidth=0.8, linestyle=":")
     ax.text(ax.get_xlim()[0], TARGET, " 3x target", va="bottom", fontsize=8)

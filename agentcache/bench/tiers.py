@@ -6,7 +6,8 @@ sessions spills to disk), then:
     rounds  : the sessions of a batch run turn by turn, one thread per session, all threads
               of a round started together; round throughput = turns / round wall time
     writes  : write amplification = bytes written to the disk tier (pages + journal) / K/V
-              bytes that had no current disk copy when written; write calls on the disk tier
+              bytes the disk tier lacked when written (a page with no disk copy whole, one
+              with a stale copy its stale token slots); write calls on the disk tier
     TTFT    : on sample turns, prefill with every page demoted to disk (OS cache dropped for
               the extent files) vs the same prefill right after, with the KV resident in fast
 """
@@ -84,11 +85,16 @@ def run_policy(
             "disk_write_s": disk.write_s,
             "disk_bytes_written": disk.bytes_written,
             "persist_required_bytes": store.tier_stats.persist_required_bytes,
+            # the same, counting a page with a stale disk copy whole (what every page write
+            # would carry without deltas)
+            "persist_required_page_bytes": store.tier_stats.persist_required_page_bytes,
             "disk_pages_written": disk.writes,
+            "disk_delta_pages": disk.delta_writes,
             "dropped_clean": store.tier_stats.dropped_clean,
             "spills": store.tier_stats.spills,
             "failed_spills": store.tier_stats.failed_spills,
             "dirty_page_updates": store.tier_stats.updates,
+            "whole_page_updates": store.tier_stats.whole_updates,
             "evictions": store.stats.evictions,
             "tiers": store.counters(),
             # part of disk_bytes_written: live pages moved out of mostly-dead extent files

@@ -25,7 +25,7 @@ FIELDS = ("write_amplification", "write_calls", "ttft_disk_over_resident",
 
 def test_bench_tiers_writes_policies_report_and_plot(tiny: LoadedModel, tmp_path: Path) -> None:
     sessions = [
-        Session(f"s{s}", "tiny", "", tuple(Turn(agent_turn(t, s), 2) for t in range(2)))
+        Session(f"s{s}", "tiny", "", tuple(Turn(agent_turn(t, s), 2) for t in range(3)))
         for s in range(4)
     ]
     cfg = TierBenchConfig(("slide", "lru"), batch=4, kv_pages=64, ttft_samples=1, fsync=False,
@@ -38,9 +38,14 @@ def test_bench_tiers_writes_policies_report_and_plot(tiny: LoadedModel, tmp_path
     for p in saved["policies"].values():
         assert all(p[f] is not None for f in FIELDS)
         assert p["write_calls"] > 0 and p["write_amplification"] >= 1.0
-        assert p["failed_spills"] == 0 and len(p["round_throughputs"]) == 2
+        assert p["failed_spills"] == 0 and len(p["round_throughputs"]) == 3
+        assert 0 < p["persist_required_bytes"] <= p["persist_required_page_bytes"]
     # lru writes every victim page on its own; slide merges and drops clean pages
     assert saved["policies"]["lru"]["write_calls"] > saved["policies"]["slide"]["write_calls"]
+    # slide writes pages that went back to disk with recomputed slots as deltas; lru whole
+    assert saved["policies"]["slide"]["disk_delta_pages"] > 0
+    assert saved["policies"]["lru"]["disk_delta_pages"] == 0
+    assert "delta pages" in (tmp_path / "out" / "report.md").read_text()
     assert "vs lru" in (tmp_path / "out" / "report.md").read_text()
     assert (tmp_path / "out" / "tiers.png").stat().st_size > 0
     assert out["vs_lru"]["slide"]["write_calls_ratio"] < 1
