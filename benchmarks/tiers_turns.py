@@ -108,7 +108,7 @@ def plot(runs: list[Run], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(9.5, 4.2))
     groups: dict[tuple[str, bool, bool], list[Run]] = {}
     for r in runs:
         groups.setdefault((r.workload, r.writeback, r.deltas), []).append(r)
@@ -135,7 +135,7 @@ def plot(runs: list[Run], out: Path) -> None:
     ax.set_ylabel("write amplification, lru / slide")
     ax.set_title("Spill write amplification against session length (batch 8)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
