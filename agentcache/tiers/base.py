@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NewType
 
+import torch
 from torch import Tensor
 
 from agentcache.errors import AgentCacheError
@@ -43,6 +44,20 @@ class PageData:
     @property
     def nbytes(self) -> int:
         return self.keys.nbytes + self.values.nbytes
+
+    def take(self, slots: Sequence[int]) -> PageData:
+        """A new page of just these token slots, in this order."""
+        idx = torch.tensor(list(slots), dtype=torch.long)
+        return PageData(*(t.index_select(dim, idx.to(t.device)) for t, dim in self._parts()))
+
+    def place(self, slots: Sequence[int], src: PageData) -> None:
+        """Overwrite these token slots in place with `src`'s tokens, in order (any device)."""
+        idx = torch.tensor(list(slots), dtype=torch.long)
+        for (t, dim), (s, _) in zip(self._parts(), src._parts(), strict=True):
+            t.index_copy_(dim, idx.to(t.device), s.to(t.device, t.dtype))
+
+    def _parts(self) -> tuple[tuple[Tensor, int], ...]:
+        return (self.keys, 1), (self.values, 1), (self.positions, 0)
 
 
 @dataclass

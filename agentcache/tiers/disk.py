@@ -90,13 +90,9 @@ def _parse(line: bytes) -> dict[str, Any] | None:
 
 
 def _page_bytes(page: PageData, slots: Sequence[int] | None = None) -> bytes:
-    keys, values, positions = page.keys, page.values, page.positions.to(torch.int64)
     if slots is not None:
-        idx = torch.tensor(list(slots), dtype=torch.long)
-        keys = keys.index_select(1, idx.to(keys.device))
-        values = values.index_select(1, idx.to(values.device))
-        positions = positions.index_select(0, idx.to(positions.device))
-    parts = (keys, values, positions)
+        page = page.take(slots)
+    parts = (page.keys, page.values, page.positions.to(torch.int64))
     return b"".join(t.detach().cpu().contiguous().numpy().tobytes() for t in parts)
 
 
@@ -404,10 +400,7 @@ class DiskTier(Tier):
             delta = self._read_piece(loc)
             if page is None or delta is None:
                 return None
-            idx = torch.tensor(list(loc.slots or ()), dtype=torch.long)
-            page.keys[:, idx] = delta.keys
-            page.values[:, idx] = delta.values
-            page.positions[idx] = delta.positions
+            page.place(loc.slots or (), delta)
         return page
 
     def _read_piece(self, loc: _Loc) -> PageData | None:

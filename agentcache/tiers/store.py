@@ -105,7 +105,6 @@ class TierStats:
     # with a stale copy counts its stale slots, a current copy nothing
     persist_required_bytes: int = 0
     persist_required_page_bytes: int = 0  # the same counting every page not current whole
-    delta_pages: int = 0  # pages written to disk as deltas of their stale slots
     failed_spills: int = 0
     unpromoted: int = 0  # pages served from a lower tier and left there (no room above)
     updates: int = 0  # pages replaced by a newer version
@@ -272,18 +271,12 @@ class TieredSegmentStore(SegmentStore):
         """The current version of `pk` with the slots in `changed` taken from `page`; when no
         current copy can be read (a corrupt disk page), `page` whole, all slots changed."""
         current = self._read_current(pk)
-        n = page.num_tokens
         if current is None:
             self.tier_stats.whole_updates += 1
-            return page, (1 << n) - 1
-        idx = torch.tensor([j for j in range(n) if changed >> j & 1], dtype=torch.long)
-        dev = current.keys.device
-        keys, values, positions = current.keys, current.values, current.positions
-        keys[:, idx.to(dev)] = page.keys.index_select(1, idx.to(page.keys.device)).to(dev)
-        values[:, idx.to(dev)] = page.values.index_select(1, idx.to(page.values.device)).to(dev)
-        pos = page.positions.index_select(0, idx.to(page.positions.device))
-        positions[idx.to(positions.device)] = pos.to(positions.device)
-        return PageData(keys, values, positions), changed
+            return page, (1 << page.num_tokens) - 1
+        slots = _slots(changed)
+        current.place(slots, page.take(slots))
+        return current, changed
 
     def persist(self) -> int:
         """Write every page without a current disk copy to disk (copies stay where they
@@ -444,20 +437,19 @@ class TieredSegmentStore(SegmentStore):
     def _write_below(self, below: Tier, pages: list[tuple[PageKey, PageData]]) -> None:
         if not pages:
             return
-        deltas = None
+        deltas: dict[PageKey, list[int]] = {}
         if isinstance(below, DiskTier):
             st = self.tier_stats
             for k, p in pages:
                 stale = self._pages[k].stale.get("disk")
-                if stale != 0:
-                    st.persist_required_page_bytes += p.nbytes
-                    n = stale.bit_count() if stale is not None else p.num_tokens
-                    st.persist_required_bytes += p.nbytes * n // p.num_tokens
-            if self.spill_policy.deltas:
-                deltas = {k: _slots(m) for k, _ in pages if (m := self._pages[k].stale.get("disk"))}
-        before = below.counters.delta_writes
+                if stale == 0:
+                    continue
+                st.persist_required_page_bytes += p.nbytes
+                n = stale.bit_count() if stale is not None else p.num_tokens
+                st.persist_required_bytes += p.nbytes * n // p.num_tokens
+                if stale is not None and self.spill_policy.deltas:
+                    deltas[k] = _slots(stale)
         below.write(pages, deltas)
-        self.tier_stats.delta_pages += below.counters.delta_writes - before
         self.tier_stats.written_pages += len(pages)
         for k, _ in pages:
             self._pages[k].stale[below.name] = 0
