@@ -59,6 +59,7 @@ def _load(path: Path, data: dict[str, Any]) -> Run:
         raise ValueError(f"{path}: needs the sessions of one workload, got {sorted(workloads)}")
     turns = 1 + max(t["turn"] for p in ("slide", "lru") for t in pol[p]["turns"])
     adopt = data.get("config", {}).get("adopt")
+    writeback = adopt is None or bool(adopt)
     r = ratios({"slide": pol["slide"], "lru": pol["lru"]})["slide"]
     keys = ("write_amplification_reduction", "write_calls_ratio", "throughput_ratio")
     undefined = [k for k in keys if not r[k]]
@@ -68,8 +69,8 @@ def _load(path: Path, data: dict[str, Any]) -> Run:
         path=str(path),
         workload=workloads.pop(),
         turns=turns,
-        writeback=adopt is None or bool(adopt),
-        deltas=(adopt is None or bool(adopt)) and "disk_delta_pages" in pol["slide"],
+        writeback=writeback,
+        deltas=writeback and "disk_delta_pages" in pol["slide"],
         reduction=r["write_amplification_reduction"],
         calls_ratio=1 / r["write_calls_ratio"],
         throughput_ratio=r["throughput_ratio"],
