@@ -579,8 +579,15 @@ def summarize(
             sizes, big = sizes + sz, big + (max(sz) > 4000)
             deltas[sess["case"]] += d
             assert min(sz) >= 1500 and max(sz) <= top, (sess["name"], sz)
-            ok = min(d) >= 200 if sess["case"] == "swing" else min(d) >= 1 and max(d) <= 80
-            assert ok, (sess["name"], sess["case"], d)
+            swing = sess["case"] == "swing"
+            ok = min(d) >= 200 if swing else min(d) >= 1 and max(d) <= 80
+            if not ok:
+                want = "at least 200" if swing else "1-80"
+                sys.exit(
+                    f"error: {sess['name']} ({sess['case']}): the updates before the history "
+                    f"must change by {want} tokens every turn; turn to turn they change by {d}"
+                    + (" (with this many turns its memory stops growing)" if long else "")
+                )
         n_swing = sum(s["case"] == "swing" for s in sessions)
         assert (long or big <= 2) and len(sessions) >= 8 and 2 * n_swing >= len(sessions)
         mm = {k: f"{min(v)}/{int(statistics.median(v))}/{max(v)}" for k, v in deltas.items()}

@@ -83,3 +83,11 @@ def test_only_swe_agent_past_its_steps_builds_nothing(tmp_path: Path) -> None:
     run = build(tmp_path, "--turns", "9", "--only", "swe_agent")
     assert run.returncode != 0 and "nothing to build" in run.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_a_session_whose_memory_stops_growing_is_a_clear_error(tmp_path: Path) -> None:
+    # memgpt's shift sessions add one fact per turn; the notetaker scenario has 24
+    run = build(tmp_path, "--turns", "20", "--only", "memgpt")
+    assert run.returncode != 0
+    assert "memgpt-03 (shift)" in run.stderr and "memory stops growing" in run.stderr
+    assert not any(tmp_path.iterdir())
