@@ -578,7 +578,11 @@ def summarize(
             sz, d = check_session(sess, count)
             sizes, big = sizes + sz, big + (max(sz) > 4000)
             deltas[sess["case"]] += d
-            assert min(sz) >= 1500 and max(sz) <= top, (sess["name"], sz)
+            if not (min(sz) >= 1500 and max(sz) <= top):
+                sys.exit(
+                    f"error: {sess['name']}: every prompt must be 1500-{top} tokens; "
+                    f"its turns have {sz}"
+                )
             swing = sess["case"] == "swing"
             ok = min(d) >= 200 if swing else min(d) >= 1 and max(d) <= 80
             if not ok:
