@@ -83,6 +83,8 @@ def run_policy(
             "write_amplification": disk.bytes_written / max(1, required),
             "write_calls": disk.write_calls,
             "disk_write_s": disk.write_s,
+            # in the rounds' disk reads: loads of spilled pages, checksums, deltas applied
+            "disk_read_s": disk.read_s,
             "disk_bytes_written": disk.bytes_written,
             "persist_required_bytes": store.tier_stats.persist_required_bytes,
             # the same, counting a page with a stale disk copy whole (what every page write

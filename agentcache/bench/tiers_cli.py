@@ -27,6 +27,7 @@ COLUMNS = (
     ("write_calls", "write calls", "{:d}"),
     ("disk_bytes_written", "MiB written", "{:.0f}"),
     ("disk_write_s", "write s", "{:.1f}"),
+    ("disk_read_s", "read s", "{:.1f}"),
     ("dropped_clean", "clean drops", "{:d}"),
     ("disk_delta_pages", "delta pages", "{:d}"),
     ("ttft_disk_over_resident", "TTFT disk/resident", "{:.2f}"),
@@ -151,7 +152,9 @@ def render(results: dict[str, Any]) -> str:
         "write amp. = bytes written to the disk tier (pages + journal) / K/V bytes the disk "
         "tier lacked when written (a page with no disk copy whole, a page whose disk copy is "
         "stale its stale token slots). delta pages = dirty pages written as a delta of those "
-        "slots instead of whole. TTFT disk/resident = median over sample turns of "
+        "slots instead of whole. write s = seconds in the disk tier's file writes and fsyncs, "
+        "read s = seconds in its page reads (checksums and deltas applied), over the rounds. "
+        "TTFT disk/resident = median over sample turns of "
         "(prefill with every page on disk, OS cache dropped) / (same prefill, KV resident). "
         "turns/s over all rounds; std over rounds (one round = one turn of every session of "
         "the batch, run concurrently). load overlap = share of the per-layer KV load hidden "

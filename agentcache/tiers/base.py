@@ -63,8 +63,9 @@ class PageData:
 @dataclass
 class TierCounters:
     """Per-tier counters. bytes/pages: held now; hits: pages a lookup served from this tier;
-    loads: pages read out of it; writes/write_calls/write_s: pages written into it, the calls
-    that wrote them and the seconds spent in them; bytes_written includes per-call headers;
+    loads: pages read out of it; read_s: the seconds spent in reads (a miss or a corrupt page
+    too); writes/write_calls/write_s: pages written into it, the calls that wrote them and the
+    seconds spent in them; bytes_written includes per-call headers;
     corrupt: reads that failed their checksum or found the page file missing; failed_writes:
     write calls that raised; delta_writes: pages of `writes` stored as deltas (only their
     changed token slots, on top of the copy the tier held)."""
@@ -80,6 +81,7 @@ class TierCounters:
     corrupt: int = 0
     failed_writes: int = 0
     write_s: float = 0.0  # wall time spent inside write calls
+    read_s: float = 0.0  # wall time spent inside reads
     delta_writes: int = 0
 
 

@@ -384,11 +384,13 @@ class DiskTier(Tier):
         self._maybe_reclaim()
 
     def read(self, key: PageKey) -> PageData | None:
+        t0 = time.perf_counter()
         page = self._read_page(key)
         if page is None and key in self._locs:
             self.counters.corrupt += 1
         elif page is not None:
             self.counters.loads += 1
+        self.counters.read_s += time.perf_counter() - t0
         return page
 
     def _read_page(self, key: PageKey) -> PageData | None:

@@ -46,11 +46,14 @@ class MemoryTier(Tier):
         return out.copy_(t)
 
     def read(self, key: PageKey) -> PageData | None:
+        t0 = time.perf_counter()
         page = self._pages.get(key)
-        if page is None:
-            return None
-        self.counters.loads += 1
-        return PageData(page.keys.clone(), page.values.clone(), page.positions.clone())
+        copy = None
+        if page is not None:
+            self.counters.loads += 1
+            copy = PageData(page.keys.clone(), page.values.clone(), page.positions.clone())
+        self.counters.read_s += time.perf_counter() - t0
+        return copy
 
     def drop(self, keys: Sequence[PageKey]) -> None:
         for key in keys:

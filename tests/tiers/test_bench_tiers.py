@@ -40,12 +40,15 @@ def test_bench_tiers_writes_policies_report_and_plot(tiny: LoadedModel, tmp_path
         assert p["write_calls"] > 0 and p["write_amplification"] >= 1.0
         assert p["failed_spills"] == 0 and len(p["round_throughputs"]) == 3
         assert 0 < p["persist_required_bytes"] <= p["persist_required_page_bytes"]
+        disk = p["tiers"]["disk"]
+        assert disk["loads"] > 0 and p["disk_read_s"] == disk["read_s"] > 0
     # lru writes every victim page on its own; slide merges and drops clean pages
     assert saved["policies"]["lru"]["write_calls"] > saved["policies"]["slide"]["write_calls"]
     # slide writes pages that went back to disk with recomputed slots as deltas; lru whole
     assert saved["policies"]["slide"]["disk_delta_pages"] > 0
     assert saved["policies"]["lru"]["disk_delta_pages"] == 0
     assert "delta pages" in (tmp_path / "out" / "report.md").read_text()
+    assert "read s" in (tmp_path / "out" / "report.md").read_text()
     assert "vs lru" in (tmp_path / "out" / "report.md").read_text()
     assert (tmp_path / "out" / "tiers.png").stat().st_size > 0
     assert out["vs_lru"]["slide"]["write_calls_ratio"] < 1
