@@ -39,7 +39,7 @@ N_SESSIONS, N_TURNS, MAX_NEW_TOKENS, ROLE_WRAP = 8, 6, 32, 5
 # Even-numbered sessions are "swing": the update block BEFORE the history holds this many
 # units (passages / archival records / tool specs) per turn. Session 0 is the large one.
 SWING_UNITS = [(2, 12, 3, 14, 1, 10), (1, 5, 2, 6, 1, 4), (5, 1, 6, 2, 5, 1), (2, 5, 1, 4, 1, 5)]
-SWE_MIN_STEPS = 8  # the fewest ground-truth calls of the SWE_CASES: swe_agent's most turns
+SWE_MIN_STEPS = 8  # the fewest ground-truth calls of the SWE_CASES; a turn needs one before it
 ROLLING = {"notes", "core_memory", "state", "scratchpad", "reply"}  # ids whose text changes
 Segment = dict[str, str]
 Item = tuple[
@@ -541,7 +541,9 @@ def check_session(sess: dict[str, Any], count: Callable[[str], int]) -> tuple[li
             segs[0]["kind"] == "system" and last["kind"] == "update" and last["role"] == "assistant"
         )
         assert re.search(r"[A-Za-z]$", last["text"]), f"{name}: prompt must end mid-sentence"
-        first_fixed = next(i for i, s in enumerate(segs) if s["kind"] == "fixed")
+        first_fixed = next((i for i, s in enumerate(segs) if s["kind"] == "fixed"), None)
+        if first_fixed is None:
+            sys.exit(f"error: {name}: turn {len(sizes) + 1} has no history (no fixed segment)")
         assert any(s["kind"] == "update" for s in segs[:first_fixed]), (
             f"{name}: no update before history"
         )
@@ -637,10 +639,13 @@ def main() -> None:
         workloads["reflexion"] = build_reflexion(bfcl, pg_dir)
     if "memgpt" in only:
         workloads["memgpt"] = build_memgpt(bfcl, chitchat)
-    if "swe_agent" in only and N_TURNS <= SWE_MIN_STEPS:
+    if "swe_agent" in only and N_TURNS < SWE_MIN_STEPS:
         workloads["swe_agent"] = build_swe_agent(bfcl)
     elif "swe_agent" in only:
-        print(f"swe_agent skipped: its sessions have at most {SWE_MIN_STEPS} steps each")
+        print(
+            f"swe_agent skipped: its shortest case has {SWE_MIN_STEPS} steps, and every turn "
+            f"needs an earlier step as history (at most {SWE_MIN_STEPS - 1} turns)"
+        )
     if not workloads:
         sys.exit("error: nothing to build")
     summarize(workloads, token_counter(), long=args.turns != default_turns)

@@ -79,9 +79,12 @@ def test_only_with_an_unknown_workload_is_an_error(tmp_path: Path, only: str, me
     assert not any(tmp_path.iterdir())
 
 
-def test_only_swe_agent_past_its_steps_builds_nothing(tmp_path: Path) -> None:
-    run = build(tmp_path, "--turns", "9", "--only", "swe_agent")
+@pytest.mark.parametrize("turns", ["8", "9"])
+def test_only_swe_agent_past_its_steps_builds_nothing(tmp_path: Path, turns: str) -> None:
+    # the shortest case has 8 steps: 8 turns would leave its first turn with no history
+    run = build(tmp_path, "--turns", turns, "--only", "swe_agent")
     assert run.returncode != 0 and "nothing to build" in run.stderr
+    assert "at most 7 turns" in run.stdout
     assert not any(tmp_path.iterdir())
 
 
