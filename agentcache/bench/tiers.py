@@ -10,10 +10,14 @@ sessions spills to disk), then:
               with a stale copy its stale token slots); write calls on the disk tier
     TTFT    : on sample turns, prefill with every page demoted to disk (OS cache dropped for
               the extent files) vs the same prefill right after, with the KV resident in fast
+    store   : the rounds' store calls, recorded, replayed on a fresh store without the model
+              (agentcache/tiers/trace.py): the turns/s the store alone allows, the bound spill
+              I/O sets when compute is fast; the replay must repeat the run's disk writes
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import statistics
 import tempfile
@@ -33,6 +37,7 @@ from agentcache.reuse import STRATEGIES
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
 from agentcache.tiers.disk import DiskTier
 from agentcache.tiers.store import TierConfig, TieredSegmentStore
+from agentcache.tiers.trace import StoreTrace, recording, replay
 
 Progress = Callable[[str], None]
 
@@ -72,9 +77,11 @@ def run_policy(
     root = _disk_folder(policy, cfg.disk_root)
     try:
         engine = _engine(model, policy, cfg, root)
-        rounds, turns = _rounds(engine, sessions, cfg.batch, advance)
         store = engine.store
         assert isinstance(store, TieredSegmentStore)
+        with recording(store) as trace:
+            rounds, turns = _rounds(engine, sessions, cfg.batch, advance, trace.mark_round)
+        after_rounds = store.counters()
         disk_tier = store.tiers[-1]
         assert isinstance(disk_tier, DiskTier)
         disk = disk_tier.counters
@@ -104,6 +111,8 @@ def run_policy(
             "disk_journal_compactions": disk_tier.compactions,
         }  # fmt: skip
         ttft = _ttft_disk_vs_resident(engine, sessions, cfg.ttft_samples, advance)
+        store_only = _store_only(trace, engine, after_rounds, policy, cfg.disk_root)
+        advance("store replay")
         tput = [r["turns"] / r["seconds"] for r in rounds]
         overlaps = [t["load_overlap"] for t in turns if t["load_overlap"] is not None]
         return writes | ttft | {
@@ -112,10 +121,27 @@ def run_policy(
             "throughput_std": statistics.pstdev(tput) if len(tput) > 1 else 0.0,
             "round_throughputs": tput,
             "load_overlap_mean": statistics.fmean(overlaps) if overlaps else None,
+            "store_only": store_only,
             "ttft_ms_median": statistics.median(t["ttft_ms"] for t in turns),
             "rounds": rounds,
             "turns": turns,
         }  # fmt: skip
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _store_only(
+    trace: StoreTrace, engine: Engine, expected: dict[str, dict[str, int]], policy: str,
+    parent: Path | None,
+) -> dict[str, Any]:  # fmt: skip
+    """Replay the rounds' store calls on a fresh store like the run's, in its own folder."""
+    tiers = engine.config.tiers
+    assert tiers is not None
+    root = _disk_folder(f"{policy}-replay", parent)
+    try:
+        fresh = TieredSegmentStore(dataclasses.replace(tiers, disk_dir=root),
+                                   engine.config.eviction)  # fmt: skip
+        return replay(trace, fresh, expected).summary()
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -145,8 +171,9 @@ def _engine(model: LoadedModel, policy: str, cfg: TierBenchConfig, root: Path) -
 
 
 def _rounds(
-    engine: Engine, sessions: list[Session], batch: int, advance: Progress
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    engine: Engine, sessions: list[Session], batch: int, advance: Progress,
+    on_round: Callable[[int], None],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:  # fmt: skip
     rounds, turns = [], []
     for g in range(0, len(sessions), batch):
         group = sessions[g : g + batch]
@@ -157,8 +184,10 @@ def _rounds(
             jobs = [partial(_turn, engine, s, ti, barrier, records, advance) for s in live]
             t0 = time.perf_counter()
             _run_threads(jobs)
+            seconds = time.perf_counter() - t0
+            on_round(len(live))
             rounds.append({"batch": g // batch, "turn": ti, "turns": len(live),
-                           "seconds": time.perf_counter() - t0})  # fmt: skip
+                           "seconds": seconds})  # fmt: skip
             turns += records
     return rounds, turns
 
@@ -248,7 +277,22 @@ def ratios(policies: dict[str, dict[str, Any]], base: str = "lru") -> dict[str, 
             "write_calls_ratio": div(p["write_calls"], b["write_calls"]),
             "throughput_ratio": div(p["throughput_turns_per_s"], b["throughput_turns_per_s"]),
             "throughput_std_ratio": div(p["throughput_std"], b["throughput_std"]),
+            "store_only_throughput_ratio": div(
+                _get(p, "store_only", "turns_per_s"), _get(b, "store_only", "turns_per_s")
+            ),
+            "store_only_std_ratio": div(
+                _get(p, "store_only", "throughput_std"), _get(b, "store_only", "throughput_std")
+            ),
         }
         for name, p in policies.items()
         if name != base
     }  # fmt: skip
+
+
+def _get(d: dict[str, Any], *path: str) -> Any:
+    """d[path[0]][path[1]]...; None where a level is missing (results from before a field)."""
+    for k in path:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d

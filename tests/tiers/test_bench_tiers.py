@@ -42,6 +42,10 @@ def test_bench_tiers_writes_policies_report_and_plot(tiny: LoadedModel, tmp_path
         assert 0 < p["persist_required_bytes"] <= p["persist_required_page_bytes"]
         disk = p["tiers"]["disk"]
         assert disk["loads"] > 0 and p["disk_read_s"] == disk["read_s"] > 0
+        # the rounds' store calls, replayed without the model, repeat the run's disk writes
+        replayed = p["store_only"]
+        assert replayed["matches_run"] and replayed["mismatches"] == []
+        assert replayed["turns_per_s"] > 0 and len(replayed["round_throughputs"]) == 3
     # lru writes every victim page on its own; slide merges and drops clean pages
     assert saved["policies"]["lru"]["write_calls"] > saved["policies"]["slide"]["write_calls"]
     # slide writes pages that went back to disk with recomputed slots as deltas; lru whole
@@ -49,6 +53,8 @@ def test_bench_tiers_writes_policies_report_and_plot(tiny: LoadedModel, tmp_path
     assert saved["policies"]["lru"]["disk_delta_pages"] == 0
     assert "delta pages" in (tmp_path / "out" / "report.md").read_text()
     assert "read s" in (tmp_path / "out" / "report.md").read_text()
+    assert "store-only turns/s" in (tmp_path / "out" / "report.md").read_text()
+    assert out["vs_lru"]["slide"]["store_only_throughput_ratio"] is not None
     assert "vs lru" in (tmp_path / "out" / "report.md").read_text()
     assert (tmp_path / "out" / "tiers.png").stat().st_size > 0
     assert out["vs_lru"]["slide"]["write_calls_ratio"] < 1
