@@ -54,6 +54,7 @@ class TierBenchConfig:
     fsync: bool = True
     disk_root: Path | None = None  # parent of the disk tiers (created); None: the temp folder
     adopt: bool = True  # TierConfig.adopt_recomputed: recomputed tokens make dirty pages
+    replays: int = 3  # store replays without the model (median reported); 0: none
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -63,10 +64,10 @@ class TierBenchConfig:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones
         if self.batch < 1 or self.kv_pages < 1:
             raise ConfigError(f"batch and kv_pages must be >= 1, got {self.batch}, {self.kv_pages}")
-        if self.ttft_samples < 0 or self.host_bytes < 0:
+        if min(self.ttft_samples, self.host_bytes, self.replays) < 0:
             raise ConfigError(
-                f"ttft_samples and host_bytes must be >= 0, got {self.ttft_samples}, "
-                f"{self.host_bytes}"
+                f"ttft_samples, host_bytes and replays must be >= 0, got {self.ttft_samples}, "
+                f"{self.host_bytes}, {self.replays}"
             )
 
 
@@ -111,8 +112,9 @@ def run_policy(
             "disk_journal_compactions": disk_tier.compactions,
         }  # fmt: skip
         ttft = _ttft_disk_vs_resident(engine, sessions, cfg.ttft_samples, advance)
-        store_only = _store_only(trace, engine, after_rounds, policy, cfg.disk_root)
-        advance("store replay")
+        store_only = _store_only(trace, engine, after_rounds, policy, cfg)
+        if cfg.replays:
+            advance("store replay")
         tput = [r["turns"] / r["seconds"] for r in rounds]
         overlaps = [t["load_overlap"] for t in turns if t["load_overlap"] is not None]
         return writes | ttft | {
@@ -132,18 +134,31 @@ def run_policy(
 
 def _store_only(
     trace: StoreTrace, engine: Engine, expected: dict[str, dict[str, int]], policy: str,
-    parent: Path | None,
-) -> dict[str, Any]:  # fmt: skip
-    """Replay the rounds' store calls on a fresh store like the run's, in its own folder."""
+    cfg: TierBenchConfig,
+) -> dict[str, Any] | None:  # fmt: skip
+    """Replay the rounds' store calls `cfg.replays` times, each on a fresh store like the
+    run's in its own folder; the replay of median time, with every replay's seconds."""
     tiers = engine.config.tiers
     assert tiers is not None
-    root = _disk_folder(f"{policy}-replay", parent)
-    try:
-        fresh = TieredSegmentStore(dataclasses.replace(tiers, disk_dir=root),
-                                   engine.config.eviction)  # fmt: skip
-        return replay(trace, fresh, expected).summary()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    runs = []
+    for _ in range(cfg.replays):
+        root = _disk_folder(f"{policy}-replay", cfg.disk_root)
+        try:
+            fresh = TieredSegmentStore(dataclasses.replace(tiers, disk_dir=root),
+                                       engine.config.eviction)  # fmt: skip
+            runs.append(replay(trace, fresh, expected).summary())
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    if not runs:
+        return None
+    runs.sort(key=lambda r: r["seconds"])
+    median = runs[(len(runs) - 1) // 2]
+    mismatches = [m for r in runs for m in r["mismatches"]]
+    return median | {
+        "replays_s": [r["seconds"] for r in runs],
+        "matches_run": not mismatches,
+        "mismatches": mismatches[:20],
+    }
 
 
 def _disk_folder(policy: str, parent: Path | None) -> Path:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agentcache.bench import tiers_cli
-from agentcache.bench.tiers import TierBenchConfig, run_policy
+from agentcache.bench.tiers import TierBenchConfig, ratios, run_policy
 from agentcache.bench.tiers_cli import write_tier_results
 from agentcache.bench.workload import Session, Turn
 from agentcache.cli import main
@@ -46,6 +46,8 @@ def test_bench_tiers_writes_policies_report_and_plot(tiny: LoadedModel, tmp_path
         replayed = p["store_only"]
         assert replayed["matches_run"] and replayed["mismatches"] == []
         assert replayed["turns_per_s"] > 0 and len(replayed["round_throughputs"]) == 3
+        # the median of three replays, each on its own fresh store
+        assert len(replayed["replays_s"]) == 3 and replayed["seconds"] == replayed["replays_s"][1]
     # lru writes every victim page on its own; slide merges and drops clean pages
     assert saved["policies"]["lru"]["write_calls"] > saved["policies"]["slide"]["write_calls"]
     # slide writes pages that went back to disk with recomputed slots as deltas; lru whole
@@ -70,6 +72,17 @@ def test_adopt_decides_whether_recomputed_tokens_make_dirty_pages(
                           disk_root=tmp_path, adopt=adopt)  # fmt: skip
     result = run_policy(tiny, sessions, "slide", cfg, lambda _: None)
     assert (result["dirty_page_updates"] > 0) == adopt
+
+
+def test_no_store_replays_leaves_the_store_only_figures_out(
+    tiny: LoadedModel, tmp_path: Path
+) -> None:
+    cfg = TierBenchConfig(("slide",), batch=1, kv_pages=64, ttft_samples=0, fsync=False,
+                          disk_root=tmp_path, replays=0)  # fmt: skip
+    result = run_policy(tiny, one_turn_session(), "slide", cfg, lambda _: None)
+    assert result["store_only"] is None and result["throughput_turns_per_s"] > 0
+    lru = result | {"store_only": {"turns_per_s": 1.0, "throughput_std": 0.1}}
+    assert ratios({"slide": result, "lru": lru})["slide"]["store_only_throughput_ratio"] is None
 
 
 def one_turn_session() -> list[Session]:
@@ -101,7 +114,8 @@ def test_a_disk_root_that_is_a_file_is_a_cache_dir_error(tiny: LoadedModel, tmp_
         ({"strategy": "nope"}, "unknown reuse strategy 'nope'"),
         ({"batch": 0}, "batch and kv_pages must be >= 1"),
         ({"kv_pages": 0}, "batch and kv_pages must be >= 1"),
-        ({"ttft_samples": -1}, "ttft_samples and host_bytes must be >= 0"),
+        ({"ttft_samples": -1}, "ttft_samples, host_bytes and replays must be >= 0"),
+        ({"replays": -1}, "ttft_samples, host_bytes and replays must be >= 0"),
     ],
 )
 def test_bad_tier_bench_config_is_a_config_error(options: dict[str, Any], needle: str) -> None:
