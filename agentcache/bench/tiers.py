@@ -9,7 +9,9 @@ sessions spills to disk), then:
               bytes the disk tier lacked when written (a page with no disk copy whole, one
               with a stale copy its stale token slots); write calls on the disk tier
     TTFT    : on sample turns, prefill with every page demoted to disk (OS cache dropped for
-              the extent files) vs the same prefill right after, with the KV resident in fast
+              the extent files) vs the same prefill right after, with the KV resident in fast;
+              a disk tier that cannot take the demoted pages (full, gone) ends the sampling
+              and is reported (`ttft_error`), the rounds' figures are kept
     store   : the rounds' store calls, recorded, replayed on a fresh store without the model
               (agentcache/tiers/trace.py): the turns/s the store alone allows, the bound spill
               I/O sets when compute is fast; the replay must repeat the run's disk writes
@@ -35,6 +37,7 @@ from agentcache.model.loading import LoadedModel
 from agentcache.policy.spill import SPILL_POLICIES
 from agentcache.reuse import STRATEGIES
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
+from agentcache.tiers.base import TierError
 from agentcache.tiers.disk import DiskTier
 from agentcache.tiers.store import TierConfig, TieredSegmentStore
 from agentcache.tiers.trace import StoreTrace, recording, replay
@@ -103,6 +106,7 @@ def run_policy(
             "dropped_clean": store.tier_stats.dropped_clean,
             "spills": store.tier_stats.spills,
             "failed_spills": store.tier_stats.failed_spills,
+            "tier_errors": store.tier_stats.errors[-5:],  # the last tier errors, newest last
             "dirty_page_updates": store.tier_stats.updates,
             "whole_page_updates": store.tier_stats.whole_updates,
             "evictions": store.stats.evictions,
@@ -248,18 +252,24 @@ def _ttft_disk_vs_resident(
     disk = store.tiers[-1]
     assert isinstance(disk, DiskTier)
     pairs = []
+    error = None
     for s in sessions[:samples]:
         prompt = engine.tokenize(s.turns[-1].prompt)
-        for _ in range(2):
-            store.demote_all()
+        for _ in range(2 if error is None else 0):
+            try:
+                store.demote_all()
+            except TierError as e:  # disk full or gone: keep the rounds' figures, say why
+                error = str(e)
+                break
             disk.drop_os_cache()
             from_disk = _timed_prefill(engine, prompt)
             resident = _timed_prefill(engine, prompt)
             pairs.append((from_disk, resident))
         advance(f"{s.name} ttft")
     if not pairs:
-        return {"ttft_disk_over_resident": None}
+        return {"ttft_disk_over_resident": None, "ttft_error": error}
     return {
+        "ttft_error": error,
         "ttft_disk_over_resident": statistics.median(d / r for d, r in pairs),
         "ttft_disk_ms_median": statistics.median(d for d, _ in pairs) * 1e3,
         "ttft_resident_ms_median": statistics.median(r for _, r in pairs) * 1e3,

@@ -107,6 +107,8 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
         "skipped_lines": problems,
     })  # fmt: skip
     print(table(out["policies"]))
+    for line in warnings(out["policies"]):
+        console.print(f"[yellow]warning:[/] {line}")
     print(f"\nwrote {args.out}/results.json, report.md and tiers.png")
     return 0
 
@@ -130,6 +132,23 @@ def write_tier_results(
     (out / "report.md").write_text(render(results))
     plot(results, out / "tiers.png")
     return results
+
+
+def warnings(policies: dict[str, dict[str, Any]]) -> list[str]:
+    """What went wrong in a run that still has figures: failed spills, a TTFT sampling cut
+    short, a store replay that did not repeat the run."""
+    out = []
+    for name, p in policies.items():
+        if p.get("failed_spills"):
+            last = (p.get("tier_errors") or ["?"])[-1]
+            out.append(f"{name}: {p['failed_spills']} spills failed (last: {last})")
+        if p.get("ttft_error"):
+            out.append(f"{name}: TTFT from disk not measured in full: {p['ttft_error']}")
+        replayed = p.get("store_only")
+        if replayed and not replayed["matches_run"]:
+            differs = "; ".join(replayed["mismatches"][:3])
+            out.append(f"{name}: the store replay differs from the run: {differs}")
+    return out
 
 
 def _cell(fmt: str, value: Any, key: str) -> str:
@@ -175,6 +194,7 @@ def render(results: dict[str, Any]) -> str:
         table(results["policies"]),
         "",
     ]
+    parts += [f"- **warning**: {w}" for w in warnings(results["policies"])]
     for name, r in results["vs_lru"].items():
         cells = ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} -" for k, v in r.items())
         parts.append(f"- {name} vs lru: {cells}")

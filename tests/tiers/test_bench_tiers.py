@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from agentcache.bench.workload import Session, Turn
 from agentcache.cli import main
 from agentcache.errors import AgentCacheError, CacheDirError
 from agentcache.model.loading import LoadedModel
+from agentcache.tiers.disk import DiskTier
 from tests.conftest import no_model, usage_error
 from tests.tiers.conftest import agent_turn
 
@@ -83,6 +85,35 @@ def test_no_store_replays_leaves_the_store_only_figures_out(
     assert result["store_only"] is None and result["throughput_turns_per_s"] > 0
     lru = result | {"store_only": {"turns_per_s": 1.0, "throughput_std": 0.1}}
     assert ratios({"slide": result, "lru": lru})["slide"]["store_only_throughput_ratio"] is None
+
+
+def test_a_full_disk_keeps_the_rounds_figures_and_says_what_failed(
+    tiny: LoadedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened = DiskTier._write_file
+
+    def full(self: DiskTier, path: Path, data: bytes) -> None:  # the folder opens, pages fail
+        if "extents" not in path.parts:
+            return opened(self, path, data)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(DiskTier, "_write_file", full)
+    sessions = [Session(f"s{s}", "tiny", "", tuple(Turn(agent_turn(t, s), 1) for t in range(2)))
+                for s in range(2)]  # fmt: skip
+    cfg = TierBenchConfig(("slide",), batch=2, kv_pages=64, ttft_samples=1, fsync=False,
+                          disk_root=tmp_path, replays=1)  # fmt: skip
+    result = run_policy(tiny, sessions, "slide", cfg, lambda _: None)
+    assert result["throughput_turns_per_s"] > 0 and len(result["turns"]) == 4
+    assert result["failed_spills"] > 0 and "No space left" in result["tier_errors"][-1]
+    assert result["ttft_disk_over_resident"] is None
+    assert "No space left" in result["ttft_error"]
+    said = tiers_cli.warnings({"slide": result})
+    assert any("spills failed" in w for w in said) and any("TTFT from disk" in w for w in said)
+    out = write_tier_results(tmp_path / "out", {"slide": result},
+                             {"model": "tiny", "command": "test", "sessions": ["s0", "s1"],
+                              "config": {}})  # fmt: skip
+    assert "**warning**: slide: TTFT from disk" in (tmp_path / "out" / "report.md").read_text()
+    assert out["policies"]["slide"]["ttft_error"] == result["ttft_error"]
 
 
 def one_turn_session() -> list[Session]:
