@@ -215,13 +215,22 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ("write_calls", "disk write calls"),
         ("throughput_turns_per_s", "turns/s at batch (± std over rounds)"),
         ("ttft_disk_over_resident", "TTFT disk / resident"),
+        ("store_only", "store-only turns/s, no model (± std)"),
     )
-    fig, axes = plt.subplots(1, 4, figsize=(14, 3.6))
+    fig, axes = plt.subplots(1, len(panels), figsize=(17, 3.6))
     for ax, (key, title) in zip(axes, panels, strict=True):
-        values = [policies[n].get(key) or 0.0 for n in names]
-        err = (
-            [policies[n]["throughput_std"] for n in names] if key.startswith("throughput") else None
-        )
+        err: list[float] | None
+        if key == "store_only":  # the replay's figures; 0 where the run had no replay
+            replayed = [policies[n].get(key) or {} for n in names]
+            values = [r.get("turns_per_s") or 0.0 for r in replayed]
+            err = [r.get("throughput_std") or 0.0 for r in replayed]
+        else:
+            values = [policies[n].get(key) or 0.0 for n in names]
+            err = (
+                [policies[n]["throughput_std"] for n in names]
+                if key.startswith("throughput")
+                else None
+            )
         ax.bar(names, values, yerr=err, color="tab:blue", capsize=4)
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
