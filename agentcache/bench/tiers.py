@@ -303,10 +303,10 @@ def ratios(policies: dict[str, dict[str, Any]], base: str = "lru") -> dict[str, 
             "throughput_ratio": div(p["throughput_turns_per_s"], b["throughput_turns_per_s"]),
             "throughput_std_ratio": div(p["throughput_std"], b["throughput_std"]),
             "store_only_throughput_ratio": div(
-                _get(p, "store_only", "turns_per_s"), _get(b, "store_only", "turns_per_s")
+                store_only_figure(p, "turns_per_s"), store_only_figure(b, "turns_per_s")
             ),
             "store_only_std_ratio": div(
-                _get(p, "store_only", "throughput_std"), _get(b, "store_only", "throughput_std")
+                store_only_figure(p, "throughput_std"), store_only_figure(b, "throughput_std")
             ),
         }
         for name, p in policies.items()
@@ -314,10 +314,8 @@ def ratios(policies: dict[str, dict[str, Any]], base: str = "lru") -> dict[str, 
     }  # fmt: skip
 
 
-def _get(d: dict[str, Any], *path: str) -> Any:
-    """d[path[0]][path[1]]...; None where a level is missing (results from before a field)."""
-    for k in path:
-        if not isinstance(d, dict) or k not in d:
-            return None
-        d = d[k]
-    return d
+def store_only_figure(policy: dict[str, Any], key: str) -> Any:
+    """A figure of a policy's store replay; None without one (`replays=0`, or results from
+    before the replay)."""
+    replayed = policy.get("store_only")
+    return replayed.get(key) if replayed else None

@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from agentcache.argtypes import non_negative_int, output_folder, positive_int
 from agentcache.bench.cli import select
 from agentcache.bench.report import markdown_table
-from agentcache.bench.tiers import TierBenchConfig, ratios, run_policy
+from agentcache.bench.tiers import TierBenchConfig, ratios, run_policy, store_only_figure
 from agentcache.errors import ConfigError
 from agentcache.model.loading import load_model
 
@@ -221,9 +221,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     for ax, (key, title) in zip(axes, panels, strict=True):
         err: list[float] | None
         if key == "store_only":  # the replay's figures; 0 where the run had no replay
-            replayed = [policies[n].get(key) or {} for n in names]
-            values = [r.get("turns_per_s") or 0.0 for r in replayed]
-            err = [r.get("throughput_std") or 0.0 for r in replayed]
+            values = [store_only_figure(policies[n], "turns_per_s") or 0.0 for n in names]
+            err = [store_only_figure(policies[n], "throughput_std") or 0.0 for n in names]
         else:
             values = [policies[n].get(key) or 0.0 for n in names]
             err = (

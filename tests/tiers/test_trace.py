@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
 
+from agentcache.bench.tiers import _rounds
+from agentcache.bench.workload import Session, Turn
 from agentcache.model.loading import LoadedModel
-from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
+from agentcache.runtime.engine import Engine, EngineConfig
 from agentcache.tiers import TierConfig, TieredSegmentStore
 from agentcache.tiers.trace import CRC_DIGITS_SLACK, REPRODUCED, StoreTrace, recording, replay
 from tests.tiers.conftest import agent_turn
@@ -21,30 +22,16 @@ def tight(root: Path, spill: str) -> TierConfig:
 
 
 def recorded_run(model: LoadedModel, root: Path, spill: str) -> tuple[StoreTrace, Engine]:
-    """SESSIONS sessions on threads, turn by turn (one round per turn), store recorded."""
+    """SESSIONS sessions on threads, turn by turn (one round per turn, as bench-tiers runs
+    them), store recorded."""
     engine = Engine(model, EngineConfig(strategy="rpdc", kv_pages=KV_PAGES,
                                         tiers=tight(root, spill)))  # fmt: skip
     store = engine.store
     assert isinstance(store, TieredSegmentStore)
-    errors: list[BaseException] = []
-
-    def turn(s: int, t: int, barrier: threading.Barrier) -> None:
-        try:
-            barrier.wait()
-            engine.generate(agent_turn(t, s), GenerationParams(max_new_tokens=2))
-        except BaseException as e:
-            errors.append(e)
-
+    sessions = [Session(f"s{s}", "tiny", "", tuple(Turn(agent_turn(t, s), 2) for t in range(TURNS)))
+                for s in range(SESSIONS)]  # fmt: skip
     with recording(store) as trace:
-        for t in range(TURNS):
-            barrier = threading.Barrier(SESSIONS)
-            threads = [threading.Thread(target=turn, args=(s, t, barrier)) for s in range(SESSIONS)]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
-            trace.mark_round(SESSIONS)
-    assert not errors, errors
+        _rounds(engine, sessions, SESSIONS, lambda _: None, trace.mark_round)
     return trace, engine
 
 
