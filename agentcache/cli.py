@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
         command = getattr(importlib.import_module(module), factory)(sub)
         _common(command)
         command.set_defaults(func=ModelCommand(module, runner))
+    from agentcache.bench import replay_cli
+
+    replay_cli.add_parser(sub)
     strategies_help = "list the registered reuse strategies"
     strategies = sub.add_parser("strategies", help=strategies_help, description=strategies_help)
     strategies.set_defaults(func=cmd_strategies)

@@ -53,3 +53,7 @@ class UnknownStrategyError(AgentCacheError):
 
 class ProfileError(AgentCacheError):
     """A head-stability profile is missing, corrupted, or belongs to another model."""
+
+
+class TraceFileError(AgentCacheError):
+    """A saved store trace cannot be read: missing, not a trace, or of another format version."""

@@ -19,7 +19,6 @@ sessions spills to disk), then:
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import statistics
 import tempfile
@@ -40,7 +39,7 @@ from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
 from agentcache.tiers.base import TierError
 from agentcache.tiers.disk import DiskTier
 from agentcache.tiers.store import TierConfig, TieredSegmentStore
-from agentcache.tiers.trace import StoreTrace, recording, replay
+from agentcache.tiers.trace import SavedTrace, recording, replay, save
 
 Progress = Callable[[str], None]
 
@@ -58,6 +57,7 @@ class TierBenchConfig:
     disk_root: Path | None = None  # parent of the disk tiers (created); None: the temp folder
     adopt: bool = True  # TierConfig.adopt_recomputed: recomputed tokens make dirty pages
     replays: int = 3  # store replays without the model (median reported); 0: none
+    trace_dir: Path | None = None  # save each policy's store trace there (replay-trace reads it)
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -78,7 +78,7 @@ def run_policy(
     model: LoadedModel, sessions: list[Session], policy: str, cfg: TierBenchConfig,
     advance: Progress,
 ) -> dict[str, Any]:  # fmt: skip
-    root = _disk_folder(policy, cfg.disk_root)
+    root = disk_folder(policy, cfg.disk_root)
     try:
         engine = _engine(model, policy, cfg, root)
         store = engine.store
@@ -115,8 +115,12 @@ def run_policy(
             "disk_reclaim_bytes": disk_tier.reclaim_bytes,
             "disk_journal_compactions": disk_tier.compactions,
         }  # fmt: skip
+        assert engine.config.tiers is not None
+        saved = SavedTrace(trace, engine.config.tiers, engine.config.eviction, after_rounds)
+        if cfg.trace_dir is not None:
+            save(saved, trace_path(cfg.trace_dir, policy))
         ttft = _ttft_disk_vs_resident(engine, sessions, cfg.ttft_samples, advance)
-        store_only = _store_only(trace, engine, after_rounds, policy, cfg)
+        store_only = _store_only(saved, policy, cfg)
         if cfg.replays:
             advance("store replay")
         tput = [r["turns"] / r["seconds"] for r in rounds]
@@ -136,21 +140,26 @@ def run_policy(
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _store_only(
-    trace: StoreTrace, engine: Engine, expected: dict[str, dict[str, int]], policy: str,
-    cfg: TierBenchConfig,
-) -> dict[str, Any] | None:  # fmt: skip
+def trace_path(folder: Path, policy: str) -> Path:
+    return folder / f"{policy}.trace.json.gz"
+
+
+def _store_only(saved: SavedTrace, policy: str, cfg: TierBenchConfig) -> dict[str, Any] | None:
     """Replay the rounds' store calls `cfg.replays` times, each on a fresh store like the
     run's in its own folder; the replay of median time, with every replay's seconds."""
-    tiers = engine.config.tiers
-    assert tiers is not None
+    return replays(saved, cfg.replays, f"{policy}-replay", cfg.disk_root)
+
+
+def replays(
+    saved: SavedTrace, times: int, label: str, disk_root: Path | None
+) -> dict[str, Any] | None:
+    """`times` replays of a trace, each on a fresh store in its own folder under `disk_root`;
+    the summary of the replay of median time, with every replay's seconds (None: no replay)."""
     runs = []
-    for _ in range(cfg.replays):
-        root = _disk_folder(f"{policy}-replay", cfg.disk_root)
+    for _ in range(times):
+        root = disk_folder(label, disk_root)
         try:
-            fresh = TieredSegmentStore(dataclasses.replace(tiers, disk_dir=root),
-                                       engine.config.eviction)  # fmt: skip
-            runs.append(replay(trace, fresh, expected).summary())
+            runs.append(replay(saved.trace, saved.store(root), saved.expected).summary())
         finally:
             shutil.rmtree(root, ignore_errors=True)
     if not runs:
@@ -165,7 +174,7 @@ def _store_only(
     }
 
 
-def _disk_folder(policy: str, parent: Path | None) -> Path:
+def disk_folder(policy: str, parent: Path | None) -> Path:
     """A fresh folder for one policy's disk tier, under `parent` (created with its parents)."""
     try:
         if parent is not None:

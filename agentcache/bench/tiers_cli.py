@@ -66,6 +66,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--store-replays", type=non_negative_int, default=3,
                    help="replays of the rounds' store calls without the model, for the "
                         "store-only turns/s (median; default 3, 0: none)")  # fmt: skip
+    p.add_argument("--save-traces", action="store_true",
+                   help="save each policy's store trace to OUT/traces/ (for agentcache "
+                        "replay-trace)")  # fmt: skip
     return p
 
 
@@ -78,6 +81,7 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
         policies, args.batch, args.strategy, args.kv_pages,
         args.fast_mib * MiB if args.fast_mib else None, args.host_mib * MiB,
         args.ttft_samples, True, args.disk_dir, args.adopt, args.store_replays,
+        args.out / "traces" if args.save_traces else None,
     )  # fmt: skip
     sessions, problems = select(args, console)
     if args.disk_dir is not None:
@@ -110,6 +114,8 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
     for line in warnings(out["policies"]):
         console.print(f"[yellow]warning:[/] {line}")
     print(f"\nwrote {args.out}/results.json, report.md and tiers.png")
+    if cfg.trace_dir is not None:
+        print(f"wrote the store traces to {cfg.trace_dir}/ (agentcache replay-trace reads them)")
     return 0
 
 
