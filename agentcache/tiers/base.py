@@ -100,6 +100,12 @@ class Tier(ABC):
     - `read(key)` returns the page or None when it is absent, missing or fails its checksum
       (counted in `counters.corrupt`); it never raises for bad data. The returned tensors are
       the caller's: a tier keeps no alias to them, nor to tensors it was given by `write`.
+    - `view(key)` is `read` without the copy where a tier can skip it: the tensors may be the
+      tier's own, so the caller must not change them. A tier never changes a stored tensor in
+      place, so a view stays valid (and unchanged) after the page is replaced or dropped.
+    - `write(pages, owned=True)`: the caller gives the pages' tensors away (nothing will
+      change them; they may be another tier's view), and a tier may keep them as they are
+      instead of copying them.
     - `drop(keys)` forgets pages (absent keys are ignored); dropping never writes page data.
     - Counters move only through these calls.
     """
@@ -121,16 +127,25 @@ class Tier(ABC):
         self,
         pages: Sequence[tuple[PageKey, PageData]],
         deltas: Mapping[PageKey, Sequence[int]] | None = None,
+        owned: bool = False,
     ) -> None: ...
 
     @abstractmethod
     def read(self, key: PageKey) -> PageData | None: ...
+
+    def view(self, key: PageKey) -> PageData | None:
+        """`read`, read-only: the tier's own tensors where it holds them in memory."""
+        return self.read(key)
 
     @abstractmethod
     def drop(self, keys: Sequence[PageKey]) -> None: ...
 
     @abstractmethod
     def __contains__(self, key: object) -> bool: ...
+
+    @abstractmethod
+    def page_keys(self) -> list[PageKey]:
+        """The keys of the pages the tier holds."""
 
     def _check_room(self, pages: Sequence[tuple[PageKey, PageData]], held: int) -> None:
         """`held`: bytes of the pages being replaced."""

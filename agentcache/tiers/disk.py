@@ -30,6 +30,7 @@ is counted corrupt: never served.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -39,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import numpy as np
 import torch
 
 from agentcache.errors import CacheDirError
@@ -65,8 +65,8 @@ class _Loc:
 
     @property
     def kv_bytes(self) -> int:
-        item = torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
-        return 2 * int(np.prod(self.shape)) * item
+        layers, n, heads, dim = self.shape
+        return 2 * layers * n * heads * dim * _itemsize(self.dtype)
 
     @property
     def length(self) -> int:
@@ -89,11 +89,18 @@ def _parse(line: bytes) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def _page_bytes(page: PageData, slots: Sequence[int] | None = None) -> bytes:
+@functools.cache
+def _itemsize(dtype: str) -> int:
+    return torch.empty((), dtype=getattr(torch, dtype)).element_size()
+
+
+def _page_parts(page: PageData, slots: Sequence[int] | None = None) -> list[memoryview]:
+    """The page's [keys | values | positions] bytes, as views of its tensors (no copy when
+    they are contiguous on the CPU); any dtype, bfloat16 too."""
     if slots is not None:
         page = page.take(slots)
     parts = (page.keys, page.values, page.positions.to(torch.int64))
-    return b"".join(t.detach().cpu().contiguous().numpy().tobytes() for t in parts)
+    return [t.detach().cpu().contiguous().view(torch.uint8).numpy().data for t in parts]
 
 
 def _entry(key: PageKey, loc: _Loc) -> dict[str, Any]:
@@ -332,12 +339,14 @@ class DiskTier(Tier):
         self,
         pages: Sequence[tuple[PageKey, PageData]],
         deltas: Mapping[PageKey, Sequence[int]] | None = None,
+        owned: bool = False,  # pages are serialized: the caller's tensors are never kept
     ) -> None:
         held = sum(self._locs[k][0].kv_bytes for k, _ in pages if k in self._locs)
         self._check_room(pages, held)
         name = f"{self._next:010d}.ext"
         self._next += 1
-        blobs, entries, off, n_deltas = [], [], 0, 0
+        blobs: list[memoryview] = []
+        entries, off, n_deltas = [], 0, 0
         for key, page in pages:
             slots = None if deltas is None else deltas.get(key)
             if slots is not None:
@@ -345,23 +354,26 @@ class DiskTier(Tier):
                 chain = self._locs.get(key)
                 if chain is None or not _chain_ok(chain, page, slots):
                     slots = None  # no copy to build on, or the chain is long: whole page
-            blob = _page_bytes(page, slots)
+            parts = _page_parts(page, slots)
+            crc = 0
+            for part in parts:
+                crc = zlib.crc32(part, crc)  # the crc of the parts back to back
             dtype = str(page.keys.dtype).removeprefix("torch.")
             shape = list(page.keys.shape)
             if slots is not None:
                 shape[1] = len(slots)
                 n_deltas += 1
             loc = _Loc(name, off, (shape[0], shape[1], shape[2], shape[3]), dtype,
-                       zlib.crc32(blob), None if slots is None else tuple(slots))  # fmt: skip
+                       crc, None if slots is None else tuple(slots))  # fmt: skip
             entries.append(_entry(key, loc))
-            blobs.append(blob)
-            off += len(blob)
+            blobs += parts
+            off += sum(part.nbytes for part in parts)
         line = _line({"op": "put", "file": name, "pages": entries})
         final = self.folder / "extents" / name
         t0 = time.perf_counter()
         try:
             tmp = final.with_suffix(".tmp")
-            self._durable_write(tmp, b"".join(blobs))
+            self._durable_write(tmp, blobs)
             os.replace(tmp, final)
             self._append(line)
         except OSError as e:
@@ -406,19 +418,23 @@ class DiskTier(Tier):
         return page
 
     def _read_piece(self, loc: _Loc) -> PageData | None:
+        """One piece read into one buffer; keys and values are tensors over it (no copy)."""
+        blob = bytearray(loc.length)
         try:
             with open(self.folder / "extents" / loc.file, "rb") as f:
                 f.seek(loc.off)
-                blob = f.read(loc.length)
+                got = f.readinto(blob)
         except OSError:
-            blob = b""
-        if len(blob) != loc.length or zlib.crc32(blob) != loc.crc:
+            got = -1
+        if got != loc.length or zlib.crc32(blob) != loc.crc:
             return None
         dtype = getattr(torch, loc.dtype)
         half = loc.kv_bytes // 2
-        keys = torch.frombuffer(bytearray(blob[:half]), dtype=dtype).reshape(loc.shape)
-        values = torch.frombuffer(bytearray(blob[half : 2 * half]), dtype=dtype).reshape(loc.shape)
-        positions = torch.frombuffer(bytearray(blob[2 * half :]), dtype=torch.int64)
+        count = half // _itemsize(loc.dtype)
+        keys = torch.frombuffer(blob, dtype=dtype, count=count).reshape(loc.shape)
+        values = torch.frombuffer(blob, dtype=dtype, count=count, offset=half).reshape(loc.shape)
+        # positions copied out: 2 * half need not be a multiple of 8 (int64's alignment)
+        positions = torch.frombuffer(blob[2 * half :], dtype=torch.int64)
         return PageData(keys, values, positions)
 
     def drop(self, keys: Sequence[PageKey]) -> None:
@@ -483,12 +499,14 @@ class DiskTier(Tier):
         if self.fsync:
             os.fsync(self._journal.fileno())
 
-    def _durable_write(self, path: Path, data: bytes) -> None:
+    def _durable_write(self, path: Path, data: bytes | Sequence[memoryview]) -> None:
         self._write_file(path, data)
 
-    def _write_file(self, path: Path, data: bytes) -> None:
+    def _write_file(self, path: Path, data: bytes | Sequence[memoryview]) -> None:
+        """Write `data` (bytes, or buffers back to back) to a new file, fsynced."""
         with open(path, "wb") as f:
-            f.write(data)
+            for part in [data] if isinstance(data, bytes) else data:
+                f.write(part)
             f.flush()
             if self.fsync:
                 os.fsync(f.fileno())

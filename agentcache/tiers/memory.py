@@ -12,7 +12,9 @@ from agentcache.tiers.base import PageData, PageKey, Tier
 
 class MemoryTier(Tier):
     """Pages as tensors on `device`. `pin` uses page-locked host memory (GPU machines only),
-    so copies to the device can run asynchronously."""
+    so copies to the device can run asynchronously. Stored tensors are never changed in
+    place: a page is replaced by new tensors, so `view` can hand out the stored ones and
+    `write(owned=True)` keep the caller's (no copy when they are already on `device`)."""
 
     def __init__(
         self, name: str, capacity_bytes: int, device: torch.device | str = "cpu", pin: bool = False
@@ -27,19 +29,33 @@ class MemoryTier(Tier):
         self,
         pages: Sequence[tuple[PageKey, PageData]],
         deltas: Mapping[PageKey, Sequence[int]] | None = None,  # a copy in memory is whole
+        owned: bool = False,
     ) -> None:
         held = sum(self._pages[k].nbytes for k, _ in pages if k in self._pages)
         self._check_room(pages, held)
         t0 = time.perf_counter()
         nbytes = 0
         for key, page in pages:
-            self._pages[key] = PageData(
-                self._copy(page.keys), self._copy(page.values), page.positions.clone()
-            )
+            if owned and all(map(self._keeps, (page.keys, page.values, page.positions))):
+                self._pages[key] = page
+            else:
+                self._pages[key] = PageData(
+                    self._copy(page.keys), self._copy(page.values), page.positions.clone()
+                )
             nbytes += page.nbytes
         self.counters.pages = len(self._pages)
         self.counters.write_s += time.perf_counter() - t0
         self._count_write(pages, nbytes - held, nbytes)
+
+    def _keeps(self, t: torch.Tensor) -> bool:
+        """Whether a given tensor can be stored as it is: on this device, pinned if the tier
+        pins, and contiguous (a view into a larger tensor would keep all of it alive)."""
+        return (
+            (t.device == self.device or t.dtype == torch.long)  # positions stay where they are
+            and t.is_contiguous()
+            and t.untyped_storage().nbytes() == t.nbytes
+            and (not self.pin or t.is_pinned())
+        )
 
     def _copy(self, t: torch.Tensor) -> torch.Tensor:
         out = torch.empty(t.shape, dtype=t.dtype, device=self.device, pin_memory=self.pin)
@@ -55,6 +71,14 @@ class MemoryTier(Tier):
         self.counters.read_s += time.perf_counter() - t0
         return copy
 
+    def view(self, key: PageKey) -> PageData | None:
+        t0 = time.perf_counter()
+        page = self._pages.get(key)
+        if page is not None:
+            self.counters.loads += 1
+        self.counters.read_s += time.perf_counter() - t0
+        return page
+
     def drop(self, keys: Sequence[PageKey]) -> None:
         for key in keys:
             page = self._pages.pop(key, None)
@@ -64,3 +88,6 @@ class MemoryTier(Tier):
 
     def __contains__(self, key: object) -> bool:
         return key in self._pages
+
+    def page_keys(self) -> list[PageKey]:
+        return list(self._pages)

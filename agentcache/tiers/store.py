@@ -118,8 +118,9 @@ class _Page:
     index: int
     num_tokens: int
     nbytes: int
-    stale: dict[str, int]
+    stale: dict[str, int]  # a key per tier holding a copy of the page
     last_use: int
+    seq: int = 0  # order the store came to hold the page in (spill candidates are in it)
 
 
 @dataclass
@@ -171,6 +172,8 @@ class TieredSegmentStore(SegmentStore):
         self._pages: dict[PageKey, _Page] = {}
         self._pinned: set[SegmentKey] = set()
         self._clock = itertools.count(1)
+        self._seq = itertools.count()
+        self._below = [[t.name for t in tiers[i + 1 :]] for i in range(len(tiers))]
         if isinstance(tiers[-1], DiskTier):
             self._recover(tiers[-1])
 
@@ -215,7 +218,8 @@ class TieredSegmentStore(SegmentStore):
             self.tiers[0].write(pages)
             now = next(self._clock)
             for (pk, page), i in zip(pages, itertools.count(), strict=False):
-                self._pages[pk] = _Page(key, i, page.num_tokens, page.nbytes, {"fast": 0}, now)
+                self._pages[pk] = _Page(key, i, page.num_tokens, page.nbytes, {"fast": 0}, now,
+                                        next(self._seq))  # fmt: skip
             seg = _Segment(cid, kv.model_id, kv.tokenizer_id, kv.context_id, [k for k, _ in pages])
             self._add_segment(key, seg, kv.nbytes)
             return True
@@ -255,7 +259,7 @@ class TieredSegmentStore(SegmentStore):
                     self._make_room(0, absent)
                 except _NoRoom:
                     return False
-            self.tiers[0].write(writes)
+            self.tiers[0].write(writes, owned=True)  # merged pages are copies of our own
             seg.context_id = None  # pages now hold KV computed in different contexts
             now = next(self._clock)
             for i, (_, changed) in updates.items():
@@ -268,12 +272,14 @@ class TieredSegmentStore(SegmentStore):
             return True
 
     def _merged(self, pk: PageKey, page: PageData, changed: int) -> tuple[PageData, int]:
-        """The current version of `pk` with the slots in `changed` taken from `page`; when no
-        current copy can be read (a corrupt disk page), `page` whole, all slots changed."""
-        current = self._read_current(pk)
+        """The current version of `pk` with the slots in `changed` taken from `page` (a new
+        copy, the store's own); when no current copy can be read (a corrupt disk page), a
+        copy of `page` whole, all slots changed."""
+        current = self._read_current(pk)  # a copy: placing slots into a view would change it
         if current is None:
             self.tier_stats.whole_updates += 1
-            return page, (1 << page.num_tokens) - 1
+            whole = PageData(page.keys.clone(), page.values.clone(), page.positions.clone())
+            return whole, (1 << page.num_tokens) - 1
         slots = _slots(changed)
         current.place(slots, page.take(slots))
         return current, changed
@@ -297,7 +303,7 @@ class TieredSegmentStore(SegmentStore):
                             self._make_room(len(self.tiers) - 1, self._bytes(todo, disk))
                         except _NoRoom as e:
                             raise TierError(f"persist: {e}") from e
-                    pages = [(k, self._read_current(k)) for k in todo]
+                    pages = [(k, self._read_current(k, view=True)) for k in todo]
                     self._write_below(disk, [(k, p) for k, p in pages if p is not None])
                     written += len(todo)
                 self._commit(key, seg)
@@ -341,19 +347,25 @@ class TieredSegmentStore(SegmentStore):
     # ---- internals: reading ----
 
     def _read_pages(self, seg: _Segment) -> list[tuple[PageKey, PageData]] | None:
+        """The segment's current pages, read-only (views: promoted and concatenated, never
+        changed)."""
         out = []
         for pk in seg.pages:
-            page = self._read_current(pk, count_hit=True)
+            page = self._read_current(pk, count_hit=True, view=True)
             if page is None:
                 return None
             out.append((pk, page))
         return out
 
-    def _read_current(self, pk: PageKey, count_hit: bool = False) -> PageData | None:
+    def _read_current(
+        self, pk: PageKey, count_hit: bool = False, view: bool = False
+    ) -> PageData | None:
+        """The page's current version from its fastest current copy; `view`: read-only (the
+        tier's own tensors where it holds them in memory), else a copy the caller may change."""
         state = self._pages[pk]
         for tier in self.tiers:
             if state.stale.get(tier.name) == 0:
-                page = tier.read(pk)
+                page = tier.view(pk) if view else tier.read(pk)
                 if page is not None and count_hit:
                     tier.counters.hits += 1
                 return page
@@ -374,7 +386,7 @@ class TieredSegmentStore(SegmentStore):
             except _NoRoom:
                 self.tier_stats.unpromoted += len(lower)
                 return
-        self.tiers[0].write(lower)
+        self.tiers[0].write(lower, owned=True)  # views, never changed: kept without a copy
         for k, _ in lower:
             self._pages[k].stale["fast"] = 0
 
@@ -422,7 +434,7 @@ class TieredSegmentStore(SegmentStore):
                 # full size: making room below may drop the extent's own outdated copies
                 self._make_room(level + 1, sum(self._pages[k].nbytes for k in keys))
                 keys = [k for k in keys if k in self._pages]  # eviction below may take some
-                pages = [(k, p) for k in keys if (p := tier.read(k)) is not None]
+                pages = [(k, p) for k in keys if (p := tier.view(k)) is not None]
                 self._write_below(below, pages)
             except (_NoRoom, TierError) as e:
                 self.tier_stats.failed_spills += 1
@@ -449,7 +461,7 @@ class TieredSegmentStore(SegmentStore):
                 st.persist_required_bytes += p.nbytes * n // p.num_tokens
                 if stale is not None and self.spill_policy.deltas:
                     deltas[k] = _slots(stale)
-        below.write(pages, deltas)
+        below.write(pages, deltas, owned=True)  # views of the tier above, never changed
         self.tier_stats.written_pages += len(pages)
         for k, _ in pages:
             self._pages[k].stale[below.name] = 0
@@ -484,12 +496,21 @@ class TieredSegmentStore(SegmentStore):
             raise _NoRoom(f"the {tier.name} tier cannot make room")
 
     def _info(self, pk: PageKey, level: int) -> PageInfo:
+        """The page as tier `level`'s spill policy sees it: clean when its copy there is
+        outdated or a tier below holds a current copy; else dirty by the fewest stale slots
+        of any copy below (all its tokens when there is none)."""
         state = self._pages[pk]
-        below = [t.name for t in self.tiers[level + 1 :] if t.name in state.stale]
-        outdated = state.stale[self.tiers[level].name] > 0
-        fresh_below = any(state.stale[t] == 0 for t in below)
-        dirty = min((state.stale[t].bit_count() for t in below), default=state.num_tokens)
-        clean = outdated or fresh_below
+        stale = state.stale
+        clean = stale[self.tiers[level].name] > 0  # outdated
+        dirty = state.num_tokens
+        for name in self._below[level]:
+            mask = stale.get(name)
+            if mask is None:
+                continue
+            if mask == 0:
+                clean = True
+                break
+            dirty = min(dirty, mask.bit_count())
         return PageInfo(
             pk, state.segment, state.index, state.nbytes, 0 if clean else dirty, clean,
             state.last_use,
@@ -505,12 +526,12 @@ class TieredSegmentStore(SegmentStore):
     def _resident(self, level: int) -> list[PageKey]:
         """Spill candidates of tier `level`. Pages of pinned segments (being put, served or
         updated) stay in fast; below it they may move further down, never out."""
-        name = self.tiers[level].name
-        return [
-            pk
-            for pk, s in self._pages.items()
-            if name in s.stale and (level > 0 or s.segment not in self._pinned)
-        ]
+        pages = self._pages
+        held = self.tiers[level].page_keys()  # the pages with a copy there (a stale key)
+        return sorted(
+            (pk for pk in held if level > 0 or pages[pk].segment not in self._pinned),
+            key=lambda pk: pages[pk].seq,
+        )
 
     def _bytes(self, keys: Sequence[PageKey], tier: Tier) -> int:
         return sum(self._pages[k].nbytes for k in keys if k not in tier)
@@ -572,7 +593,8 @@ class TieredSegmentStore(SegmentStore):
             nbytes = 0
             for i, pk in enumerate(pages):
                 num_tokens, kv_bytes = disk.page_size_of(pk)
-                self._pages[pk] = _Page(key, i, num_tokens, kv_bytes, {"disk": 0}, 0)
+                self._pages[pk] = _Page(key, i, num_tokens, kv_bytes, {"disk": 0}, 0,
+                                        next(self._seq))  # fmt: skip
                 nbytes += kv_bytes
             named.update(pages)
             self._add_segment(key, seg, nbytes)

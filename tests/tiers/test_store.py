@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from agentcache.kv.store import MissReason, StoredKV, content_id
-from agentcache.tiers import PageData, TierConfig, TieredSegmentStore
+from agentcache.tiers import MemoryTier, PageData, TierConfig, TieredSegmentStore
 
 M, T = "model", "tok"
 TOKEN_BYTES = 2 * 2 * 2 * 4 * 4  # K and V, 2 layers, 2 heads, dim 4, fp32
@@ -256,3 +256,90 @@ def test_bad_spill_options_fail_when_the_config_is_made(
     with pytest.raises(ConfigError) as e:
         TierConfig(spill=spill, spill_options=options)  # type: ignore[arg-type]
     assert needle in str(e.value)
+
+
+def copying(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference path: memory tiers copy on every read and write (no views, no owned
+    tensors kept)."""
+    monkeypatch.setattr(MemoryTier, "view", MemoryTier.read)
+    monkeypatch.setattr(MemoryTier, "_keeps", lambda self, t: False)
+
+
+def churn(s: TieredSegmentStore, seed: int) -> list[StoredKV | None]:
+    """Puts, lookups and dirty updates over more segments than fast and host hold; every
+    lookup's K/V, in order."""
+    g = torch.Generator().manual_seed(seed)
+    served: list[StoredKV | None] = []
+    for step in range(60):
+        i = int(torch.randint(0, 8, (1,), generator=g))
+        if step < 8 or step % 3 == 0:
+            s.put(ids(i * 10), kv(i))
+        got = s.lookup(M, T, ids(i * 10))
+        served.append(got.kv)
+        if got.hit and step % 2:
+            new = kv(100 + step)
+            slots = int(torch.randint(1, 1 << 16, (1,), generator=g))
+            page = int(torch.randint(0, 3, (1,), generator=g))
+            part = PageData(new.keys[:, 16 * page : 16 * page + 16],
+                            new.values[:, 16 * page : 16 * page + 16],
+                            torch.arange(500, 516))  # fmt: skip
+            s.update_pages(M, T, content_id(ids(i * 10), "segment", None), {page: (part, slots)})
+    return served
+
+
+@pytest.mark.parametrize("spill", ["slide", "lru"])
+def test_views_and_owned_writes_serve_what_copying_everywhere_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spill: str
+) -> None:
+    fast = store(tmp_path / "fast", fast=4 * PAGE, host=3 * PAGE, spill=spill)
+    served = churn(fast, 7)
+    with monkeypatch.context() as m:
+        copying(m)
+        reference = store(tmp_path / "ref", fast=4 * PAGE, host=3 * PAGE, spill=spill)
+        want = churn(reference, 7)
+    assert [x is None for x in served] == [x is None for x in want]
+    assert sum(x is not None for x in served) > 20
+    for a, b in zip(served, want, strict=True):
+        if b is not None:
+            assert equal(a, b)
+    assert fast.counters() == {t: c | {"read_s": fast.counters()[t]["read_s"],
+                                       "write_s": fast.counters()[t]["write_s"]}
+                               for t, c in reference.counters().items()}  # fmt: skip
+    assert fast.tier_stats.updates == reference.tier_stats.updates > 0
+    assert fast.tier_stats.spills > 0 and fast.tier("disk").counters.loads > 0
+
+
+def test_no_caller_tensor_is_aliased_by_the_store(tmp_path: Path) -> None:
+    s = store(tmp_path, fast=3 * PAGE, host=3 * PAGE)
+    given = kv(1)
+    s.put(ids(0), given)
+    given.keys.zero_()  # the caller's K/V changes after the put: the store kept a copy
+    got = s.lookup(M, T, ids(0)).kv
+    assert equal(got, kv(1))
+    assert got is not None
+    got.keys.zero_()  # a served K/V changed by the caller: the store's pages are apart
+    assert equal(s.lookup(M, T, ids(0)).kv, kv(1))
+    cid = content_id(ids(0), "segment", None)
+    new = kv(9)
+    part = PageData(new.keys[:, :16].clone(), new.values[:, :16].clone(), torch.arange(16))
+    assert s.update_pages(M, T, cid, {0: (part, (1 << 16) - 1)})
+    part.keys.zero_()  # the update's page changed after the call
+    after = s.lookup(M, T, ids(0)).kv
+    assert after is not None and torch.equal(after.keys[:, :16], new.keys[:, :16])
+    # pushed down to host and disk and back: still the same K/V
+    s.put(ids(10), kv(2))
+    s.put(ids(20), kv(3))
+    final = s.lookup(M, T, ids(0)).kv
+    assert final is not None and torch.equal(final.keys[:, :16], new.keys[:, :16])
+    assert torch.equal(final.keys[:, 16:], kv(1).keys[:, 16:])
+
+
+def test_a_tier_holds_exactly_the_pages_with_a_copy_there(tmp_path: Path) -> None:
+    # spill candidates come from the tier's keys: they must be the pages the store knows
+    # to have a copy in that tier
+    s = store(tmp_path, fast=4 * PAGE, host=3 * PAGE)
+    churn(s, 3)
+    assert s.tier_stats.spills > 0
+    for tier in s.tiers:
+        known = {pk for pk, state in s._pages.items() if tier.name in state.stale}
+        assert set(tier.page_keys()) == known and known

@@ -68,6 +68,42 @@ def test_read_returns_copies_the_tier_keeps_no_alias(make: Callable[[int], Tier]
     assert same(tier.read(PageKey("a/0")), original)
 
 
+def test_a_view_reads_the_page_and_is_never_changed_by_the_tier(
+    make: Callable[[int], Tier],
+) -> None:
+    tier = make(4 * PAGE_BYTES)
+    tier.write([(PageKey("a/0"), page(1))])
+    seen = tier.view(PageKey("a/0"))
+    assert same(seen, page(1)) and tier.counters.loads == 1
+    tier.write([(PageKey("a/0"), page(3))])  # a replacement: new tensors, the old untouched
+    assert same(seen, page(1)) and same(tier.view(PageKey("a/0")), page(3))
+    tier.drop([PageKey("a/0")])
+    assert same(seen, page(1)) and tier.view(PageKey("a/0")) is None
+
+
+def test_an_owned_write_stores_the_page(make: Callable[[int], Tier]) -> None:
+    tier = make(4 * PAGE_BYTES)
+    tier.write([(PageKey("a/0"), page(1))], owned=True)
+    assert same(tier.read(PageKey("a/0")), page(1)) and tier.counters.bytes == PAGE_BYTES
+
+
+def test_memory_keeps_owned_tensors_but_copies_views_into_larger_ones() -> None:
+    tier = MemoryTier("fast", 4 * PAGE_BYTES)
+    given = page(1)
+    tier.write([(PageKey("a/0"), given)], owned=True)
+    kept = tier.view(PageKey("a/0"))
+    assert kept is not None and kept.keys is given.keys and kept.values is given.values
+    big = page(2, n=32)  # the first 16 tokens: a view that would keep all 32 alive
+    part = PageData(big.keys[:, :16], big.values[:, :16], big.positions[:16])
+    tier.write([(PageKey("a/1"), part)], owned=True)
+    copied = tier.view(PageKey("a/1"))
+    assert copied is not None and same(copied, part)
+    assert copied.keys.untyped_storage().nbytes() == copied.keys.nbytes
+    # not owned: always a copy
+    tier.write([(PageKey("a/2"), given)])
+    assert tier.view(PageKey("a/2")).keys is not given.keys  # type: ignore[union-attr]
+
+
 def test_replace_keeps_bytes_and_drop_frees(make: Callable[[int], Tier]) -> None:
     tier = make(2 * PAGE_BYTES)
     tier.write([(PageKey("a/0"), page(1)), (PageKey("a/1"), page(2))])
@@ -355,3 +391,18 @@ def test_disk_reclaim_rewrites_chains_whole(tmp_path: Path) -> None:
     assert tier.reclaimed_files >= 1 and same(tier.read(keys[0]), want)
     assert len(list((folder / "extents").iterdir())) == 1
     assert tier.file_bytes <= 2 * (PAGE_BYTES + 8 * 16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_pages_of_any_dtype_and_odd_sizes_read_back_exactly(
+    make: Callable[[int], Tier], dtype: torch.dtype
+) -> None:
+    # 3 tokens of 1 value: the positions start at byte 6 or 12 (not a multiple of 8)
+    g = torch.Generator().manual_seed(5)
+    keys, values = (torch.randn((1, 3, 1, 1), generator=g).to(dtype) for _ in range(2))
+    odd = PageData(keys, values, torch.tensor([7, 8, 9]))
+    tier = make(4 * PAGE_BYTES)
+    tier.write([(PageKey("o/0"), odd), (PageKey("o/1"), page(2))])
+    got = tier.read(PageKey("o/0"))
+    assert got is not None and got.keys.dtype == dtype and same(got, odd)
+    assert same(tier.read(PageKey("o/1")), page(2))
