@@ -13,7 +13,6 @@ import argparse
 import cProfile
 import io
 import pstats
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -89,20 +88,16 @@ def _row(path: Path, policy: str, ops: int, turns: int, r: dict[str, Any]) -> li
 
 
 def _profile(saved: SavedTrace, disk_root: Path | None, out: Path, sort: str, top: int) -> str:
-    from agentcache.bench.tiers import disk_folder
+    from agentcache.bench.tiers import fresh_store
     from agentcache.tiers.trace import replay
 
-    root = disk_folder("replay-profile", disk_root)
-    try:
-        store = saved.store(root)
-        profiler = cProfile.Profile()
+    profiler = cProfile.Profile()
+    with fresh_store(saved, "replay-profile", disk_root) as store:
         profiler.enable()
         try:
             replay(saved.trace, store, saved.expected)
         finally:
             profiler.disable()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     profiler.dump_stats(out)
     text = io.StringIO()

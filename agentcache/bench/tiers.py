@@ -24,7 +24,8 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -120,7 +121,7 @@ def run_policy(
         if cfg.trace_dir is not None:
             save(saved, trace_path(cfg.trace_dir, policy))
         ttft = _ttft_disk_vs_resident(engine, sessions, cfg.ttft_samples, advance)
-        store_only = _store_only(saved, policy, cfg)
+        store_only = replays(saved, cfg.replays, f"{policy}-replay", cfg.disk_root)
         if cfg.replays:
             advance("store replay")
         tput = [r["turns"] / r["seconds"] for r in rounds]
@@ -144,12 +145,6 @@ def trace_path(folder: Path, policy: str) -> Path:
     return folder / f"{policy}.trace.json.gz"
 
 
-def _store_only(saved: SavedTrace, policy: str, cfg: TierBenchConfig) -> dict[str, Any] | None:
-    """Replay the rounds' store calls `cfg.replays` times, each on a fresh store like the
-    run's in its own folder; the replay of median time, with every replay's seconds."""
-    return replays(saved, cfg.replays, f"{policy}-replay", cfg.disk_root)
-
-
 def replays(
     saved: SavedTrace, times: int, label: str, disk_root: Path | None
 ) -> dict[str, Any] | None:
@@ -157,11 +152,8 @@ def replays(
     the summary of the replay of median time, with every replay's seconds (None: no replay)."""
     runs = []
     for _ in range(times):
-        root = disk_folder(label, disk_root)
-        try:
-            runs.append(replay(saved.trace, saved.store(root), saved.expected).summary())
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
+        with fresh_store(saved, label, disk_root) as store:
+            runs.append(replay(saved.trace, store, saved.expected).summary())
     if not runs:
         return None
     runs.sort(key=lambda r: r["seconds"])
@@ -172,6 +164,19 @@ def replays(
         "matches_run": not mismatches,
         "mismatches": mismatches[:20],
     }
+
+
+@contextmanager
+def fresh_store(
+    saved: SavedTrace, label: str, disk_root: Path | None
+) -> Iterator[TieredSegmentStore]:
+    """A store configured like the recorded one, its disk tier in a new folder under
+    `disk_root`, removed after."""
+    root = disk_folder(label, disk_root)
+    try:
+        yield saved.store(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def disk_folder(policy: str, parent: Path | None) -> Path:

@@ -36,7 +36,13 @@ class MemoryTier(Tier):
         t0 = time.perf_counter()
         nbytes = 0
         for key, page in pages:
-            if owned and all(map(self._keeps, (page.keys, page.values, page.positions))):
+            # positions stay on their device and unpinned, as the copy below leaves them
+            if (
+                owned
+                and self._keeps(page.keys)
+                and self._keeps(page.values)
+                and _owns_storage(page.positions)
+            ):
                 self._pages[key] = page
             else:
                 self._pages[key] = PageData(
@@ -48,34 +54,27 @@ class MemoryTier(Tier):
         self._count_write(pages, nbytes - held, nbytes)
 
     def _keeps(self, t: torch.Tensor) -> bool:
-        """Whether a given tensor can be stored as it is: on this device, pinned if the tier
-        pins, and contiguous (a view into a larger tensor would keep all of it alive)."""
-        return (
-            (t.device == self.device or t.dtype == torch.long)  # positions stay where they are
-            and t.is_contiguous()
-            and t.untyped_storage().nbytes() == t.nbytes
-            and (not self.pin or t.is_pinned())
-        )
+        """Whether a given K or V tensor can be stored as it is: where `_copy` would put it
+        (this device, pinned if the tier pins) and owning its whole storage."""
+        return t.device == self.device and (not self.pin or t.is_pinned()) and _owns_storage(t)
 
     def _copy(self, t: torch.Tensor) -> torch.Tensor:
         out = torch.empty(t.shape, dtype=t.dtype, device=self.device, pin_memory=self.pin)
         return out.copy_(t)
 
     def read(self, key: PageKey) -> PageData | None:
-        t0 = time.perf_counter()
-        page = self._pages.get(key)
-        copy = None
-        if page is not None:
-            self.counters.loads += 1
-            copy = PageData(page.keys.clone(), page.values.clone(), page.positions.clone())
-        self.counters.read_s += time.perf_counter() - t0
-        return copy
+        return self._load(key, copy=True)
 
     def view(self, key: PageKey) -> PageData | None:
+        return self._load(key, copy=False)
+
+    def _load(self, key: PageKey, copy: bool) -> PageData | None:
         t0 = time.perf_counter()
         page = self._pages.get(key)
         if page is not None:
             self.counters.loads += 1
+            if copy:
+                page = PageData(page.keys.clone(), page.values.clone(), page.positions.clone())
         self.counters.read_s += time.perf_counter() - t0
         return page
 
@@ -91,3 +90,9 @@ class MemoryTier(Tier):
 
     def page_keys(self) -> list[PageKey]:
         return list(self._pages)
+
+
+def _owns_storage(t: torch.Tensor) -> bool:
+    """Contiguous and the whole of its storage: keeping it keeps nothing else alive (a slice
+    of a larger tensor would keep all of it, and alias its owner)."""
+    return t.is_contiguous() and t.untyped_storage().nbytes() == t.nbytes
