@@ -13,8 +13,9 @@ the base in journal order. Each piece has its own crc: any piece missing, short 
 it makes the whole page a miss. A delta is written only when the chain stays within twice a
 page's bytes; otherwise the page is written whole, which replaces its chain.
 
-A write call writes its extent to a temporary file, fsyncs it, renames it into place, then
-appends and fsyncs its journal line: the pages exist once their line is in the journal. A
+A write call writes its extent to a temporary file, fsyncs it, renames it into place and
+fsyncs the folder (so the name survives a power loss), then appends and fsyncs its journal
+line: the pages exist once their line is in the journal. A
 kill at any moment leaves either no line (the extent is an orphan, deleted at the next open)
 or a whole line; a torn last line fails its crc and replay stops there. At open the journal
 is replayed and rewritten compacted (write-then-rename), and again whenever it has grown to
@@ -375,6 +376,7 @@ class DiskTier(Tier):
             tmp = final.with_suffix(".tmp")
             self._durable_write(tmp, blobs)
             os.replace(tmp, final)
+            self._sync_dir(final.parent)  # the rename is durable before the line names it
             self._append(line)
         except OSError as e:
             self.counters.write_s += time.perf_counter() - t0

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
+import agentcache.tiers.disk as disk_mod
 from agentcache.tiers import DiskTier, MemoryTier, PageData, PageKey, Tier, TierError
 
 
@@ -406,3 +409,24 @@ def test_pages_of_any_dtype_and_odd_sizes_read_back_exactly(
     got = tier.read(PageKey("o/0"))
     assert got is not None and got.keys.dtype == dtype and same(got, odd)
     assert same(tier.read(PageKey("o/1")), page(2))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name an fd")
+def test_disk_write_makes_extent_name_durable_before_journal_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Power-loss order: the extent's data, then its directory entry, then the journal line
+    naming it. A line whose file a crash forgot would lose a committed segment."""
+    tier = DiskTier(tmp_path, 8 * PAGE_BYTES, fsync=True)
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        kind = "dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        synced.append(f"{kind}:{Path(path).name}")
+        real_fsync(fd)
+
+    monkeypatch.setattr(disk_mod.os, "fsync", recording_fsync)
+    tier.write([(PageKey("a/0"), page(1))])
+    assert synced == ["file:0000000001.tmp", "dir:extents", "file:journal.log"]
