@@ -41,6 +41,12 @@ def test_bench_tiers_writes_policies_report_and_plot(tiny: LoadedModel, tmp_path
         assert all(p[f] is not None for f in FIELDS)
         assert p["write_calls"] > 0 and p["write_amplification"] >= 1.0
         assert p["failed_spills"] == 0 and len(p["round_throughputs"]) == 3
+        # warm: the rounds after the first, whose turns have nothing to reuse
+        warm = p["rounds"][1:]
+        assert p["warm_throughput_turns_per_s"] == pytest.approx(
+            sum(r["turns"] for r in warm) / sum(r["seconds"] for r in warm)
+        )
+        assert p["warm_throughput_std"] is not None and p["rounds_s"] > 0
         assert 0 < p["persist_required_bytes"] <= p["persist_required_page_bytes"]
         disk = p["tiers"]["disk"]
         assert disk["loads"] > 0 and p["disk_read_s"] == disk["read_s"] > 0
@@ -59,6 +65,10 @@ def test_bench_tiers_writes_policies_report_and_plot(tiny: LoadedModel, tmp_path
     assert "read s" in (tmp_path / "out" / "report.md").read_text()
     assert "store-only turns/s" in (tmp_path / "out" / "report.md").read_text()
     assert out["vs_lru"]["slide"]["store_only_throughput_ratio"] is not None
+    lru = saved["policies"]["lru"]  # no policy beats lru by more than its store's share allows
+    bound = lru["rounds_s"] / (lru["rounds_s"] - lru["store_only"]["seconds"])
+    assert out["vs_lru"]["slide"]["throughput_bound"] == pytest.approx(bound)
+    assert "warm turns/s" in (tmp_path / "out" / "report.md").read_text()
     assert "vs lru" in (tmp_path / "out" / "report.md").read_text()
     assert (tmp_path / "out" / "tiers.png").stat().st_size > 0
     assert out["vs_lru"]["slide"]["write_calls_ratio"] < 1
