@@ -17,13 +17,12 @@ store-only seconds (`agentcache.bench.tiers.throughput_bound`). Writes `DIR/thro
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentcache.bench.tiers import ratios, round_figures
+from agentcache.bench.tiers import ratios, read_results, round_figures
 
 TARGET = 1.4
 
@@ -43,19 +42,11 @@ class Run:
 
 
 def load(path: Path) -> Run:
-    try:
-        return _load(path, json.loads(path.read_text(encoding="utf-8")))
-    except KeyError as e:
-        raise ValueError(f"{path}: no field {e} in its results") from e
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not JSON ({e})") from e
+    return read_results(path, _load)
 
 
 def _load(path: Path, data: dict[str, Any]) -> Run:
-    pol = data.get("policies", {})
-    missing = [p for p in ("slide", "lru") if p not in pol]
-    if missing:
-        raise ValueError(f"{path}: no {' or '.join(missing)} policy in its results")
+    pol = data["policies"]
     # results that predate the warm figures are completed from their rounds
     both = {p: {**pol[p], **round_figures(pol[p]["rounds"])} for p in ("slide", "lru")}
     r = ratios(both)["slide"]

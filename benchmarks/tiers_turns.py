@@ -17,13 +17,12 @@ over slide's, per turns per session, the 3x target drawn across).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentcache.bench.tiers import ratios
+from agentcache.bench.tiers import ratios, read_results
 
 TARGET = 3.0
 
@@ -41,19 +40,11 @@ class Run:
 
 
 def load(path: Path) -> Run:
-    try:
-        return _load(path, json.loads(path.read_text(encoding="utf-8")))
-    except KeyError as e:
-        raise ValueError(f"{path}: no field {e} in its results") from e
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not JSON ({e})") from e
+    return read_results(path, _load)
 
 
 def _load(path: Path, data: dict[str, Any]) -> Run:
-    pol = data.get("policies", {})
-    missing = [p for p in ("slide", "lru") if p not in pol]
-    if missing:
-        raise ValueError(f"{path}: no {' or '.join(missing)} policy in its results")
+    pol = data["policies"]
     workloads = {s.rsplit("-", 1)[0] for s in data.get("sessions", [])}
     if len(workloads) != 1:
         raise ValueError(f"{path}: needs the sessions of one workload, got {sorted(workloads)}")

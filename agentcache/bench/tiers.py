@@ -19,6 +19,7 @@ sessions spills to disk), then:
 
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
 import tempfile
@@ -29,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agentcache.bench.workload import Session
 from agentcache.errors import CacheDirError, ConfigError
@@ -43,6 +44,7 @@ from agentcache.tiers.store import TierConfig, TieredSegmentStore
 from agentcache.tiers.trace import SavedTrace, recording, replay, save
 
 Progress = Callable[[str], None]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -360,6 +362,23 @@ def ratios(policies: dict[str, dict[str, Any]], base: str = "lru") -> dict[str, 
         for name, p in policies.items()
         if name != base
     }  # fmt: skip
+
+
+def read_results(path: Path, parse: Callable[[Path, dict[str, Any]], T]) -> T:
+    """`parse(path, data)` of a bench-tiers results.json that holds the `slide` and `lru`
+    policies. A file that is not JSON, lacks either policy or a field `parse` reads is a
+    ValueError naming the file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from e
+    missing = [p for p in ("slide", "lru") if p not in data.get("policies", {})]
+    if missing:
+        raise ValueError(f"{path}: no {' or '.join(missing)} policy in its results")
+    try:
+        return parse(path, data)
+    except KeyError as e:
+        raise ValueError(f"{path}: no field {e} in its results") from e
 
 
 def store_only_figure(policy: dict[str, Any], key: str) -> Any:
