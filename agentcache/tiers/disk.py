@@ -162,7 +162,10 @@ class DiskTier(Tier):
     def _open(self) -> None:
         extents = self.folder / "extents"
         try:
+            fresh = not extents.is_dir()
             extents.mkdir(parents=True, exist_ok=True)
+            if fresh:  # the folder's own entry, so a power loss cannot drop the whole tier
+                self._sync_dir(self.folder.parent)
             probe = self.folder / ".write-probe"
             probe.write_bytes(b"ok")
             probe.unlink()

@@ -430,3 +430,9 @@ def test_disk_write_makes_extent_name_durable_before_journal_line(
     monkeypatch.setattr(disk_mod.os, "fsync", recording_fsync)
     tier.write([(PageKey("a/0"), page(1))])
     assert synced == ["file:0000000001.tmp", "dir:extents", "file:journal.log"]
+    synced.clear()  # a new folder's entry is made durable in its parent at open
+    DiskTier(tmp_path / "new", 8 * PAGE_BYTES, fsync=True)
+    assert synced[0] == f"dir:{tmp_path.name}" and "dir:new" in synced
+    synced.clear()  # an existing one is not synced again
+    DiskTier(tmp_path / "new", 8 * PAGE_BYTES, fsync=True)
+    assert f"dir:{tmp_path.name}" not in synced
