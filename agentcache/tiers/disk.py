@@ -15,18 +15,18 @@ page's bytes; otherwise the page is written whole, which replaces its chain.
 
 A write call writes its extent to a temporary file, fsyncs it, renames it into place and
 fsyncs the folder (so the name survives a power loss), then appends and fsyncs its journal
-line: the pages exist once their line is in the journal. A
-kill at any moment leaves either no line (the extent is an orphan, deleted at the next open)
-or a whole line; a torn last line fails its crc and replay stops there. At open the journal
-is replayed and rewritten compacted (write-then-rename), and again whenever it has grown to
-more than `COMPACT_FACTOR` lines per live record (and at least `compact_lines`), so a
-long-running process's journal stays proportional to what the tier holds. An extent file
-whose every page was replaced or dropped is deleted once the journal no longer needs it, and
-once the extent files hold more than `SPACE_FACTOR` times the live pages' bytes, the live
-pages of the emptiest files are written again into a new extent (an ordinary write call,
-counted like any other) so those files can go: the folder stays within a bounded multiple of
-the tier's capacity. A page whose file is missing, short, or fails its crc reads as None and
-is counted corrupt: never served.
+line: the pages exist once their line is in the journal. A kill at any moment leaves either
+no line (the extent is an orphan, deleted at the next open) or a whole line; a torn last
+line fails its crc and replay stops there. At open the journal is replayed and rewritten
+compacted (write-then-rename), and again whenever it has grown to more than `COMPACT_FACTOR`
+lines per live record (and at least `compact_lines`), so a long-running process's journal
+stays proportional to what the tier holds. An extent file whose every page was replaced or
+dropped is deleted once the journal no longer needs it, and once the extent files hold more
+than `SPACE_FACTOR` times the live pages' bytes, the live pages of the emptiest files are
+written again into a new extent (an ordinary write call, counted like any other) so those
+files can go: the folder stays within a bounded multiple of the tier's capacity. A page
+whose file is missing, short, or fails its crc reads as None and is counted corrupt: never
+served.
 """
 
 from __future__ import annotations
