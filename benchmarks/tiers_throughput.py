@@ -16,13 +16,12 @@ store-only seconds (`agentcache.bench.tiers.throughput_bound`). Writes `DIR/thro
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentcache.bench.tiers import ratios, read_results, round_figures
+from agentcache.bench.tiers import ratios, read_results, report_runs, round_figures
 
 TARGET = 1.4
 
@@ -125,21 +124,7 @@ def _run_names(runs: list[Run]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("results", nargs="+", type=Path, help="bench-tiers results.json files")
-    ap.add_argument("--out", type=Path, required=True, help="folder for the table and plot")
-    args = ap.parse_args(argv)
-    try:
-        runs = [load(p) for p in args.results]
-    except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "throughput.md").write_text(table(runs), encoding="utf-8")
-    plot(runs, args.out / "throughput.png")
-    print(table(runs))
-    print(f"wrote {args.out}/throughput.md and throughput.png")
-    return 0
+    return report_runs(argv, __doc__.split("\n")[0], load, table, plot, "throughput")
 
 
 if __name__ == "__main__":

@@ -16,13 +16,11 @@ over slide's, per turns per session, the 3x target drawn across).
 
 from __future__ import annotations
 
-import argparse
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentcache.bench.tiers import ratios, read_results
+from agentcache.bench.tiers import ratios, read_results, report_runs
 
 TARGET = 3.0
 
@@ -134,22 +132,7 @@ def plot(runs: list[Run], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("results", nargs="+", type=Path, help="bench-tiers results.json files")
-    ap.add_argument("--out", type=Path, required=True, help="output folder")
-    args = ap.parse_args(argv)
-    try:
-        runs = [load(p) for p in args.results]
-    except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    md = table(runs)
-    (args.out / "wa_turns.md").write_text(md, encoding="utf-8")
-    plot(runs, args.out / "wa_turns.png")
-    print(md, end="")
-    print(f"wrote {args.out / 'wa_turns.md'} and {args.out / 'wa_turns.png'}")
-    return 0
+    return report_runs(argv, __doc__.split("\n")[0], load, table, plot, "wa_turns")
 
 
 if __name__ == "__main__":

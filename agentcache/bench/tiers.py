@@ -19,9 +19,11 @@ sessions spills to disk), then:
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -145,12 +147,12 @@ def round_figures(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     tput = [r["turns"] / r["seconds"] for r in rounds]
     warm = [r for r in rounds if r["turn"] > 0]
     warm_tput = [r["turns"] / r["seconds"] for r in warm]
+    rounds_s = sum(r["seconds"] for r in rounds)
     return {
-        "throughput_turns_per_s": sum(r["turns"] for r in rounds)
-        / sum(r["seconds"] for r in rounds),
+        "throughput_turns_per_s": sum(r["turns"] for r in rounds) / rounds_s,
         "throughput_std": statistics.pstdev(tput) if len(tput) > 1 else 0.0,
         "round_throughputs": tput,
-        "rounds_s": sum(r["seconds"] for r in rounds),
+        "rounds_s": rounds_s,
         "warm_throughput_turns_per_s": (
             sum(r["turns"] for r in warm) / sum(r["seconds"] for r in warm) if warm else None
         ),
@@ -379,6 +381,31 @@ def read_results(path: Path, parse: Callable[[Path, dict[str, Any]], T]) -> T:
         return parse(path, data)
     except KeyError as e:
         raise ValueError(f"{path}: no field {e} in its results") from e
+
+
+def report_runs(
+    argv: list[str] | None, description: str, load: Callable[[Path], T],
+    table: Callable[[list[T]], str], plot: Callable[[list[T], Path], None], name: str,
+) -> int:  # fmt: skip
+    """The command line of a script that compares bench-tiers runs: results.json files in,
+    `OUT/<name>.md` (the table) and `OUT/<name>.png` (the plot) out. A file `load` rejects
+    (ValueError) or cannot read is an error naming it, exit 2, and nothing is written."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("results", nargs="+", type=Path, help="bench-tiers results.json files")
+    ap.add_argument("--out", type=Path, required=True, help="folder for the table and plot")
+    args = ap.parse_args(argv)
+    try:
+        runs = [load(p) for p in args.results]
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    md = table(runs)
+    (args.out / f"{name}.md").write_text(md, encoding="utf-8")
+    plot(runs, args.out / f"{name}.png")
+    print(md, end="")
+    print(f"wrote {args.out / (name + '.md')} and {args.out / (name + '.png')}")
+    return 0
 
 
 def store_only_figure(policy: dict[str, Any], key: str) -> Any:

@@ -19,7 +19,7 @@ def policy(round_s: list[float], store_s: float | None = None) -> dict[str, Any]
         "write_amplification": 1.0,
         "write_calls": 1,
     }
-    if store_s is not None:  # fmt: skip
+    if store_s is not None:
         out["store_only"] = {"seconds": store_s, "turns_per_s": 1.0, "throughput_std": 0.1}
     return out
 
