@@ -77,3 +77,14 @@ def test_readme_use_it_runs_on_the_public_api(
         "instance",
     ]
     assert second.stats.prompt_tokens > first.stats.prompt_tokens
+
+
+def test_quickstart_reuses_the_shifted_history(
+    tiny: LoadedModel, capsys: pytest.CaptureFixture[str]
+) -> None:
+    session = load_example("quickstart").main(Engine(tiny, EngineConfig()))
+    first, second = (t.stats for t in session.turns)
+    assert first.reused_tokens == 0 < second.reused_tokens and not second.misses
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith(f"turn 2: {second.prompt_tokens} prompt tokens, ")
+    assert f"{second.reused_tokens} reused, {second.recomputed_tokens} recomputed" in lines[1]
