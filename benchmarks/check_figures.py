@@ -1,0 +1,211 @@
+"""Checks every figure quoted in README.md and docs/ against the stored results it comes from.
+
+Reads a manifest (default `docs/figures.toml`) of `[[figure]]` entries:
+
+    doc     = "README.md"                      # the page the figure is quoted in
+    context = "reaches its first token 1.89x"  # text of the line it is on (may span a line
+                                               # break: whitespace is matched loosely)
+    figure  = "1.89"                           # the number as written, inside `context`
+    value   = "median(vs(VLLM, 'agentcache:pic@vllm', 'prefix'))"  # what yields it
+    tol     = 0.01                             # optional; default: half a unit of the
+                                               # figure's last written digit
+
+`value` is an expression over the stored results (paths relative to the root), with the
+helpers below and the `[paths]` table of the manifest as names. A figure passes when its
+context is still in its doc, the figure is inside the context, and the value rounds to the
+figure. Exits 1 naming every figure that does not; reads files only, runs no benchmark.
+
+    python benchmarks/check_figures.py [--manifest docs/figures.toml] [--root .]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+FIELDS = ("doc", "context", "figure", "value")
+NUMBER = re.compile(r"^[-+]?(\d+(?:\.(\d+))?)(?:e([-+]?\d+))?$")
+
+
+class ManifestError(ValueError):
+    """The manifest itself is malformed (a missing or unknown key, an unparsable figure)."""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One quoted number: where it is written, and how to recompute it."""
+
+    doc: str
+    context: str
+    figure: str
+    value: str
+    tol: float | None = None
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any], index: int) -> Figure:
+        missing = [k for k in FIELDS if k not in raw]
+        unknown = sorted(set(raw) - {*FIELDS, "tol"})
+        if missing or unknown:
+            raise ManifestError(f"figure #{index}: missing {missing}, unknown {unknown}")
+        fig = cls(**raw)
+        if NUMBER.match(fig.figure) is None:
+            raise ManifestError(f"figure #{index}: {fig.figure!r} is not a number")
+        return fig
+
+    def tolerance(self) -> float:
+        """Half a unit of the last written digit: '2.26' -> 0.005, '1.2e-3' -> 5e-5."""
+        if self.tol is not None:
+            return self.tol
+        m = NUMBER.match(self.figure)
+        assert m is not None  # checked in parse
+        decimals = len(m.group(2) or "")
+        return 0.5 * 10.0 ** (int(m.group(3) or 0) - decimals)
+
+
+def squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+def quantile(xs: Iterable[float], p: float) -> float:
+    """Linear interpolation between order statistics (numpy's default, 'inclusive')."""
+    s = sorted(xs)
+    if not s:
+        raise ValueError("quantile of no values")
+    k = (len(s) - 1) * p
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+class Results:
+    """The helpers a `value` expression may call, reading JSON files under `root`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @cache  # noqa: B019 - one instance per run; files are read once
+    def load(self, path: str) -> Any:
+        return json.loads((self.root / path).read_text())
+
+    def get(self, path: str, *keys: str | int) -> Any:
+        """The value at `keys` in the JSON file `path`."""
+        node = self.load(path)
+        for k in keys:
+            node = node[k]
+        return node
+
+    def records(self, path: str) -> list[dict[str, Any]]:
+        """Per-turn records: `turns` of `agentcache bench`, `records` of its vLLM backend."""
+        data = self.load(path)
+        return data["turns"] if "turns" in data else data["records"]
+
+    def warm(self, paths: str | list[str], label: str, field: str) -> list[float]:
+        """`field` of every warm turn (turn > 0) of strategy or config `label`, pooled over
+        `paths`; the fields `ttft/full` and `ttft/limit` are TTFT ratios on the same turn."""
+        out = []
+        for path in [paths] if isinstance(paths, str) else paths:
+            for r in self.records(path):
+                if r.get("strategy", r.get("config")) == label and r["turn"] > 0:
+                    out.append(self.field(r, field))
+        return out
+
+    @staticmethod
+    def field(record: dict[str, Any], name: str) -> float:
+        if name == "ttft/full":
+            return float(record["ttft_ms"] / record["ttft_full_ms"])
+        if name == "ttft/limit":
+            return float(record["ttft_ms"] / record["ttft_limit_ms"])
+        return float(record[name])
+
+    def vs(self, path: str, label: str, base: str, field: str = "ttft_ms") -> list[float]:
+        """Per warm turn: `base`'s `field` / `label`'s on the same (session, turn)."""
+        rows = [r for r in self.records(path) if r["turn"] > 0]
+        key = "strategy" if "strategy" in rows[0] else "config"
+        theirs = {(r["session"], r["turn"]): r[field] for r in rows if r[key] == base}
+        return [theirs[(r["session"], r["turn"])] / r[field] for r in rows if r[key] == label]
+
+    def names(self, paths: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **paths,
+            "get": self.get,
+            "warm": self.warm,
+            "vs": self.vs,
+            "q": quantile,
+            "median": lambda xs: quantile(xs, 0.5),
+            "mean": lambda xs: sum(xs) / len(xs),
+            "count": lambda xs, v: sum(1 for x in xs if x == v),
+            "min": min,
+            "max": max,
+            "len": len,
+            "sum": sum,
+            "zip": zip,
+        }
+
+
+def located(fig: Figure, root: Path) -> str | None:
+    """None when the figure is still written where the manifest says; else what is wrong."""
+    doc = root / fig.doc
+    if not doc.is_file():
+        return f"{fig.doc} does not exist"
+    if fig.figure not in fig.context:
+        return f"figure {fig.figure!r} is not inside its context {fig.context!r}"
+    text = squash(doc.read_text())
+    pattern = r"(?<![\d.])" + re.escape(squash(fig.context)) + r"(?![\d])"
+    if re.search(pattern, text) is None:
+        return f"{fig.doc} no longer contains {fig.context!r}"
+    return None
+
+
+def mismatch(fig: Figure, names: dict[str, Any]) -> str | None:
+    """None when `value` rounds to the figure; else the computed value or the error."""
+    try:
+        # the manifest is a file of this repository; its expressions see only the helpers
+        got = float(eval(fig.value, {"__builtins__": {}, **names}))
+    except Exception as e:  # any error in an expression is a failed check, named
+        return f"cannot compute {fig.value!r}: {type(e).__name__}: {e}"
+    want = float(fig.figure)
+    if abs(got - want) <= fig.tolerance() * (1 + 1e-9) + 1e-15:
+        return None
+    return f"value {got:.6g} from {fig.value!r} does not round to {fig.figure}"
+
+
+def check(manifest: Path, root: Path) -> list[str]:
+    """Every problem found, one line each, naming the doc and the figure."""
+    raw = tomllib.loads(manifest.read_text())
+    figures = [Figure.parse(f, i) for i, f in enumerate(raw.get("figure", []))]
+    names = Results(root).names(raw.get("paths", {}))
+    errors = []
+    for fig in figures:
+        problem = located(fig, root) or mismatch(fig, names)
+        if problem:
+            errors.append(f"{fig.doc}: {fig.figure} ({fig.context!r}): {problem}")
+    return errors
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--manifest", type=Path, default=Path("docs/figures.toml"))
+    p.add_argument("--root", type=Path, default=Path("."))
+    args = p.parse_args(argv)
+    try:
+        errors = check(args.manifest, args.root)
+    except (OSError, ManifestError, tomllib.TOMLDecodeError) as e:
+        print(f"check_figures: {e}", file=sys.stderr)
+        return 2
+    for line in errors:
+        print(line)
+    n = len(tomllib.loads(args.manifest.read_text()).get("figure", []))
+    print(f"{n - len(errors)} of {n} figures match their files", file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
