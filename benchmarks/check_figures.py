@@ -10,10 +10,22 @@ Reads a manifest (default `docs/figures.toml`) of `[[figure]]` entries:
     tol     = 0.01                             # optional; default: half a unit of the
                                                # figure's last written digit
 
-`value` is an expression over the stored results (paths relative to the root), with the
-helpers below and the `[paths]` table of the manifest as names. A figure passes when its
-context is still in its doc, the figure is inside the context, and the value rounds to the
-figure. Exits 1 naming every figure that does not; reads files only, runs no benchmark.
+and of `[[table]]` entries, which check every cell of a markdown table at once:
+
+    doc     = "docs/lab/reuse.md"
+    after   = "### reflexion, swing"           # the first table from the line holding this
+    row     = "get(R, 'by_case', 'swing', cells[0])"   # a row's cells -> the row's results
+    columns = ["", "ttft_ratio_vs_full", "100 * r['x']"]  # per cell: "" (not checked), a key
+                                               # of the row's results, or an expression of `r`
+
+A cell's figure is the number it starts with (`**2.26x**`, `0.986 (142 of 144)`); a column
+expression that yields None asserts that the cell holds no number (`-`).
+
+`value`, `row` and column expressions run over the stored results (paths relative to the
+root), with the helpers below and the `[paths]` table of the manifest as names. A figure passes
+when its context is still in its doc, the figure is inside the context, and the value rounds to
+the figure; a table passes when every checked cell does. Exits 1 naming every figure and cell
+that does not; reads files only, runs no benchmark.
 
     python benchmarks/check_figures.py [--manifest docs/figures.toml] [--root .]
 """
@@ -33,7 +45,10 @@ from pathlib import Path
 from typing import Any
 
 FIELDS = ("doc", "context", "figure", "value")
+TABLE_FIELDS = ("doc", "after", "row", "columns")
 NUMBER = re.compile(r"^[-+]?(\d+(?:\.(\d+))?)(?:e([-+]?\d+))?$")
+KEY = re.compile(r"^\w+$")
+LEADING = re.compile(r"^[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
 
 class ManifestError(ValueError):
@@ -62,13 +77,94 @@ class Figure:
         return fig
 
     def tolerance(self) -> float:
-        """Half a unit of the last written digit: '2.26' -> 0.005, '1.2e-3' -> 5e-5."""
-        if self.tol is not None:
-            return self.tol
-        m = NUMBER.match(self.figure)
-        assert m is not None  # checked in parse
-        decimals = len(m.group(2) or "")
-        return 0.5 * 10.0 ** (int(m.group(3) or 0) - decimals)
+        return self.tol if self.tol is not None else half_unit(self.figure)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A markdown table whose cells are checked against one results row each."""
+
+    doc: str
+    after: str
+    row: str
+    columns: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any], index: int) -> Table:
+        missing = [k for k in TABLE_FIELDS if k not in raw]
+        unknown = sorted(set(raw) - set(TABLE_FIELDS))
+        if missing or unknown:
+            raise ManifestError(f"table #{index}: missing {missing}, unknown {unknown}")
+        return cls(raw["doc"], raw["after"], raw["row"], tuple(raw["columns"]))
+
+    def rows(self, root: Path) -> list[list[str]]:
+        """The cells of every data row of the first table at or after the `after` line."""
+        lines = (root / self.doc).read_text().splitlines()
+        start = next((i for i, line in enumerate(lines) if self.after in line), None)
+        if start is None:
+            raise LookupError(f"no line holds {self.after!r}")
+        body = []
+        for line in lines[start:]:
+            if line.startswith("|"):
+                body.append([c.strip() for c in line.strip().strip("|").split("|")])
+            elif body:
+                break
+        return body[2:]  # header and separator rows left out
+
+    def check(self, root: Path, names: dict[str, Any]) -> list[str]:
+        where = f"{self.doc}: table after {self.after!r}"
+        try:
+            rows = self.rows(root)
+        except (OSError, LookupError) as e:
+            return [f"{where}: {e}"]
+        if not rows:
+            return [f"{where}: no table rows"]
+        return [f"{where}: {e}" for cells in rows for e in self.check_row(cells, names)]
+
+    def check_row(self, cells: list[str], names: dict[str, Any]) -> list[str]:
+        if len(cells) != len(self.columns):
+            return [f"row {cells[0]!r} has {len(cells)} cells, the manifest {len(self.columns)}"]
+        try:
+            r = evaluate(self.row, {**names, "cells": cells})
+        except Exception as e:  # any error in an expression is a failed check, named
+            return [f"row {cells[0]!r}: cannot compute {self.row!r}: {type(e).__name__}: {e}"]
+        errors = []
+        for cell, column in zip(cells, self.columns, strict=True):
+            if column:
+                value = column if not KEY.match(column) else f"r[{column!r}]"
+                problem = cell_mismatch(cell, value, {**names, "r": r, "cells": cells})
+                if problem:
+                    errors.append(f"row {cells[0]!r}, column {column!r}: {problem}")
+        return errors
+
+
+def cell_mismatch(cell: str, value: str, names: dict[str, Any]) -> str | None:
+    """None when the cell's leading number is what `value` rounds to, or when `value` is None
+    and the cell holds no number; else what is wrong."""
+    m = LEADING.match(cell.strip("*` "))
+    try:
+        got = evaluate(value, names)
+    except Exception as e:  # any error in an expression is a failed check, named
+        return f"cannot compute {value!r}: {type(e).__name__}: {e}"
+    if got is None and m is None:
+        return None
+    if got is None or m is None:
+        return f"cell {cell!r} against {got!r} from {value!r}"
+    return differs(m.group(0), float(got), value, half_unit(m.group(0)))
+
+
+def half_unit(figure: str) -> float:
+    """Half a unit of the last written digit: '2.26' -> 0.005, '1.2e-3' -> 5e-5."""
+    m = NUMBER.match(figure)
+    if m is None:
+        raise ValueError(f"{figure!r} is not a number")
+    decimals = len(m.group(2) or "")
+    return 0.5 * 10.0 ** (int(m.group(3) or 0) - decimals)
+
+
+def evaluate(expression: str, names: dict[str, Any]) -> Any:
+    # the manifest is a file of this repository; its expressions see only the helpers
+    return eval(expression, {"__builtins__": {}, **names})
 
 
 def squash(text: str) -> str:
@@ -145,6 +241,7 @@ class Results:
             "min": min,
             "max": max,
             "len": len,
+            "int": int,
             "sum": sum,
             "zip": zip,
         }
@@ -164,29 +261,36 @@ def located(fig: Figure, root: Path) -> str | None:
     return None
 
 
-def mismatch(fig: Figure, names: dict[str, Any]) -> str | None:
-    """None when `value` rounds to the figure; else the computed value or the error."""
+def mismatch(
+    figure: str, value: str, names: dict[str, Any], tol: float | None = None
+) -> str | None:
+    """None when `value` rounds to `figure`; else the computed value or the error."""
     try:
-        # the manifest is a file of this repository; its expressions see only the helpers
-        got = float(eval(fig.value, {"__builtins__": {}, **names}))
+        got = float(evaluate(value, names))
     except Exception as e:  # any error in an expression is a failed check, named
-        return f"cannot compute {fig.value!r}: {type(e).__name__}: {e}"
-    want = float(fig.figure)
-    if abs(got - want) <= fig.tolerance() * (1 + 1e-9) + 1e-15:
+        return f"cannot compute {value!r}: {type(e).__name__}: {e}"
+    return differs(figure, got, value, half_unit(figure) if tol is None else tol)
+
+
+def differs(figure: str, got: float, value: str, tol: float) -> str | None:
+    if abs(got - float(figure)) <= tol * (1 + 1e-9) + 1e-15:
         return None
-    return f"value {got:.6g} from {fig.value!r} does not round to {fig.figure}"
+    return f"value {got:.6g} from {value!r} does not round to {figure}"
 
 
 def check(manifest: Path, root: Path) -> list[str]:
     """Every problem found, one line each, naming the doc and the figure."""
     raw = tomllib.loads(manifest.read_text())
     figures = [Figure.parse(f, i) for i, f in enumerate(raw.get("figure", []))]
+    tables = [Table.parse(t, i) for i, t in enumerate(raw.get("table", []))]
     names = Results(root).names(raw.get("paths", {}))
     errors = []
     for fig in figures:
-        problem = located(fig, root) or mismatch(fig, names)
+        problem = located(fig, root) or mismatch(fig.figure, fig.value, names, fig.tol)
         if problem:
             errors.append(f"{fig.doc}: {fig.figure} ({fig.context!r}): {problem}")
+    for table in tables:
+        errors += table.check(root, names)
     return errors
 
 
@@ -202,8 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for line in errors:
         print(line)
-    n = len(tomllib.loads(args.manifest.read_text()).get("figure", []))
-    print(f"{n - len(errors)} of {n} figures match their files", file=sys.stderr)
+    verdict = f"{len(errors)} mismatches" if errors else "every figure matches its file"
+    print(f"check_figures: {verdict}", file=sys.stderr)
     return 1 if errors else 0
 
 

@@ -126,3 +126,49 @@ def test_an_expression_that_fails_is_reported_not_raised(tmp_path: Path) -> None
     errors = cf.check(manifest, tmp_path)
     assert len(errors) == 1
     assert "cannot compute" in errors[0] and "KeyError" in errors[0]
+
+
+def write_table(root: Path, rows: str) -> Path:
+    (root / "t.md").write_text(
+        f"# T\n\n### Runs\n\n| name | speed | note |\n|---|---|---|\n{rows}\nafter\n"
+    )
+    (root / "r.json").write_text(json.dumps({"a": {"speed": 2.26}, "b": {"speed": 0.5}}))
+    manifest = root / "figures.toml"
+    manifest.write_text(
+        '[paths]\nR = "r.json"\n\n[[table]]\ndoc = "t.md"\nafter = "### Runs"\n'
+        'row = "get(R, cells[0])"\n'
+        'columns = ["", "speed", "None if cells[0] == \'a\' else 100 * r[\'speed\']"]\n'
+    )
+    return manifest
+
+
+def test_a_table_passes_cell_by_cell_reading_each_cells_leading_number(tmp_path: Path) -> None:
+    cf = load_script("check_figures")
+    manifest = write_table(tmp_path, "| a | **2.26x** | - |\n| b | 0.50 (n = 3) | 50% |")
+    assert cf.check(manifest, tmp_path) == []
+
+
+def test_a_tampered_cell_fails_naming_its_row_and_column(tmp_path: Path) -> None:
+    cf = load_script("check_figures")
+    manifest = write_table(tmp_path, "| a | 2.26 | - |\n| b | 0.52 | 50 |")
+    errors = cf.check(manifest, tmp_path)
+    assert len(errors) == 1
+    assert "t.md: table after '### Runs': row 'b', column 'speed':" in errors[0]
+    assert "does not round to 0.52" in errors[0]
+
+
+def test_a_number_where_none_is_expected_and_a_short_row_fail(tmp_path: Path) -> None:
+    cf = load_script("check_figures")
+    errors = cf.check(write_table(tmp_path, "| a | 2.26 | 7 |\n| b | 0.50 |"), tmp_path)
+    assert len(errors) == 2
+    assert "row 'a'" in errors[0] and "cell '7' against None" in errors[0]
+    assert "row 'b' has 2 cells, the manifest 3" in errors[1]
+
+
+def test_a_table_whose_heading_is_gone_fails(tmp_path: Path) -> None:
+    cf = load_script("check_figures")
+    manifest = write_table(tmp_path, "| a | 2.26 | - |")
+    (tmp_path / "t.md").write_text("# T\n\nno table any more\n")
+    assert cf.check(manifest, tmp_path) == [
+        "t.md: table after '### Runs': no line holds '### Runs'"
+    ]
