@@ -91,12 +91,9 @@ def test_warm_pairs_turns_by_session_and_leaves_the_cold_turn_out(tmp_path: Path
 def test_tolerance_follows_the_written_digits() -> None:
     cf = load_script("check_figures")
 
-    def tol(figure: str) -> float:
-        return float(cf.Figure("d", figure, figure, "0").tolerance())
-
-    assert tol("2.26") == pytest.approx(0.005)
-    assert tol("1.2e-03") == pytest.approx(5e-5)
-    assert tol("120") == pytest.approx(0.5)
+    assert cf.half_unit("2.26") == pytest.approx(0.005)
+    assert cf.half_unit("1.2e-03") == pytest.approx(5e-5)
+    assert cf.half_unit("120") == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize(
