@@ -116,19 +116,27 @@ class Table:
 
     def check_row(self, cells: list[str], names: dict[str, Any]) -> list[str]:
         if len(cells) != len(self.columns):
-            return [f"row {cells[0]!r} has {len(cells)} cells, the manifest {len(self.columns)}"]
+            return [
+                f"row {label(cells)!r} has {len(cells)} cells, the manifest {len(self.columns)}"
+            ]
         try:
             r = evaluate(self.row, {**names, "cells": cells})
         except Exception as e:  # any error in an expression is a failed check, named
-            return [f"row {cells[0]!r}: cannot compute {self.row!r}: {type(e).__name__}: {e}"]
+            return [f"row {label(cells)!r}: cannot compute {self.row!r}: {type(e).__name__}: {e}"]
         errors = []
         for cell, column in zip(cells, self.columns, strict=True):
             if column:
                 value = column if not KEY.match(column) else f"r[{column!r}]"
                 problem = cell_mismatch(cell, value, {**names, "r": r, "cells": cells})
                 if problem:
-                    errors.append(f"row {cells[0]!r}, column {column!r}: {problem}")
+                    errors.append(f"row {label(cells)!r}, column {column!r}: {problem}")
         return errors
+
+
+def label(cells: list[str]) -> str:
+    """A row's name: its cells before the first that starts with a number (at least one)."""
+    n = next((i for i, c in enumerate(cells) if LEADING.match(c.strip("*` "))), len(cells))
+    return " | ".join(cells[: max(n, 1)])
 
 
 def cell_mismatch(cell: str, value: str, names: dict[str, Any]) -> str | None:

@@ -169,3 +169,9 @@ def test_a_table_whose_heading_is_gone_fails(tmp_path: Path) -> None:
     assert cf.check(manifest, tmp_path) == [
         "t.md: table after '### Runs': no line holds '### Runs'"
     ]
+
+
+def test_a_row_is_named_by_its_cells_before_the_first_number() -> None:
+    cf = load_script("check_figures")
+    assert cf.label(["swe_agent", "swing", "epic", "0.402", "x"]) == "swe_agent | swing | epic"
+    assert cf.label(["2", "764", "594"]) == "2"
