@@ -208,18 +208,21 @@ class Results:
             node = node[k]
         return node
 
-    def records(self, path: str) -> list[dict[str, Any]]:
-        """Per-turn records: `turns` of `agentcache bench`, `records` of its vLLM backend."""
+    def records(self, path: str, **match: Any) -> list[dict[str, Any]]:
+        """Warm (turn > 0) per-turn records, `turns` of `agentcache bench` or `records` of its
+        vLLM backend, whose fields equal `match` (e.g. workload="memgpt", case="swing")."""
         data = self.load(path)
-        return data["turns"] if "turns" in data else data["records"]
+        rows = data["turns"] if "turns" in data else data["records"]
+        keep = [r for r in rows if r["turn"] > 0]
+        return [r for r in keep if all(r[k] == v for k, v in match.items())]
 
-    def warm(self, paths: str | list[str], label: str, field: str) -> list[float]:
-        """`field` of every warm turn (turn > 0) of strategy or config `label`, pooled over
+    def warm(self, paths: str | list[str], label: str, field: str, **match: Any) -> list[float]:
+        """`field` of every warm turn of strategy or config `label` (and `match`), pooled over
         `paths`; the fields `ttft/full` and `ttft/limit` are TTFT ratios on the same turn."""
         out = []
         for path in [paths] if isinstance(paths, str) else paths:
-            for r in self.records(path):
-                if r.get("strategy", r.get("config")) == label and r["turn"] > 0:
+            for r in self.records(path, **match):
+                if r.get("strategy", r.get("config")) == label:
                     out.append(self.field(r, field))
         return out
 
@@ -231,9 +234,11 @@ class Results:
             return float(record["ttft_ms"] / record["ttft_limit_ms"])
         return float(record[name])
 
-    def vs(self, path: str, label: str, base: str, field: str = "ttft_ms") -> list[float]:
-        """Per warm turn: `base`'s `field` / `label`'s on the same (session, turn)."""
-        rows = [r for r in self.records(path) if r["turn"] > 0]
+    def vs(
+        self, path: str, label: str, base: str, field: str = "ttft_ms", **match: Any
+    ) -> list[float]:
+        """Per warm turn (and `match`): `base`'s `field` / `label`'s on the same turn."""
+        rows = self.records(path, **match)
         key = "strategy" if "strategy" in rows[0] else "config"
         theirs = {(r["session"], r["turn"]): r[field] for r in rows if r[key] == base}
         return [theirs[(r["session"], r["turn"])] / r[field] for r in rows if r[key] == label]
@@ -244,6 +249,7 @@ class Results:
             "get": self.get,
             "warm": self.warm,
             "vs": self.vs,
+            "records": self.records,
             "q": quantile,
             "median": lambda xs: quantile(xs, 0.5),
             "mean": lambda xs: sum(xs) / len(xs),

@@ -84,6 +84,8 @@ def test_warm_pairs_turns_by_session_and_leaves_the_cold_turn_out(tmp_path: Path
     results = cf.Results(tmp_path)
     assert sorted(results.vs("r.json", "x", "prefix")) == [2.0, 3.0]
     assert results.warm("r.json", "x", "ttft_ms") == [10.0, 40.0]
+    assert results.vs("r.json", "x", "prefix", session="a") == [2.0]
+    assert results.warm("r.json", "x", "ttft_ms", session="b") == [10.0]
     assert cf.quantile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5
     assert cf.quantile([1.0, 2.0, 3.0, 4.0, 5.0], 0.25) == 2.0
 
