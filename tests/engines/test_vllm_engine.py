@@ -119,7 +119,7 @@ STAGED_SCRIPT = (
     SESSION_SCRIPT.split("session = AgentSession")[0]
     + """
 from pathlib import Path
-from agentcache.engines.vllm.plan import segment_content_id
+from agentcache.engines.vllm.request import segment_content_id
 from agentcache.engines.vllm.storage import FolderSegmentStore
 from agentcache.kv.pool import SequenceKV
 from agentcache.reuse.base import ReuseStats, compute_subset

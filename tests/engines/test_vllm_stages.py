@@ -13,12 +13,8 @@ import torch
 
 from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
 from agentcache.engines.vllm.layout import CpuLayout, KVShape
-from agentcache.engines.vllm.plan import (
-    RequestSpec,
-    SegmentSpan,
-    claim_stage,
-    segment_content_id,
-)
+from agentcache.engines.vllm.plan import claim_stage
+from agentcache.engines.vllm.request import RequestSpec, SegmentSpan, segment_content_id
 from agentcache.engines.vllm.stages import (
     FillChooser,
     Stage,

@@ -30,7 +30,9 @@ class ConnectorSettings:
     model_name: the name model ids are built from (the folder's name by default);
     fill: who computes a segment request's other tokens (FILL_MODES): with "vllm" the
     connector never runs agentcache's engine (no second copy of the weights), so it needs
-    no float32 and serves segment spans through staged prefills only.
+    no float32 and serves segment spans through staged prefills only;
+    scope_key: the secret segment scopes are signed with by whoever issues them (the
+    backend makes one per engine); empty: requests' scopes are refused (`request.py`).
     """
 
     store_dir: str = str(default_cache_dir() / "vllm-store")
@@ -42,6 +44,7 @@ class ConnectorSettings:
     # the rest on agentcache's engine, slower per token than vLLM's kernels (docs/vllm.md)
     min_reused_fraction: float = 0.5
     fill: str = "auto"
+    scope_key: str = ""
 
     def __post_init__(self) -> None:
         StrategySpec.parse(self.strategy)  # unknown names list the known ones
