@@ -25,6 +25,7 @@ class ConnectorSettings:
     """What the connector reads from `kv_connector_extra_config`.
 
     store_dir: the shared segment folder (every engine that should share KV points here);
+    folder_bytes: the bound the folder is evicted to, least recently used first;
     store_bytes: the in-memory tier in front of it; segments: serve segment spans with a reuse
     strategy (False: exact prefix blocks only); strategy: the default one for segment requests;
     model_name: the name model ids are built from (the folder's name by default);
@@ -37,6 +38,7 @@ class ConnectorSettings:
 
     store_dir: str = str(default_cache_dir() / "vllm-store")
     store_bytes: int = 2 * GiB
+    folder_bytes: int = 16 * GiB
     segments: bool = True
     strategy: str = DEFAULT_STRATEGY
     model_name: str | None = None
@@ -52,8 +54,8 @@ class ConnectorSettings:
             raise ValueError(f"fill must be one of {FILL_MODES}, got {self.fill!r}")
         if not 0.0 <= self.min_reused_fraction <= 1.0:
             raise ValueError("min_reused_fraction must be in [0, 1]")
-        if self.store_bytes < 0:
-            raise ValueError("store_bytes must be >= 0")
+        if self.store_bytes < 0 or self.folder_bytes < 0:
+            raise ValueError("store_bytes and folder_bytes must be >= 0")
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any] | None) -> ConnectorSettings:

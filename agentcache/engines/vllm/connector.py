@@ -143,7 +143,11 @@ class AgentCacheConnector(KVConnectorBase_V1):
         self.model_id = store_model_id(ident.model_id, self.dtype)
         self.tokenizer_id = ident.tokenizer_id
         self.num_layers = ident.num_layers
-        self.store = FolderSegmentStore(Path(self.settings.store_dir), self.settings.store_bytes)
+        self.store = FolderSegmentStore(
+            Path(self.settings.store_dir),
+            self.settings.store_bytes,
+            folder_bytes=self.settings.folder_bytes,
+        )
         self.prefix = PrefixTransfer(self.store, self.model_id, self.tokenizer_id)
         # scheduler side
         self._specs: dict[str, RequestSpec] = {}
