@@ -379,3 +379,15 @@ def test_a_malformed_segment_record_on_disk_is_dropped_and_counted(
     assert again.tier_stats.invalid_records == 1 and again.stats.entries == 1
     assert equal(again.lookup(M, T, ids(1)).kv, kv(1))
     assert "seg:forged" not in again.tier("disk").meta  # type: ignore[attr-defined]
+
+
+def test_a_persisted_store_is_never_read_by_other_weights(tmp_path: Path) -> None:
+    """The model id is part of every key: after a restart, another model's lookup of the same
+    tokens is an OTHER_MODEL miss, never the first model's KV."""
+    s = store(tmp_path, fast=12 * PAGE)
+    s.put(ids(1), kv(1))
+    s.persist()
+    s.close()
+    again = store(tmp_path, fast=12 * PAGE)
+    assert again.lookup("model#other-weights", T, ids(1)).miss is MissReason.OTHER_MODEL
+    assert equal(again.lookup(M, T, ids(1)).kv, kv(1))
