@@ -182,11 +182,15 @@ TEXT = (
 def test_default_model_logits_match_transformers() -> None:
     from transformers import AutoModelForCausalLM
 
+    from agentcache.engines.vllm.identity import model_identity
+
     ours = loading.load_model()
     assert ours.model_id.startswith(loading.DEFAULT_MODEL + "#")
+    folder = loading.convert_default_model(loading.default_cache_dir())
+    # vLLM's processes read the same id without loading the weights
+    assert model_identity(folder, loading.DEFAULT_MODEL).model_id == ours.model_id
     ids = ours.tokenizer.encode(TEXT)
     assert 150 <= len(ids) <= 260
-    folder = loading.convert_default_model(loading.default_cache_dir())
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     x = torch.tensor(ids)
     want = hf(x[None]).logits[0]
