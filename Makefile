@@ -21,9 +21,11 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/agentcache demo
 
+# ruff, then the layer contract ([tool.importlinter] in pyproject.toml, docs/architecture.md)
 lint: setup
-	$(BIN)/ruff check agentcache adapters tests benchmarks examples
-	$(BIN)/ruff format --check agentcache adapters tests benchmarks examples
+	$(BIN)/ruff check agentcache templates adapters tests benchmarks examples
+	$(BIN)/ruff format --check agentcache templates adapters tests benchmarks examples
+	PYTHONPATH=templates:adapters $(BIN)/lint-imports
 
 typecheck: setup
 	$(BIN)/mypy

@@ -16,9 +16,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from agentcache.errors import AgentCacheError, PromptError
+from agentcache.prompt.registry import load_template
 from agentcache.prompt.segments import SegmentedPrompt
 from agentcache.prompt.template import PromptTemplate
-from agentcache.templates import load_template
 
 
 @dataclass(frozen=True)
