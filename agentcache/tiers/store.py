@@ -43,8 +43,7 @@ from agentcache.policy.spill import SPILL_POLICIES, PageInfo, SpillPlan, SpillPo
 from agentcache.tiers.base import PageData, PageKey, Tier, TierCapacityError, TierError
 from agentcache.tiers.disk import DiskTier
 from agentcache.tiers.memory import MemoryTier
-
-GiB = 1 << 30
+from agentcache.units import GiB
 
 
 @dataclass(frozen=True)

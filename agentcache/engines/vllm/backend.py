@@ -59,8 +59,7 @@ from agentcache.reuse import DEFAULT_STRATEGY, StrategySpec
 from agentcache.reuse.base import SegmentMiss
 from agentcache.reuse.selective import SelectiveRecompute
 from agentcache.runtime.engine import Generation, GenerationParams, TurnStats
-
-GiB = 1 << 30
+from agentcache.units import GiB
 
 
 @dataclass(frozen=True)

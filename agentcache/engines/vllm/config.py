@@ -8,10 +8,10 @@ from typing import Any
 
 from agentcache.model.loading import default_cache_dir
 from agentcache.reuse import DEFAULT_STRATEGY, StrategySpec
+from agentcache.units import GiB
 
 CONNECTOR_CLASS = "AgentCacheConnector"
 CONNECTOR_MODULE = "agentcache.engines.vllm.connector"
-GiB = 1 << 30
 # what a VLLMBackend reuses: vLLM's prefix cache + the connector, the prefix cache alone, nothing
 REUSE_MODES = ("agentcache", "prefix", "none")
 # who computes the tokens of a segment request that reuse cannot supply: vLLM, in a staged
