@@ -120,7 +120,7 @@ class RequestSpec:
     def parse(cls, params: Any, num_tokens: int, scope_key: str | None = None) -> RequestSpec:
         """Read a request's kv_transfer_params; anything malformed is a `PromptError`."""
         body = _body(params)
-        if body is None:
+        if not body:
             return cls()
         spans = _spans(body.get("segments"), num_tokens)
         _check_scopes(spans, body.get("scope_sig"), scope_key)
@@ -157,7 +157,7 @@ def _body(params: Any) -> dict[str, Any] | None:
     if not isinstance(params, dict):
         raise PromptError(f"kv_transfer_params must be an object, got {_kind(params)}")
     body = params.get(PARAMS_KEY)
-    if not body:
+    if body is None:
         return None
     if not isinstance(body, dict):
         raise PromptError(f"kv_transfer_params.{PARAMS_KEY} must be an object, not {_kind(body)}")
