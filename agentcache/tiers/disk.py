@@ -5,6 +5,8 @@
     folder/journal.log              one line per change: "<crc32 of json> <json>\\n"
                                     put  {file, pages: [{key, off, shape, dtype, crc[, slots]}]}
                                     drop {keys}   meta {name, value}   unmeta {name}
+    folder/lock                     flock'd by the one tier that writes the folder (its pid)
+    folder/quarantine/              extents set aside because a corrupt line may name them
 
 A page is a chain: a whole copy (base) and up to `MAX_DELTAS` deltas after it. A delta holds
 only the token slots a newer version changed (the entry's `slots`; its shape counts just
@@ -17,10 +19,12 @@ A write call writes its extent to a temporary file, fsyncs it, renames it into p
 fsyncs the folder (so the name survives a power loss), then appends and fsyncs its journal
 line: the pages exist once their line is in the journal. A kill at any moment leaves either
 no line (the extent is an orphan, deleted at the next open) or a whole line; a torn last
-line fails its crc and replay stops there. At open the journal is replayed and rewritten
-compacted (write-then-rename), and again whenever it has grown to more than `COMPACT_FACTOR`
-lines per live record (and at least `compact_lines`), so a long-running process's journal
-stays proportional to what the tier holds. An extent file whose every page was replaced or
+line fails its crc and replay stops there; an earlier line that fails its crc or its checks
+(`journal.check`: a crafted file name never reaches the index) is skipped and counted. At
+open the journal is replayed and rewritten compacted (write-then-rename), and again
+whenever it has grown to more than `COMPACT_FACTOR` lines per live record (and at least
+`compact_lines`), so a long-running process's journal stays proportional to what the tier
+holds. An extent file whose every page was replaced or
 dropped is deleted once the journal no longer needs it, and once the extent files hold more
 than `SPACE_FACTOR` times the live pages' bytes, the live pages of the emptiest files are
 written again into a new extent (an ordinary write call, counted like any other) so those
