@@ -146,6 +146,18 @@ def _check_tensor(name: Any, t: Any, path: Path) -> None:
         raise AdapterError(f"{path}: tensor {name} holds NaN or infinite values")
 
 
+def training_history(
+    payload: dict[str, Any], path: Path
+) -> tuple[list[tuple[int, float]], dict[str, float]]:
+    """A training checkpoint's loss per step and held-out perplexities."""
+    try:
+        history = [(int(s), float(x)) for s, x in payload["history"]]
+        evals = {str(k): float(v) for k, v in payload["evals"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise AdapterError(f"{path}: training history is malformed ({e!r:.80})") from None
+    return history, evals
+
+
 def with_adapter(loaded: LoadedModel, adapter: CoPEAdapter) -> LoadedModel:
     """`loaded` running CoPE attention; its model id names the adapter, so cache entries of
     the base model and of the adapted one never mix."""

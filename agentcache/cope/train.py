@@ -23,6 +23,7 @@ from agentcache.cope.checkpoint import (
     adapter_from_payload,
     read_payload,
     save_adapter,
+    training_history,
 )
 from agentcache.cope.data import Split
 from agentcache.model.cope import CoPEAdapter, CoPEConfig, CoPEForward
@@ -127,11 +128,10 @@ class Trainer:
             raise AdapterError(f"{path} was written with other settings ({', '.join(differ)})")
         self.adapter = adapter_from_payload(payload, self.loaded, path)
         self._start()
+        self.history, self.evals = training_history(payload, path)
         try:
             self.optimizer.load_state_dict(payload["optimizer"])
             self.step = int(payload["step"])
-            self.history = [(int(s), float(x)) for s, x in payload["history"]]
-            self.evals = {str(k): float(v) for k, v in payload["evals"].items()}
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise AdapterError(f"{path}: training state is malformed ({e!r:.80})") from None
 

@@ -160,9 +160,11 @@ TRAINING: list[tuple[str, str, Any, str]] = [
     ("train-unknown-field", "train", {"colour": 1}, "not a training checkpoint"),
     ("step-str", "step", "two", "training state is malformed"),
     ("step-missing", "step", KeyError, "training state is malformed"),
-    ("history-pairs", "history", [[1, 2, 3]], "training state is malformed"),
-    ("history-int", "history", 7, "training state is malformed"),
-    ("evals-list", "evals", [1.0], "training state is malformed"),
+    ("history-pairs", "history", [[1, 2, 3]], "training history is malformed"),
+    ("history-int", "history", 7, "training history is malformed"),
+    ("history-missing", "history", KeyError, "training history is malformed"),
+    ("evals-list", "evals", [1.0], "training history is malformed"),
+    ("evals-str-values", "evals", {"base": "x"}, "training history is malformed"),
     ("optimizer-str", "optimizer", "adam", "training state is malformed"),
     ("optimizer-empty", "optimizer", {}, "training state is malformed"),
 ]
@@ -198,3 +200,15 @@ def test_adapters_differing_in_one_late_tensor_get_different_model_ids(
     assert with_adapter(model, a).model_id == with_adapter(model, b).model_id
     b.state_dict()["layers.3.pos_emb"].view(-1)[-1] += 1e-3
     assert with_adapter(model, a).model_id != with_adapter(model, b).model_id
+
+
+def test_plotting_a_checkpoint_without_a_history_is_refused_by_name(
+    model: LoadedModel, tmp_path: Path
+) -> None:
+    from agentcache.cope.cli import plot_history
+
+    path = tmp_path / "x.adapter"
+    write_payload(path, good(model))  # an adapter file, not a training checkpoint
+    with pytest.raises(AdapterError, match="training history is malformed") as err:
+        plot_history(path, tmp_path / "loss.png")
+    assert str(path) in str(err.value)
