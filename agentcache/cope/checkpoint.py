@@ -23,7 +23,12 @@ import torch
 
 from agentcache.errors import ModelLoadError
 from agentcache.model.cope import CoPEAdapter, CoPEConfig, CoPEForward
-from agentcache.model.loading import LoadedModel, default_cache_dir, ensure_writable
+from agentcache.model.loading import (
+    LoadedModel,
+    default_cache_dir,
+    ensure_writable,
+    tensors_digest,
+)
 
 MAGIC = b"ACCOPE01"
 FORMAT = "agentcache-cope/1"
@@ -68,9 +73,13 @@ def read_payload(path: Path) -> dict[str, Any]:
     data = raw[_HEADER:]
     if hashlib.sha256(data).digest() != raw[len(MAGIC) : _HEADER]:
         raise AdapterError(f"{path} is corrupted or partially written: checksum mismatch")
-    payload = torch.load(io.BytesIO(data), weights_only=True)
+    try:
+        payload = torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as e:  # a checksummed payload of anything: an unpickler error of any kind
+        raise AdapterError(f"{path}: the payload does not load ({type(e).__name__})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise AdapterError(f"{path}: unknown format {payload.get('format')!r}, want {FORMAT}")
+        got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise AdapterError(f"{path}: unknown format {str(got)[:60]!r}, want {FORMAT}")
     return payload
 
 
@@ -81,27 +90,78 @@ def save_adapter(path: Path, adapter: CoPEAdapter, model_id: str, **extra: Any) 
 
 
 def adapter_from_payload(payload: dict[str, Any], loaded: LoadedModel, path: Path) -> CoPEAdapter:
-    """The adapter in `payload`, checked against the model it will run on."""
-    if payload["model_id"] != loaded.model_id:
+    """The adapter in `payload`, checked against the model it will run on: its model id, a
+    configuration the model can hold, and every tensor present, float32, finite and of the
+    shape this model's adapter has. Anything else is an AdapterError naming the file."""
+    model_id = payload.get("model_id")
+    if model_id != loaded.model_id:
         raise AdapterError(
-            f"{path} holds a CoPE adapter trained for model {payload['model_id']!r}; it cannot "
+            f"{path} holds a CoPE adapter trained for model {str(model_id)[:200]!r}; it cannot "
             f"be loaded on model {loaded.model_id!r}"
         )
-    adapter = CoPEAdapter.init(loaded.forward, CoPEConfig(**payload["config"]))
+    adapter = CoPEAdapter.init(loaded.forward, _config(payload.get("config"), loaded, path))
+    tensors = payload.get("tensors")
+    if not isinstance(tensors, dict):
+        raise AdapterError(f"{path}: tensors must be a dict of named tensors")
+    for name, t in tensors.items():
+        _check_tensor(name, t, path)
     try:
-        adapter.load_state_dict(payload["tensors"])
+        adapter.load_state_dict(tensors)
     except ValueError as e:
         raise AdapterError(f"{path}: {e}") from e
     return adapter
 
 
+def _config(raw: Any, loaded: LoadedModel, path: Path) -> CoPEConfig:
+    types: dict[str, type | tuple[type, ...]] = {
+        "max_position": int,
+        "keep_rope": bool,
+        "rank": int,
+        "alpha": (int, float),
+    }
+    if not isinstance(raw, dict) or set(raw) - set(types):
+        raise AdapterError(f"{path}: config must be a dict of {sorted(types)}")
+    for key, value in raw.items():
+        if not isinstance(value, types[key]) or (key != "keep_rope" and isinstance(value, bool)):
+            raise AdapterError(f"{path}: config {key} = {str(value)[:40]!r} has the wrong type")
+    try:
+        config = CoPEConfig(**raw)
+    except ValueError as e:
+        raise AdapterError(f"{path}: config: {e}") from None
+    c = loaded.config
+    if config.max_position > c.max_position_embeddings or config.rank > c.hidden_size:
+        raise AdapterError(
+            f"{path}: config max_position {config.max_position} / rank {config.rank} exceed "
+            f"the model's {c.max_position_embeddings} positions / {c.hidden_size} hidden size"
+        )
+    return config
+
+
+def _check_tensor(name: Any, t: Any, path: Path) -> None:
+    if not isinstance(name, str) or not isinstance(t, torch.Tensor):
+        raise AdapterError(f"{path}: tensor {str(name)[:60]!r} is not a named tensor")
+    if t.dtype != torch.float32:
+        raise AdapterError(f"{path}: tensor {name} is {t.dtype}, adapters are float32")
+    if not bool(torch.isfinite(t).all()):
+        raise AdapterError(f"{path}: tensor {name} holds NaN or infinite values")
+
+
+def training_history(
+    payload: dict[str, Any], path: Path
+) -> tuple[list[tuple[int, float]], dict[str, float]]:
+    """A training checkpoint's loss per step and held-out perplexities."""
+    try:
+        history = [(int(s), float(x)) for s, x in payload["history"]]
+        evals = {str(k): float(v) for k, v in payload["evals"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise AdapterError(f"{path}: training history is malformed ({e!r:.80})") from None
+    return history, evals
+
+
 def with_adapter(loaded: LoadedModel, adapter: CoPEAdapter) -> LoadedModel:
     """`loaded` running CoPE attention; its model id names the adapter, so cache entries of
     the base model and of the adapted one never mix."""
-    h = hashlib.blake2b(digest_size=4)
-    for t in adapter.parameters()[:16]:
-        h.update(t.detach().flatten()[:1024].numpy().tobytes())
-    cope_id = f"{loaded.model_id}+cope-{h.hexdigest()}"
+    cope_id = f"{loaded.model_id}+cope-{tensors_digest(adapter.state_dict())}"
     return replace(loaded, forward=CoPEForward(loaded.forward, adapter), model_id=cope_id)
 
 

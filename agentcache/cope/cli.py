@@ -142,14 +142,13 @@ def plot_history(checkpoint: Path, out: Path, smooth: int = 25) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from agentcache.cope.checkpoint import read_payload
+    from agentcache.cope.checkpoint import read_payload, training_history
 
-    payload = read_payload(checkpoint)
-    steps = [int(s) for s, _ in payload["history"]]
-    loss = [float(x) for _, x in payload["history"]]
+    history, evals = training_history(read_payload(checkpoint), checkpoint)
+    steps = [s for s, _ in history]
+    loss = [x for _, x in history]
     mean = [sum(loss[max(0, i - smooth + 1) : i + 1]) / len(loss[max(0, i - smooth + 1) : i + 1])
             for i in range(len(loss))]  # fmt: skip
-    evals = payload["evals"]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, loss, alpha=0.3, label="loss per step")
     ax.plot(steps, mean, label=f"running mean ({smooth} steps)")

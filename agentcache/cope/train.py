@@ -23,6 +23,7 @@ from agentcache.cope.checkpoint import (
     adapter_from_payload,
     read_payload,
     save_adapter,
+    training_history,
 )
 from agentcache.cope.data import Split
 from agentcache.model.cope import CoPEAdapter, CoPEConfig, CoPEForward
@@ -118,16 +119,21 @@ class Trainer:
     def restore(self, path: Path) -> None:
         """Continue from checkpoint `path`; AdapterError if it is for another model or run."""
         payload = read_payload(path)
-        saved = TrainSettings.from_dict(payload["train"])
+        try:
+            saved = TrainSettings.from_dict(payload["train"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise AdapterError(f"{path}: not a training checkpoint (train: {e!r:.80})") from None
         differ = [k for k in _RESUME_KEYS if getattr(saved, k) != getattr(self.settings, k)]
         if differ:
             raise AdapterError(f"{path} was written with other settings ({', '.join(differ)})")
         self.adapter = adapter_from_payload(payload, self.loaded, path)
         self._start()
-        self.optimizer.load_state_dict(payload["optimizer"])
-        self.step = int(payload["step"])
-        self.history = [(int(s), float(x)) for s, x in payload["history"]]
-        self.evals = {k: float(v) for k, v in payload["evals"].items()}
+        self.history, self.evals = training_history(payload, path)
+        try:
+            self.optimizer.load_state_dict(payload["optimizer"])
+            self.step = int(payload["step"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise AdapterError(f"{path}: training state is malformed ({e!r:.80})") from None
 
     def checkpoint(self, path: Path) -> None:
         save_adapter(

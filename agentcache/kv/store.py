@@ -192,12 +192,18 @@ class SegmentStore:
         self.stats.evictions += 1
         self.stats.entries -= 1
         self.stats.bytes -= kv.nbytes
-        self._evicted[key] = (self._cids.pop(key), kv.model_id, kv.tokenizer_id)
+        self._remember_evicted(key, kv.model_id, kv.tokenizer_id)
+
+    def _remember_evicted(self, key: SegmentKey, model_id: str, tokenizer_id: str) -> None:
+        """Keep an entry that left the store for miss diagnostics, the newest
+        `_EVICTED_MEMORY` of them; an owner is forgotten with its last remembered entry, so
+        `_owners` stays bounded by the entries held plus those remembered."""
+        self._evicted[key] = (self._cids.pop(key), model_id, tokenizer_id)
         if len(self._evicted) > self._EVICTED_MEMORY:
-            _, (cid, model_id, tokenizer_id) = self._evicted.popitem(last=False)
+            _, (cid, old_model, old_tokenizer) = self._evicted.popitem(last=False)
             owners = self._owners.get(cid)
             if owners is not None:
-                owners.discard((model_id, tokenizer_id))
+                owners.discard((old_model, old_tokenizer))
                 if not owners:
                     del self._owners[cid]
 

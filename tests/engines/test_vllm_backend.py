@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from agentcache.engines.vllm.backend import VLLMBackend, _cut_at_stop, _misses
-from agentcache.engines.vllm.storage import write_report
+from agentcache.engines.vllm.reports import write_report
 from agentcache.kv.store import MissReason
 from agentcache.reuse.base import SegmentMiss
 

@@ -119,7 +119,7 @@ STAGED_SCRIPT = (
     SESSION_SCRIPT.split("session = AgentSession")[0]
     + """
 from pathlib import Path
-from agentcache.engines.vllm.plan import segment_content_id
+from agentcache.engines.vllm.request import segment_content_id
 from agentcache.engines.vllm.storage import FolderSegmentStore
 from agentcache.kv.pool import SequenceKV
 from agentcache.reuse.base import ReuseStats, compute_subset
@@ -199,3 +199,56 @@ def test_unsupported_kv_setup_is_refused_at_start_up(tmp_path: Path) -> None:
     result = _run(BF16_SCRIPT, str(tmp_path / "store"))
     assert result["raised"] == "UnsupportedKVLayoutError"
     assert "dtype='float32'" in str(result["message"])
+
+
+HOSTILE_SCRIPT = """
+import json, sys
+from pathlib import Path
+from vllm import SamplingParams
+from agentcache.bench.workload import load_workload
+from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
+
+store = sys.argv[1]
+b = VLLMBackend(VLLMConfig(reuse="agentcache", store_dir=store, kv_cache_bytes=256 << 20,
+                           max_model_len=4096))
+turn = load_workload(Path("benchmarks/workloads/memgpt.jsonl")).sessions[0].turns[0]
+ids = list(b.tokenize(turn.prompt).ids[:200])
+n = len(ids)
+bad = [
+    {"agentcache": {"segments": [["fixed", 0, n, "h", "someone-elses-conversation"]]}},
+    {"agentcache": {"segments": [["fixed", 0, n / 2, "h"], ["fixed", n / 2, n, "q"]]}},
+    {"agentcache": {"segments": [["fixed", 0, n, "h"]], "strategy": "evil:x=1"}},
+    {"agentcache": [1, 2, 3]},
+    {"agentcache": {"segments": [["fixed", 0, n, "h"]], "report": "../../etc/passwd"}},
+    {"agentcache": {"segments": [["fixed", 0, n, "h"]], "colour": "red"}},
+    None,
+]
+params = [SamplingParams(temperature=0, max_tokens=8, extra_args={"kv_transfer_params": p})
+          for p in bad]
+outs = b.llm.generate([{"prompt_token_ids": ids}] * len(bad), params, use_tqdm=False)
+print("RESULT " + json.dumps([
+    {"tokens": list(o.outputs[0].token_ids),
+     "reasons": (o.kv_transfer_params or {}).get("agentcache", {}).get(
+         "scheduler_fallback_reasons", [])}
+    for o in outs]))
+"""
+
+
+def test_malformed_client_params_fall_back_to_prefix_reuse_and_say_why(tmp_path: Path) -> None:
+    """vLLM's server copies a body's kv_transfer_params into the request: each malformed one
+    is refused by name and served with exact prefix reuse; the engine keeps serving."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-c", HOSTILE_SCRIPT, str(tmp_path / "store")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    results = json.loads(lines[-1].removeprefix("RESULT "))
+    expected = ["not signed", "span ends must be integers", "unknown reuse strategy 'evil'",
+                "must be an object", "report name must be alphanumeric", "'colour'"]  # fmt: skip
+    for got, why in zip(results, expected, strict=False):
+        assert len(got["reasons"]) == 1 and why in got["reasons"][0], got["reasons"]
+    assert results[-1]["reasons"] == []
+    assert all(r["tokens"] == results[-1]["tokens"] for r in results)

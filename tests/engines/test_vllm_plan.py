@@ -5,14 +5,12 @@ from __future__ import annotations
 import pytest
 
 from agentcache.engines.vllm.plan import (
-    RequestSpec,
-    SegmentSpan,
     claim_prefix,
     claim_segments,
     prefix_chunk_ids,
-    segment_content_id,
     unclaimed_segments,
 )
+from agentcache.engines.vllm.request import RequestSpec, SegmentSpan, segment_content_id
 from agentcache.errors import PromptError
 from agentcache.kv.store import content_id
 from agentcache.prompt.segments import Segment, SegmentKind
@@ -95,7 +93,7 @@ def test_scoped_segments_are_keyed_as_the_embedded_engine_keys_them() -> None:
     ids = list(range(64))
     scoped_spans = tuple(SegmentSpan(s.kind, s.start, s.end, s.id, "conv-1") for s in SPANS)
     spec = RequestSpec(scoped_spans, "rpdc")
-    back = RequestSpec.parse(spec.to_params(), 64)
+    back = RequestSpec.parse(spec.to_params("k1"), 64, "k1")
     assert back == spec
     seg = back.tokenized(ids).segments[2]
     assert seg.segment.scope == "conv-1"

@@ -13,12 +13,8 @@ import torch
 
 from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
 from agentcache.engines.vllm.layout import CpuLayout, KVShape
-from agentcache.engines.vllm.plan import (
-    RequestSpec,
-    SegmentSpan,
-    claim_stage,
-    segment_content_id,
-)
+from agentcache.engines.vllm.plan import claim_stage
+from agentcache.engines.vllm.request import RequestSpec, SegmentSpan, segment_content_id
 from agentcache.engines.vllm.stages import (
     FillChooser,
     Stage,
@@ -193,8 +189,11 @@ def test_store_metadata_is_read_without_the_kv(tmp_path: Path) -> None:
     assert b.positions is not None and b.positions.tolist() == [4, 9, 2]
     assert fresh.meta("m", "t", "missing") is None
     assert fresh.meta("other-model", "t", "a") is None
-    for meta in tmp_path.rglob("*.meta"):  # unreadable metadata: stored, nothing else known
+    for meta in tmp_path.rglob("*.meta"):  # metadata failing its checksum: a counted miss
         meta.write_text("{not json")
+    assert fresh.meta("m", "t", "a") is None and fresh.checksum_failures == 1
+    for meta in tmp_path.rglob("*.meta"):  # no metadata: stored, nothing else known
+        meta.unlink()
     assert fresh.meta("m", "t", "a") == StoredMeta(None, None)
 
 

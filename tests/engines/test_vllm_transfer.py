@@ -12,9 +12,10 @@ import torch
 
 from agentcache.engines.vllm import VLLMUnavailableError, check_version
 from agentcache.engines.vllm.layout import CpuLayout, KVShape
-from agentcache.engines.vllm.plan import RequestSpec
+from agentcache.engines.vllm.request import RequestSpec
 from agentcache.engines.vllm.storage import FolderSegmentStore
 from agentcache.engines.vllm.transfer import (
+    MAX_STRATEGIES,
     PagedKV,
     PrefixTransfer,
     SegmentFiller,
@@ -193,3 +194,16 @@ def test_session_backend_setting(tiny: LoadedModel) -> None:
         create_engine("tgi")
     session = AgentSession(Engine(tiny), strategy="pic")
     assert session.turn(_prompt("a")).stats.strategy == "pic"
+
+
+def test_the_filler_keeps_a_bounded_set_of_strategies(tiny: LoadedModel, tmp_path: Path) -> None:
+    """Strategy specs come with requests: the instances kept are the most recently used."""
+    filler = SegmentFiller(tiny, FolderSegmentStore(tmp_path, MB), 4096, "pic")
+    specs = [f"cacheblend:ratio=0.{i + 1}" for i in range(MAX_STRATEGIES + 3)]
+    first = filler.strategy(specs[0])
+    for spec in specs[1:]:
+        filler.strategy(spec)
+        filler.strategy(specs[0])  # kept: used last
+    assert len(filler._strategies) == MAX_STRATEGIES
+    assert filler.strategy(specs[0]) is first
+    assert specs[1] not in filler._strategies

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -181,11 +182,15 @@ TEXT = (
 def test_default_model_logits_match_transformers() -> None:
     from transformers import AutoModelForCausalLM
 
+    from agentcache.engines.vllm.identity import model_identity
+
     ours = loading.load_model()
     assert ours.model_id.startswith(loading.DEFAULT_MODEL + "#")
+    folder = loading.convert_default_model(loading.default_cache_dir())
+    # vLLM's processes read the same id without loading the weights
+    assert model_identity(folder, loading.DEFAULT_MODEL).model_id == ours.model_id
     ids = ours.tokenizer.encode(TEXT)
     assert 150 <= len(ids) <= 260
-    folder = loading.convert_default_model(loading.default_cache_dir())
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     x = torch.tensor(ids)
     want = hf(x[None]).logits[0]
@@ -222,3 +227,53 @@ def test_default_model_prefix_matches_full_over_two_turns() -> None:
         ]
     assert reused[0] == 0
     assert reused[1] > 0
+
+
+def _save(hf: object, folder: Path) -> Path:
+    hf.save_pretrained(folder)  # type: ignore[attr-defined]
+    return folder
+
+
+def _nudge_middle_layer(hf: object) -> None:
+    """Change one value of one middle layer's weight (what a fine-tune of a few layers does)."""
+    with torch.no_grad():
+        hf.model.layers[2].mlp.up_proj.weight[17, 5] += 1e-3  # type: ignore[attr-defined]
+
+
+def test_checkpoints_differing_in_one_middle_layer_weight_get_different_ids(
+    tmp_path: Path,
+) -> None:
+    from agentcache.model.tokenizer import ByteTokenizer
+    from agentcache.testing import tiny_hf_model
+
+    a, b = tiny_hf_model(num_layers=4), tiny_hf_model(num_layers=4)
+    same_a = loading.weights_digest(_save(a, tmp_path / "a"))
+    assert loading.weights_digest(_save(b, tmp_path / "b")) == same_a  # same weights, same id
+    _nudge_middle_layer(b)
+    assert loading.weights_digest(_save(b, tmp_path / "b2")) != same_a
+    ids = {loading.from_hf(m, ByteTokenizer(), "tiny").model_id for m in (a, b)}
+    assert len(ids) == 2  # the same for models built in memory
+
+
+def test_the_weights_digest_is_cached_beside_the_files_until_they_change(
+    tmp_path: Path,
+) -> None:
+    from agentcache.testing import tiny_hf_model
+
+    folder = _save(tiny_hf_model(), tmp_path / "m")
+    digest = loading.weights_digest(folder)
+    sidecar = folder / loading.WEIGHTS_ID_FILE
+    record = json.loads(sidecar.read_text())
+    sidecar.write_text(json.dumps(record | {"digest": "from-the-sidecar"}))
+    assert loading.weights_digest(folder) == "from-the-sidecar"  # the files were not read again
+    weights = folder / "model.safetensors"
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))  # the file changed
+    assert loading.weights_digest(folder) == digest
+    sidecar.write_text("{not json")
+    assert loading.weights_digest(folder) == digest
+
+
+def test_a_folder_without_safetensors_has_no_weights_id(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match=r"holds no \*.safetensors weights"):
+        loading.weights_digest(tmp_path)

@@ -106,7 +106,7 @@ def test_kill_mid_spill_loses_no_committed_segment_and_serves_only_correct_kv(
             got = store.lookup(M, T, ids(i))
             if got.kv is not None:
                 assert valid(i, got.kv), f"uncommitted segment {i} served wrong KV"
-        store.tier("disk").close()  # type: ignore[attr-defined]
+        store.close()
     assert len(committed) >= 12
     assert both > 0 and store.tier("disk").counters.delta_writes == 0  # reads only, after a kill
 
@@ -116,7 +116,7 @@ def test_corrupt_and_missing_files_after_restart_are_checksum_misses(tmp_path: P
     for i in range(0, 12):
         store.put(ids(i * 10), version1(i * 10))
     store.persist()
-    store.tier("disk").close()  # type: ignore[attr-defined]
+    store.close()
     files = sorted((tmp_path / "extents").iterdir())
     files[0].unlink()
     data = bytearray(files[-1].read_bytes())

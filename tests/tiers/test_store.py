@@ -168,7 +168,7 @@ def test_slide_writes_a_dirty_page_back_as_a_delta_of_its_stale_slots(tmp_path: 
     assert equal(s.lookup(M, T, ids(0)).kv, want)
     s.demote_all()  # every copy above disk dropped: served from the chain on disk
     assert equal(s.lookup(M, T, ids(0)).kv, want)
-    s.tier("disk").close()  # type: ignore[attr-defined]
+    s.close()
     again = TieredSegmentStore(
         TierConfig(fast_bytes=9 * PAGE, disk_dir=tmp_path / "disk", fsync=False)
     )
@@ -207,6 +207,7 @@ def test_restart_serves_persisted_segments(tmp_path: Path) -> None:
     for i in range(3):
         s.put(ids(i * 10), kv(i))
     assert s.persist() > 0
+    s.close()
     again = store(tmp_path, fast=4 * PAGE)
     assert again.stats.entries == 3
     for i in range(3):
@@ -343,3 +344,50 @@ def test_a_tier_holds_exactly_the_pages_with_a_copy_there(tmp_path: Path) -> Non
     for tier in s.tiers:
         known = {pk for pk, state in s._pages.items() if tier.name in state.stale}
         assert set(tier.page_keys()) == known and known
+
+
+def test_owners_stay_bounded_as_segments_come_and_go() -> None:
+    """Each evicted segment is remembered for miss diagnostics (EVICTED, OTHER_MODEL) only
+    up to `_EVICTED_MEMORY`; the owners map forgets with it instead of growing forever."""
+    s = store(None, fast=6 * PAGE)  # two segments of 3 pages
+    s._EVICTED_MEMORY = 4
+    for i in range(40):
+        s.put(ids(100 * i), kv(i))
+    assert s.stats.evictions == 38
+    assert len(s._evicted) == 4 and len(s._owners) == 2 + 4
+    assert s.lookup(M, T, ids(100 * 37)).miss is MissReason.EVICTED  # still remembered
+    assert s.lookup(M, T, ids(0)).miss is MissReason.NEW  # forgotten
+
+
+@pytest.mark.parametrize(
+    "record",
+    [None, 5, [], {"cid": 1}, {"cid": "c", "model": M, "tok": T, "context": None},
+     {"cid": "c", "model": M, "tok": T, "context": 3, "pages": []},
+     {"cid": "c", "model": M, "tok": None, "context": None, "pages": []},
+     {"cid": "c", "model": M, "tok": T, "context": None, "pages": "p/0"},
+     {"cid": "c", "model": M, "tok": T, "context": None, "pages": [1, 2]}],
+)  # fmt: skip
+def test_a_malformed_segment_record_on_disk_is_dropped_and_counted(
+    tmp_path: Path, record: object
+) -> None:
+    s = store(tmp_path, fast=12 * PAGE)
+    s.put(ids(1), kv(1))
+    s.persist()
+    s.tier("disk").put_meta("seg:forged", record)  # type: ignore[attr-defined]
+    s.close()
+    again = store(tmp_path, fast=12 * PAGE)
+    assert again.tier_stats.invalid_records == 1 and again.stats.entries == 1
+    assert equal(again.lookup(M, T, ids(1)).kv, kv(1))
+    assert "seg:forged" not in again.tier("disk").meta  # type: ignore[attr-defined]
+
+
+def test_a_persisted_store_is_never_read_by_other_weights(tmp_path: Path) -> None:
+    """The model id is part of every key: after a restart, another model's lookup of the same
+    tokens is an OTHER_MODEL miss, never the first model's KV."""
+    s = store(tmp_path, fast=12 * PAGE)
+    s.put(ids(1), kv(1))
+    s.persist()
+    s.close()
+    again = store(tmp_path, fast=12 * PAGE)
+    assert again.lookup("model#other-weights", T, ids(1)).miss is MissReason.OTHER_MODEL
+    assert equal(again.lookup(M, T, ids(1)).kv, kv(1))

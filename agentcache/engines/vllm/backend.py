@@ -16,6 +16,7 @@ Requests go through vLLM's engine step by step (`LLMEngine.add_request` / `step`
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 import time
 import uuid
@@ -35,7 +36,8 @@ from agentcache.engines.vllm.config import (
     kv_transfer_config,
 )
 from agentcache.engines.vllm.identity import model_identity, store_model_id
-from agentcache.engines.vllm.plan import RequestSpec, segment_content_id
+from agentcache.engines.vllm.reports import merge_counts, read_report
+from agentcache.engines.vllm.request import RequestSpec, segment_content_id
 from agentcache.engines.vllm.stages import (
     FillChooser,
     Stage,
@@ -47,12 +49,7 @@ from agentcache.engines.vllm.stages import (
     select_from_store,
     staged_strategy,
 )
-from agentcache.engines.vllm.storage import (
-    FolderSegmentStore,
-    StoredMeta,
-    merge_counts,
-    read_report,
-)
+from agentcache.engines.vllm.storage import FolderSegmentStore, StoredMeta
 from agentcache.kv.store import MissReason
 from agentcache.model.loading import DEFAULT_MODEL
 from agentcache.model.tokenizer import HFTokenizer, chat_format_for
@@ -62,8 +59,7 @@ from agentcache.reuse import DEFAULT_STRATEGY, StrategySpec
 from agentcache.reuse.base import SegmentMiss
 from agentcache.reuse.selective import SelectiveRecompute
 from agentcache.runtime.engine import Generation, GenerationParams, TurnStats
-
-GiB = 1 << 30
+from agentcache.units import GiB
 
 
 @dataclass(frozen=True)
@@ -134,6 +130,7 @@ class VLLMBackend:
             "disable_log_stats": True,
         }
         self.store_dir = c.store_dir or ConnectorSettings().store_dir
+        self.scope_key = secrets.token_hex(16)  # signs the scopes this backend issues
         if c.reuse == "agentcache":
             settings = ConnectorSettings(
                 store_dir=self.store_dir,
@@ -142,6 +139,7 @@ class VLLMBackend:
                 model_name=name,
                 min_reused_fraction=c.min_reused_fraction,
                 fill=c.fill,
+                scope_key=self.scope_key,
             )
             kwargs["kv_transfer_config"] = kv_transfer_config(settings)
         if c.in_process:
@@ -226,7 +224,9 @@ class VLLMBackend:
             spec = replace(spec, min_reused=min_reused)
             if stage is not None:
                 spec = replace(spec, strategy=None, stage=stage.claim or (0, 0))
-            extra["kv_transfer_params"] = spec.with_report(uuid.uuid4().hex).to_params()
+            extra["kv_transfer_params"] = spec.with_report(uuid.uuid4().hex).to_params(
+                self.scope_key
+            )
         return SamplingParams(
             temperature=params.temperature,
             top_p=params.top_p,
@@ -353,7 +353,7 @@ class VLLMBackend:
 
         spec = RequestSpec.from_prompt(tokens, None).clipped(stage.prompt_len)
         spec = replace(spec, stage=stage.claim or (0, 0), save=False)
-        params = spec.with_report(uuid.uuid4().hex).to_params()
+        params = spec.with_report(uuid.uuid4().hex).to_params(self.scope_key)
         return SamplingParams(temperature=0.0, max_tokens=1,
                               extra_args={"kv_transfer_params": params})  # fmt: skip
 

@@ -8,10 +8,10 @@ from typing import Any
 
 from agentcache.model.loading import default_cache_dir
 from agentcache.reuse import DEFAULT_STRATEGY, StrategySpec
+from agentcache.units import GiB
 
 CONNECTOR_CLASS = "AgentCacheConnector"
 CONNECTOR_MODULE = "agentcache.engines.vllm.connector"
-GiB = 1 << 30
 # what a VLLMBackend reuses: vLLM's prefix cache + the connector, the prefix cache alone, nothing
 REUSE_MODES = ("agentcache", "prefix", "none")
 # who computes the tokens of a segment request that reuse cannot supply: vLLM, in a staged
@@ -25,16 +25,20 @@ class ConnectorSettings:
     """What the connector reads from `kv_connector_extra_config`.
 
     store_dir: the shared segment folder (every engine that should share KV points here);
+    folder_bytes: the bound the folder is evicted to, least recently used first;
     store_bytes: the in-memory tier in front of it; segments: serve segment spans with a reuse
     strategy (False: exact prefix blocks only); strategy: the default one for segment requests;
     model_name: the name model ids are built from (the folder's name by default);
     fill: who computes a segment request's other tokens (FILL_MODES): with "vllm" the
     connector never runs agentcache's engine (no second copy of the weights), so it needs
-    no float32 and serves segment spans through staged prefills only.
+    no float32 and serves segment spans through staged prefills only;
+    scope_key: the secret segment scopes are signed with by whoever issues them (the
+    backend makes one per engine); empty: requests' scopes are refused (`request.py`).
     """
 
     store_dir: str = str(default_cache_dir() / "vllm-store")
     store_bytes: int = 2 * GiB
+    folder_bytes: int = 16 * GiB
     segments: bool = True
     strategy: str = DEFAULT_STRATEGY
     model_name: str | None = None
@@ -42,6 +46,7 @@ class ConnectorSettings:
     # the rest on agentcache's engine, slower per token than vLLM's kernels (docs/vllm.md)
     min_reused_fraction: float = 0.5
     fill: str = "auto"
+    scope_key: str = ""
 
     def __post_init__(self) -> None:
         StrategySpec.parse(self.strategy)  # unknown names list the known ones
@@ -49,8 +54,8 @@ class ConnectorSettings:
             raise ValueError(f"fill must be one of {FILL_MODES}, got {self.fill!r}")
         if not 0.0 <= self.min_reused_fraction <= 1.0:
             raise ValueError("min_reused_fraction must be in [0, 1]")
-        if self.store_bytes < 0:
-            raise ValueError("store_bytes must be >= 0")
+        if self.store_bytes < 0 or self.folder_bytes < 0:
+            raise ValueError("store_bytes and folder_bytes must be >= 0")
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any] | None) -> ConnectorSettings:

@@ -48,17 +48,14 @@ from agentcache.engines.vllm.config import ConnectorSettings  # noqa: E402
 from agentcache.engines.vllm.identity import model_identity, store_model_id  # noqa: E402
 from agentcache.engines.vllm.layout import KVShape, layout_for  # noqa: E402
 from agentcache.engines.vllm.plan import (  # noqa: E402
-    RequestSpec,
     claim_prefix,
     claim_segments,
     claim_stage,
     unclaimed_segments,
 )
-from agentcache.engines.vllm.storage import (  # noqa: E402
-    FolderSegmentStore,
-    merge_counts,
-    write_report,
-)
+from agentcache.engines.vllm.reports import ReportBook, merge_counts  # noqa: E402
+from agentcache.engines.vllm.request import RequestSpec  # noqa: E402
+from agentcache.engines.vllm.storage import FolderSegmentStore  # noqa: E402
 from agentcache.engines.vllm.transfer import (  # noqa: E402
     PagedKV,
     PrefixTransfer,
@@ -68,7 +65,7 @@ from agentcache.engines.vllm.transfer import (  # noqa: E402
     layer_order,
     save_segments,
 )
-from agentcache.errors import PromptError  # noqa: E402
+from agentcache.errors import AgentCacheError, PromptError  # noqa: E402
 from agentcache.model.rope import RotaryEmbedding  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -96,6 +93,7 @@ class RequestWork:
 @dataclass
 class AgentCacheMetadata(KVConnectorMetadata):
     work: list[RequestWork] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)  # requests finished since the last step
 
 
 @dataclass
@@ -145,7 +143,11 @@ class AgentCacheConnector(KVConnectorBase_V1):
         self.model_id = store_model_id(ident.model_id, self.dtype)
         self.tokenizer_id = ident.tokenizer_id
         self.num_layers = ident.num_layers
-        self.store = FolderSegmentStore(Path(self.settings.store_dir), self.settings.store_bytes)
+        self.store = FolderSegmentStore(
+            Path(self.settings.store_dir),
+            self.settings.store_bytes,
+            folder_bytes=self.settings.folder_bytes,
+        )
         self.prefix = PrefixTransfer(self.store, self.model_id, self.tokenizer_id)
         # scheduler side
         self._specs: dict[str, RequestSpec] = {}
@@ -164,7 +166,7 @@ class AgentCacheConnector(KVConnectorBase_V1):
         self._runs: StoredRunLoader | None = None
         self._step_stats: dict[str, RequestStats] = {}
         self._failed_blocks: set[int] = set()
-        self._reports: dict[str, str] = {}  # request -> report file name
+        self._reports = ReportBook(Path(self.settings.store_dir))
 
     # ---------------------------------------------------------------- scheduler side
 
@@ -173,7 +175,8 @@ class AgentCacheConnector(KVConnectorBase_V1):
         if spec is None:
             params = getattr(request, "kv_transfer_params", None)
             try:
-                spec = RequestSpec.parse(params, len(request.prompt_token_ids or []))
+                num_tokens = len(request.prompt_token_ids or [])
+                spec = RequestSpec.parse(params, num_tokens, self.settings.scope_key)
             except PromptError as e:  # one bad request must not stop the engine: prefix mode
                 logger.warning("agentcache: request %s: %s; exact prefix reuse only",
                                request.request_id, e)  # fmt: skip
@@ -225,8 +228,8 @@ class AgentCacheConnector(KVConnectorBase_V1):
             self._to_load[request.request_id] = (start, start + num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        meta = AgentCacheMetadata()
         so = scheduler_output
+        meta = AgentCacheMetadata(finished=sorted(so.finished_req_ids))
         for new in so.scheduled_new_reqs:
             spec = self._specs.get(new.req_id, RequestSpec())
             live = _Live(list(new.prompt_token_ids or []), list(new.block_ids[0]), spec)
@@ -274,7 +277,8 @@ class AgentCacheConnector(KVConnectorBase_V1):
         worker = connector_output.kv_connector_worker_meta
         if isinstance(worker, AgentCacheWorkerMetadata):
             for req_id, s in worker.stats.items():
-                merge_counts(self._finished_stats.setdefault(req_id, {}), s)
+                if req_id in self._specs:  # a finished request's last word is in its report
+                    merge_counts(self._finished_stats.setdefault(req_id, {}), s)
 
     def request_finished(
         self, request: Request, block_ids: list[int]
@@ -362,40 +366,56 @@ class AgentCacheConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, AgentCacheMetadata)
-        paged = self._paged
+        self._reports.forget(meta.finished)
         for work in meta.work:
             if work.spec.report:
-                self._reports[work.req_id] = work.spec.report
+                self._reports.remember(work.req_id, work.spec.report)
             if work.load is None:
                 continue
-            assert paged is not None, "register_kv_caches was not called"
-            start, end = work.load
             stats = self._step_stats.setdefault(work.req_id, RequestStats(work.spec.mode))
-            stats.claimed_tokens += end - start
+            stats.claimed_tokens += work.load[1] - work.load[0]
             t0 = time.perf_counter()
-            if work.spec.mode == "staged":
-                assert self._runs is not None
-                run = self._runs.fill(paged, work.spec, work.token_ids, work.block_ids, start, end)
-                stats.reused_tokens += run.reused_tokens
-                stats.load_failures += len(run.failed_blocks)
-                stats.misses += run.misses
-                self._failed_blocks.update(run.failed_blocks)
-            elif work.spec.mode == "segments":
-                rs = self._segment_filler().fill(
-                    paged, work.spec, work.token_ids, work.block_ids, start, end
-                )
-                stats.reused_tokens += rs.reused_tokens
-                stats.computed_tokens += rs.recomputed_tokens
-                stats.fallbacks += rs.fallbacks
-                stats.fallback_reasons += rs.fallback_reasons
-                stats.misses += [[m.segment_id, str(m.kind), m.num_tokens, str(m.reason)]
-                                 for m in rs.misses]  # fmt: skip
-            else:
-                failed = self.prefix.load(paged, work.token_ids, work.block_ids, start, end)
-                stats.reused_tokens += end - start - len(failed) * self.block_size
-                stats.load_failures += len(failed)
-                self._failed_blocks.update(failed)
+            try:
+                self._load(work, stats)
+            except AgentCacheError as e:  # vLLM recomputes the span: one request's problem
+                logger.warning("agentcache: request %s: %s; vLLM recomputes it", work.req_id, e)
+                stats.fallbacks += 1
+                stats.fallback_reasons.append(f"fill failed ({e}): vLLM recomputed the span")
+                self._failed_blocks.update(self._blocks_of(work))
             stats.fill_ms += (time.perf_counter() - t0) * 1e3
+
+    def _blocks_of(self, work: RequestWork) -> list[int]:
+        assert work.load is not None
+        start, end = work.load
+        bs = self.block_size
+        return work.block_ids[start // bs : -(-end // bs)]
+
+    def _load(self, work: RequestWork, stats: RequestStats) -> None:
+        paged = self._paged
+        assert paged is not None and work.load is not None, "register_kv_caches was not called"
+        start, end = work.load
+        if work.spec.mode == "staged":
+            assert self._runs is not None
+            run = self._runs.fill(paged, work.spec, work.token_ids, work.block_ids, start, end)
+            stats.reused_tokens += run.reused_tokens
+            stats.load_failures += len(run.failed_blocks)
+            stats.misses += run.misses
+            self._failed_blocks.update(run.failed_blocks)
+        elif work.spec.mode == "segments":
+            rs = self._segment_filler().fill(
+                paged, work.spec, work.token_ids, work.block_ids, start, end
+            )
+            stats.reused_tokens += rs.reused_tokens
+            stats.computed_tokens += rs.recomputed_tokens
+            stats.fallbacks += rs.fallbacks
+            stats.fallback_reasons += rs.fallback_reasons
+            stats.misses += [[m.segment_id, str(m.kind), m.num_tokens, str(m.reason)]
+                             for m in rs.misses]  # fmt: skip
+        else:
+            failed = self.prefix.load(paged, work.token_ids, work.block_ids, start, end)
+            stats.reused_tokens += end - start - len(failed) * self.block_size
+            stats.load_failures += len(failed)
+            self._failed_blocks.update(failed)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None  # start_load_kv is synchronous
@@ -430,8 +450,6 @@ class AgentCacheConnector(KVConnectorBase_V1):
             return None
         stats = {k: v.as_dict() for k, v in self._step_stats.items()}
         self._step_stats = {}
-        for req_id, s in stats.items():
-            report = self._reports.get(req_id)
-            if report is not None:  # vLLM finishes a request before the worker's last word
-                write_report(Path(self.settings.store_dir), report, s)
+        for req_id, s in stats.items():  # vLLM finishes a request before the worker's last word
+            self._reports.write(req_id, s)
         return AgentCacheWorkerMetadata(stats)

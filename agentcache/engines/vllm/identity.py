@@ -6,7 +6,6 @@ embedded engine and vLLM processes find each other's segments.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import torch
 
 from agentcache.errors import ModelLoadError
+from agentcache.model.loading import weights_digest
 from agentcache.model.tokenizer import HFTokenizer
 
 
@@ -22,31 +22,6 @@ class ModelIdentity:
     model_id: str
     tokenizer_id: str
     num_layers: int
-
-
-def _weights_fingerprint(folder: Path, num_layers: int) -> str:
-    from safetensors import safe_open
-
-    names = [
-        "model.embed_tokens.weight",
-        "model.norm.weight",
-        "model.layers.0.self_attn.q_proj.weight",
-        f"model.layers.{num_layers - 1}.mlp.down_proj.weight",
-    ]
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"{folder} holds no *.safetensors weights")
-    found: dict[str, torch.Tensor] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for name in set(names) & set(f.keys()):
-                found[name] = f.get_tensor(name)
-    if missing := [n for n in names if n not in found]:
-        raise ModelLoadError(f"{folder}: tensors {missing} not found in its safetensors files")
-    h = hashlib.blake2b(digest_size=6)
-    for name in names:  # the same bytes as loading.fingerprint hashes
-        h.update(found[name].to(torch.float32).contiguous().flatten()[:4096].numpy().tobytes())
-    return h.hexdigest()
 
 
 def model_identity(folder: Path, name: str | None = None) -> ModelIdentity:
@@ -60,7 +35,7 @@ def model_identity(folder: Path, name: str | None = None) -> ModelIdentity:
         raise ModelLoadError(f"{folder}: cannot read config.json ({e})") from e
     label = name or folder.name
     tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(folder), label)
-    model_id = f"{label}#{_weights_fingerprint(folder, num_layers)}"
+    model_id = f"{label}#{weights_digest(folder)}"
     return ModelIdentity(model_id, tokenizer.tokenizer_id, num_layers)
 
 

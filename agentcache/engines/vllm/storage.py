@@ -11,14 +11,23 @@ written to a temporary name and renamed, so a reader never sees half a file. A f
 digest does not match its bytes is a miss (`MissReason.CHECKSUM`), counted, and never served.
 The memory tier in front is the ordinary byte-bounded `SegmentStore` with its eviction policy.
 
-Next to each entry, `<key>.meta` (JSON: the context it was computed after and its positions)
-lets a process plan a prompt without reading the KV (`meta`): a staged prefill decides which
-tokens vLLM computes from it (`stages.py`). It is a hint: the KV file stays the truth, and a
-missing or unreadable meta file only makes the plan assume the least (not exact, no span).
+Next to each entry, `<key>.meta` (`<blake2b of the JSON> <JSON>`: the context it was computed
+after, its positions, and the digest of the KV file it describes) lets a process plan a prompt
+without reading the KV (`meta`): a staged prefill decides which tokens vLLM computes from it
+(`stages.py`). A meta file that fails its own checksum, or names another KV file's digest, is
+a miss counted as a checksum failure (never used to plan); a missing one only makes the plan
+assume the least (not exact, no span).
+
+The folder is bounded by `folder_bytes` (the connector's setting; a store that only reads
+leaves it None): each process adds what it writes to its estimate of
+the folder's size and, past the bound, scans the folder and deletes the least recently used
+entries (by modification time; a folder hit refreshes it) until it is under `LOW_WATER` of
+it. Several writers may overshoot the bound by what they wrote since their last scan.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -33,6 +42,7 @@ import torch
 from agentcache.kv.store import Lookup, MissReason, SegmentKey, SegmentStore, StoredKV, _digest
 
 _DIGEST = 32
+LOW_WATER = 0.9  # an eviction scan deletes down to this share of folder_bytes
 
 
 @dataclass(frozen=True)
@@ -46,13 +56,24 @@ class StoredMeta:
 class FolderSegmentStore(SegmentStore):
     """`SegmentStore` whose entries also live in `folder`, visible to every process."""
 
-    def __init__(self, folder: Path, capacity_bytes: int, policy: str = "lru") -> None:
+    def __init__(
+        self,
+        folder: Path,
+        capacity_bytes: int,
+        policy: str = "lru",
+        folder_bytes: int | None = None,  # None: this process never evicts the folder
+    ) -> None:
         super().__init__(capacity_bytes, policy)
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.checksum_failures = 0
+        self.folder_bytes = folder_bytes
+        self.checksum_failures = 0  # KV or meta files that failed their checks (misses)
         self.folder_hits = 0
         self.folder_writes = 0
+        self.folder_evictions = 0  # entries deleted to keep the folder within folder_bytes
+        self._folder_estimate = 0
+        if folder_bytes is not None:
+            self._evict_folder()
 
     def _path(self, model_id: str, tokenizer_id: str, cid: str) -> Path:
         key = SegmentKey(_digest(model_id, tokenizer_id, cid))
@@ -72,6 +93,7 @@ class FolderSegmentStore(SegmentStore):
         if (kv.model_id, kv.tokenizer_id) != (model_id, tokenizer_id):
             return Lookup(None, MissReason.OTHER_MODEL)
         self.folder_hits += 1
+        _touch(path)
         with self._lock:  # the miss above was counted; this is a hit of the folder tier
             self.stats.misses -= 1
             self.stats.hits += 1
@@ -79,25 +101,22 @@ class FolderSegmentStore(SegmentStore):
         return Lookup(kv, None)
 
     def meta(self, model_id: str, tokenizer_id: str, cid: str) -> StoredMeta | None:
-        """The stored segment's context and positions (None: not stored)."""
+        """The stored segment's context and positions (None: not stored, or a meta file
+        that fails its checks: counted in `checksum_failures`)."""
         key = SegmentKey(_digest(model_id, tokenizer_id, cid))
         with self._lock:
             kv = self._entries.get(key)
         if kv is not None:
             return StoredMeta(kv.context_id, kv.positions)
         path = self._path(model_id, tokenizer_id, cid)
-        if not path.is_file():
-            return None
         try:
-            raw = json.loads(path.with_suffix(".meta").read_text(encoding="utf-8"))
-            start, n = int(raw["start"]), int(raw["num_tokens"])
-            listed = raw.get("positions")
-            positions = torch.arange(start, start + n) if listed is None else torch.tensor(listed)
-            if len(positions) != n:
-                raise ValueError("positions do not match num_tokens")
-            return StoredMeta(raw["context_id"] or None, positions)
-        except (OSError, ValueError, KeyError, TypeError):
-            return StoredMeta(None, None)
+            raw = path.with_suffix(".meta").read_bytes()
+        except OSError:  # no meta file: the plan assumes the least
+            return StoredMeta(None, None) if path.is_file() else None
+        found = _parse_meta(raw, _kv_digest(path))
+        if found is None:
+            self.checksum_failures += 1
+        return found
 
     def contains_content(self, model_id: str, tokenizer_id: str, cid: str) -> bool:
         return super().contains_content(model_id, tokenizer_id, cid) or (
@@ -120,18 +139,39 @@ class FolderSegmentStore(SegmentStore):
             buf,
         )  # fmt: skip
         payload = buf.getvalue()
+        digest = hashlib.blake2b(payload, digest_size=_DIGEST).digest()
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(hashlib.blake2b(payload, digest_size=_DIGEST).digest())
-                f.write(payload)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        _write_atomic(path, digest + payload)
         self.folder_writes += 1
-        _write_atomic(path.with_suffix(".meta"), json.dumps(_meta_json(kv)).encode())
+        body = json.dumps(_meta_json(kv) | {"kv_digest": digest.hex()}).encode()
+        meta_file = _checksummed(body)
+        _write_atomic(path.with_suffix(".meta"), meta_file)
+        self._folder_estimate += _DIGEST + len(payload) + len(meta_file)
+        if self.folder_bytes is not None and self._folder_estimate > self.folder_bytes:
+            self._evict_folder()
+
+    def _evict_folder(self) -> None:
+        """Delete the least recently used entries until the folder is under `LOW_WATER` x
+        `folder_bytes` (when it is over the bound); re-measure the folder either way."""
+        entries = []
+        for path in self.folder.glob("*/*.kv"):
+            try:
+                st = path.stat()
+                size = st.st_size + _size(path.with_suffix(".meta"))
+            except OSError:  # deleted by another process meanwhile
+                continue
+            entries.append((st.st_mtime_ns, size, path))
+        total = sum(size for _, size, _ in entries)
+        bound = self.folder_bytes
+        if bound is not None and total > bound:
+            for _, size, path in sorted(entries):
+                if total <= LOW_WATER * bound:
+                    break
+                path.unlink(missing_ok=True)
+                path.with_suffix(".meta").unlink(missing_ok=True)
+                total -= size
+                self.folder_evictions += 1
+        self._folder_estimate = total
 
     @staticmethod
     def _read(path: Path) -> StoredKV | None:
@@ -144,14 +184,68 @@ class FolderSegmentStore(SegmentStore):
         if hashlib.blake2b(payload, digest_size=_DIGEST).digest() != digest:
             return None
         try:
-            obj = torch.load(io.BytesIO(payload), weights_only=True)
-            meta = obj["meta"]
-            return StoredKV(
-                obj["keys"], obj["values"], obj["positions"], meta["model_id"],
-                meta["tokenizer_id"], meta["context_id"] or None,
-            )  # fmt: skip
-        except (KeyError, TypeError, ValueError, RuntimeError):
+            return _entry(torch.load(io.BytesIO(payload), weights_only=True))
+        except Exception:  # a payload that passed its checksum but is not an entry: any error
             return None
+
+
+def _entry(obj: Any) -> StoredKV | None:
+    """The entry a KV file's payload holds, if it is one `_write` writes: K/V of one shape
+    (L, n, H, D), n positions, string ids."""
+    keys, values, positions, meta = (obj.get(k) for k in ("keys", "values", "positions", "meta"))
+    if not all(isinstance(t, torch.Tensor) for t in (keys, values, positions)):
+        return None
+    if keys.dim() != 4 or keys.shape != values.shape or positions.shape != (keys.shape[1],):
+        return None
+    ids = [meta.get(k) for k in ("model_id", "tokenizer_id", "context_id")]
+    if not all(isinstance(i, str) for i in ids):
+        return None
+    return StoredKV(keys, values, positions, ids[0], ids[1], ids[2] or None)
+
+
+def _checksummed(body: bytes) -> bytes:
+    return hashlib.blake2b(body, digest_size=_DIGEST).hexdigest().encode() + b" " + body
+
+
+def _kv_digest(path: Path) -> bytes | None:
+    """The digest a KV file starts with (None: no such file)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(_DIGEST)
+    except OSError:
+        return None
+
+
+def _parse_meta(raw: bytes, kv_digest: bytes | None) -> StoredMeta | None:
+    """A meta file's content, if its checksum holds and it describes the KV file whose digest
+    is `kv_digest`; else None."""
+    body = raw.partition(b" ")[2]
+    if kv_digest is None or _checksummed(body) != raw:
+        return None
+    try:
+        meta = json.loads(body)
+        if bytes.fromhex(meta["kv_digest"]) != kv_digest:
+            return None
+        start, n = int(meta["start"]), int(meta["num_tokens"])
+        listed = meta.get("positions")
+        positions = torch.arange(start, start + n) if listed is None else torch.tensor(listed)
+        if positions.dim() != 1 or len(positions) != n:
+            return None
+        return StoredMeta(str(meta["context_id"]) or None, positions)
+    except (ValueError, KeyError, TypeError, RuntimeError):
+        return None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _touch(path: Path) -> None:
+    with contextlib.suppress(OSError):  # evicted meanwhile
+        os.utime(path)
 
 
 def _meta_json(kv: StoredKV) -> dict[str, Any]:
@@ -173,42 +267,3 @@ def _write_atomic(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def merge_counts(into: dict[str, Any], more: dict[str, Any]) -> None:
-    """Add counters, concatenate lists, keep the latest of anything else."""
-    for key, value in more.items():
-        old = into.get(key)
-        if isinstance(value, int | float) and isinstance(old, int | float):
-            into[key] = old + value
-        elif isinstance(value, list) and isinstance(old, list):
-            into[key] = [*old, *value]
-        else:
-            into[key] = value
-
-
-def write_report(folder: Path, name: str, stats: dict[str, Any]) -> None:
-    """Add a request's worker-side counters to `folder/reports/name.json` (atomic rename).
-
-    vLLM finishes a request (and returns its kv_transfer_params) before the worker's counters
-    of the request's last step reach the scheduler, so the worker reports through the folder
-    every engine of a fleet already shares."""
-    path = folder / "reports" / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    merged = read_report(folder, name, remove=False)
-    merge_counts(merged, stats)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(merged, f)
-    os.replace(tmp, path)
-
-
-def read_report(folder: Path, name: str, remove: bool = True) -> dict[str, Any]:
-    path = folder / "reports" / f"{name}.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    if remove:
-        path.unlink(missing_ok=True)
-    return dict(data)

@@ -19,6 +19,7 @@ Who computes what in segment mode (span = [num_computed, last prompt token)):
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,11 +28,8 @@ import torch
 from torch import Tensor
 
 from agentcache.engines.vllm.layout import KVLayout, slots_of
-from agentcache.engines.vllm.plan import (
-    RequestSpec,
-    prefix_chunk_ids,
-    segment_content_id,
-)
+from agentcache.engines.vllm.plan import prefix_chunk_ids
+from agentcache.engines.vllm.request import RequestSpec, segment_content_id
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
 from agentcache.kv.store import SegmentStore, StoredKV
 from agentcache.model.loading import LoadedModel
@@ -40,6 +38,7 @@ from agentcache.reuse.base import ReuseContext, ReuseStats, ReuseStrategy
 from agentcache.reuse.segments import context_ids
 from agentcache.reuse.spec import StrategySpec
 
+MAX_STRATEGIES = 8  # strategy instances a filler keeps
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
 
 
@@ -185,13 +184,17 @@ class SegmentFiller:
         self.ctx = ReuseContext(model, store, pool)
         self.default_strategy = default_strategy
         StrategySpec.parse(default_strategy)
-        self._strategies: dict[str, ReuseStrategy] = {}
+        self._strategies: OrderedDict[str, ReuseStrategy] = OrderedDict()
 
     def strategy(self, spec: str | None) -> ReuseStrategy:
-        """The strategy of a spec (`name` or `name:key=value...`), one instance per spec."""
+        """The strategy of a spec (`name` or `name:key=value...`), one instance per spec, the
+        `MAX_STRATEGIES` most recently used kept (specs come with requests)."""
         spec = spec or self.default_strategy
         if spec not in self._strategies:
             self._strategies[spec] = StrategySpec.parse(spec).build()
+            while len(self._strategies) > MAX_STRATEGIES:
+                self._strategies.popitem(last=False)
+        self._strategies.move_to_end(spec)
         return self._strategies[spec]
 
     def fill(
