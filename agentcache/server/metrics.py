@@ -50,6 +50,14 @@ class ServerMetrics:
             "agentcache_stream_mismatches", "streams whose pieces differ from the final text",
             registry=r,
         )  # fmt: skip
+        self.rejected_tokens = Counter(
+            "agentcache_rejected_conversation_tokens",
+            "conversation tokens that did not verify (the request started a new conversation)",
+            registry=r,
+        )
+        self.cancelled = Counter(
+            "agentcache_cancelled", "generations stopped because their client left", registry=r
+        )
         self.store_bytes = Gauge(
             "agentcache_store_bytes", "bytes held by the segment store", ["tier"], registry=r
         )
