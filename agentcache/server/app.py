@@ -13,7 +13,6 @@ import functools
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -24,10 +23,11 @@ from starlette.exceptions import HTTPException
 
 from agentcache.chat.identity import tenant_id
 from agentcache.chat.runner import ChatEngine
-from agentcache.chat.segmenter import ConversationTracker, MiB
+from agentcache.chat.segmenter import ConversationTracker
 from agentcache.errors import AgentCacheError
 from agentcache.runtime.backends import ServingEngine
 from agentcache.server.admission import AdmissionLine
+from agentcache.server.config import ServerConfig
 from agentcache.server.convert import chunk, completion_body, reuse_headers, to_chat_request
 from agentcache.server.errors import (
     APIError,
@@ -36,7 +36,7 @@ from agentcache.server.errors import (
     on_http_error,
     on_validation_error,
 )
-from agentcache.server.limits import ServerLimits, check_request
+from agentcache.server.limits import check_request
 from agentcache.server.metrics import ServerMetrics
 from agentcache.server.middleware import BodyLimit, CountResponses, Gatekeeper
 from agentcache.server.schemas import ChatCompletionRequest
@@ -44,31 +44,6 @@ from agentcache.server.turns import Turn, complete, overloaded, stream
 
 CONVERSATION_HEADER = "X-Agentcache-Conversation"
 CLIENT_GONE = 499  # the status recorded (and sent to no one) when the client left
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    model_name: str  # the name clients pass as `model`
-    default_max_tokens: int = 256  # when a request sets none (clamped to the context left)
-    isolate_conversations: bool = True  # reuse only a conversation's own history (+ system)
-    limits: ServerLimits = field(default_factory=ServerLimits)
-    request_timeout_s: float = 600.0  # waiting in line + generating
-    max_queued: int = 64  # requests waiting for the engine; more get 503
-    api_key_digests: frozenset[str] = frozenset()  # middleware.key_digest of each key
-    allowed_hosts: frozenset[str] | None = None  # Host names answered; None: any
-    enable_docs: bool = False  # /docs, /redoc, /openapi.json
-    conversation_secret: bytes | None = None  # signs conversation tokens; None: per process
-    tracker_bytes: int = 64 * MiB  # what the server remembers of conversations
-
-    def __post_init__(self) -> None:
-        if not self.model_name:
-            raise ValueError("model_name must be non-empty")
-        if self.default_max_tokens < 1:
-            raise ValueError("default_max_tokens must be >= 1")
-        if not self.request_timeout_s > 0:
-            raise ValueError("request_timeout_s must be > 0")
-        if self.max_queued < 0 or self.tracker_bytes < 1:
-            raise ValueError("max_queued must be >= 0 and tracker_bytes >= 1")
 
 
 def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> FastAPI:

@@ -8,38 +8,10 @@ that names it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
 
+from agentcache.server.config import ServerLimits, flag
 from agentcache.server.errors import APIError
 from agentcache.server.schemas import ChatCompletionRequest
-
-MiB = 1 << 20
-
-
-@dataclass(frozen=True)
-class ServerLimits:
-    """Defaults fit an agent's whole history on a long-context model; each is a serve flag
-    (`--max-body-bytes` for `max_body_bytes`, ...)."""
-
-    max_body_bytes: int = 8 * MiB
-    max_depth: int = 64  # JSON nesting of the body (a tool schema, a tool call's arguments)
-    max_messages: int = 2048
-    max_tools: int = 256
-    max_stop: int = 16  # stop strings
-    max_stop_chars: int = 256  # characters of one stop string
-    max_user_chars: int = 256  # the `user` field
-    max_content_chars: int = 4_000_000  # message contents and tool-call arguments, all together
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{f.name} must be an integer >= 1, got {value!r}")
-
-
-def flag(name: str) -> str:
-    """The serve flag of a limit: max_body_bytes -> --max-body-bytes."""
-    return "--" + name.replace("_", "-")
 
 
 def limit_error(limits: ServerLimits, name: str, what: str, param: str | None) -> APIError:

@@ -10,15 +10,15 @@ BodyLimit        body size while reading (nothing over the limit is buffered), J
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
+from agentcache.server.config import ServerLimits, host_name, key_digest
 from agentcache.server.errors import APIError, internal_error
-from agentcache.server.limits import ServerLimits, json_depth, limit_error
+from agentcache.server.limits import json_depth, limit_error
 from agentcache.server.metrics import ServerMetrics
 
 Scope = MutableMapping[str, Any]
@@ -29,7 +29,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/models", "/health", "/metrics")
 OPEN_PATHS = frozenset({"/health"})
-LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 log = logging.getLogger("agentcache.server")
 
 
@@ -39,10 +38,6 @@ async def send_error(send: Send, err: APIError, headers: Iterable[tuple[str, str
     raw += [(k.encode(), v.encode()) for k, v in headers]
     await send({"type": "http.response.start", "status": err.status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
-
-
-def key_digest(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class CountResponses:
@@ -111,14 +106,6 @@ class Gatekeeper:
         for known in self.key_digests:
             found |= hmac.compare_digest(digest, known)
         return digest if found else None
-
-
-def host_name(host: str) -> str:
-    """`Host` header -> the host, lower case, without its port ("[::1]:8000" -> "[::1]")."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host[: host.find("]") + 1] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
 class BodyLimit:
