@@ -62,7 +62,9 @@ def test_other_model_segment_is_reported_as_other_model(tiny: LoadedModel) -> No
     first = chat_engine(tiny)
     other = tiny_model(seed=1)
     assert other.model_id != tiny.model_id
-    second = ChatEngine(Engine(other, EngineConfig(kv_pages=256), first.engine.store), first.tracker)
+    second = ChatEngine(
+        Engine(other, EngineConfig(kv_pages=256), first.engine.store), first.tracker
+    )
     msgs = opening("Shared store. ")
     token = first.complete(msgs, PARAMS).report.conversation_id
     r = second.complete(msgs, PARAMS, conversation=token)

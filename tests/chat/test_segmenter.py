@@ -37,7 +37,9 @@ def test_fixed_ids_survive_a_changed_message_before_them() -> None:
     p1 = t.segment([SYS, memory_v1, *history, ChatMessage("user", "q2")])
     t.record(p1, ChatMessage("assistant", "a2"))
     memory_v2 = ChatMessage("user", "memory: 3 tickets, one escalated, one closed")
-    p2 = t.segment([SYS, memory_v2, *history, ChatMessage("user", "q2")], conversation=p1.conversation_id)
+    p2 = t.segment(
+        [SYS, memory_v2, *history, ChatMessage("user", "q2")], conversation=p1.conversation_id
+    )
     assert kinds(p2.plan)[1] == ("update", "changed")
     assert [p.kind for p in p2.plan[2:]] == [SegmentKind.FIXED] * 3
     assert [p.segment_id for p in p2.plan[2:]] == [p.segment_id for p in p1.plan[2:]]
