@@ -16,7 +16,9 @@ tools block) that the conversation sends for the first time is `computed`/`new` 
 another conversation's copy of it was found and reused, and its tokens count as computed, not
 reused (`cached_tokens` too). On such a turn the totals are what the conversation can know:
 `recomputed_tokens` is every token not reported reused, and the strategy's fallbacks are left
-out (the server's metrics still count them), since both depend on what was found.
+out (the server's metrics still count them), since both depend on what was found. Under
+`prefix`, whose blocks are keyed by their tokens alone, the reuse reported stops where the
+conversation's own earlier segments end.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from agentcache.reuse.segments import reusable_tokens
 from agentcache.runtime.engine import TurnStats
 
 # strategies that reuse no segment-keyed KV, so record no per-segment lookups
-NO_SEGMENT_LOOKUP = frozenset({"full", "prefix"})
+PREFIX = "prefix"
+NO_SEGMENT_LOOKUP = frozenset({"full", PREFIX})
 
 
 @dataclass(frozen=True)
@@ -87,21 +90,32 @@ class ReuseReport:
 
 def build_report(chat: ChatPrompt, tokens: TokenizedPrompt, stats: TurnStats) -> ReuseReport:
     segments = tuple(_segment_report(chat, ts, stats) for ts in tokens.segments)
-    if not chat.first_sent:
+    if stats.strategy == PREFIX:  # its blocks are keyed by tokens alone, whoever sent them
+        reused = min(stats.reused_tokens, _own_prefix(chat, tokens))
+    else:  # only the conversation's own: what it would reuse had no one else sent anything
+        hits = {s.segment_id for s in segments if s.status == "hit"}
+        reused = sum(reusable_tokens(tokens, ts) for ts in tokens.segments if ts.segment.id in hits)
+    if reused == stats.reused_tokens and not chat.first_sent:
         return ReuseReport(
             stats.strategy, chat.conversation_id, stats.prompt_tokens, stats.reused_tokens,
             stats.recomputed_tokens, stats.recompute_fraction, stats.ttft_s, stats.fallbacks,
             stats.fallback_reasons, segments,
         )  # fmt: skip
-    hits = {s.segment_id for s in segments if s.status == "hit"}
-    reused = sum(
-        reusable_tokens(tokens, ts) for ts in tokens.segments if ts.segment.id in hits
-    )  # only the conversation's own: what it would reuse had no one else sent anything
     computed = stats.prompt_tokens - reused
     return ReuseReport(
         stats.strategy, chat.conversation_id, stats.prompt_tokens, reused, computed,
         computed / max(1, stats.prompt_tokens), stats.ttft_s, 0, (), segments,
     )  # fmt: skip
+
+
+def _own_prefix(chat: ChatPrompt, tokens: TokenizedPrompt) -> int:
+    """Tokens of the prompt's longest prefix of segments the conversation sent before."""
+    n = 0
+    for ts in tokens.segments:
+        if ts.kind == SegmentKind.UPDATE or ts.segment.id in chat.first_sent:
+            break
+        n += len(ts.ids)
+    return n
 
 
 def _segment_report(chat: ChatPrompt, ts: TokenizedSegment, stats: TurnStats) -> SegmentReport:

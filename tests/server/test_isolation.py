@@ -94,7 +94,7 @@ def _victim(url: str, secret: str) -> tuple[list[dict[str, Any]], str]:
     messages += [first.json()["choices"][0]["message"], {"role": "user", "content": "thanks"}]
     second = post(url, messages, "victim-session")
     assert second.headers[HEADER] == token
-    assert statuses(second)[1] == ("fixed", "hit", None)  # the victim reuses its own history
+    assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # its own
     return messages, token
 
 
@@ -114,8 +114,16 @@ def test_a_forged_or_guessed_conversation_name_gets_nothing(url: str) -> None:
     assert f"agentcache_rejected_conversation_tokens_total {float(rejected)}" in metrics
 
 
-@pytest.mark.parametrize("forged", [None, "victim-session"])
-def test_a_right_and_a_wrong_guess_get_the_same_report(url: str, forged: str | None) -> None:
+@pytest.mark.parametrize(("strategy", "forged"),
+                         [("rpdc", None), ("rpdc", "victim-session"), ("prefix", None)])
+def test_a_right_and_a_wrong_guess_get_the_same_report(
+    tiny: LoadedModel, strategy: str, forged: str | None
+) -> None:
+    with live_server(tiny_app(tiny, strategy)) as url:
+        _guesses(url, forged)
+
+
+def _guesses(url: str, forged: str | None) -> None:
     _victim(url, "My recovery code is 4711.")
     right = post(url, sys_user(VICTIM_SYSTEM, "My recovery code is 4711."), forged)
     wrong = post(url, sys_user(VICTIM_SYSTEM, "My recovery code is 4712."), forged)
