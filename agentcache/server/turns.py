@@ -75,10 +75,18 @@ async def watch(fut: asyncio.Future[Any], request: Request | None, deadline: flo
 
 
 def release_when_done(worker: asyncio.Future[Any] | None, release: Callable[[], None]) -> None:
-    if worker is None or worker.done():
+    """Release the ticket once the worker has stopped; its outcome counts as retrieved (a
+    cancelled generation's `GenerationCancelled` is expected, not an unhandled error)."""
+
+    def done(fut: asyncio.Future[Any]) -> None:
+        if not fut.cancelled():
+            fut.exception()
+        release()
+
+    if worker is None:
         release()
     else:
-        worker.add_done_callback(lambda _: release())
+        worker.add_done_callback(done)
 
 
 async def complete(turn: Turn, request: Request) -> ChatResult | None:
