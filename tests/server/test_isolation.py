@@ -114,8 +114,9 @@ def test_a_forged_or_guessed_conversation_name_gets_nothing(url: str) -> None:
     assert f"agentcache_rejected_conversation_tokens_total {float(rejected)}" in metrics
 
 
-@pytest.mark.parametrize(("strategy", "forged"),
-                         [("rpdc", None), ("rpdc", "victim-session"), ("prefix", None)])
+@pytest.mark.parametrize(
+    ("strategy", "forged"), [("rpdc", None), ("rpdc", "victim-session"), ("prefix", None)]
+)
 def test_a_right_and_a_wrong_guess_get_the_same_report(
     tiny: LoadedModel, strategy: str, forged: str | None
 ) -> None:
