@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from agentcache.chat.runner import ChatEngine, ChatResult, GenerationCancelled, PreparedChat
+from agentcache.chat.runner import ChatEngine, ChatResult, PreparedChat
 from agentcache.errors import AgentCacheError
 from agentcache.server.admission import AdmissionLine, QueueFull
 from agentcache.server.convert import message_body, sse, usage_body
@@ -139,8 +139,10 @@ async def stream(turn: Turn, metrics: ServerMetrics, send: Callable[..., str],
         yield sse(overloaded(turn.line).body())
         return
     deadline = loop.time() + turn.timeout_s
+    answered = False  # the stream ran to its end (a reply or an error event)
     try:
         if await watch(ticket.turn, None, deadline, turn.cancel) is not None:
+            answered = True
             yield sse(timed_out(turn.timeout_s).body())
             return
         worker = turn.start(on_text)
@@ -150,17 +152,16 @@ async def stream(turn: Turn, metrics: ServerMetrics, send: Callable[..., str],
                 kind, item = await asyncio.wait_for(queue.get(), deadline - loop.time())
             except TimeoutError:
                 turn.cancel.set()
+                answered = True
                 yield sse(timed_out(turn.timeout_s).body())
                 return
             if kind == "text":
                 if item:
                     yield send({"content": item}, None)
                 continue
+            answered = True
             try:
                 result: ChatResult = item.result()
-            except GenerationCancelled:
-                metrics.cancelled.inc()
-                return
             except AgentCacheError as e:
                 yield sse(api_error(e).body())
                 return
@@ -179,4 +180,6 @@ async def stream(turn: Turn, metrics: ServerMetrics, send: Callable[..., str],
             return
     finally:
         turn.cancel.set()  # a client that left stops generation at the next token
+        if not answered:
+            metrics.cancelled.inc()
         release_when_done(worker, ticket.release)

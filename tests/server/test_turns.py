@@ -97,7 +97,9 @@ def test_a_client_that_leaves_a_stream_stops_its_generation() -> None:
             while '"content": "A' not in next(lines):  # the first generated piece
                 pass
         wait_for(lambda: len(engine.produced) == 1)
+        metrics = httpx.get(f"{url}/metrics").text
     assert engine.produced[0] < LONG // 4
+    assert "agentcache_cancelled_total 1.0" in metrics
 
 
 def test_a_request_past_its_deadline_gets_504_and_stops() -> None:
