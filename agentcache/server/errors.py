@@ -89,7 +89,7 @@ def validation_error(exc: RequestValidationError, content_type: str | None = Non
     param = ".".join(loc) or None
     msg = first.get("msg", "invalid request")
     if first.get("type") == "literal_error" and loc and loc[-1] == "role":
-        msg = f"unknown message role {first.get('input')!r}: {msg}"
+        msg = f"unknown message role {repr(first.get('input'))[:80]}: {msg}"
     return APIError(400, f"{param}: {msg}" if param else msg, "invalid_value", param)
 
 

@@ -290,3 +290,9 @@ def test_a_tiny_temperature_decodes_greedily(client: TestClient) -> None:
     tiny_t = client.post(URL, json={**GOOD, "max_tokens": 6, "temperature": 1e-320})
     assert tiny_t.status_code == 200
     assert tiny_t.json()["choices"] == greedy["choices"]
+
+
+def test_a_long_bad_role_is_not_echoed_whole(client: TestClient) -> None:
+    body = {**GOOD, "messages": [{"role": "w" * 10_000, "content": "x"}]}
+    err = check_error(client.post(URL, json=body), 400, V, "unknown message role")
+    assert len(err["message"]) < 400
