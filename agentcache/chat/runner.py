@@ -55,6 +55,11 @@ class ChatResult:
         return self.generation.stats.prompt_tokens
 
     @property
+    def fallbacks(self) -> int:
+        """The engine's fallbacks, all of them (`report.fallbacks` may leave some out)."""
+        return self.generation.stats.fallbacks
+
+    @property
     def completion_tokens(self) -> int:
         return len(self.generation.token_ids)
 

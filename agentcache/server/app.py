@@ -112,7 +112,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         if result is None:
             metrics.cancelled.inc()
             return Response(status_code=CLIENT_GONE)
-        metrics.record_turn(result.report, result.completion_tokens)
+        metrics.record_turn(result.report, result.completion_tokens, result.fallbacks)
         body_out = completion_body(result, rid, created, body.model)
         return JSONResponse(body_out, headers=reuse_headers(result))
 

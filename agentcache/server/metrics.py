@@ -62,13 +62,15 @@ class ServerMetrics:
             "agentcache_store_bytes", "bytes held by the segment store", ["tier"], registry=r
         )
 
-    def record_turn(self, report: ReuseReport, completion_tokens: int) -> None:
+    def record_turn(self, report: ReuseReport, completion_tokens: int, fallbacks: int) -> None:
+        """A turn as its client's report tells it, with the engine's own fallback count (a
+        report can leave fallbacks out: chat/diagnostics.py)."""
         self.ttft.observe(report.ttft_s)
         self.prompt_tokens.inc(report.prompt_tokens)
         self.reused_tokens.inc(report.reused_tokens)
         self.recomputed_tokens.inc(report.recomputed_tokens)
         self.completion_tokens.inc(completion_tokens)
-        self.fallbacks.inc(report.fallbacks)
+        self.fallbacks.inc(fallbacks)
         for seg in report.segments:
             if seg.status == "hit":
                 self.cache_hits.labels(STORE_TIER).inc()

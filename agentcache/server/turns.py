@@ -168,7 +168,7 @@ async def stream(turn: Turn, metrics: ServerMetrics, send: Callable[..., str],
             except Exception as e:  # a bug: reported in the stream, then counted as a 500
                 yield sse(internal_error(e).body())
                 raise
-            metrics.record_turn(result.report, result.completion_tokens)
+            metrics.record_turn(result.report, result.completion_tokens, result.fallbacks)
             if result.stream_mismatch:
                 metrics.stream_mismatches.inc()
             if result.tool_calls:

@@ -123,6 +123,9 @@ def test_the_server_only_needs_the_serving_protocol() -> None:
     assert ("user", "miss", "evicted") in statuses  # the engine's miss, by reason
     assert ("system", "hit", None) in statuses
     assert report["fallbacks"] == 1 and report["fallback_reasons"] == ["scripted fallback"]
+    # the first turn's report left its fallback out (its system prompt was new to it); the
+    # metrics count both
+    assert "agentcache_fallbacks_total 2.0" in metrics
     assert 'agentcache_store_bytes{tier="folder"} 4321.0' in metrics
     assert 'agentcache_cache_misses_total{reason="evicted"} 1.0' in metrics
     assert models["data"][0]["id"] == "scripted"
