@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,18 +168,25 @@ async def stream(turn: Turn, metrics: ServerMetrics, send: Callable[..., str],
             except Exception as e:  # a bug: reported in the stream, then counted as a 500
                 yield sse(internal_error(e).body())
                 raise
-            metrics.record_turn(result.report, result.completion_tokens, result.fallbacks)
-            if result.stream_mismatch:
-                metrics.stream_mismatches.inc()
-            if result.tool_calls:
-                yield send({"tool_calls": message_body(result)["tool_calls"]}, None)
-            yield send({}, result.finish_reason, agentcache=result.report.to_dict())
-            if include_usage:
-                yield send(None, usage=usage_body(result))
-            yield "data: [DONE]\n\n"
+            for event in last_events(result, metrics, send, include_usage):
+                yield event
             return
     finally:
         turn.cancel.set()  # a client that left stops generation at the next token
         if not answered:
             metrics.cancelled.inc()
         release_when_done(worker, ticket.release)
+
+
+def last_events(result: ChatResult, metrics: ServerMetrics, send: Callable[..., str],
+                include_usage: bool) -> Iterator[str]:  # fmt: skip
+    """A finished stream's tool calls, finish chunk, usage and [DONE]; the turn is counted."""
+    metrics.record_turn(result.report, result.completion_tokens, result.fallbacks)
+    if result.stream_mismatch:
+        metrics.stream_mismatches.inc()
+    if result.tool_calls:
+        yield send({"tool_calls": message_body(result)["tool_calls"]}, None)
+    yield send({}, result.finish_reason, agentcache=result.report.to_dict())
+    if include_usage:
+        yield send(None, usage=usage_body(result))
+    yield "data: [DONE]\n\n"
