@@ -50,10 +50,6 @@ from langchain_agentcache.messages import (
 DEFAULT_MAX_TOKENS = 256
 
 
-class _Stopped(Exception):
-    """The stream's consumer stopped reading; generation ends at the next piece."""
-
-
 class ChatAgentCache(BaseChatModel):
     """Chat model on an agentcache `Engine` (built lazily from `model_path` when not given).
 
@@ -71,7 +67,9 @@ class ChatAgentCache(BaseChatModel):
     max_tokens: int | None = None
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     seed: int | None = None
-    conversation_id: str | None = None  # names the conversation; default: from its messages
+    # the conversation token of an earlier reply (`response_metadata["agentcache"]
+    # ["conversation_id"]`) to continue its conversation; each reply's token is echoed next call
+    conversation_id: str | None = None
     assistant_prefill: Callable[[Sequence[BaseMessage]], str | None] | None = Field(
         default=None, exclude=True
     )
@@ -84,6 +82,7 @@ class ChatAgentCache(BaseChatModel):
 
     _chat: ChatEngine | None = PrivateAttr(default=None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _conversation: str | None = PrivateAttr(default=None)  # the last reply's token
 
     @field_validator("strategy")
     @classmethod
@@ -166,8 +165,8 @@ class ChatAgentCache(BaseChatModel):
         if prefill is None and self.assistant_prefill is not None:
             prefill = self.assistant_prefill(messages)
         request = ChatRequest(
-            to_chat_messages(messages), params, tools, self.conversation_id, prefill,
-            self.strategy,
+            to_chat_messages(messages), params, tools, self._conversation or self.conversation_id,
+            prefill, self.strategy,
         )  # fmt: skip
         return request, max_tokens is None
 
@@ -184,6 +183,7 @@ class ChatAgentCache(BaseChatModel):
         chat = self.chat_engine
         request, clamp = self._request(messages, stop, kwargs)
         result = chat.run(chat.prepare(request, clamp))
+        self._conversation = result.report.conversation_id
         message = ai_message(result, self._model_name(kwargs))
         return ChatResult(
             generations=[ChatGeneration(message=message)],
@@ -203,14 +203,9 @@ class ChatAgentCache(BaseChatModel):
         pieces: queue.Queue[tuple[str, Any]] = queue.Queue()
         stopped = threading.Event()
 
-        def on_text(piece: str) -> None:
-            if stopped.is_set():  # the consumer stopped iterating: end generation early
-                raise _Stopped
-            pieces.put(("text", piece))
-
-        def work() -> None:
+        def work() -> None:  # stops at the next token once the consumer stops iterating
             try:
-                pieces.put(("done", chat.run(prepared, on_text)))
+                pieces.put(("done", chat.run(prepared, lambda p: pieces.put(("text", p)), stopped)))
             except BaseException as e:  # re-raised in the consumer's thread
                 pieces.put(("error", e))
 
@@ -222,6 +217,7 @@ class ChatAgentCache(BaseChatModel):
                 if kind == "error":
                     raise item
                 if kind == "done":
+                    self._conversation = item.report.conversation_id
                     yield self._last_chunk(item, kwargs)
                     return
                 if item:

@@ -10,6 +10,15 @@ Each prompt segment gets one status:
   `changed` message, `prefill`, `generation-prompt`;
 - `not-looked-up`: the strategy does not look segments up (`full` reuses nothing, `prefix`
   reuses whole 16-token blocks of the exact prefix); the totals still say what was reused.
+
+The report speaks of the conversation's own traffic only: a shared segment (system message,
+tools block) that the conversation sends for the first time is `computed`/`new` whether or not
+another conversation's copy of it was found and reused, and its tokens count as computed, not
+reused (`cached_tokens` too). On such a turn the totals are what the conversation can know:
+`recomputed_tokens` is every token not reported reused, and the strategy's fallbacks are left
+out (the server's metrics still count them), since both depend on what was found. Under
+`prefix`, whose blocks are keyed by their tokens alone, the reuse reported stops where the
+conversation's own earlier segments end.
 """
 
 from __future__ import annotations
@@ -19,12 +28,13 @@ from typing import Any
 
 from agentcache.chat.segmenter import ChatPrompt
 from agentcache.prompt.segments import SegmentKind
-from agentcache.prompt.tokenize import GENERATION_PROMPT_ID, TokenizedPrompt
-from agentcache.reuse.base import SegmentMiss
+from agentcache.prompt.tokenize import GENERATION_PROMPT_ID, TokenizedPrompt, TokenizedSegment
+from agentcache.reuse.segments import reusable_tokens
 from agentcache.runtime.engine import TurnStats
 
 # strategies that reuse no segment-keyed KV, so record no per-segment lookups
-NO_SEGMENT_LOOKUP = frozenset({"full", "prefix"})
+PREFIX = "prefix"
+NO_SEGMENT_LOOKUP = frozenset({"full", PREFIX})
 
 
 @dataclass(frozen=True)
@@ -79,28 +89,51 @@ class ReuseReport:
 
 
 def build_report(chat: ChatPrompt, tokens: TokenizedPrompt, stats: TurnStats) -> ReuseReport:
-    misses: dict[str | None, SegmentMiss] = {m.segment_id: m for m in stats.misses}
-    by_id = {p.segment_id: p for p in chat.plan}
-    segments = []
-    for ts in tokens.segments:
-        seg = ts.segment
-        plan = by_id.get(seg.id or "")
-        index = plan.message_index if plan else None
-        if seg.kind == SegmentKind.UPDATE:
-            reason = plan.status if plan else ("generation-prompt" if seg.id == GENERATION_PROMPT_ID
-                                               else "update")  # fmt: skip
-            status = "computed"
-        elif stats.strategy in NO_SEGMENT_LOOKUP:
-            status, reason = "not-looked-up", f"strategy {stats.strategy} reuses no segments"
-        elif seg.id in misses:
-            status, reason = "miss", str(misses[seg.id].reason)
-        else:
-            status, reason = "hit", None
-        segments.append(
-            SegmentReport(seg.id or "", index, seg.role, str(seg.kind), len(ts.ids), status, reason)
-        )
+    segments = tuple(_segment_report(chat, ts, stats) for ts in tokens.segments)
+    if stats.strategy == PREFIX:  # its blocks are keyed by tokens alone, whoever sent them
+        reused = min(stats.reused_tokens, _own_prefix(chat, tokens))
+    else:  # only the conversation's own: what it would reuse had no one else sent anything
+        hits = {s.segment_id for s in segments if s.status == "hit"}
+        reused = sum(reusable_tokens(tokens, ts) for ts in tokens.segments if ts.segment.id in hits)
+    if reused == stats.reused_tokens and not chat.first_sent:
+        return ReuseReport(
+            stats.strategy, chat.conversation_id, stats.prompt_tokens, stats.reused_tokens,
+            stats.recomputed_tokens, stats.recompute_fraction, stats.ttft_s, stats.fallbacks,
+            stats.fallback_reasons, segments,
+        )  # fmt: skip
+    computed = stats.prompt_tokens - reused
     return ReuseReport(
-        stats.strategy, chat.conversation_id, stats.prompt_tokens, stats.reused_tokens,
-        stats.recomputed_tokens, stats.recompute_fraction, stats.ttft_s, stats.fallbacks,
-        stats.fallback_reasons, tuple(segments),
+        stats.strategy, chat.conversation_id, stats.prompt_tokens, reused, computed,
+        computed / max(1, stats.prompt_tokens), stats.ttft_s, 0, (), segments,
     )  # fmt: skip
+
+
+def _own_prefix(chat: ChatPrompt, tokens: TokenizedPrompt) -> int:
+    """Tokens of the prompt's longest prefix of segments the conversation sent before."""
+    n = 0
+    for ts in tokens.segments:
+        if ts.kind == SegmentKind.UPDATE or ts.segment.id in chat.first_sent:
+            break
+        n += len(ts.ids)
+    return n
+
+
+def _segment_report(chat: ChatPrompt, ts: TokenizedSegment, stats: TurnStats) -> SegmentReport:
+    seg = ts.segment
+    plan = next((p for p in chat.plan if p.segment_id == seg.id), None)
+    missed = {m.segment_id: m for m in stats.misses}
+    if seg.kind == SegmentKind.UPDATE:
+        status = "computed"
+        reason = plan.status if plan else (
+            "generation-prompt" if seg.id == GENERATION_PROMPT_ID else "update"
+        )  # fmt: skip
+    elif seg.id in chat.first_sent:
+        status, reason = "computed", "new"
+    elif stats.strategy in NO_SEGMENT_LOOKUP:
+        status, reason = "not-looked-up", f"strategy {stats.strategy} reuses no segments"
+    elif seg.id in missed:
+        status, reason = "miss", str(missed[seg.id].reason)
+    else:
+        status, reason = "hit", None
+    index = plan.message_index if plan else None
+    return SegmentReport(seg.id or "", index, seg.role, str(seg.kind), len(ts.ids), status, reason)

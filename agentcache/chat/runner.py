@@ -3,6 +3,7 @@ parse tool calls, report reuse, remember the turn for the conversation."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -11,7 +12,7 @@ from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec
 from agentcache.chat.segmenter import ChatPrompt, ConversationTracker
 from agentcache.chat.stream import TextStream
 from agentcache.chat.tools import TOOL_CALL_OPEN, InvalidToolCall, ParsedReply, parse_tool_calls
-from agentcache.errors import ContextLengthError
+from agentcache.errors import AgentCacheError, ContextLengthError
 from agentcache.prompt.segments import Segment
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.runtime.backends import ServingEngine
@@ -23,9 +24,10 @@ class ChatRequest:
     messages: tuple[ChatMessage, ...]
     params: GenerationParams = field(default_factory=GenerationParams)
     tools: tuple[ToolSpec, ...] = ()
-    conversation: str | None = None  # caller-given conversation id
+    conversation: str | None = None  # the token a previous result gave (report.conversation_id)
     prefill: str | None = None  # text the reply starts with; the model continues it
     strategy: str | None = None
+    tenant: str = ""  # identity.tenant_id of the caller: its requests share no KV with others'
 
 
 @dataclass(frozen=True)
@@ -53,11 +55,24 @@ class ChatResult:
         return self.generation.stats.prompt_tokens
 
     @property
+    def fallbacks(self) -> int:
+        """The engine's fallbacks, all of them (`report.fallbacks` may leave some out)."""
+        return self.generation.stats.fallbacks
+
+    @property
     def completion_tokens(self) -> int:
         return len(self.generation.token_ids)
 
     def message(self) -> ChatMessage:
         return ChatMessage("assistant", self.content, self.tool_calls)
+
+
+class GenerationCancelled(AgentCacheError):
+    """The caller cancelled the generation (its client went away, or its deadline passed)."""
+
+
+# temperatures this small would overflow the logits' scaling; they decode greedily
+GREEDY_BELOW = 1e-5
 
 
 class ChatEngine:
@@ -76,8 +91,10 @@ class ChatEngine:
         """Segment and tokenize; raises PromptError / ContextLengthError on bad input.
         `clamp_max_tokens` lowers max_new_tokens to the context left instead of raising."""
         chat = self.tracker.segment(
-            request.messages, request.tools, request.conversation, request.prefill
+            request.messages, request.tools, request.conversation, request.prefill, request.tenant
         )
+        if 0.0 < request.params.temperature < GREEDY_BELOW:
+            request = replace(request, params=replace(request.params, temperature=0.0))
         tokens = self.engine.tokenize(chat.prompt)
         left = self.max_context - tokens.num_tokens
         if clamp_max_tokens and 0 < left < request.params.max_new_tokens:
@@ -91,22 +108,27 @@ class ChatEngine:
         return PreparedChat(request, chat, tokens)
 
     def run(
-        self, prepared: PreparedChat, on_text: Callable[[str], None] | None = None
+        self,
+        prepared: PreparedChat,
+        on_text: Callable[[str], None] | None = None,
+        cancel: threading.Event | None = None,
     ) -> ChatResult:
         """Generate. `on_text` receives the reply's content as it is produced, in pieces whose
-        concatenation is the final `content` (tool-call blocks and stop strings held back)."""
+        concatenation is the final `content` (tool-call blocks and stop strings held back).
+        Once `cancel` is set, generation stops at the next token with `GenerationCancelled`
+        and the turn is not recorded."""
         req = prepared.request
         tok = self.engine.tokenizer
         holds = (TOOL_CALL_OPEN,) if req.tools else ()
         stream = TextStream(tok.decode, req.params.stop, holds, req.prefill or "")
-        on_token = None
         if on_text is not None:
             on_text(stream.start())
 
-            def on_token(token: int) -> None:
-                piece = stream.push(token)
-                if piece:
-                    on_text(piece)
+        def on_token(token: int) -> None:
+            if cancel is not None and cancel.is_set():
+                raise GenerationCancelled("generation cancelled")
+            if on_text is not None and (piece := stream.push(token)):
+                on_text(piece)
 
         def parse(generated: str) -> ParsedReply:
             text = (req.prefill or "") + generated
@@ -117,9 +139,11 @@ class ChatEngine:
             message = ChatMessage("assistant", p.content, p.tool_calls)
             return self.tracker.reply_segment(prepared.chat, message)
 
+        watched = on_text is not None or cancel is not None
         gen = self.engine.generate(
-            prepared.tokens, req.params, req.strategy, on_token=on_token, reply=reply
-        )
+            prepared.tokens, req.params, req.strategy, on_token=on_token if watched else None,
+            reply=reply,
+        )  # fmt: skip
         text = (req.prefill or "") + gen.text
         parsed = parse(gen.text)
         content = parsed.content

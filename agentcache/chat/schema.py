@@ -22,6 +22,12 @@ NUMBER_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "mu
 STRING_KEYS = ("title", "description", "pattern", "format", "$ref", "$schema", "$id")
 
 
+def _show(value: Any, limit: int = 80) -> str:
+    """A client's value in an error message, cut short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def validate_tool_parameters(schema: Any, where: str) -> None:
     """Tool parameters: a JSON Schema describing an object."""
     validate_schema(schema, where)
@@ -33,7 +39,7 @@ def validate_schema(schema: Any, path: str) -> None:
     if isinstance(schema, bool):
         return
     if not isinstance(schema, Mapping):
-        raise PromptError(f"{path}: a JSON Schema is an object or a boolean, got {schema!r}")
+        raise PromptError(f"{path}: a JSON Schema is an object or a boolean, got {_show(schema)}")
     _check_type(schema.get("type"), path)
     for key in SCHEMA_KEYS:
         if key in schema:
@@ -42,7 +48,7 @@ def validate_schema(schema: Any, path: str) -> None:
         if key in schema:
             sub = schema[key]
             if not isinstance(sub, Mapping):
-                raise PromptError(f"{path}.{key}: must map names to schemas, got {sub!r}")
+                raise PromptError(f"{path}.{key}: must map names to schemas, got {_show(sub)}")
             for name, s in sub.items():
                 validate_schema(s, f"{path}.{key}.{name}")
     for key in SCHEMA_LIST_KEYS:
@@ -62,9 +68,9 @@ def _check_type(t: Any, path: str) -> None:
     if isinstance(t, list) and (not t or len(set(map(str, t))) != len(t)):
         raise PromptError(f"{path}.type: a list of types must be non-empty and unique")
     for name in names:
-        if name not in TYPES:
+        if not isinstance(name, str) or name not in TYPES:
             raise PromptError(
-                f"{path}.type: {name!r} is not a JSON Schema type; expected one of "
+                f"{path}.type: {_show(name)} is not a JSON Schema type; expected one of "
                 f"{', '.join(sorted(TYPES))}"
             )
 
@@ -85,14 +91,14 @@ def _check_scalars(schema: Mapping[str, Any], path: str) -> None:
     for key in COUNT_KEYS:
         v = schema.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-            raise PromptError(f"{path}.{key}: must be a non-negative integer, got {v!r}")
-    for key in NUMBER_KEYS:
+            raise PromptError(f"{path}.{key}: must be a non-negative integer, got {_show(v)}")
+    for key in NUMBER_KEYS:  # present means a number (null included in what is refused)
         v = schema.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
-            raise PromptError(f"{path}.{key}: must be a number, got {v!r}")
+        if key in schema and (isinstance(v, bool) or not isinstance(v, int | float)):
+            raise PromptError(f"{path}.{key}: must be a number, got {_show(v)}")
     if "multipleOf" in schema and schema["multipleOf"] <= 0:
         raise PromptError(f"{path}.multipleOf: must be > 0")
     for key in STRING_KEYS:
         v = schema.get(key)
         if v is not None and not isinstance(v, str):
-            raise PromptError(f"{path}.{key}: must be a string, got {v!r}")
+            raise PromptError(f"{path}.{key}: must be a string, got {_show(v)}")

@@ -11,26 +11,30 @@ whose id is derived from the fingerprint, so the id stays the same when an earli
 changes length and shifts it. Unseen messages are update segments: `new` past the end of the
 previous request, `changed` where the previous request had another message at that index.
 
-Isolation (the default): non-system segments are scoped to their conversation
-(`Segment.scope`), so a conversation reuses only its own history and the shared system prefix;
-its outputs are then the ones it would get alone, whatever other conversations run. Without
-isolation, identical text computed in another conversation (another context) is reused too.
+Scopes (`Segment.scope`, agentcache/chat/identity.py):
+- the static prefix (leading system messages, the tools block) is shared by every conversation
+  of a tenant, each segment scoped by everything before it: KV found there was computed from an
+  identical token prefix, so it is exact, never another prompt's approximation;
+- the rest is scoped to the conversation (the default, `isolate`): a conversation reuses only
+  its own history, approximately when it shifted, and its outputs are the ones it would get
+  alone, whatever other conversations run. Without isolation it is scoped to the tenant, and
+  identical text computed in another conversation (another context) is reused too.
 
-The conversation is named by the caller (a header, the `user` field) or, failing that, by the
-fingerprints of its opening messages (leading system messages + the first other message), which
-agents resend unchanged every turn. Misclassification only costs speed, never correctness: the
-store is content-addressed, so a fixed segment whose text is not cached is computed (and
-reported as a miss), and an update segment is always computed.
+Which conversation a request belongs to is the server's decision (conversations.py): a token
+it issued, or the request extending one conversation's last request + reply verbatim.
+Misclassification only costs speed, never correctness: the store is content-addressed, so a
+fixed segment whose text is not cached is computed (and reported as a miss), and an update
+segment is always computed.
 """
 
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from agentcache.chat.conversations import Conversation, ConversationBook, chain_hashes
+from agentcache.chat.identity import ConversationTokens, digest, prefix_scope
 from agentcache.chat.messages import ChatMessage, ToolSpec
 from agentcache.chat.tools import format_tool_call, render_tools
 from agentcache.errors import PromptError
@@ -39,6 +43,7 @@ from agentcache.prompt.tokenize import GENERATION_PROMPT_ID
 
 PREFILL_ID = "__prefill__"
 TOOLS_ID = "__tools__"
+MiB = 1 << 20
 
 
 def message_text(msg: ChatMessage) -> str:
@@ -68,40 +73,37 @@ class MessagePlan:
 class ChatPrompt:
     prompt: SegmentedPrompt
     plan: tuple[MessagePlan, ...]
-    conversation_id: str
+    conversation: Conversation
     fingerprints: tuple[str, ...]  # one per request message
+    history_scope: str  # the scope of its non-system segments (and of the reply)
+    shared_keys: tuple[str, ...]  # the shared segments, as the conversation remembers them
+    # ids of the shared segments this conversation sends for the first time: whatever the
+    # store holds for them was put there by others, so the report shows them as computed
+    first_sent: frozenset[str]
+    chain: str  # chain hash of the request's messages
 
-
-@dataclass
-class _Conversation:
-    seen: set[str] = field(default_factory=set)
-    last: list[str] = field(default_factory=list)  # fingerprints of the last request + reply
+    @property
+    def conversation_id(self) -> str:
+        """What the client echoes to continue the conversation."""
+        return self.conversation.token
 
 
 class ConversationTracker:
-    """Thread-safe, bounded (LRU over conversations) memory of the messages each conversation
-    has shown the engine."""
+    """Segments requests and remembers, per conversation, the messages it has shown the engine.
+    Thread-safe and bounded (conversations.py). `secret` signs conversation tokens (default: a
+    random one per tracker)."""
 
     def __init__(
-        self, max_conversations: int = 4096, max_seen: int = 4096, isolate: bool = True
+        self,
+        max_conversations: int = 4096,
+        max_seen: int = 4096,
+        isolate: bool = True,
+        max_bytes: int = 64 * MiB,
+        secret: bytes | None = None,
     ) -> None:
-        if max_conversations < 1 or max_seen < 1:
-            raise ValueError("max_conversations and max_seen must be >= 1")
-        self.max_conversations = max_conversations
-        self.max_seen = max_seen
         self.isolate = isolate
-        self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def conversation_id(self, messages: Sequence[ChatMessage], explicit: str | None) -> str:
-        if explicit:
-            return f"id:{explicit}"
-        opening: list[str] = []
-        for msg in messages:
-            opening.append(fingerprint(msg.chat_role, message_text(msg)))
-            if msg.chat_role != "system":
-                break
-        return "history:" + hashlib.blake2b("".join(opening).encode(), digest_size=8).hexdigest()
+        tokens = ConversationTokens(secret)
+        self.book = ConversationBook(tokens, max_conversations, max_seen, max_bytes)
 
     def segment(
         self,
@@ -109,72 +111,90 @@ class ConversationTracker:
         tools: Sequence[ToolSpec] = (),
         conversation: str | None = None,
         prefill: str | None = None,
+        tenant: str = "",
     ) -> ChatPrompt:
+        """`conversation`: the token the client echoed, if any; `tenant`: identity.tenant_id."""
         if not messages:
             raise PromptError("messages must contain at least one message")
-        conv_id = self.conversation_id(messages, conversation)
-        with self._lock:
-            state = self._conversations.get(conv_id)
-            seen, last = (set(state.seen), list(state.last)) if state else (set(), [])
         texts = [message_text(m) for m in messages]
         fps = [fingerprint(m.chat_role, t) for m, t in zip(messages, texts, strict=True)]
+        conv, seen, last = self.book.resolve(conversation, tenant, fps)
+        history = conv.scope if self.isolate else "tenant-" + digest("tenant", tenant)
         n_system = next(
             (i for i, m in enumerate(messages) if m.chat_role != "system"), len(messages)
         )
-        segs: list[Segment] = []
-        plan: list[MessagePlan] = []
-        used: dict[str, int] = {}
-
-        def add(seg: Segment, index: int | None, status: str) -> None:
-            segs.append(seg)
-            assert seg.id is not None and seg.role is not None
-            plan.append(MessagePlan(seg.id, index, seg.role, seg.kind, status))
-
-        scope = conv_id if self.isolate else None
-        for i, (msg, text, fp) in enumerate(zip(messages, texts, fps, strict=True)):
-            used[fp] = used.get(fp, 0) + 1
-            sid = f"msg-{fp}" if used[fp] == 1 else f"msg-{fp}-{used[fp]}"
-            role = msg.chat_role
-            if i < n_system:
-                add(Segment(SegmentKind.SYSTEM, text, sid, role), i, "system")
-            elif fp in seen:
-                add(Segment(SegmentKind.FIXED, text, sid, role, scope), i, "seen")
-            else:
-                status = "changed" if i < len(last) else "new"
-                add(Segment(SegmentKind.UPDATE, text, sid, role, scope), i, status)
-        if tools:  # one system message after the leading ones: the static prefix grows
+        build = _Builder(seen, tenant, history)
+        for i in range(n_system):
+            build.shared(texts[i], f"msg-{fps[i]}", messages[i].chat_role, i, "system")
+        if tools:  # one system segment after the leading ones: the static prefix grows
             text = render_tools(tools)
-            sid = f"{TOOLS_ID}{fingerprint('system', text)}"
-            segs.insert(n_system, Segment(SegmentKind.SYSTEM, text, sid, "system"))
-            plan.insert(n_system, MessagePlan(sid, None, "system", SegmentKind.SYSTEM, "tools"))
+            build.shared(text, f"{TOOLS_ID}{fingerprint('system', text)}", "system", None, "tools")
+        for i in range(n_system, len(messages)):
+            build.message(messages[i].chat_role, texts[i], fps[i], i, len(last))
         if prefill is not None:
-            prefill_seg = Segment(SegmentKind.UPDATE, prefill, PREFILL_ID, "assistant", scope)
-            add(prefill_seg, None, "prefill")
+            build.add(Segment(SegmentKind.UPDATE, prefill, PREFILL_ID, "assistant", history),
+                      None, "prefill")  # fmt: skip
         elif messages[-1].chat_role == "assistant":
             # a complete assistant message is closed; the reply opens a new one
-            gen = Segment(SegmentKind.UPDATE, "", GENERATION_PROMPT_ID, "assistant", scope)
-            add(gen, None, "generation-prompt")
-        return ChatPrompt(SegmentedPrompt(segs), tuple(plan), conv_id, tuple(fps))
+            gen = Segment(SegmentKind.UPDATE, "", GENERATION_PROMPT_ID, "assistant", history)
+            build.add(gen, None, "generation-prompt")
+        return ChatPrompt(
+            SegmentedPrompt(build.segments), tuple(build.plan), conv, tuple(fps), history,
+            tuple(build.shared_keys), frozenset(build.first_sent), chain_hashes(tenant, fps)[-1],
+        )  # fmt: skip
 
     def reply_segment(self, prompt: ChatPrompt, reply: ChatMessage) -> Segment:
         """The fixed segment `reply` becomes in the conversation's next request (the form its
         KV is stored under when it is generated)."""
         text = message_text(reply)
-        scope = prompt.conversation_id if self.isolate else None
         sid = f"msg-{fingerprint(reply.chat_role, text)}"
-        return Segment(SegmentKind.FIXED, text, sid, reply.chat_role, scope)
+        return Segment(SegmentKind.FIXED, text, sid, reply.chat_role, prompt.history_scope)
 
     def record(self, prompt: ChatPrompt, reply: ChatMessage | None) -> None:
-        """After a turn: its messages, and the reply generated for it, count as seen."""
-        fps = list(prompt.fingerprints)
+        """After a turn: its messages, its shared segments and the reply generated for it
+        count as seen; the request + reply is what a client that echoes nothing continues."""
+        last = list(prompt.fingerprints)
+        chain = prompt.chain
         if reply is not None:
-            fps.append(fingerprint(reply.chat_role, message_text(reply)))
-        with self._lock:
-            state = self._conversations.pop(prompt.conversation_id, None) or _Conversation()
-            state.seen.update(fps)
-            if len(state.seen) > self.max_seen:  # keep what the latest request still uses
-                state.seen = set(fps)
-            state.last = fps
-            self._conversations[prompt.conversation_id] = state
-            while len(self._conversations) > self.max_conversations:
-                self._conversations.popitem(last=False)
+            last.append(fingerprint(reply.chat_role, message_text(reply)))
+            chain = digest(chain, last[-1])
+        self.book.record(prompt.conversation, [*last, *prompt.shared_keys], last, chain)
+
+
+class _Builder:
+    """The segments and plan of one request, in prompt order."""
+
+    def __init__(self, seen: set[str], tenant: str, history: str) -> None:
+        self.seen, self.tenant, self.history = seen, tenant, history
+        self.segments: list[Segment] = []
+        self.plan: list[MessagePlan] = []
+        self.shared_keys: list[str] = []
+        self.first_sent: list[str] = []
+        self._used: dict[str, int] = {}
+
+    def add(self, seg: Segment, index: int | None, status: str) -> None:
+        assert seg.id is not None and seg.role is not None
+        self.segments.append(seg)
+        self.plan.append(MessagePlan(seg.id, index, seg.role, seg.kind, status))
+
+    def unique(self, sid: str) -> str:
+        """Repeated messages get distinct ids: msg-<fp>, msg-<fp>-2, ..."""
+        self._used[sid] = self._used.get(sid, 0) + 1
+        return sid if self._used[sid] == 1 else f"{sid}-{self._used[sid]}"
+
+    def shared(self, text: str, sid: str, role: str, index: int | None, status: str) -> None:
+        scope = prefix_scope(self.tenant, ((s.role or "", s.text) for s in self.segments))
+        sid = self.unique(sid)
+        key = f"{scope}/{fingerprint(role, text)}"
+        self.shared_keys.append(key)
+        if key not in self.seen:
+            self.first_sent.append(sid)
+        self.add(Segment(SegmentKind.SYSTEM, text, sid, role, scope), index, status)
+
+    def message(self, role: str, text: str, fp: str, index: int, n_last: int) -> None:
+        sid = self.unique(f"msg-{fp}")
+        if fp in self.seen:
+            self.add(Segment(SegmentKind.FIXED, text, sid, role, self.history), index, "seen")
+        else:
+            status = "changed" if index < n_last else "new"
+            self.add(Segment(SegmentKind.UPDATE, text, sid, role, self.history), index, status)

@@ -1,5 +1,18 @@
 """OpenAI-compatible HTTP server (extra `server`): `agentcache serve`."""
 
-from agentcache.server.app import ServerConfig, create_app
+from __future__ import annotations
 
-__all__ = ["ServerConfig", "create_app"]
+from typing import Any
+
+from agentcache.server.config import ServerConfig, ServerLimits
+
+__all__ = ["ServerConfig", "ServerLimits", "create_app"]
+
+
+def __getattr__(name: str) -> Any:
+    """`create_app` imports FastAPI: only when asked for, so the CLI loads without the extra."""
+    if name == "create_app":
+        from agentcache.server.app import create_app
+
+        return create_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

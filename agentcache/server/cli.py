@@ -4,18 +4,33 @@ engine or (`--backend vllm`) by vLLM with agentcache's KV connector."""
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import os
 import socket
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentcache.argtypes import port_number, positive_int
+from agentcache.argtypes import non_negative_int, port_number, positive_float, positive_int
 from agentcache.engines.vllm.config import FILL_MODES, REUSE_MODES  # no vLLM import
 from agentcache.errors import AgentCacheError, ConfigError
 from agentcache.runtime.backends import BACKENDS
+from agentcache.server.config import (
+    LOOPBACK_HOSTS,
+    MiB,
+    ServerConfig,
+    ServerLimits,
+    flag,
+    host_name,
+    key_digest,
+)
 
 if TYPE_CHECKING:
     from agentcache.runtime.backends import ServingEngine
+
+API_KEY_ENV = "AGENTCACHE_API_KEY"
+SECRET_ENV = "AGENTCACHE_CONVERSATION_SECRET"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -57,7 +72,79 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    "engine in vLLM's worker) or auto (default; see docs/vllm.md)")  # fmt: skip
     p.add_argument("--max-model-len", type=positive_int, default=8192,
                    help="vllm backend: context length (default: 8192)")  # fmt: skip
+    p.add_argument("--store-bytes", type=positive_int, default=None,
+                   help="embedded backend: the segment store's capacity in bytes "
+                   "(default: 4 GiB)")  # fmt: skip
+    add_security(p)
+    add_limits(p)
     return p
+
+
+def add_security(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="accept requests bearing this key (repeat for several; each key is "
+                   f"its own tenant; default: ${API_KEY_ENV}, comma-separated, else no "
+                   "authentication)")  # fmt: skip
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a Host name to answer besides localhost, 127.0.0.1 and [::1] on a "
+                   "loopback bind (repeatable)")  # fmt: skip
+    p.add_argument("--enable-docs", action="store_true",
+                   help="serve /docs, /redoc and /openapi.json")  # fmt: skip
+    p.add_argument("--conversation-secret", default=None, metavar="SECRET",
+                   help="signs conversation tokens, so they survive a restart (>= 16 "
+                   f"characters; default: ${SECRET_ENV}, else one per process)")  # fmt: skip
+    p.add_argument("--request-timeout", type=positive_float, default=600.0, metavar="SECONDS",
+                   help="a request's deadline, waiting included (default: 600)")  # fmt: skip
+    p.add_argument("--max-queued", type=non_negative_int, default=64,
+                   help="requests waiting for the engine; more get 503 (default: 64)")  # fmt: skip
+    p.add_argument("--conversation-bytes", type=positive_int, default=64 * MiB,
+                   help="memory for what the server remembers of conversations (default: "
+                   "64 MiB; the least recently used are forgotten)")  # fmt: skip
+
+
+def add_limits(p: argparse.ArgumentParser) -> None:
+    defaults = ServerLimits()
+    for f in fields(ServerLimits):
+        default = getattr(defaults, f.name)
+        p.add_argument(flag(f.name), type=positive_int, default=default,
+                       help=f"request limit (default: {default})")  # fmt: skip
+
+
+def server_config(args: argparse.Namespace, model_name: str) -> ServerConfig:
+    """The serve flags (and the environment variables they default to) as a ServerConfig."""
+    keys = args.api_key or [k for k in os.environ.get(API_KEY_ENV, "").split(",") if k]
+    if any(not k.strip() for k in keys):
+        raise ConfigError("--api-key must not be empty")
+    secret = args.conversation_secret or os.environ.get(SECRET_ENV) or None
+    if secret is not None and len(secret) < 16:
+        raise ConfigError(f"--conversation-secret (or ${SECRET_ENV}) needs >= 16 characters")
+    limits = ServerLimits(**{f.name: getattr(args, f.name) for f in fields(ServerLimits)})
+    return ServerConfig(
+        model_name, args.max_tokens, isolate_conversations=not args.share_history, limits=limits,
+        request_timeout_s=args.request_timeout, max_queued=args.max_queued,
+        api_key_digests=frozenset(key_digest(k.strip()) for k in keys),
+        allowed_hosts=allowed_hosts(args.host, args.allowed_host), enable_docs=args.enable_docs,
+        conversation_secret=secret.encode() if secret else None,
+        tracker_bytes=args.conversation_bytes,
+    )  # fmt: skip
+
+
+def allowed_hosts(bind: str, extra: list[str]) -> frozenset[str] | None:
+    """On a loopback bind: the loopback names and `extra` (a page that resolves its own name
+    to 127.0.0.1, DNS rebinding, gets 421); elsewhere any Host unless `extra` names some."""
+    names = frozenset(host_name(h) for h in extra)
+    if is_loopback(bind):
+        return frozenset(LOOPBACK_HOSTS) | names
+    return names or None
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def served_name(model_id: str) -> str:
@@ -72,18 +159,16 @@ def serve(args: argparse.Namespace, model: str | None, cache_dir: Path) -> int:
         raise AgentCacheError(
             "agentcache serve needs the server extra: pip install 'agentcache[server]'"
         ) from None
-    from agentcache.server.app import ServerConfig, create_app
+    from agentcache.server.app import create_app
 
     if args.served_model_name == "":
         raise ConfigError("--served-model-name must not be empty")
+    server_config(args, "check")  # bad flags fail before the model loads
     # bound before the model loads (which can take minutes) and held until uvicorn serves on
     # it: a port in use fails at once, and no other process can take it meanwhile
     with bind_address(args.host, args.port) as sock:
         engine = serving_engine(args, model, cache_dir)
-        server = ServerConfig(
-            args.served_model_name or served_name(engine.model_id), args.max_tokens,
-            isolate_conversations=not args.share_history,
-        )  # fmt: skip
+        server = server_config(args, args.served_model_name or served_name(engine.model_id))
         config = uvicorn.Config(create_app(engine, server), log_level="info")
         host, port = sock.getsockname()[:2]
         url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
@@ -145,4 +230,5 @@ def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path)
     except (ValueError, AgentCacheError) as e:
         raise AgentCacheError(f"--decode {args.decode}: {e}") from e
     loaded = load_model(model, cache_dir)
-    return Engine(loaded, EngineConfig(strategy, kv_pages=args.kv_pages, decode=decode))
+    store = {} if args.store_bytes is None else {"store_bytes": args.store_bytes}
+    return Engine(loaded, EngineConfig(strategy, kv_pages=args.kv_pages, decode=decode, **store))

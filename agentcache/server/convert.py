@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import quote
 
 from agentcache.chat.messages import ChatMessage, ToolSpec
 from agentcache.chat.runner import ChatRequest, ChatResult
@@ -16,10 +15,10 @@ from agentcache.server.schemas import ChatCompletionRequest, ToolChoiceIn
 
 
 def to_chat_request(
-    body: ChatCompletionRequest, conversation: str | None, default_max_tokens: int
+    body: ChatCompletionRequest, conversation: str | None, tenant: str, default_max_tokens: int
 ) -> tuple[ChatRequest, bool]:
-    """Returns the request and whether max_tokens was left to the server (then it is clamped
-    to the context left)."""
+    """`conversation`: the token the client echoed, if any. Returns the request and whether
+    max_tokens was left to the server (then it is clamped to the context left)."""
     try:
         messages = tuple(ChatMessage.from_openai(m.model_dump()) for m in body.messages)
     except PromptError as e:
@@ -36,7 +35,7 @@ def to_chat_request(
         stop=body.stop_strings(),
     )  # fmt: skip
     request = ChatRequest(
-        messages, params, tools, conversation or body.user, _prefill(body, tools), None
+        messages, params, tools, conversation, _prefill(body, tools), None, tenant
     )
     return request, max_tokens is None
 
@@ -116,19 +115,13 @@ def completion_body(result: ChatResult, rid: str, created: int, model: str) -> d
     }
 
 
-# header values: printable ASCII; the rest (a non-Latin user id, a newline) is percent-encoded
-_HEADER_SAFE = "".join(map(chr, range(0x21, 0x7F))).replace("%", "")
-
-
 def reuse_headers(result: ChatResult) -> dict[str, str]:
     r = result.report
     misses: dict[str, int] = {}
     for s in r.misses:
         misses[s.reason or "unknown"] = misses.get(s.reason or "unknown", 0) + 1
     return {
-        "X-Agentcache-Conversation": quote(
-            r.conversation_id, safe=_HEADER_SAFE, errors="backslashreplace"
-        ),
+        "X-Agentcache-Conversation": r.conversation_id,  # a token the server issued: ASCII
         "X-Agentcache-Prompt-Tokens": str(r.prompt_tokens),
         "X-Agentcache-Reused-Tokens": str(r.reused_tokens),
         "X-Agentcache-Recomputed-Tokens": str(r.recomputed_tokens),

@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from agentcache.errors import AgentCacheError, ContextLengthError, OutOfPagesError, PromptError
 from agentcache.server.schemas import field_names
 
 FIELDS = field_names()
@@ -22,11 +23,13 @@ class APIError(Exception):
         code: str | None = None,
         param: str | None = None,
         type_: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.code, self.param, self.type = (
             status, message, code, param, type_,
         )  # fmt: skip
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return {
@@ -40,7 +43,24 @@ class APIError(Exception):
 
 
 def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status)
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def api_error(e: AgentCacheError) -> APIError:
+    """The engine's and chat layer's errors as HTTP errors."""
+    if isinstance(e, ContextLengthError):
+        return APIError(400, str(e), "context_length_exceeded", "max_tokens")
+    if isinstance(e, PromptError):
+        return APIError(400, str(e), "invalid_value", "messages")
+    if isinstance(e, OutOfPagesError):
+        return APIError(503, str(e), "server_overloaded", None, "server_error")
+    return internal_error(e)
+
+
+def internal_error(e: Exception) -> APIError:
+    """A bug: its type is named, its text (which may quote a client's input) is not."""
+    return APIError(500, f"internal error: {type(e).__name__}", "internal_error", None,
+                    "server_error")  # fmt: skip
 
 
 def _param(error: Any) -> list[str]:
@@ -69,7 +89,7 @@ def validation_error(exc: RequestValidationError, content_type: str | None = Non
     param = ".".join(loc) or None
     msg = first.get("msg", "invalid request")
     if first.get("type") == "literal_error" and loc and loc[-1] == "role":
-        msg = f"unknown message role {first.get('input')!r}: {msg}"
+        msg = f"unknown message role {repr(first.get('input'))[:80]}: {msg}"
     return APIError(400, f"{param}: {msg}" if param else msg, "invalid_value", param)
 
 

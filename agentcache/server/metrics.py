@@ -50,17 +50,27 @@ class ServerMetrics:
             "agentcache_stream_mismatches", "streams whose pieces differ from the final text",
             registry=r,
         )  # fmt: skip
+        self.rejected_tokens = Counter(
+            "agentcache_rejected_conversation_tokens",
+            "conversation tokens that did not verify (the request started a new conversation)",
+            registry=r,
+        )
+        self.cancelled = Counter(
+            "agentcache_cancelled", "generations stopped because their client left", registry=r
+        )
         self.store_bytes = Gauge(
             "agentcache_store_bytes", "bytes held by the segment store", ["tier"], registry=r
         )
 
-    def record_turn(self, report: ReuseReport, completion_tokens: int) -> None:
+    def record_turn(self, report: ReuseReport, completion_tokens: int, fallbacks: int) -> None:
+        """A turn as its client's report tells it, with the engine's own fallback count (a
+        report can leave fallbacks out: chat/diagnostics.py)."""
         self.ttft.observe(report.ttft_s)
         self.prompt_tokens.inc(report.prompt_tokens)
         self.reused_tokens.inc(report.reused_tokens)
         self.recomputed_tokens.inc(report.recomputed_tokens)
         self.completion_tokens.inc(completion_tokens)
-        self.fallbacks.inc(report.fallbacks)
+        self.fallbacks.inc(fallbacks)
         for seg in report.segments:
             if seg.status == "hit":
                 self.cache_hits.labels(STORE_TIER).inc()

@@ -76,7 +76,10 @@ class ChatCompletionRequest(BaseModel):
     n: int = Field(default=1, ge=1, le=1, strict=True)
     stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: str | None = None  # accepted and ignored: never a conversation's or a tenant's name
+    # separates this request's KV from every request with another salt, even identical
+    # prefixes (as vLLM's cache_salt)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
 
     @field_validator("temperature", "top_p", "n", "stream", mode="before")
     @classmethod

@@ -31,7 +31,10 @@ def test_second_turn_reuses_the_first_and_names_the_new_reply(tiny: LoadedModel)
     msgs = opening("You are terse. ")
     r1 = ce.complete(msgs, PARAMS)
     assert r1.report.reused_tokens == 0
-    assert statuses(r1) == [("miss", "new"), ("computed", "new"), ("computed", "generation-prompt")]
+    # the conversation's first system message: `new`, whatever the store holds
+    assert statuses(r1) == [
+        ("computed", "new"), ("computed", "new"), ("computed", "generation-prompt"),
+    ]  # fmt: skip
     msgs += [r1.message(), ChatMessage("user", "second")]
     r2 = ce.complete(msgs, PARAMS)
     assert statuses(r2) == [
@@ -47,10 +50,10 @@ def test_second_turn_reuses_the_first_and_names_the_new_reply(tiny: LoadedModel)
 def test_evicted_segment_is_reported_as_evicted(tiny: LoadedModel) -> None:
     ce = chat_engine(tiny)
     a = opening("Agent A. ")
-    ce.complete(a, PARAMS)
+    token = ce.complete(a, PARAMS).report.conversation_id
     ce.engine.store.capacity_bytes = ce.engine.store.stats.bytes  # room for one conversation
     ce.complete(opening("Agent B. "), PARAMS)  # same size: evicts A's oldest segments
-    r = ce.complete(a, PARAMS)
+    r = ce.complete(a, PARAMS, conversation=token)
     assert statuses(r)[0] == ("miss", "evicted")
     assert r.report.why_no_hit()[0].endswith("miss: evicted")
 
@@ -59,18 +62,20 @@ def test_other_model_segment_is_reported_as_other_model(tiny: LoadedModel) -> No
     first = chat_engine(tiny)
     other = tiny_model(seed=1)
     assert other.model_id != tiny.model_id
-    second = chat_engine(other, store=first.engine.store)
+    second = ChatEngine(
+        Engine(other, EngineConfig(kv_pages=256), first.engine.store), first.tracker
+    )
     msgs = opening("Shared store. ")
-    first.complete(msgs, PARAMS)
-    r = second.complete(msgs, PARAMS)
+    token = first.complete(msgs, PARAMS).report.conversation_id
+    r = second.complete(msgs, PARAMS, conversation=token)
     assert statuses(r)[0] == ("miss", "other-model")
 
 
 def test_full_strategy_reports_segments_as_not_looked_up(tiny: LoadedModel) -> None:
     ce = chat_engine(tiny)
     msgs = opening("Reference. ")
-    ce.complete(msgs, PARAMS)
-    r = ce.complete(msgs, PARAMS, strategy="full")
+    token = ce.complete(msgs, PARAMS).report.conversation_id
+    r = ce.complete(msgs, PARAMS, conversation=token, strategy="full")
     assert r.report.reused_tokens == 0
     assert statuses(r)[0] == ("not-looked-up", "strategy full reuses no segments")
 
@@ -91,11 +96,12 @@ def test_conversations_reuse_each_others_messages_only_when_sharing(
     ce = ChatEngine(Engine(tiny, EngineConfig(kv_pages=256)), ConversationTracker(isolate=isolate))
     system = ChatMessage("system", "Agent. " * 4)
     b1 = [system, ChatMessage("user", "task B")]
-    reply = ce.complete(b1, PARAMS, conversation="B").message()  # seen by B, not stored
+    first = ce.complete(b1, PARAMS)
+    reply, b = first.message(), first.report.conversation_id  # seen by B, not stored
     # A sends the very same text (stored under A's scope, or shared when not isolating)
     ce.complete([system, ChatMessage("user", "task A"), reply, ChatMessage("user", "more")],
-                PARAMS, conversation="A")  # fmt: skip
-    r = ce.complete([*b1, reply, ChatMessage("user", "next")], PARAMS, conversation="B")
+                PARAMS)  # fmt: skip
+    r = ce.complete([*b1, reply, ChatMessage("user", "next")], PARAMS, conversation=b)
     seg = next(s for s in r.report.segments if s.message_index == 2)
     assert (seg.kind, seg.status) == ("fixed", status)
     assert statuses(r)[0] == ("hit", None)  # the system prefix is shared either way

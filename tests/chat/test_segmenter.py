@@ -26,7 +26,7 @@ def test_seen_messages_become_fixed_new_ones_update() -> None:
     assert kinds(p2.plan) == [
         ("system", "system"), ("fixed", "seen"), ("fixed", "seen"), ("update", "new"),
     ]  # fmt: skip
-    assert p2.conversation_id == p1.conversation_id  # named by its opening messages
+    assert p2.conversation_id == p1.conversation_id  # it extends the last request + reply
     assert [p.segment_id for p in p2.plan[:2]] == [p.segment_id for p in p1.plan[:2]]
 
 
@@ -34,10 +34,12 @@ def test_fixed_ids_survive_a_changed_message_before_them() -> None:
     t = ConversationTracker()
     memory_v1 = ChatMessage("user", "memory: 1 ticket")
     history = [ChatMessage("user", "q1"), ChatMessage("assistant", "a1")]
-    p1 = t.segment([SYS, memory_v1, *history, ChatMessage("user", "q2")], conversation="c")
+    p1 = t.segment([SYS, memory_v1, *history, ChatMessage("user", "q2")])
     t.record(p1, ChatMessage("assistant", "a2"))
     memory_v2 = ChatMessage("user", "memory: 3 tickets, one escalated, one closed")
-    p2 = t.segment([SYS, memory_v2, *history, ChatMessage("user", "q2")], conversation="c")
+    p2 = t.segment(
+        [SYS, memory_v2, *history, ChatMessage("user", "q2")], conversation=p1.conversation_id
+    )
     assert kinds(p2.plan)[1] == ("update", "changed")
     assert [p.kind for p in p2.plan[2:]] == [SegmentKind.FIXED] * 3
     assert [p.segment_id for p in p2.plan[2:]] == [p.segment_id for p in p1.plan[2:]]

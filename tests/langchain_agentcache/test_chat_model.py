@@ -172,3 +172,23 @@ def test_bad_generation_settings_fail_when_the_model_is_made(
 ) -> None:
     with pytest.raises(ValidationError, match=message):
         make(tiny, **kw)
+
+
+def test_the_model_echoes_its_conversation_token(tiny: LoadedModel) -> None:
+    """An agent that rewrites an earlier message (its memory) does not extend its last request
+    verbatim; the token the model echoes keeps it one conversation, its history reused."""
+    chat = make(tiny)
+    history: list[BaseMessage] = [HumanMessage("question: where is file 1?")]
+    first = chat.invoke([SystemMessage(SYSTEM), HumanMessage("memory: empty"), *history])
+    history.append(first)
+    history.append(HumanMessage("and file 2?"))
+    second = chat.invoke([SystemMessage(SYSTEM), HumanMessage("memory: file 1 found"), *history])
+    ids = [m.response_metadata["agentcache"]["conversation_id"] for m in (first, second)]
+    assert ids[0] == ids[1]
+    segments = second.response_metadata["agentcache"]["segments"]
+    by_index = {s["message_index"]: (s["kind"], s["status"]) for s in segments}
+    assert by_index[1] == ("update", "computed")  # the rewritten memory
+    assert by_index[2] == ("fixed", "hit")  # the question before it changed length: reused
+    fresh = make(tiny)  # another instance: another conversation
+    other = fresh.invoke([SystemMessage(SYSTEM), HumanMessage("memory: empty"), *history[:1]])
+    assert other.response_metadata["agentcache"]["conversation_id"] != ids[0]

@@ -96,6 +96,21 @@ def test_serve_builds_the_engine_with_the_decode_policy(
     )
 
 
+@pytest.mark.parametrize(
+    ("argv", "store_bytes"), [([], 4 << 30), (["--store-bytes", "12345"], 12345)]
+)
+def test_serve_sets_the_store_size(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, argv: list[str],
+    store_bytes: int,
+) -> None:  # fmt: skip
+    import agentcache.model.loading as loading
+    from agentcache.server.cli import serving_engine
+
+    monkeypatch.setattr(loading, "load_model", lambda model, cache_dir: tiny)
+    engine = serving_engine(build_parser().parse_args(["serve", *argv]), None, tmp_path)
+    assert engine.store.capacity_bytes == store_bytes
+
+
 def test_serve_on_a_port_in_use_fails_before_loading(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

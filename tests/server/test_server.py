@@ -103,7 +103,9 @@ def test_conversation_header_and_reuse_headers(server_url: str) -> None:
     r = httpx.post(f"{server_url}/v1/chat/completions", json=body,
                    headers={"X-Agentcache-Conversation": "c-42"})  # fmt: skip
     assert r.status_code == 200
-    assert r.headers["x-agentcache-conversation"] == "id:c-42"
+    token = r.headers["x-agentcache-conversation"]  # a name the client made up is not used
+    assert token.startswith("c1.") and "c-42" not in token
+    assert r.json()["agentcache"]["conversation_id"] == token
     assert int(r.headers["x-agentcache-prompt-tokens"]) == r.json()["usage"]["prompt_tokens"]
     assert r.headers["x-agentcache-reused-tokens"] == "0"
 
@@ -249,11 +251,14 @@ def test_null_where_openai_allows_it_is_the_default(server_url: str) -> None:
     assert r.json()["object"] == "chat.completion"
 
 
-def test_a_user_id_that_is_not_ascii_is_percent_encoded_in_the_header(server_url: str) -> None:
-    r = httpx.post(f"{server_url}/v1/chat/completions", json={**GOOD, "user": "张三\nx"})
-    assert r.status_code == 200
-    assert r.headers["X-Agentcache-Conversation"] == "id:%E5%BC%A0%E4%B8%89%0Ax"
-    assert r.json()["agentcache"]["conversation_id"] == "id:张三\nx"
+def test_the_user_field_names_no_conversation_and_is_never_echoed(server_url: str) -> None:
+    tokens = set()
+    for _ in range(2):
+        r = httpx.post(f"{server_url}/v1/chat/completions", json={**GOOD, "user": "张三\nx"})
+        assert r.status_code == 200
+        assert "张三" not in r.text and all("%E5" not in v for v in r.headers.values())
+        tokens.add(r.headers["X-Agentcache-Conversation"])
+    assert len(tokens) == 2  # the same user id twice: two conversations
 
 
 def test_openai_client_raises_typed_errors(server_url: str) -> None:

@@ -100,11 +100,14 @@ def test_the_server_only_needs_the_serving_protocol() -> None:
     seam: ServingEngine = engine  # mypy checks ScriptedEngine against the protocol
     app = create_app(seam, ServerConfig("scripted"))
     with live_server(app) as url:
+        headers: dict[str, str] = {}
         for _ in range(2):  # the second time, the conversation's messages are fixed segments
-            r = _client(url).chat.completions.create(
+            raw = _client(url).chat.completions.with_raw_response.create(
                 model="scripted", messages=MESSAGES, temperature=0.3, max_tokens=64,  # type: ignore[arg-type]
-                stop=["never"], seed=7,
+                stop=["never"], seed=7, extra_headers=headers,
             )  # fmt: skip
+            headers = {"X-Agentcache-Conversation": raw.headers["x-agentcache-conversation"]}
+            r = raw.parse()
         metrics = httpx.get(f"{url}/metrics").text
         models = httpx.get(f"{url}/v1/models").json()
     assert r.choices[0].message.content == REPLY
@@ -112,7 +115,7 @@ def test_the_server_only_needs_the_serving_protocol() -> None:
     assert (params.max_new_tokens, params.temperature, params.stop, params.seed) == (
         64, 0.3, ("never",), 7,
     )  # fmt: skip
-    assert strategy is None and not streamed
+    assert strategy is None and streamed  # on_token: where a cancelled request stops
     report = r.model_extra["agentcache"]  # type: ignore[index]
     assert r.usage is not None and r.usage.prompt_tokens_details is not None
     assert r.usage.prompt_tokens_details.cached_tokens == report["reused_tokens"] > 0
@@ -120,6 +123,9 @@ def test_the_server_only_needs_the_serving_protocol() -> None:
     assert ("user", "miss", "evicted") in statuses  # the engine's miss, by reason
     assert ("system", "hit", None) in statuses
     assert report["fallbacks"] == 1 and report["fallback_reasons"] == ["scripted fallback"]
+    # the first turn's report left its fallback out (its system prompt was new to it); the
+    # metrics count both
+    assert "agentcache_fallbacks_total 2.0" in metrics
     assert 'agentcache_store_bytes{tier="folder"} 4321.0' in metrics
     assert 'agentcache_cache_misses_total{reason="evicted"} 1.0' in metrics
     assert models["data"][0]["id"] == "scripted"

@@ -1,0 +1,76 @@
+"""The server's settings: plain frozen values, importable without the server extra (the CLI
+builds them before anything of FastAPI loads)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, fields
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Defaults fit an agent's whole history on a long-context model; each is a serve flag
+    (`--max-body-bytes` for `max_body_bytes`, ...)."""
+
+    max_body_bytes: int = 8 * MiB
+    max_depth: int = 64  # JSON nesting of the body (a tool schema, a tool call's arguments)
+    max_messages: int = 2048
+    max_tools: int = 256
+    max_stop: int = 16  # stop strings
+    max_stop_chars: int = 256  # characters of one stop string
+    max_user_chars: int = 256  # the `user` field
+    max_content_chars: int = 4_000_000  # message contents and tool-call arguments, all together
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{f.name} must be an integer >= 1, got {value!r}")
+
+
+def flag(name: str) -> str:
+    """The serve flag of a limit: max_body_bytes -> --max-body-bytes."""
+    return "--" + name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_name: str  # the name clients pass as `model`
+    default_max_tokens: int = 256  # when a request sets none (clamped to the context left)
+    isolate_conversations: bool = True  # reuse only a conversation's own history (+ system)
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    request_timeout_s: float = 600.0  # waiting in line + generating
+    max_queued: int = 64  # requests waiting for the engine; more get 503
+    api_key_digests: frozenset[str] = frozenset()  # key_digest of each accepted key
+    allowed_hosts: frozenset[str] | None = None  # Host names answered; None: any
+    enable_docs: bool = False  # /docs, /redoc, /openapi.json
+    conversation_secret: bytes | None = None  # signs conversation tokens; None: per process
+    tracker_bytes: int = 64 * MiB  # what the server remembers of conversations
+
+    def __post_init__(self) -> None:
+        if not self.model_name:
+            raise ValueError("model_name must be non-empty")
+        if self.default_max_tokens < 1:
+            raise ValueError("default_max_tokens must be >= 1")
+        if not self.request_timeout_s > 0:
+            raise ValueError("request_timeout_s must be > 0")
+        if self.max_queued < 0 or self.tracker_bytes < 1:
+            raise ValueError("max_queued must be >= 0 and tracker_bytes >= 1")
+
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
+
+def key_digest(key: str) -> str:
+    """What the server keeps of an API key (and names its tenant by)."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def host_name(host: str) -> str:
+    """`Host` header -> the host, lower case, without its port ("[::1]:8000" -> "[::1]")."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[: host.find("]") + 1] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host

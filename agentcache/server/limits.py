@@ -1,0 +1,75 @@
+"""Request limits, checked before anything is tokenized: each a flag, each exceeded one a 4xx
+that names it.
+
+    bytes arrive -> BodyLimit: body size (while reading), JSON nesting depth (before parsing)
+    parsed body  -> check_request: messages, tools, stop strings, user, content characters
+"""
+
+from __future__ import annotations
+
+import re
+
+from agentcache.server.config import ServerLimits, flag
+from agentcache.server.errors import APIError
+from agentcache.server.schemas import ChatCompletionRequest
+
+
+def limit_error(limits: ServerLimits, name: str, what: str, param: str | None) -> APIError:
+    status = 413 if name == "max_body_bytes" else 400
+    message = f"{what} exceeds the server's limit ({flag(name)} {getattr(limits, name)})"
+    return APIError(status, message, "limit_exceeded", param)
+
+
+def check_request(body: ChatCompletionRequest, limits: ServerLimits) -> None:
+    """Raises APIError (400 `limit_exceeded`) naming the first limit `body` exceeds."""
+    if len(body.messages) > limits.max_messages:
+        raise limit_error(limits, "max_messages", f"{len(body.messages)} messages", "messages")
+    if body.tools and len(body.tools) > limits.max_tools:
+        raise limit_error(limits, "max_tools", f"{len(body.tools)} tools", "tools")
+    stops = body.stop_strings()
+    if len(stops) > limits.max_stop:
+        raise limit_error(limits, "max_stop", f"{len(stops)} stop strings", "stop")
+    for i, stop in enumerate(stops):
+        if len(stop) > limits.max_stop_chars:
+            what = f"stop string {i} of {len(stop)} characters"
+            raise limit_error(limits, "max_stop_chars", what, "stop")
+    if body.user is not None and len(body.user) > limits.max_user_chars:
+        raise limit_error(limits, "max_user_chars", f"user of {len(body.user)} characters", "user")
+    chars = content_chars(body)
+    if chars > limits.max_content_chars:
+        what = f"{chars} characters of message content"
+        raise limit_error(limits, "max_content_chars", what, "messages")
+
+
+def content_chars(body: ChatCompletionRequest) -> int:
+    total = 0
+    for m in body.messages:
+        if isinstance(m.content, str):
+            total += len(m.content)
+        elif m.content is not None:
+            total += sum(len(str(part.get("text", ""))) for part in m.content)
+        for call in m.tool_calls or ():
+            args = call.function.arguments
+            total += len(args) if isinstance(args, str) else len(str(args))
+    return total
+
+
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def json_depth(data: bytes, limit: int) -> int:
+    """Nesting depth of the JSON text `data`, counted up to `limit + 1` (no parsing, so a
+    5000-deep value costs one scan, not 5000 frames of recursion). Brackets inside strings
+    do not count."""
+    depth = deepest = 0
+    for m in _BRACKET.finditer(_STRING.sub(b'""', data)):
+        if m.group() in b"[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    break
+        else:
+            depth -= 1
+    return deepest

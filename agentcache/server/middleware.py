@@ -1,0 +1,154 @@
+"""ASGI layers in front of the routes, outermost first:
+
+CountResponses   every response counted by status in /metrics; an unhandled exception
+                 becomes a counted 500 with an OpenAI error body (never a bare traceback)
+Gatekeeper       Host allow-list (loopback binds, against DNS rebinding), then the API key
+                 (every path but /health); the key's digest is left in scope["state"]
+BodyLimit        body size while reading (nothing over the limit is buffered), JSON
+                 nesting depth before any parser sees it
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+
+from agentcache.server.config import ServerLimits, host_name, key_digest
+from agentcache.server.errors import APIError, internal_error
+from agentcache.server.limits import json_depth, limit_error
+from agentcache.server.metrics import ServerMetrics
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/models", "/health", "/metrics")
+OPEN_PATHS = frozenset({"/health"})
+log = logging.getLogger("agentcache.server")
+
+
+async def send_error(send: Send, err: APIError, headers: Iterable[tuple[str, str]] = ()) -> None:
+    body = json.dumps(err.body()).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.encode(), v.encode()) for k, v in headers]
+    await send({"type": "http.response.start", "status": err.status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+class CountResponses:
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status: list[int] = []
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(int(message["status"]))
+            await send(message)
+
+        failed = False
+        try:
+            await self.app(scope, receive, counted)
+        except Exception as e:  # a bug: logged with its traceback, answered as a counted 500
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            failed = True
+            if not status:
+                await send_error(counted, internal_error(e))
+        path = scope.get("path", "")
+        endpoint = path if path in ENDPOINTS else "other"
+        code = 500 if failed or not status else status[0]  # a stream that broke counts as 500
+        self.metrics.requests.labels(endpoint, str(code)).inc()
+
+
+class Gatekeeper:
+    """`allowed_hosts`: Host names accepted (lower case, no port), None for any; `key_digests`:
+    the accepted API keys' `key_digest`s, empty for no authentication."""
+
+    def __init__(
+        self, app: ASGIApp, allowed_hosts: frozenset[str] | None, key_digests: frozenset[str]
+    ) -> None:
+        self.app, self.allowed_hosts, self.key_digests = app, allowed_hosts, key_digests
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or ())
+        if self.allowed_hosts is not None:
+            host = host_name(headers.get(b"host", b"").decode("latin-1"))
+            if host not in self.allowed_hosts:
+                msg = "the Host header names no host this server answers to (a loopback bind "
+                msg += "accepts localhost, 127.0.0.1 and [::1]; see --allowed-host)"
+                return await send_error(send, APIError(421, msg, "invalid_host"))
+        digest = self._key(headers.get(b"authorization", b""))
+        if self.key_digests and digest is None and scope.get("path") not in OPEN_PATHS:
+            msg = "missing or invalid API key: send it as 'Authorization: Bearer <key>'"
+            err = APIError(401, msg, "invalid_api_key")
+            return await send_error(send, err, [("www-authenticate", "Bearer")])
+        scope.setdefault("state", {})["key_digest"] = digest
+        await self.app(scope, receive, send)
+
+    def _key(self, authorization: bytes) -> str | None:
+        """The digest of the presented key when it is one of ours (compared in constant time
+        against every key), else None."""
+        scheme, _, key = authorization.decode("latin-1").partition(" ")
+        if scheme.lower() != "bearer" or not self.key_digests:
+            return None
+        digest = key_digest(key.strip())
+        found = False
+        for known in self.key_digests:
+            found |= hmac.compare_digest(digest, known)
+        return digest if found else None
+
+
+class BodyLimit:
+    def __init__(self, app: ASGIApp, limits: ServerLimits) -> None:
+        self.app, self.limits = app, limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        limit = self.limits.max_body_bytes
+        declared = dict(scope.get("headers") or ()).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            return await send_error(send, self._too_big(f"a body of {int(declared)} bytes"))
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left before sending its body
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:
+                return await send_error(send, self._too_big(f"a body of over {limit} bytes"))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if json_depth(body, self.limits.max_depth) > self.limits.max_depth:
+            what = "the JSON nesting depth of the body"
+            return await send_error(send, limit_error(self.limits, "max_depth", what, None))
+        await self.app(scope, _replay(body, receive), send)
+
+    def _too_big(self, what: str) -> APIError:
+        return limit_error(self.limits, "max_body_bytes", what, None)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The body, read already, as one message; then the client's own messages (disconnect)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay

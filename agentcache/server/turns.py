@@ -1,0 +1,192 @@
+"""One request's turn at the engine: wait in line, generate in a worker thread, stop early.
+
+    take a ticket (503 when the line is full) -> wait for its turn -> generate -> release
+                                        \\___ client gone / deadline: cancel event set ___/
+
+Generation stops within a token of the cancel event being set (`ChatEngine.run`); the ticket
+is released once the worker has stopped, so the next request never shares the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from agentcache.chat.runner import ChatEngine, ChatResult, PreparedChat
+from agentcache.errors import AgentCacheError
+from agentcache.server.admission import AdmissionLine, QueueFull
+from agentcache.server.convert import message_body, sse, usage_body
+from agentcache.server.errors import APIError, api_error, internal_error
+from agentcache.server.metrics import ServerMetrics
+
+POLL_S = 0.1  # how often a waiting non-streaming request checks that its client is there
+RETRY_AFTER_S = 5
+
+
+def overloaded(line: AdmissionLine) -> APIError:
+    msg = f"the server is busy: {line.waiting} requests are waiting (--max-queued); retry later"
+    return APIError(503, msg, "server_overloaded", None, "server_error",
+                    {"Retry-After": str(RETRY_AFTER_S)})  # fmt: skip
+
+
+def timed_out(timeout_s: float) -> APIError:
+    msg = (
+        f"the request did not finish within the server's deadline (--request-timeout {timeout_s:g})"
+    )
+    return APIError(504, msg, "timeout", None, "server_error")
+
+
+@dataclass
+class Turn:
+    """What one request needs to take its turn."""
+
+    chat: ChatEngine
+    line: AdmissionLine
+    prepared: PreparedChat
+    timeout_s: float
+    cancel: threading.Event
+
+    def start(self, on_text: Callable[[str], None] | None = None) -> asyncio.Future[ChatResult]:
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(None, self.chat.run, self.prepared, on_text, self.cancel)
+
+
+async def watch(fut: asyncio.Future[Any], request: Request | None, deadline: float,
+                cancel: threading.Event) -> str | None:  # fmt: skip
+    """Wait for `fut`: None once done, "gone" when the client left first, "timeout" at the
+    deadline (the cancel event is then set)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        left = deadline - loop.time()
+        if left <= 0:
+            cancel.set()
+            return "timeout"
+        done, _ = await asyncio.wait({fut}, timeout=min(POLL_S, left))
+        if done:
+            return None
+        if request is not None and await request.is_disconnected():
+            cancel.set()
+            return "gone"
+
+
+def release_when_done(worker: asyncio.Future[Any] | None, release: Callable[[], None]) -> None:
+    """Release the ticket once the worker has stopped; its outcome counts as retrieved (a
+    cancelled generation's `GenerationCancelled` is expected, not an unhandled error)."""
+
+    def done(fut: asyncio.Future[Any]) -> None:
+        if not fut.cancelled():
+            fut.exception()
+        release()
+
+    if worker is None:
+        release()
+    else:
+        worker.add_done_callback(done)
+
+
+async def complete(turn: Turn, request: Request) -> ChatResult | None:
+    """The result, or None when the client left. Raises APIError (504 at the deadline, 503
+    when the line is full, the engine's errors)."""
+    try:
+        ticket = turn.line.take()
+    except QueueFull:
+        raise overloaded(turn.line) from None
+    deadline = asyncio.get_running_loop().time() + turn.timeout_s
+    worker = None
+    try:
+        why = await watch(ticket.turn, request, deadline, turn.cancel)
+        if why is None:
+            worker = turn.start()
+            why = await watch(worker, request, deadline, turn.cancel)
+    finally:
+        turn.cancel.set()  # no-op for a finished worker; stops one whose client left
+        release_when_done(worker, ticket.release)
+    if why == "timeout":
+        raise timed_out(turn.timeout_s)
+    if why == "gone":
+        return None
+    assert worker is not None
+    try:
+        return worker.result()
+    except AgentCacheError as e:
+        raise api_error(e) from None
+
+
+async def stream(turn: Turn, metrics: ServerMetrics, send: Callable[..., str],
+                 include_usage: bool) -> AsyncIterator[str]:  # fmt: skip
+    """SSE events of one turn (`send(delta, finish, **extra)` makes a chunk): the role, content
+    pieces, tool calls, the finish chunk (with the `agentcache` report), optionally usage, then
+    [DONE]. An error after the first event is an `error` event (the status line is out)."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    worker: asyncio.Future[ChatResult] | None = None
+
+    def on_text(piece: str) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, ("text", piece))
+
+    def done(fut: asyncio.Future[ChatResult]) -> None:
+        queue.put_nowait(("done", fut))
+
+    yield send({"role": "assistant", "content": ""}, None)
+    try:
+        ticket = turn.line.take()
+    except QueueFull:
+        yield sse(overloaded(turn.line).body())
+        return
+    deadline = loop.time() + turn.timeout_s
+    answered = False  # the stream ran to its end (a reply or an error event)
+    try:
+        if await watch(ticket.turn, None, deadline, turn.cancel) is not None:
+            answered = True
+            yield sse(timed_out(turn.timeout_s).body())
+            return
+        worker = turn.start(on_text)
+        worker.add_done_callback(done)
+        while True:
+            try:
+                kind, item = await asyncio.wait_for(queue.get(), deadline - loop.time())
+            except TimeoutError:
+                turn.cancel.set()
+                answered = True
+                yield sse(timed_out(turn.timeout_s).body())
+                return
+            if kind == "text":
+                if item:
+                    yield send({"content": item}, None)
+                continue
+            answered = True
+            try:
+                result: ChatResult = item.result()
+            except AgentCacheError as e:
+                yield sse(api_error(e).body())
+                return
+            except Exception as e:  # a bug: reported in the stream, then counted as a 500
+                yield sse(internal_error(e).body())
+                raise
+            for event in last_events(result, metrics, send, include_usage):
+                yield event
+            return
+    finally:
+        turn.cancel.set()  # a client that left stops generation at the next token
+        if not answered:
+            metrics.cancelled.inc()
+        release_when_done(worker, ticket.release)
+
+
+def last_events(result: ChatResult, metrics: ServerMetrics, send: Callable[..., str],
+                include_usage: bool) -> Iterator[str]:  # fmt: skip
+    """A finished stream's tool calls, finish chunk, usage and [DONE]; the turn is counted."""
+    metrics.record_turn(result.report, result.completion_tokens, result.fallbacks)
+    if result.stream_mismatch:
+        metrics.stream_mismatches.inc()
+    if result.tool_calls:
+        yield send({"tool_calls": message_body(result)["tool_calls"]}, None)
+    yield send({}, result.finish_reason, agentcache=result.report.to_dict())
+    if include_usage:
+        yield send(None, usage=usage_body(result))
+    yield "data: [DONE]\n\n"
