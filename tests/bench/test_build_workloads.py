@@ -44,7 +44,7 @@ def test_longer_sessions_extend_the_default_ones(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["memgpt.jsonl", "reflexion.jsonl"]
     for name in ("reflexion", "memgpt"):
         long = sessions(tmp_path / f"{name}.jsonl")
-        assert len(long) == 8 and all(len(s["turns"]) == 9 for s in long), name
+        assert len(long) == 16 and all(len(s["turns"]) == 9 for s in long), name
     default = sessions(BENCHMARKS / "workloads" / "memgpt.jsonl")
     long = sessions(tmp_path / "memgpt.jsonl")
     for short, longer in zip(default, long, strict=True):  # the same chats, turn for turn
