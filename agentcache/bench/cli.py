@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agentcache.argtypes import output_folder, positive_int
 from agentcache.bench.harness import BenchRunner, parse_specs, sweep_specs
-from agentcache.bench.report import table, write_results
+from agentcache.bench.report import scope_line, table, write_results
 from agentcache.bench.workload import Session, load_workload
 from agentcache.errors import AgentCacheError, ConfigError
 from agentcache.model.loading import load_model
@@ -34,6 +35,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
     p.add_argument("--max-sessions", type=positive_int, default=None, help="sessions per file")
     p.add_argument("--max-turns", type=positive_int, default=None, help="turns per session")
+    p.add_argument(
+        "--split",
+        choices=("validate", "tune", "all"),
+        default="validate",
+        help="sessions the workload files reserve for reporting (validate, the default), for "
+        "choosing settings (tune), or all",
+    )
     p.add_argument("--case", default=None, help="only sessions of this case (swing / shift)")
     p.add_argument("--sessions", default=None, help="only these sessions (comma list of names)")
     p.add_argument("--new-tokens", type=positive_int, default=None, help="override max_new_tokens")
@@ -54,9 +62,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def select(args: argparse.Namespace, console: Console) -> tuple[list[Session], list[str]]:
+    """The sessions the filters choose (a command without `--split` runs every split)."""
     sessions: list[Session] = []
     problems: list[str] = []
     names = {n.strip() for n in args.sessions.split(",") if n.strip()} if args.sessions else None
+    split = getattr(args, "split", "all")
     loaded_all: list[Session] = []
     for path in args.workloads:
         loaded = load_workload(path)
@@ -65,11 +75,15 @@ def select(args: argparse.Namespace, console: Console) -> tuple[list[Session], l
         chosen = [
             s
             for s in loaded.sessions
-            if args.case in (None, s.case) and (names is None or s.name in names)
+            if split in ("all", s.split)
+            and args.case in (None, s.case)
+            and (names is None or s.name in names)
         ]
         sessions += chosen[: args.max_sessions]
     for p in problems:
         console.print(f"[yellow]warning:[/] {p}")
+    if problems:
+        console.print(f"[yellow]warning:[/] {len(problems)} workload lines skipped")
     _check_filters(args, names, loaded_all)
     if args.max_turns or args.new_tokens:
         from dataclasses import replace
@@ -82,11 +96,24 @@ def select(args: argparse.Namespace, console: Console) -> tuple[list[Session], l
             for s in sessions
         ]  # fmt: skip
     if not sessions:
-        filters = [f"--{k} {v}" for k, v in (("case", args.case), ("sessions", args.sessions)) if v]
+        given = (("split", None if split == "all" else split), ("case", args.case),
+                 ("sessions", args.sessions))  # fmt: skip
+        filters = [f"--{k} {v}" for k, v in given if v]
         if loaded_all and filters:
             raise ConfigError(f"no session in the workload files matches {' and '.join(filters)}")
         raise AgentCacheError("no runnable session in the workload files")
     return sessions, problems
+
+
+def measured(split: str, sessions: list[Session]) -> dict[str, Any]:
+    """Which split a run measured and how much of it: for results.json and the report."""
+    return {
+        "split": split,
+        "sessions": [s.name for s in sessions],
+        "num_sessions": len(sessions),
+        "num_turns": sum(len(s.turns) for s in sessions),
+        "splits_measured": sorted({s.split for s in sessions}),
+    }
 
 
 def _check_filters(args: argparse.Namespace, names: set[str] | None, loaded: list[Session]) -> None:
@@ -98,6 +125,12 @@ def _check_filters(args: argparse.Namespace, names: set[str] | None, loaded: lis
         raise ConfigError(
             f"--sessions: no session named {', '.join(sorted(unknown))} in the workload files; "
             f"they hold: {known}"
+        )
+    splits = {s.split for s in loaded}
+    split = getattr(args, "split", "all")
+    if split != "all" and split not in splits:
+        raise ConfigError(
+            f"--split {split}: no session of that split; the files hold {', '.join(sorted(splits))}"
         )
     cases = {s.case for s in loaded}
     if args.case is not None and args.case not in cases:
@@ -144,9 +177,10 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
         "model": model.model_id,
         "default_strategy": DEFAULT_STRATEGY,
         "command": "agentcache " + " ".join(sys.argv[1:]),
-        "sessions": [s.name for s in sessions],
+        **measured(args.split, sessions),
     }
     results = write_results(args.out, records, meta, problems)
+    print(scope_line(results))
     print(table(results["strategies"]))
     print(f"\nwrote {args.out}/results.json, report.md and plots")
     return 0
