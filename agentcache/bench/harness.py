@@ -20,8 +20,8 @@ from agentcache.bench.metrics import cksim_by_layer, fidelity
 from agentcache.bench.workload import Session
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.loading import LoadedModel
-from agentcache.prompt.segments import SegmentKind
-from agentcache.prompt.tokenize import TokenizedPrompt
+from agentcache.prompt.segments import Segment, SegmentKind
+from agentcache.prompt.tokenize import TokenizedPrompt, render_segment
 from agentcache.reuse.base import PrefillResult, ReuseStats, compute_subset
 from agentcache.reuse.spec import StrategySpec
 from agentcache.runtime.engine import Engine, EngineConfig
@@ -91,12 +91,15 @@ class BenchRunner:
             for spec in others[shift:] + others[:shift]:
                 engine = engines[spec.label]
                 seq, pre, ttft = _timed_prefill(engine, prompt, spec.name)
+                prompt_kv = _copy_kv(engine, seq, prompt.num_tokens) if turn.reply else None
                 logits = _teacher_force(engine, seq, pre, ref_tokens)
                 keys = seq.gather_all(slice(0, prompt.num_tokens))[0]
                 engine.commit(prompt, seq, pre, spec.name)
                 seq.free()
-                records.append(self._record(base, spec.label, engine, pre, ttft, ref_logits, logits,
-                                            ref_tokens, ref_keys, keys))  # fmt: skip
+                reply_kv = _store_reply(engine, prompt, prompt_kv, pre, turn.reply, spec.name)
+                record = self._record(base, spec.label, engine, pre, ttft, ref_logits, logits,
+                                      ref_tokens, ref_keys, keys)  # fmt: skip
+                records.append(record | {"reply_kv": reply_kv})
                 advance(spec.label)
         return records
 
@@ -168,13 +171,42 @@ def _teacher_force(
     return torch.stack(logits)
 
 
-def _limit(engine: Engine, prompt: TokenizedPrompt, full_seq: SequenceKV) -> float:
-    """TTFT of a perfect cache: only update tokens (and the last) computed, all else resident."""
+def _copy_kv(engine: Engine, source: SequenceKV, num_tokens: int) -> SequenceKV:
+    """A new sequence holding a copy of `source`'s first `num_tokens` tokens' KV (the caller
+    frees it)."""
     seq = SequenceKV(engine.ctx.pool)
     try:
-        seq.extend(prompt.num_tokens)
-        keys, values = full_seq.gather_all(slice(0, prompt.num_tokens))
+        seq.extend(num_tokens)
+        keys, values = source.gather_all(slice(0, num_tokens))
         seq.write_all(seq.slots(), keys, values)
+    except BaseException:
+        seq.free()
+        raise
+    return seq
+
+
+def _store_reply(
+    engine: Engine, prompt: TokenizedPrompt, seq: SequenceKV | None, pre: PrefillResult,
+    reply: Segment | None, name: str,
+) -> str | None:  # fmt: skip
+    """Store a chat turn's reply as the server does when it generates it (the workload's reply
+    in place of the model's); `seq` holds the prompt's KV and is freed. "stored", or why not
+    (runtime.engine.REPLY_KV); None for a turn without a reply."""
+    if seq is None or reply is None:
+        return None
+    try:
+        m = engine.model
+        closed = m.tokenizer.encode(render_segment(reply, m.chat_format, is_last=False))
+        after_prompt = closed[len(prompt.segments[-1].ids) :]  # past the generation prompt
+        return engine.commit_reply(prompt, seq, pre, after_prompt, reply, name)
+    finally:
+        seq.free()
+
+
+def _limit(engine: Engine, prompt: TokenizedPrompt, full_seq: SequenceKV) -> float:
+    """TTFT of a perfect cache: only update tokens (and the last) computed, all else resident."""
+    seq = _copy_kv(engine, full_seq, prompt.num_tokens)
+    try:
         update = torch.zeros(prompt.num_tokens, dtype=torch.bool)
         for s in prompt.segments:
             if s.kind == SegmentKind.UPDATE:

@@ -17,7 +17,7 @@ from agentcache.errors import AgentCacheError, ConfigError
 from tests.bench.scripts import BENCHMARKS
 from tests.bench.test_bench import turn
 
-FAMILIES = ("reflexion", "memgpt", "swe_agent")
+FAMILIES = ("reflexion", "memgpt", "swe_agent", "chat")
 
 
 def session(name: str, **fields: Any) -> str:
