@@ -12,13 +12,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agentcache.argtypes import output_folder, positive_int
 from agentcache.bench.harness import BenchRunner, parse_specs, sweep_specs
+from agentcache.bench.peer import PEER, TransformersPrefix, load_peer_model
 from agentcache.bench.report import scope_line, table, write_results
 from agentcache.bench.workload import Session, load_workload
 from agentcache.errors import AgentCacheError, ConfigError
-from agentcache.model.loading import load_model
+from agentcache.model.loading import load_model, model_folder
 from agentcache.reuse import DEFAULT_STRATEGY
+from agentcache.reuse.spec import StrategySpec
 
-ALL = "full,prefix,promptcache,pic,cacheblend,epic,cacheslide,default"
+ALL = "full,prefix,promptcache,pic,cacheblend,epic,cacheslide,default,transformers-prefix"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -105,6 +107,24 @@ def select(args: argparse.Namespace, console: Console) -> tuple[list[Session], l
     return sessions, problems
 
 
+def load_peer(model_path: str | None, cache_dir: Path) -> Any:
+    """The transformers model of the checkpoint the bench runs (the peer's weights)."""
+    return load_peer_model(model_folder(model_path, cache_dir))
+
+
+def _without_peer_under_cope(
+    args: argparse.Namespace, specs: list[StrategySpec], console: Console
+) -> list[StrategySpec]:
+    """The peer runs the checkpoint as transformers loads it, without a CoPE adapter."""
+    if not args.cope or not any(s.label == PEER for s in specs):
+        return specs
+    if args.strategies != ALL:
+        raise ConfigError(f"--cope: {PEER} runs the model without its CoPE adapter; leave it "
+                          "out of --strategies")  # fmt: skip
+    console.print(f"[yellow]note:[/] {PEER} left out: it runs the model without the adapter")
+    return [s for s in specs if s.label != PEER]
+
+
 def measured(split: str, sessions: list[Session]) -> dict[str, Any]:
     """Which split a run measured and how much of it: for results.json and the report."""
     return {
@@ -152,6 +172,7 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
             "--resume applies to --backend vllm (the embedded bench runs in one process)"
         )
     specs = parse_specs(args.strategies) + (sweep_specs() if args.sweep else [])
+    specs = _without_peer_under_cope(args, specs, console)
     sessions, problems = select(args, console)
     output_folder(args.out, "--out")
     model = load_model(model_path, cache_dir)
@@ -159,7 +180,10 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
         from agentcache.cope.checkpoint import load_cope_adapter
 
         model = load_cope_adapter(model, cache_dir=cache_dir)
-    runner = BenchRunner(model, specs)
+    peer = None
+    if any(s.label == PEER for s in specs):
+        peer = TransformersPrefix(load_peer(model_path, cache_dir))
+    runner = BenchRunner(model, specs, peer=peer)
     total = sum(len(s.turns) for s in sessions) * len(specs)
     records = []
     with Progress(
