@@ -15,7 +15,7 @@ from agentcache.bench.harness import BenchRunner, parse_specs, sweep_specs
 from agentcache.bench.peer import PEER, TransformersPrefix, load_peer_model
 from agentcache.bench.report import scope_line, table, write_results
 from agentcache.bench.workload import Session, load_workload
-from agentcache.errors import AgentCacheError, ConfigError
+from agentcache.errors import ConfigError
 from agentcache.model.loading import load_model, model_folder
 from agentcache.reuse import DEFAULT_STRATEGY
 from agentcache.reuse.spec import StrategySpec
@@ -97,13 +97,11 @@ def select(args: argparse.Namespace, console: Console) -> tuple[list[Session], l
             ))
             for s in sessions
         ]  # fmt: skip
-    if not sessions:
+    if not sessions:  # every file holds a valid session (load_workload): filters left none
         given = (("split", None if split == "all" else split), ("case", args.case),
                  ("sessions", args.sessions))  # fmt: skip
-        filters = [f"--{k} {v}" for k, v in given if v]
-        if loaded_all and filters:
-            raise ConfigError(f"no session in the workload files matches {' and '.join(filters)}")
-        raise AgentCacheError("no runnable session in the workload files")
+        filters = " and ".join(f"--{k} {v}" for k, v in given if v) or "the filters"
+        raise ConfigError(f"no session in the workload files matches {filters}")
     return sessions, problems
 
 
@@ -138,8 +136,6 @@ def measured(split: str, sessions: list[Session]) -> dict[str, Any]:
 
 def _check_filters(args: argparse.Namespace, names: set[str] | None, loaded: list[Session]) -> None:
     """--sessions and --case name sessions and cases the workload files hold."""
-    if not loaded:
-        return  # every line was skipped: the warnings above say why
     if names is not None and (unknown := names - {s.name for s in loaded}):
         known = ", ".join(s.name for s in loaded)
         raise ConfigError(
