@@ -40,9 +40,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--split",
         choices=("validate", "tune", "all"),
-        default="validate",
+        default=None,
         help="sessions the workload files reserve for reporting (validate, the default), for "
-        "choosing settings (tune), or all",
+        "choosing settings (tune), or all (the default with --sessions)",
     )
     p.add_argument("--case", default=None, help="only sessions of this case (swing / shift)")
     p.add_argument("--sessions", default=None, help="only these sessions (comma list of names)")
@@ -64,11 +64,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def select(args: argparse.Namespace, console: Console) -> tuple[list[Session], list[str]]:
-    """The sessions the filters choose (a command without `--split` runs every split)."""
+    """The sessions the filters choose."""
     sessions: list[Session] = []
     problems: list[str] = []
     names = {n.strip() for n in args.sessions.split(",") if n.strip()} if args.sessions else None
-    split = getattr(args, "split", "all")
+    split = chosen_split(args)
     loaded_all: list[Session] = []
     for path in args.workloads:
         loaded = load_workload(path)
@@ -123,6 +123,13 @@ def _without_peer_under_cope(
     return [s for s in specs if s.label != PEER]
 
 
+def chosen_split(args: argparse.Namespace) -> str:
+    """`--split`; without it the validation half, or every split when `--sessions` names the
+    sessions (or the command has no `--split`: other benches run every session)."""
+    split = getattr(args, "split", "all")
+    return split or ("all" if args.sessions else "validate")
+
+
 def measured(split: str, sessions: list[Session]) -> dict[str, Any]:
     """Which split a run measured and how much of it: for results.json and the report."""
     return {
@@ -143,7 +150,7 @@ def _check_filters(args: argparse.Namespace, names: set[str] | None, loaded: lis
             f"they hold: {known}"
         )
     splits = {s.split for s in loaded}
-    split = getattr(args, "split", "all")
+    split = chosen_split(args)
     if split != "all" and split not in splits:
         raise ConfigError(
             f"--split {split}: no session of that split; the files hold {', '.join(sorted(splits))}"
@@ -197,7 +204,7 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
         "model": model.model_id,
         "default_strategy": DEFAULT_STRATEGY,
         "command": "agentcache " + " ".join(sys.argv[1:]),
-        **measured(args.split, sessions),
+        **measured(chosen_split(args), sessions),
     }
     results = write_results(args.out, records, meta, problems)
     print(scope_line(results))

@@ -73,18 +73,27 @@ def test_a_file_with_no_valid_session_is_an_error(
 
 def args(paths: list[Path], **kw: Any) -> argparse.Namespace:
     base = {"sessions": None, "case": None, "max_sessions": None, "max_turns": None,
-            "new_tokens": None, "split": "validate"}  # fmt: skip
+            "new_tokens": None, "split": None}  # fmt: skip
     return argparse.Namespace(workloads=paths, **(base | kw))
 
 
 @pytest.mark.parametrize(
-    ("split", "names"),
-    [("validate", ["b", "c"]), ("tune", ["a"]), ("all", ["a", "b", "c"])],
+    ("split", "sessions", "names"),
+    [
+        (None, None, ["b", "c"]),  # the validation half by default
+        ("validate", None, ["b", "c"]),
+        ("tune", None, ["a"]),
+        ("all", None, ["a", "b", "c"]),
+        (None, "a,c", ["a", "c"]),  # named sessions, whatever their split
+        ("validate", "b,c", ["b", "c"]),
+    ],
 )
-def test_bench_selects_the_split(tmp_path: Path, split: str, names: list[str]) -> None:
+def test_bench_selects_the_split(
+    tmp_path: Path, split: str | None, sessions: str | None, names: list[str]
+) -> None:
     path = write(tmp_path / "w.jsonl", session("a", split="tune"), session("b"),
                  session("c", split="validate"))  # fmt: skip
-    chosen, _ = select(args([path], split=split), Console(quiet=True))
+    chosen, _ = select(args([path], split=split, sessions=sessions), Console(quiet=True))
     assert [s.name for s in chosen] == names
 
 
