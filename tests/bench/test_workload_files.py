@@ -4,6 +4,7 @@ committed files' tuning and validation halves."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -127,3 +128,14 @@ def test_each_family_has_tuning_and_validation_halves(family: str) -> None:
 def test_the_tuning_sessions_keep_their_names(family: str) -> None:
     tune = [s["name"] for s in committed(family) if s["split"] == "tune"]
     assert tune == [f"{family}-{i:02d}" for i in range(8)]
+
+
+def test_skipped_lines_are_printed_as_warnings_and_counted(tmp_path: Path) -> None:
+    path = write(tmp_path / "w.jsonl", "{oops", session("a"), "[" * 5000 + "]" * 5000)
+    out = io.StringIO()
+    chosen, problems = select(args([path]), Console(file=out, width=400))
+    assert [s.name for s in chosen] == ["a"] and len(problems) == 2
+    printed = out.getvalue()
+    assert f"warning: {path}:1: not valid JSON" in printed
+    assert f"warning: {path}:3: JSON nested too deeply; skipped" in printed
+    assert "warning: 2 workload lines skipped" in printed
