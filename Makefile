@@ -3,7 +3,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test lint typecheck test-fast setup bench clean test-vllm
+.PHONY: demo test lint typecheck test-fast setup clean test-vllm
+.PHONY: bench bench-reuse bench-server bench-vllm bench-decode bench-tiers bench-cope
 
 setup: $(VENV)/.installed
 
@@ -21,9 +22,11 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/agentcache demo
 
+# ruff, then the layer contract ([tool.importlinter] in pyproject.toml, docs/architecture.md)
 lint: setup
-	$(BIN)/ruff check agentcache adapters tests benchmarks examples
-	$(BIN)/ruff format --check agentcache adapters tests benchmarks examples
+	$(BIN)/ruff check agentcache templates adapters tests benchmarks examples
+	$(BIN)/ruff format --check agentcache templates adapters tests benchmarks examples
+	PYTHONPATH=templates:adapters $(BIN)/lint-imports
 
 typecheck: setup
 	$(BIN)/mypy
@@ -54,6 +57,12 @@ test-vllm: $(VLLM_VENV)/.installed
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache
 
-# the reuse-strategy figures in docs/benchmarks.md (about 5 hours on 2 cores)
-bench: setup
-	bash benchmarks/run_docs_bench.sh
+# The figures in README.md, docs/benchmarks.md and docs/lab/, one target per area (hours each on
+# 2 cores; not run in CI). `python benchmarks/check_figures.py` then checks every quoted figure.
+bench: bench-reuse bench-server bench-vllm bench-decode bench-tiers bench-cope
+
+bench-reuse bench-server bench-decode bench-tiers bench-cope: setup
+	bash benchmarks/run_docs_bench.sh $(@:bench-%=%)
+
+bench-vllm: setup $(VLLM_VENV)/.installed
+	bash benchmarks/run_docs_bench.sh vllm

@@ -1,85 +1,231 @@
 #!/usr/bin/env bash
-# Reproduces the reuse figures in docs/benchmarks.md (about 5 hours on 2 CPU cores).
+# Reproduces the figures quoted in README.md, docs/benchmarks.md and docs/lab/*.md, by area:
+#
+#   bash benchmarks/run_docs_bench.sh AREA...     # reuse server vllm decode tiers cope, or all
+#
+# `make bench-<area>` calls it; `make bench` runs every area (hours on 2 CPU cores: not run in
+# CI). Each area writes the folders under docs/bench/ its page links to. Afterwards,
+# `python benchmarks/check_figures.py` names every quoted figure the new files no longer match.
 # `rpdc` alone is the current default (extra=0.2, probe_window=128); runs that measured the
 # earlier default name it in full, `rpdc:ratio=0.3:probe_window=256`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ac=.venv/bin/agentcache
-# every strategy, sessions -01 (shift) and -02 (swing), first 4 turns, 32 teacher-forced tokens
-for w in reflexion memgpt swe_agent; do
-  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
-    --out "docs/bench/$w"
-done
-# the default against full recompute and pic on every session and turn (~40 min)
-for w in reflexion memgpt swe_agent; do
-  $ac bench "benchmarks/workloads/$w.jsonl" --strategies full,pic,default --out "docs/bench/wide-$w"
-done
-# the default with the probe shortcut on every swe_agent turn (~25 min)
-$ac bench benchmarks/workloads/swe_agent.jsonl --strategies full,rpdc --out docs/bench/shortcut-swe_agent
-# larger budgets and epic on the same turns: greedy exact match against TTFT (~60 min)
-for w in reflexion memgpt swe_agent; do
-  $ac bench "benchmarks/workloads/$w.jsonl" \
-    --strategies full,rpdc:extra=0.5,rpdc:extra=1:probe_redo=true,epic --out "docs/bench/wide-budget-$w"
-done
-# where greedy decoding parts from full's (docs/benchmarks.md, "Where greedy decoding parts")
-.venv/bin/python benchmarks/greedy_margins.py docs/bench/wide-reflexion/results.json \
-  --strategies pic,rpdc --out docs/bench/wide-reflexion/margins.md
-# budget/ablation sweep on one swing session, 16 tokens
-$ac bench benchmarks/workloads/reflexion.jsonl --sessions reflexion-02 --max-turns 4 \
-  --new-tokens 16 --sweep --strategies full,pic,cacheblend,epic,cacheslide,default \
-  --out docs/bench/sweep
-# boundary-token ablation of the earlier default (docs/benchmarks.md, "Boundary tokens")
-old=rpdc:ratio=0.3:probe_window=256
-for w in reflexion memgpt swe_agent; do
-  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
-    --new-tokens 16 --strategies "full,$old,$old:boundary_k=16" --out "docs/bench/boundary-$w"
-done
-# fidelity at matched compute (docs/benchmarks.md, "Fidelity at matched compute"); ~2 hours
-o=probe_window=256
-low="full,pic,cacheblend,cacheblend:ratio=0.3,epic,epic:boundary_k=16,$old,rpdc:ratio=0.15:$o"
-low="$low,$old:boundary_k=16,rpdc:ratio=0.15:$o:boundary_k=16,rpdc:ratio=0.15:$o:boundary_k=32"
-high="full,epic,rpdc:ratio=0.5:$o,$old:boundary_k=32,rpdc:ratio=0.1:$o:boundary_k=64"
-new="full,rpdc,rpdc:extra=0.1,rpdc:extra=0.5,rpdc:extra=1"
-redo="full,rpdc,rpdc:probe_redo=true,rpdc:extra=0.5:probe_redo=true,rpdc:extra=1:probe_redo=true,epic"
-offset="full,rpdc,rpdc:selection=offset,rpdc:selection=offset:extra=0.5,rpdc:selection=offset:extra=1,epic"
-span=rpdc:selection=offset:chunks=span:per_chunk=64  # epic's token count, span offset order
-count="full,epic,rpdc:selection=offset:per_chunk=64,$span,rpdc:per_chunk=64"
-hybrid="full,epic,$span:boundary_k=4,$span:boundary_k=8,$span:boundary_k=16"
-declare -A fill=(
-  [swe_agent]="full,rpdc:selection=offset:extra=1.5,rpdc:extra=1.5:probe_redo=true"
-  [reflexion]="full,rpdc:selection=offset:extra=0.7,rpdc:selection=offset:extra=0.8"
-  [memgpt]="full,rpdc:selection=offset:extra=1.3,rpdc:selection=offset:extra=1.5"
-)
-for w in reflexion memgpt swe_agent; do
-  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
-    --new-tokens 16 --strategies "$low" --out "docs/bench/frontier/$w"
-  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
-    --new-tokens 16 --strategies "$new" --out "docs/bench/frontier/new-$w"
-  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
-    --new-tokens 16 --strategies full,cacheslide --out "docs/bench/frontier/cs-$w"
-  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
-    --new-tokens 16 --strategies "$redo" --out "docs/bench/frontier/redo-$w"
-  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
-    --new-tokens 16 --strategies "$offset" --out "docs/bench/frontier/offset-$w"
-  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
-    --new-tokens 16 --strategies "${fill[$w]}" --out "docs/bench/frontier/fill-$w"
-  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
-    --new-tokens 16 --strategies "$count" --out "docs/bench/frontier/count-$w"
-done
-for w in reflexion memgpt; do
-  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
-    --new-tokens 16 --strategies "$high" --out "docs/bench/frontier/hi-$w"
-  $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
-    --new-tokens 16 --strategies "$hybrid" --out "docs/bench/frontier/hybrid-$w"
-done
-.venv/bin/python benchmarks/frontier.py docs/bench/frontier/*/results.json --out docs/bench/frontier
+py=.venv/bin/python
+vac=.venv-vllm/bin/agentcache  # the vLLM runs use their own venv (make test-vllm builds it)
+W="reflexion memgpt swe_agent"
 
-# the perfect cache's ceiling over prefix caching, every session (about an hour)
-$ac bench benchmarks/workloads/reflexion.jsonl benchmarks/workloads/memgpt.jsonl \
-  benchmarks/workloads/swe_agent.jsonl --strategies full,prefix,pic,default --new-tokens 1 \
-  --out docs/bench/ceiling/all
-.venv/bin/python benchmarks/ceiling.py docs/bench/ceiling/all/results.json --out docs/bench/ceiling
+# docs/benchmarks.md "Reuse strategies", docs/lab/reuse.md (about 5 hours)
+reuse() {
+  # every strategy, sessions -01 (shift) and -02 (swing), first 4 turns, 32 teacher-forced tokens
+  for w in $W; do
+    $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+      --out "docs/bench/$w"
+  done
+  # the default against full recompute and pic on every session and turn (~40 min)
+  for w in $W; do
+    $ac bench "benchmarks/workloads/$w.jsonl" --strategies full,pic,default --out "docs/bench/wide-$w"
+  done
+  # the default with the probe shortcut on every swe_agent turn (~25 min)
+  $ac bench benchmarks/workloads/swe_agent.jsonl --strategies full,rpdc --out docs/bench/shortcut-swe_agent
+  # larger budgets and epic on the same turns: greedy exact match against TTFT (~60 min)
+  for w in $W; do
+    $ac bench "benchmarks/workloads/$w.jsonl" \
+      --strategies full,rpdc:extra=0.5,rpdc:extra=1:probe_redo=true,epic --out "docs/bench/wide-budget-$w"
+  done
+  $py benchmarks/budget_curve.py docs/bench/wide-*/results.json --out docs/bench/wide-budget-curve
+  # where greedy decoding parts from full's (docs/lab/reuse.md, "Where greedy decoding parts")
+  $py benchmarks/greedy_margins.py docs/bench/wide-reflexion/results.json \
+    --strategies pic,rpdc --out docs/bench/wide-reflexion/margins.md
+  # budget/ablation sweep on one swing session, 16 tokens
+  $ac bench benchmarks/workloads/reflexion.jsonl --sessions reflexion-02 --max-turns 4 \
+    --new-tokens 16 --sweep --strategies full,pic,cacheblend,epic,cacheslide,default \
+    --out docs/bench/sweep
+  # boundary-token ablation of the earlier default (docs/lab/reuse.md, "Boundary tokens")
+  old=rpdc:ratio=0.3:probe_window=256
+  for w in $W; do
+    $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+      --new-tokens 16 --strategies "full,$old,$old:boundary_k=16" --out "docs/bench/boundary-$w"
+  done
+  # fidelity at matched compute (docs/lab/reuse.md, "Fidelity at matched compute"); ~2 hours
+  o=probe_window=256
+  low="full,pic,cacheblend,cacheblend:ratio=0.3,epic,epic:boundary_k=16,$old,rpdc:ratio=0.15:$o"
+  low="$low,$old:boundary_k=16,rpdc:ratio=0.15:$o:boundary_k=16,rpdc:ratio=0.15:$o:boundary_k=32"
+  high="full,epic,rpdc:ratio=0.5:$o,$old:boundary_k=32,rpdc:ratio=0.1:$o:boundary_k=64"
+  new="full,rpdc,rpdc:extra=0.1,rpdc:extra=0.5,rpdc:extra=1"
+  redo="full,rpdc,rpdc:probe_redo=true,rpdc:extra=0.5:probe_redo=true,rpdc:extra=1:probe_redo=true,epic"
+  offset="full,rpdc,rpdc:selection=offset,rpdc:selection=offset:extra=0.5,rpdc:selection=offset:extra=1,epic"
+  span=rpdc:selection=offset:chunks=span:per_chunk=64  # epic's token count, span offset order
+  count="full,epic,rpdc:selection=offset:per_chunk=64,$span,rpdc:per_chunk=64"
+  hybrid="full,epic,$span:boundary_k=4,$span:boundary_k=8,$span:boundary_k=16"
+  declare -A fill=(
+    [swe_agent]="full,rpdc:selection=offset:extra=1.5,rpdc:extra=1.5:probe_redo=true"
+    [reflexion]="full,rpdc:selection=offset:extra=0.7,rpdc:selection=offset:extra=0.8"
+    [memgpt]="full,rpdc:selection=offset:extra=1.3,rpdc:selection=offset:extra=1.5"
+  )
+  for w in $W; do
+    $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+      --new-tokens 16 --strategies "$low" --out "docs/bench/frontier/$w"
+    $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+      --new-tokens 16 --strategies "$new" --out "docs/bench/frontier/new-$w"
+    $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+      --new-tokens 16 --strategies full,cacheslide --out "docs/bench/frontier/cs-$w"
+    $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+      --new-tokens 16 --strategies "$redo" --out "docs/bench/frontier/redo-$w"
+    $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+      --new-tokens 16 --strategies "$offset" --out "docs/bench/frontier/offset-$w"
+    $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+      --new-tokens 16 --strategies "${fill[$w]}" --out "docs/bench/frontier/fill-$w"
+    $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+      --new-tokens 16 --strategies "$count" --out "docs/bench/frontier/count-$w"
+  done
+  for w in reflexion memgpt; do
+    $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+      --new-tokens 16 --strategies "$high" --out "docs/bench/frontier/hi-$w"
+    $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
+      --new-tokens 16 --strategies "$hybrid" --out "docs/bench/frontier/hybrid-$w"
+  done
+  $py benchmarks/frontier.py docs/bench/frontier/*/results.json --out docs/bench/frontier
+  # agentcache's full prefill against transformers' forward pass (about 20 minutes)
+  $py benchmarks/full_baseline.py benchmarks/workloads/reflexion.jsonl \
+    benchmarks/workloads/memgpt.jsonl benchmarks/workloads/swe_agent.jsonl --out docs/bench/full-baseline
+}
 
-# agentcache's full prefill against transformers' forward pass (about 20 minutes)
-.venv/bin/python benchmarks/full_baseline.py benchmarks/workloads/reflexion.jsonl \
-  benchmarks/workloads/memgpt.jsonl benchmarks/workloads/swe_agent.jsonl --out docs/bench/full-baseline
+# docs/benchmarks.md "The OpenAI-compatible server", docs/lab/server.md (about 5 minutes)
+server() {
+  $py benchmarks/openai_loop.py --out docs/bench/openai-loop \
+    --turns 8 --max-tokens 24 --loops 8 --loop-turns 6
+}
+
+# docs/benchmarks.md "vLLM", docs/lab/vllm.md (vllm-staged alone about 2 hours)
+vllm() {
+  local slice=(benchmarks/workloads/reflexion.jsonl benchmarks/workloads/swe_agent.jsonl
+    --sessions reflexion-00,reflexion-01,swe_agent-01 --max-turns 3 --backend vllm
+    --strategies rpdc:ratio=0.3:probe_window=256,pic)
+  $vac bench "${slice[@]}" --out docs/bench/vllm
+  $vac bench "${slice[@]}" --threads 1 --out docs/bench/vllm-threads1
+  $vac bench benchmarks/workloads/reflexion.jsonl benchmarks/workloads/swe_agent.jsonl \
+    --sessions reflexion-00,reflexion-01,swe_agent-01 --max-turns 3 --backend vllm \
+    --strategies rpdc,pic --threads 1 --out docs/bench/vllm-current
+  $vac bench benchmarks/workloads/memgpt.jsonl --sessions memgpt-01,memgpt-02 \
+    --max-turns 3 --backend vllm --strategies rpdc,pic --threads 1 --out docs/bench/vllm-memgpt
+  $vac bench benchmarks/workloads/reflexion.jsonl benchmarks/workloads/memgpt.jsonl \
+    benchmarks/workloads/swe_agent.jsonl --backend vllm --strategies pic,pic@vllm,rpdc \
+    --threads 1 --out docs/bench/vllm-staged
+  # the perfect cache's ceiling over prefix caching, every session (about an hour)
+  $ac bench benchmarks/workloads/reflexion.jsonl benchmarks/workloads/memgpt.jsonl \
+    benchmarks/workloads/swe_agent.jsonl --strategies full,prefix,pic,default --new-tokens 1 \
+    --out docs/bench/ceiling/all
+  $py benchmarks/ceiling.py docs/bench/ceiling/all/results.json --out docs/bench/ceiling
+}
+
+# docs/benchmarks.md "Sparse decode", docs/lab/decode.md
+decode() {
+  local d=docs/bench/decode
+  $ac profile-heads --threads 1
+  $ac bench-decode --threads 1 --context 8192 --new-tokens 256 \
+    --policies dense,flexicache,multiscale --needle 16 --out $d/ctx8192
+  $ac bench-decode --threads 1 --context 4096 --new-tokens 256 \
+    --policies dense,quest,flexicache,multiscale --needle 16 --out $d/ctx4096
+  $ac bench-decode --threads 1 --context 8192 --new-tokens 64 --policies dense,quest \
+    --budget 100000 --no-teacher-forced --out $d/ctx8192-fullbudget
+  for b in 128 96; do
+    $ac bench-decode --threads 1 --context 8192 --new-tokens 256 --policies dense,flexicache \
+      --budget $b --out $d/ctx8192-budget$b
+  done
+  $ac bench-decode --threads 1 --context 8192 --new-tokens 256 --needle 16 \
+    --policies dense,flexicache,multiscale,flexicache:verify=8,flexicache:verify=16,multiscale:verify=16 \
+    --out $d/ctx8192-verify
+}
+
+# docs/benchmarks.md "Tiered KV store", docs/lab/tiers.md
+tiers() {
+  local t=docs/bench/tiers d=/tmp/agentcache-bench-tiers
+  local b=(--batch 8 --max-sessions 8 --new-tokens 4 --ttft-samples 1)
+  local six=(--policies slide,lru "${b[@]}" --max-turns 6 --kv-pages 320)
+  local long=(--policies slide,lru "${b[@]}" --max-turns 16 --kv-pages 448)
+  local swe=benchmarks/workloads/swe_agent.jsonl
+  $ac bench-tiers $swe --policies slide,lru,lru-clean --batch 8 --max-sessions 8 --max-turns 3 \
+    --new-tokens 4 --kv-pages 320 --ttft-samples 3 --disk-dir $d/0 --out $t
+  $ac bench-tiers $swe --policies slide,lru "${b[@]}" --max-turns 2 --kv-pages 320 \
+    --disk-dir $d/io --out $t/io
+  $ac bench-tiers $swe "${six[@]}" --disk-dir $d/t6 --out $t/turns6
+  $ac bench-tiers $swe "${six[@]}" --disk-dir $d/rc --out $t/reclaim
+  for w in memgpt reflexion; do
+    $ac bench-tiers benchmarks/workloads/$w.jsonl "${six[@]}" --disk-dir $d/$w --out $t/workloads/$w
+  done
+  for w in $W; do
+    $ac bench-tiers benchmarks/workloads/$w.jsonl "${six[@]}" --no-adopt --disk-dir $d/na-$w \
+      --out $t/no-adopt/$w
+    $ac bench-tiers benchmarks/workloads/$w.jsonl "${six[@]}" --disk-dir $d/dl-$w --out $t/deltas/$w
+  done
+  $py benchmarks/adopt_fidelity.py benchmarks/workloads/{reflexion,memgpt,swe_agent}.jsonl \
+    --sessions reflexion-01,reflexion-02,memgpt-01,memgpt-02,swe_agent-01,swe_agent-02 \
+    --out docs/bench/adopt/a
+  $py benchmarks/adopt_fidelity.py benchmarks/workloads/{reflexion,memgpt,swe_agent}.jsonl \
+    --sessions reflexion-03,reflexion-04,memgpt-03,memgpt-04,swe_agent-03,swe_agent-04 \
+    --out docs/bench/adopt/b
+  $py benchmarks/adopt_fidelity.py --summary docs/bench/adopt/{a,b}/results.json --out docs/bench/adopt
+  # sixteen-turn sessions (and 19 / 20 turns), with and without write-back
+  $py benchmarks/build_workloads.py --turns 16 --out benchmarks/workloads/long
+  $py benchmarks/build_workloads.py --turns 20 --only reflexion --out benchmarks/workloads/long20
+  $py benchmarks/build_workloads.py --turns 19 --only memgpt --out benchmarks/workloads/long19
+  for w in reflexion memgpt; do
+    $ac bench-tiers benchmarks/workloads/long/$w.jsonl "${long[@]}" --disk-dir $d/l-$w \
+      --out $t/long/$w
+    $ac bench-tiers benchmarks/workloads/long/$w.jsonl "${long[@]}" --no-adopt \
+      --disk-dir $d/lna-$w --out $t/long/$w-no-adopt
+    $ac bench-tiers benchmarks/workloads/long/$w.jsonl "${long[@]}" --disk-dir $d/ld-$w \
+      --out $t/deltas/long/$w
+  done
+  $ac bench-tiers benchmarks/workloads/long20/reflexion.jsonl --policies slide,lru "${b[@]}" \
+    --max-turns 20 --kv-pages 464 --disk-dir $d/l20 --out $t/deltas/long20/reflexion
+  $ac bench-tiers benchmarks/workloads/long19/memgpt.jsonl --policies slide,lru "${b[@]}" \
+    --max-turns 19 --kv-pages 448 --disk-dir $d/l19 --out $t/deltas/long19/memgpt
+  # disk I/O share, store replays, saved traces, a host tier, shift-only sessions
+  $ac bench-tiers $swe "${six[@]}" --disk-dir $d/ios --out $t/deltas/io-share/swe_agent
+  $ac bench-tiers $swe "${six[@]}" --disk-dir $d/rp --out $t/replay/swe_agent
+  $ac bench-tiers $swe "${six[@]}" --store-replays 1 --save-traces --disk-dir $d/tr \
+    --out $t/trace/swe_agent
+  for w in swe_agent memgpt; do
+    $ac bench-tiers benchmarks/workloads/$w.jsonl "${six[@]}" --save-traces --disk-dir $d/nc-$w \
+      --out $t/nocopy/$w
+  done
+  $ac bench-tiers $swe "${six[@]}" --host-mib 472 --store-replays 1 --disk-dir $d/host \
+    --out $t/host/swe_agent
+  $ac bench-tiers $swe benchmarks/workloads/memgpt.jsonl --case shift --policies slide,lru \
+    --batch 8 --max-turns 6 --new-tokens 4 --kv-pages 320 --ttft-samples 1 --disk-dir $d/sh \
+    --out $t/shift
+  $ac bench-tiers $swe benchmarks/workloads/memgpt.jsonl --case shift --policies slide,lru \
+    --batch 8 --max-turns 3 --new-tokens 4 --kv-pages 320 --ttft-samples 8 --store-replays 0 \
+    --disk-dir $d/sht --out $t/shift-ttft
+  $py benchmarks/tiers_turns.py $t/results.json $t/{io,turns6,reclaim}/results.json \
+    $t/{workloads,no-adopt,long,deltas,replay,trace,nocopy}/*/results.json \
+    $t/deltas/{long,long19,long20}/*/results.json --out $t/long
+  $py benchmarks/tiers_throughput.py $(find $t -name results.json | sort) --out $t/throughput
+}
+
+# docs/lab/cope.md
+cope() {
+  local c=docs/bench/cope
+  $ac train-cope --threads 1 --out $c/train.json
+  HF_HUB_OFFLINE=1 PYTHONPATH=. $py benchmarks/cope_drift.py --threads 1 --out $c/drift
+  for w in reflexion memgpt; do
+    local s=$w-02 sfx=""
+    [ $w = memgpt ] && sfx=-memgpt
+    $ac bench benchmarks/workloads/$w.jsonl --sessions $s --max-turns 3 --new-tokens 16 \
+      --strategies full,pic,cacheslide,cacheslide:plan=mode --threads 1 --out $c/e2e-rope$sfx
+    $ac bench benchmarks/workloads/$w.jsonl --cope --sessions $s --max-turns 3 --new-tokens 16 \
+      --strategies full,pic,cacheslide,cacheslide:plan=ccpe --threads 1 --out $c/e2e-cope$sfx
+  done
+}
+
+areas=("$@")
+[ ${#areas[@]} -eq 0 ] || [ "${areas[0]}" = all ] && areas=(reuse server vllm decode tiers cope)
+for area in "${areas[@]}"; do
+  case $area in
+    reuse | server | vllm | decode | tiers | cope) "$area" ;;
+    *) echo "run_docs_bench.sh: unknown area '$area' (reuse server vllm decode tiers cope all)" >&2
+       exit 2 ;;
+  esac
+done

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from agentcache.model.loading import default_cache_dir, load_model
+from agentcache import Engine, EngineConfig, load_model
+from agentcache.model.loading import default_cache_dir
 from agentcache.reuse import DEFAULT_STRATEGY
-from agentcache.runtime.engine import Engine, EngineConfig
 from agentcache_agents.loop import AgentLoop
 from agentcache_agents.report import summary_line, turn_table
 

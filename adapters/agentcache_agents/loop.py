@@ -8,10 +8,8 @@ from dataclasses import dataclass, replace
 
 from pydantic import BaseModel
 
+from agentcache import AgentSession, Engine, GenerationParams, load_template
 from agentcache.reuse.base import SegmentMiss
-from agentcache.runtime.engine import Engine, GenerationParams
-from agentcache.session import AgentSession
-from agentcache.templates import load_template
 
 
 @dataclass(frozen=True)

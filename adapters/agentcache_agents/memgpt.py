@@ -17,10 +17,10 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from agentcache.runtime.engine import Engine
-from agentcache.templates import MemGPTInputs, MemoryBlock, Message
+from agentcache import Engine
 from agentcache_agents.calls import Call, parse_calls
 from agentcache_agents.loop import AgentLoop
+from agentcache_templates import MemGPTInputs, MemoryBlock, Message
 
 EDITS = {"core_memory_append", "core_memory_replace", "archival_memory_insert"}
 FUNCTIONS = EDITS | {"send_message"}

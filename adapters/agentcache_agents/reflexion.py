@@ -14,10 +14,10 @@ import re
 import string
 from dataclasses import dataclass
 
-from agentcache.runtime.engine import Engine
-from agentcache.templates import ReflexionInputs, Step
+from agentcache import Engine
 from agentcache_agents.loop import AgentLoop
 from agentcache_agents.wiki import KnowledgeBase
+from agentcache_templates import ReflexionInputs, Step
 
 ACTION = re.compile(r"Action\s*\d*\s*:\s*(Search|Lookup|Finish)\[([^\]\n]*)\]", re.IGNORECASE)
 REFLECT_ASK = (

@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from agentcache.runtime.engine import Engine
-from agentcache.templates import Step, SWEAgentInputs, ToolDoc
+from agentcache import Engine
 from agentcache_agents.loop import AgentLoop
 from agentcache_agents.shell import TOOL_DOCS, Check, Workspace
+from agentcache_templates import Step, SWEAgentInputs, ToolDoc
 
 FENCE = re.compile(r"```(?:bash|sh)?[ \t]*\n(.*?)(?:\n```|$)", re.DOTALL)
 COMMANDS = ("ls", "cd", "pwd", "cat", "grep", "sed", "echo", "pytest", "submit")

@@ -166,10 +166,10 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
     if args.backend == "vllm":
         from agentcache.engines.vllm.cli import run_vllm, vllm_strategies
 
-        vllm_strategies(args.strategies, args.strategies == ALL)  # checked before any work
+        strategies = vllm_strategies(args.strategies, args.strategies == ALL)  # before any work
         sessions, _ = select(args, console)
         output_folder(args.out, "--out")
-        return run_vllm(args, sessions, console)
+        return run_vllm(args, strategies, sessions, console)
     if args.resume:
         raise ConfigError(
             "--resume applies to --backend vllm (the embedded bench runs in one process)"

@@ -22,9 +22,9 @@ from pydantic import ValidationError
 
 from agentcache.bench.chat_turns import chat_turns, is_chat
 from agentcache.errors import AgentCacheError, PromptError
+from agentcache.prompt.registry import load_template
 from agentcache.prompt.segments import Segment, SegmentedPrompt
 from agentcache.prompt.template import PromptTemplate
-from agentcache.templates import load_template
 
 SPLITS = ("tune", "validate")
 

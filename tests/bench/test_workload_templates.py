@@ -8,8 +8,8 @@ from typing import Any
 from agentcache.bench.harness import BenchRunner, parse_specs
 from agentcache.bench.workload import load_workload
 from agentcache.model.loading import LoadedModel
+from agentcache.prompt.registry import load_template
 from agentcache.prompt.segments import SegmentKind
-from agentcache.templates import load_template
 
 SHIPPED = Path(__file__).resolve().parents[2] / "benchmarks" / "workloads" / "templated.jsonl"
 BLOCKS = [{"label": "human", "value": "Name: Dana"}]

@@ -9,11 +9,11 @@ from agentcache.errors import AgentCacheError, PromptError
 from agentcache.kv.store import content_id
 from agentcache.model.loading import LoadedModel
 from agentcache.model.tokenizer import CHATML
+from agentcache.prompt.registry import TEMPLATES, load_template
 from agentcache.prompt.segments import SegmentKind
 from agentcache.prompt.template import PromptTemplate
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
-from agentcache.templates import TEMPLATES, load_template, template_source
 
 STEP_1 = {"action": "Thought 1: look it up.\nAction 1: Search[Ada Lovelace]", "observation": "a"}
 STEP_2 = {"action": "Thought 2: check the year.\nAction 2: Lookup[born]", "observation": "1815"}
@@ -144,17 +144,19 @@ def test_cross_field_rules_are_validation_errors() -> None:
 
 
 def test_malformed_template_is_a_prompt_error() -> None:
-    source = template_source("memgpt").replace("{% endsegment %}", "", 1)
+    source = TEMPLATES.get("memgpt").text().replace("{% endsegment %}", "", 1)
     with pytest.raises(PromptError, match=r"'memgpt-broken' line \d+"):
-        PromptTemplate(source, TEMPLATES.get("memgpt"), name="memgpt-broken")
-    stray = template_source("swe_agent").replace(
-        '{% segment "fixed", id="instance"', 'oops {% segment "fixed", id="instance"'
+        PromptTemplate(source, TEMPLATES.get("memgpt").inputs, name="memgpt-broken")
+    stray = (
+        TEMPLATES.get("swe_agent")
+        .text()
+        .replace('{% segment "fixed", id="instance"', 'oops {% segment "fixed", id="instance"')
     )
     with pytest.raises(PromptError, match="outside any segment: 'oops'"):
-        PromptTemplate(stray, TEMPLATES.get("swe_agent"), name="x").render({"task": "t"})
+        PromptTemplate(stray, TEMPLATES.get("swe_agent").inputs, name="x").render({"task": "t"})
 
 
 def test_unknown_template_lists_the_known_ones() -> None:
     with pytest.raises(AgentCacheError, match=r"unknown template 'reflection'; known: memgpt"):
         load_template("reflection")
-    assert sorted(TEMPLATES.names()) == ["memgpt", "reflexion", "swe_agent"]
+    assert TEMPLATES.names() == ["memgpt", "reflexion", "swe_agent"]

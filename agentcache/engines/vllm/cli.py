@@ -38,12 +38,13 @@ def vllm_strategies(text: str, default_list: bool) -> list[str]:
     return out or [DEFAULT_STRATEGY]
 
 
-def run_vllm(args: argparse.Namespace, sessions: list[Session], console: Console) -> int:
-    from agentcache.bench.cli import ALL
+def run_vllm(
+    args: argparse.Namespace, strategies: list[str], sessions: list[Session], console: Console
+) -> int:
+    """Measure `strategies` (from `vllm_strategies`) on `sessions`."""
     from agentcache.engines.vllm.bench import _configs, report_markdown, run_all
 
     require_vllm()  # a clear error before anything starts
-    strategies = vllm_strategies(args.strategies, args.strategies == ALL)
     total = len(_configs(strategies)) * sum(len(s.turns) for s in sessions)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -1,0 +1,1 @@
+"""The model: a Llama-family forward with explicit positions, RoPE and CoPE, and loading."""
