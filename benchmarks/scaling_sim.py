@@ -34,7 +34,7 @@ from agentcache.engines.vllm.storage import FolderSegmentStore
 from agentcache.kv.store import StoredKV
 
 WORKLOADS = Path(__file__).parent / "workloads"
-BENCH_WORKLOADS = ("memgpt", "reflexion", "swe_agent")  # the 24 sessions the bench runs
+BENCH_WORKLOADS = ("memgpt", "reflexion", "swe_agent")  # their 24 tuning sessions
 KV_BYTES_PER_TOKEN = 30 * 3 * 64 * 2 * 4  # default model, fp32: layers * kv heads * dim * K,V
 
 
@@ -55,6 +55,8 @@ def load_sessions(tokenize: bool) -> list[tuple[str, list[list[tuple[str, str, i
     for name in BENCH_WORKLOADS:
         for line in (WORKLOADS / f"{name}.jsonl").read_text().splitlines():
             obj = json.loads(line)
+            if obj["split"] != "tune":  # the 24 sessions docs/scaling.md replays
+                continue
             turns = []
             for t in obj["turns"]:
                 segs = []

@@ -5,19 +5,22 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agentcache.argtypes import output_folder, positive_int
 from agentcache.bench.harness import BenchRunner, parse_specs, sweep_specs
-from agentcache.bench.report import table, write_results
+from agentcache.bench.peer import PEER, TransformersPrefix, load_peer_model
+from agentcache.bench.report import scope_line, table, write_results
 from agentcache.bench.workload import Session, load_workload
-from agentcache.errors import AgentCacheError, ConfigError
-from agentcache.model.loading import load_model
+from agentcache.errors import ConfigError
+from agentcache.model.loading import load_model, model_folder
 from agentcache.reuse import DEFAULT_STRATEGY
+from agentcache.reuse.spec import StrategySpec
 
-ALL = "full,prefix,promptcache,pic,cacheblend,epic,cacheslide,default"
+ALL = "full,prefix,promptcache,pic,cacheblend,epic,cacheslide,default,transformers-prefix"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -34,6 +37,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
     p.add_argument("--max-sessions", type=positive_int, default=None, help="sessions per file")
     p.add_argument("--max-turns", type=positive_int, default=None, help="turns per session")
+    p.add_argument(
+        "--split",
+        choices=("validate", "tune", "all"),
+        default=None,
+        help="sessions the workload files reserve for reporting (validate, the default), for "
+        "choosing settings (tune), or all (the default with --sessions)",
+    )
     p.add_argument("--case", default=None, help="only sessions of this case (swing / shift)")
     p.add_argument("--sessions", default=None, help="only these sessions (comma list of names)")
     p.add_argument("--new-tokens", type=positive_int, default=None, help="override max_new_tokens")
@@ -54,9 +64,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def select(args: argparse.Namespace, console: Console) -> tuple[list[Session], list[str]]:
+    """The sessions the filters choose."""
     sessions: list[Session] = []
     problems: list[str] = []
     names = {n.strip() for n in args.sessions.split(",") if n.strip()} if args.sessions else None
+    split = chosen_split(args)
     loaded_all: list[Session] = []
     for path in args.workloads:
         loaded = load_workload(path)
@@ -65,11 +77,15 @@ def select(args: argparse.Namespace, console: Console) -> tuple[list[Session], l
         chosen = [
             s
             for s in loaded.sessions
-            if args.case in (None, s.case) and (names is None or s.name in names)
+            if split in ("all", s.split)
+            and args.case in (None, s.case)
+            and (names is None or s.name in names)
         ]
         sessions += chosen[: args.max_sessions]
     for p in problems:
         console.print(f"[yellow]warning:[/] {p}")
+    if problems:
+        console.print(f"[yellow]warning:[/] {len(problems)} workload lines skipped")
     _check_filters(args, names, loaded_all)
     if args.max_turns or args.new_tokens:
         from dataclasses import replace
@@ -81,23 +97,63 @@ def select(args: argparse.Namespace, console: Console) -> tuple[list[Session], l
             ))
             for s in sessions
         ]  # fmt: skip
-    if not sessions:
-        filters = [f"--{k} {v}" for k, v in (("case", args.case), ("sessions", args.sessions)) if v]
-        if loaded_all and filters:
-            raise ConfigError(f"no session in the workload files matches {' and '.join(filters)}")
-        raise AgentCacheError("no runnable session in the workload files")
+    if not sessions:  # every file holds a valid session (load_workload): filters left none
+        given = (("split", None if split == "all" else split), ("case", args.case),
+                 ("sessions", args.sessions))  # fmt: skip
+        filters = " and ".join(f"--{k} {v}" for k, v in given if v) or "the filters"
+        raise ConfigError(f"no session in the workload files matches {filters}")
     return sessions, problems
+
+
+def load_peer(model_path: str | None, cache_dir: Path) -> Any:
+    """The transformers model of the checkpoint the bench runs (the peer's weights)."""
+    return load_peer_model(model_folder(model_path, cache_dir))
+
+
+def _without_peer_under_cope(
+    args: argparse.Namespace, specs: list[StrategySpec], console: Console
+) -> list[StrategySpec]:
+    """The peer runs the checkpoint as transformers loads it, without a CoPE adapter."""
+    if not args.cope or not any(s.label == PEER for s in specs):
+        return specs
+    if args.strategies != ALL:
+        raise ConfigError(f"--cope: {PEER} runs the model without its CoPE adapter; leave it "
+                          "out of --strategies")  # fmt: skip
+    console.print(f"[yellow]note:[/] {PEER} left out: it runs the model without the adapter")
+    return [s for s in specs if s.label != PEER]
+
+
+def chosen_split(args: argparse.Namespace) -> str:
+    """`--split`; without it the validation half, or every split when `--sessions` names the
+    sessions (or the command has no `--split`: other benches run every session)."""
+    split = getattr(args, "split", "all")
+    return split or ("all" if args.sessions else "validate")
+
+
+def measured(split: str, sessions: list[Session]) -> dict[str, Any]:
+    """Which split a run measured and how much of it: for results.json and the report."""
+    return {
+        "split": split,
+        "sessions": [s.name for s in sessions],
+        "num_sessions": len(sessions),
+        "num_turns": sum(len(s.turns) for s in sessions),
+        "splits_measured": sorted({s.split for s in sessions}),
+    }
 
 
 def _check_filters(args: argparse.Namespace, names: set[str] | None, loaded: list[Session]) -> None:
     """--sessions and --case name sessions and cases the workload files hold."""
-    if not loaded:
-        return  # every line was skipped: the warnings above say why
     if names is not None and (unknown := names - {s.name for s in loaded}):
         known = ", ".join(s.name for s in loaded)
         raise ConfigError(
             f"--sessions: no session named {', '.join(sorted(unknown))} in the workload files; "
             f"they hold: {known}"
+        )
+    splits = {s.split for s in loaded}
+    split = chosen_split(args)
+    if split != "all" and split not in splits:
+        raise ConfigError(
+            f"--split {split}: no session of that split; the files hold {', '.join(sorted(splits))}"
         )
     cases = {s.case for s in loaded}
     if args.case is not None and args.case not in cases:
@@ -119,6 +175,7 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
             "--resume applies to --backend vllm (the embedded bench runs in one process)"
         )
     specs = parse_specs(args.strategies) + (sweep_specs() if args.sweep else [])
+    specs = _without_peer_under_cope(args, specs, console)
     sessions, problems = select(args, console)
     output_folder(args.out, "--out")
     model = load_model(model_path, cache_dir)
@@ -126,7 +183,10 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
         from agentcache.cope.checkpoint import load_cope_adapter
 
         model = load_cope_adapter(model, cache_dir=cache_dir)
-    runner = BenchRunner(model, specs)
+    peer = None
+    if any(s.label == PEER for s in specs):
+        peer = TransformersPrefix(load_peer(model_path, cache_dir))
+    runner = BenchRunner(model, specs, peer=peer)
     total = sum(len(s.turns) for s in sessions) * len(specs)
     records = []
     with Progress(
@@ -144,9 +204,10 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
         "model": model.model_id,
         "default_strategy": DEFAULT_STRATEGY,
         "command": "agentcache " + " ".join(sys.argv[1:]),
-        "sessions": [s.name for s in sessions],
+        **measured(chosen_split(args), sessions),
     }
     results = write_results(args.out, records, meta, problems)
+    print(scope_line(results))
     print(table(results["strategies"]))
     print(f"\nwrote {args.out}/results.json, report.md and plots")
     return 0

@@ -5,6 +5,8 @@ is timed (only update tokens computed, all other KV resident), then every other 
 an order rotated turn by turn, prefills (timed) and is teacher-forced along the reference
 tokens. Greedy agreement follows from teacher forcing: greedy decoding matches the reference
 exactly as long as the teacher-forced argmax does. Each strategy has its own engine and store.
+The `transformers-prefix` peer (bench/peer.py) takes a strategy's place in that order and
+fills the same record fields.
 """
 
 from __future__ import annotations
@@ -17,21 +19,28 @@ import torch
 from torch import Tensor
 
 from agentcache.bench.metrics import cksim_by_layer, fidelity
-from agentcache.bench.workload import Session
+from agentcache.bench.peer import PEER, TransformersPrefix
+from agentcache.bench.workload import Session, Turn
+from agentcache.errors import ConfigError
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.loading import LoadedModel
-from agentcache.prompt.segments import SegmentKind
-from agentcache.prompt.tokenize import TokenizedPrompt
+from agentcache.prompt.segments import Segment, SegmentKind
+from agentcache.prompt.tokenize import TokenizedPrompt, render_segment
 from agentcache.reuse.base import PrefillResult, ReuseStats, compute_subset
 from agentcache.reuse.spec import StrategySpec
 from agentcache.runtime.engine import Engine, EngineConfig
 
 
 def parse_specs(text: str) -> list[StrategySpec]:
-    specs = [StrategySpec.parse(t) for t in text.split(",") if t.strip()]
+    """Strategy specs, `full` first; `transformers-prefix` names the peer (bench/peer.py)."""
+    specs = [_spec(t) for t in text.split(",") if t.strip()]
     if not any(s.label == "full" for s in specs):
         specs.insert(0, StrategySpec("full", "full"))  # the reference is always measured
     return specs
+
+
+def _spec(text: str) -> StrategySpec:
+    return StrategySpec(PEER, PEER) if text.strip() == PEER else StrategySpec.parse(text)
 
 
 def sweep_specs() -> list[StrategySpec]:
@@ -51,10 +60,17 @@ Progress = Callable[[str], None]
 
 
 class BenchRunner:
-    def __init__(self, model: LoadedModel, specs: list[StrategySpec], kv_pages: int = 1024) -> None:
+    def __init__(
+        self, model: LoadedModel, specs: list[StrategySpec], kv_pages: int = 1024,
+        peer: TransformersPrefix | None = None,
+    ) -> None:  # fmt: skip
+        """`peer` runs the `transformers-prefix` spec (its HF model on `model`'s weights)."""
+        if any(s.label == PEER for s in specs) and peer is None:
+            raise ConfigError(f"{PEER} needs the checkpoint's transformers model (peer=...)")
         self.model = model
         self.specs = specs
         self.kv_pages = kv_pages
+        self.peer = peer
 
     def engine_config(self, spec: StrategySpec) -> EngineConfig:
         """The configuration of `spec`'s engine (a fresh engine and store per session)."""
@@ -62,12 +78,18 @@ class BenchRunner:
         return EngineConfig(strategy=spec.name, kv_pages=self.kv_pages, strategy_options=options)
 
     def _engines(self) -> dict[str, Engine]:
-        return {s.label: Engine(self.model, self.engine_config(s)) for s in self.specs}
+        return {
+            s.label: Engine(self.model, self.engine_config(s))
+            for s in self.specs
+            if s.label != PEER
+        }
 
     def run_session(self, session: Session, advance: Progress) -> list[dict[str, Any]]:
         engines = self._engines()
         full = engines["full"]
         others = [s for s in self.specs if s.label != "full"]
+        if self.peer is not None:
+            self.peer.reset()
         records = []
         for ti, turn in enumerate(session.turns):
             prompt = full.tokenize(turn.prompt)
@@ -81,6 +103,7 @@ class BenchRunner:
                 "session": session.name,
                 "workload": session.workload,
                 "case": session.case,
+                "split": session.split,
             }
             base |= {"turn": ti, "prompt_tokens": prompt.num_tokens}
             base |= {"ttft_full_ms": ttft_full * 1e3, "ttft_limit_ms": ttft_limit * 1e3}
@@ -89,16 +112,50 @@ class BenchRunner:
             advance("full")
             shift = ti % max(1, len(others))
             for spec in others[shift:] + others[:shift]:
+                if spec.label == PEER:
+                    records.append(self._peer_record(base, turn, prompt, ref_logits, ref_tokens,
+                                                     ref_keys))  # fmt: skip
+                    advance(PEER)
+                    continue
                 engine = engines[spec.label]
                 seq, pre, ttft = _timed_prefill(engine, prompt, spec.name)
+                prompt_kv = _copy_kv(engine, seq, prompt.num_tokens) if turn.reply else None
                 logits = _teacher_force(engine, seq, pre, ref_tokens)
                 keys = seq.gather_all(slice(0, prompt.num_tokens))[0]
                 engine.commit(prompt, seq, pre, spec.name)
                 seq.free()
-                records.append(self._record(base, spec.label, engine, pre, ttft, ref_logits, logits,
-                                            ref_tokens, ref_keys, keys))  # fmt: skip
+                reply_kv = _store_reply(engine, prompt, prompt_kv, pre, turn.reply, spec.name)
+                record = self._record(base, spec.label, engine, pre, ttft, ref_logits, logits,
+                                      ref_tokens, ref_keys, keys)  # fmt: skip
+                records.append(record | {"reply_kv": reply_kv})
                 advance(spec.label)
         return records
+
+    def _peer_record(
+        self, base: dict[str, Any], turn: Turn, prompt: TokenizedPrompt, ref_logits: Tensor,
+        ref_tokens: list[int], ref_keys: Tensor,
+    ) -> dict[str, Any]:  # fmt: skip
+        """The `transformers-prefix` peer's turn, in a strategy's record fields."""
+        assert self.peer is not None
+        peer, n = self.peer, prompt.num_tokens
+        t0 = time.perf_counter()
+        first, reused = peer.prefill(prompt.ids)
+        ttft = time.perf_counter() - t0
+        logits = torch.stack([first, *(peer.step(t) for t in ref_tokens[:-1])])
+        keys, kv_bytes = peer.keys(n), peer.cache_bytes()
+        if turn.reply is not None:  # the next request holds this reply: as if generated
+            peer.extend_to(prompt.ids, reply_tokens(self.model, prompt, turn.reply))
+        return (
+            base
+            | {
+                "strategy": PEER, "ttft_ms": ttft * 1e3, "reused_tokens": reused,
+                "recomputed_tokens": n - reused, "recompute_fraction": (n - reused) / n,
+                "load_ms": 0.0, "fallbacks": 0, "probe_skipped": False, "misses": [],
+                "fast_tier_kv_bytes_peak": kv_bytes, "store_bytes_peak": kv_bytes,
+                "cksim_by_layer": cksim_by_layer(ref_keys, keys), "reply_kv": None,
+            }
+            | fidelity(ref_logits, ref_tokens, logits)
+        )  # fmt: skip
 
     def _record(
         self,
@@ -168,13 +225,47 @@ def _teacher_force(
     return torch.stack(logits)
 
 
-def _limit(engine: Engine, prompt: TokenizedPrompt, full_seq: SequenceKV) -> float:
-    """TTFT of a perfect cache: only update tokens (and the last) computed, all else resident."""
+def _copy_kv(engine: Engine, source: SequenceKV, num_tokens: int) -> SequenceKV:
+    """A new sequence holding a copy of `source`'s first `num_tokens` tokens' KV (the caller
+    frees it)."""
     seq = SequenceKV(engine.ctx.pool)
     try:
-        seq.extend(prompt.num_tokens)
-        keys, values = full_seq.gather_all(slice(0, prompt.num_tokens))
+        seq.extend(num_tokens)
+        keys, values = source.gather_all(slice(0, num_tokens))
         seq.write_all(seq.slots(), keys, values)
+    except BaseException:
+        seq.free()
+        raise
+    return seq
+
+
+def _store_reply(
+    engine: Engine, prompt: TokenizedPrompt, seq: SequenceKV | None, pre: PrefillResult,
+    reply: Segment | None, name: str,
+) -> str | None:  # fmt: skip
+    """Store a chat turn's reply as the server does when it generates it (the workload's reply
+    in place of the model's); `seq` holds the prompt's KV and is freed. "stored", or why not
+    (runtime.engine.REPLY_KV); None for a turn without a reply."""
+    if seq is None or reply is None:
+        return None
+    try:
+        after_prompt = reply_tokens(engine.model, prompt, reply)
+        return engine.commit_reply(prompt, seq, pre, after_prompt, reply, name)
+    finally:
+        seq.free()
+
+
+def reply_tokens(model: LoadedModel, prompt: TokenizedPrompt, reply: Segment) -> list[int]:
+    """The tokens of `reply` as a closed assistant message after the prompt's generation
+    prompt: what the model generates for it, then the message's closing tokens."""
+    closed = model.tokenizer.encode(render_segment(reply, model.chat_format, is_last=False))
+    return list(closed[len(prompt.segments[-1].ids) :])
+
+
+def _limit(engine: Engine, prompt: TokenizedPrompt, full_seq: SequenceKV) -> float:
+    """TTFT of a perfect cache: only update tokens (and the last) computed, all else resident."""
+    seq = _copy_kv(engine, full_seq, prompt.num_tokens)
+    try:
         update = torch.zeros(prompt.num_tokens, dtype=torch.bool)
         for s in prompt.segments:
             if s.kind == SegmentKind.UPDATE:

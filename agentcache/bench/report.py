@@ -99,9 +99,23 @@ def table(summary: dict[str, dict[str, float]]) -> str:
     return markdown_table(header, rows)
 
 
+def scope_line(results: dict[str, Any]) -> str:
+    """What a run measured: the split, its sessions and turns (warm turns in the tables)."""
+    if "split" not in results:  # results written before runs recorded their split
+        return "Split: not recorded."
+    turns = results["num_turns"]
+    warm_turns = turns - results["num_sessions"]
+    return (
+        f"Split: {results['split']} ({', '.join(results['splits_measured'])} sessions); "
+        f"{results['num_sessions']} sessions, {turns} turns ({warm_turns} warm)."
+    )
+
+
 def render_markdown(results: dict[str, Any]) -> str:
     parts = [
         "# agentcache bench report",
+        "",
+        scope_line(results),
         "",
         f"Model `{results.get('model')}`; default strategy `{results.get('default_strategy')}`; "
         f"{results['machine']['cores']} cores, "

@@ -1,9 +1,14 @@
 """Workload files: JSON Lines, one agent session per line (format in docs/benchmarks.md).
 
 A session gives each turn's segments, or names a shipped template and gives each turn's inputs
-(docs/templates.md); session-level `inputs` are defaults under every turn's. A bad line
-(invalid JSON, unknown segment kind or template, inputs the template rejects, missing fields)
-is reported with its line number and skipped; the rest of the file still runs.
+(docs/templates.md); session-level `inputs` are defaults under every turn's; or gives each
+turn's OpenAI-style `messages` (+ `tools`), which the server's segmenter turns into segments
+(bench/chat_turns.py). `split` reserves a session for tuning (`tune`) or reporting
+(`validate`); a session without one is a validation session: nothing was tuned on it.
+
+A bad line (invalid or too deeply nested JSON, unknown segment kind or template, inputs the
+template rejects, messages the segmenter rejects, missing fields) is reported with its line
+number and skipped; the rest of the file still runs. A file with no valid session is an error.
 """
 
 from __future__ import annotations
@@ -15,24 +20,31 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agentcache.bench.chat_turns import chat_turns, is_chat
 from agentcache.errors import AgentCacheError, PromptError
 from agentcache.prompt.registry import load_template
-from agentcache.prompt.segments import SegmentedPrompt
+from agentcache.prompt.segments import Segment, SegmentedPrompt
 from agentcache.prompt.template import PromptTemplate
+
+SPLITS = ("tune", "validate")
 
 
 @dataclass(frozen=True)
 class Turn:
     prompt: SegmentedPrompt
     max_new_tokens: int
+    # chat sessions: the segment the reply becomes in the next request, whose KV the server
+    # stores as it generates the reply (None: no reply follows, or not a chat session)
+    reply: Segment | None = None
 
 
 @dataclass(frozen=True)
 class Session:
     name: str
     workload: str
-    case: str  # "swing" | "shift" | "" (unlabelled)
+    case: str  # "swing" | "shift" | "" (unlabelled) | a chat session's kind
     turns: tuple[Turn, ...]
+    split: str = "validate"  # "tune" | "validate"
 
 
 @dataclass(frozen=True)
@@ -44,20 +56,40 @@ class LoadedWorkload:
 def parse_session(obj: Any, default_name: str, workload: str) -> Session:
     if not isinstance(obj, dict) or not isinstance(obj.get("turns"), list) or not obj["turns"]:
         raise PromptError("a session needs a non-empty 'turns' list")
-    template = _template(obj)
-    turns = []
-    for i, t in enumerate(obj["turns"]):
-        try:
-            prompt = _prompt(t, template, obj.get("inputs", {}))
-        except PromptError as e:
-            raise PromptError(f"turn {i}: {e}") from e
-        turns.append(Turn(prompt, _max_new_tokens(t, i)))
+    if is_chat(obj["turns"]):
+        prompts = chat_turns(obj["turns"])
+    else:
+        prompts = _segment_turns(obj["turns"], _template(obj), obj.get("inputs", {}))
+    turns = [
+        Turn(prompt, _max_new_tokens(t, i), reply)
+        for i, (t, (prompt, reply)) in enumerate(zip(obj["turns"], prompts, strict=True))
+    ]
     return Session(
         str(obj.get("name", default_name)),
         str(obj.get("workload", workload)),
         str(obj.get("case", "")),
         tuple(turns),
+        _split(obj),
     )
+
+
+def _segment_turns(
+    turns: list[Any], template: PromptTemplate[Any] | None, defaults: dict[str, Any]
+) -> list[tuple[SegmentedPrompt, Segment | None]]:
+    out: list[tuple[SegmentedPrompt, Segment | None]] = []
+    for i, t in enumerate(turns):
+        try:
+            out.append((_prompt(t, template, defaults), None))
+        except PromptError as e:
+            raise PromptError(f"turn {i}: {e}") from e
+    return out
+
+
+def _split(obj: dict[str, Any]) -> str:
+    split = obj.get("split", "validate")
+    if split not in SPLITS:
+        raise PromptError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    return str(split)
 
 
 def _max_new_tokens(turn: dict[str, Any], index: int) -> int:
@@ -125,6 +157,7 @@ def read_text(path: Path, what: str) -> str:
 
 
 def load_workload(path: Path) -> LoadedWorkload:
+    """The file's valid sessions and its skipped lines; AgentCacheError when none is valid."""
     sessions, problems = [], []
     text = read_text(path, "workload file")
     for lineno, line in enumerate(text.splitlines(), start=1):
@@ -135,6 +168,14 @@ def load_workload(path: Path) -> LoadedWorkload:
             sessions.append(parse_session(obj, f"{path.stem}-{lineno}", path.stem))
         except json.JSONDecodeError as e:
             problems.append(f"{path}:{lineno}: not valid JSON ({e.msg}); skipped")
+        except RecursionError:  # json's parser (or a check after it) ran out of stack
+            problems.append(f"{path}:{lineno}: JSON nested too deeply; skipped")
         except (PromptError, ValueError, TypeError) as e:
             problems.append(f"{path}:{lineno}: {e}; skipped")
+    if not sessions:
+        shown = "; ".join(problems[:3]) + ("; ..." if len(problems) > 3 else "")
+        raise AgentCacheError(
+            f"workload file {path} has no valid session"
+            + (f" ({len(problems)} lines skipped: {shown})" if problems else " (it is empty)")
+        )
     return LoadedWorkload(tuple(sessions), tuple(problems))

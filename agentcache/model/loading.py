@@ -101,10 +101,19 @@ def load_model(
     name_or_path: str | Path | None = None, cache_dir: Path | None = None
 ) -> LoadedModel:
     """`None` or "default" loads the embedded default model; anything else is a local folder."""
-    if name_or_path is None or str(name_or_path) in ("default", DEFAULT_MODEL):
-        folder = convert_default_model(cache_dir or default_cache_dir())
-        return load_folder(folder, name=DEFAULT_MODEL)
-    return load_folder(Path(name_or_path))
+    folder = model_folder(name_or_path, cache_dir)
+    return load_folder(folder, name=DEFAULT_MODEL if is_default(name_or_path) else None)
+
+
+def is_default(name_or_path: str | Path | None) -> bool:
+    return name_or_path is None or str(name_or_path) in ("default", DEFAULT_MODEL)
+
+
+def model_folder(name_or_path: str | Path | None = None, cache_dir: Path | None = None) -> Path:
+    """The Hugging Face folder `load_model` loads (the default model's converted copy)."""
+    if is_default(name_or_path):
+        return convert_default_model(cache_dir or default_cache_dir())
+    return Path(str(name_or_path))
 
 
 def load_folder(folder: Path, name: str | None = None) -> LoadedModel:

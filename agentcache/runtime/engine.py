@@ -10,7 +10,7 @@ import math
 import numbers
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -312,6 +312,18 @@ class Engine:
         positions = torch.cat([pre.positions, torch.arange(start, start + extra)])
         strat.commit(self.ctx, full, seq, positions)
         return "stored"
+
+    def commit_reply(
+        self, prompt: TokenizedPrompt, seq: SequenceKV, pre: PrefillResult,
+        reply_ids: Sequence[int], segment: Segment, strategy: str | None = None,
+    ) -> str:  # fmt: skip
+        """Store the prompt with a given reply, as `generate(reply=...)` stores a generated one:
+        `reply_ids` are the tokens after the prompt (the reply's, then the message's closing
+        ones), `seq` holds the prompt's KV only (after `prefill`). Returns "stored" or why not
+        (REPLY_KV)."""
+        with self._lock, torch.inference_mode():
+            strat = self.strategy(strategy)
+            return self._commit_reply(strat, prompt, seq, pre, list(reply_ids), segment)
 
     def _adopts(self) -> bool:
         return self.config.tiers is not None and self.config.tiers.adopt_recomputed

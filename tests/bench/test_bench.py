@@ -211,7 +211,8 @@ def test_a_bad_workload_leaves_no_output_folder(
 
 def test_a_segment_that_is_not_an_object_is_named(tmp_path: Path) -> None:
     path = tmp_path / "w.jsonl"
-    path.write_text(json.dumps({"name": "s", "turns": [{"segments": [1]}]}) + "\n")
+    bad = json.dumps({"name": "s", "turns": [{"segments": [1]}]})
+    path.write_text(bad + "\n" + json.dumps({"name": "ok", "turns": [turn("x")]}) + "\n")
     assert load_workload(path).problems == (
         f"{path}:1: turn 0: segment 0 must be an object, got int; skipped",
     )

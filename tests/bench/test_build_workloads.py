@@ -4,6 +4,7 @@ builds longer sessions of the same agents."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,11 +18,14 @@ SCRIPT = BENCHMARKS / "build_workloads.py"
 
 
 def build(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # the chat family is checked with this checkout's segmenter, not an installed copy's
+    env = {**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)}
     return subprocess.run(
         [sys.executable, str(SCRIPT), "--out", str(out), *args],
         capture_output=True,
         text=True,
         timeout=600,
+        env=env,
     )
 
 
@@ -32,7 +36,7 @@ def sessions(path: Path) -> list[dict[str, Any]]:
 def test_the_default_build_is_the_committed_workloads(tmp_path: Path) -> None:
     run = build(tmp_path)
     assert run.returncode == 0, run.stderr
-    for name in ("reflexion", "memgpt", "swe_agent"):
+    for name in ("reflexion", "memgpt", "swe_agent", "chat"):
         built = (tmp_path / f"{name}.jsonl").read_bytes()
         assert built == (BENCHMARKS / "workloads" / f"{name}.jsonl").read_bytes(), name
 
@@ -41,10 +45,11 @@ def test_longer_sessions_extend_the_default_ones(tmp_path: Path) -> None:
     run = build(tmp_path, "--turns", "9")
     assert run.returncode == 0, run.stderr
     assert "swe_agent skipped" in run.stdout  # its sessions have 8 steps at most
+    assert "chat skipped" in run.stdout  # one tool call a turn; its cases have 8 at least
     assert sorted(p.name for p in tmp_path.iterdir()) == ["memgpt.jsonl", "reflexion.jsonl"]
     for name in ("reflexion", "memgpt"):
         long = sessions(tmp_path / f"{name}.jsonl")
-        assert len(long) == 8 and all(len(s["turns"]) == 9 for s in long), name
+        assert len(long) == 16 and all(len(s["turns"]) == 9 for s in long), name
     default = sessions(BENCHMARKS / "workloads" / "memgpt.jsonl")
     long = sessions(tmp_path / "memgpt.jsonl")
     for short, longer in zip(default, long, strict=True):  # the same chats, turn for turn
