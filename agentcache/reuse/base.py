@@ -9,11 +9,13 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from agentcache.errors import ConfigError
 from agentcache.kv.pool import PagePool, SequenceKV
 from agentcache.kv.store import MissReason, SegmentStore
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.registry import Registry
+from agentcache.reuse.options import OptionType
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,12 @@ class ReuseStrategy(ABC):
 
     def __init__(self, **options: Any) -> None:
         if options:
-            raise TypeError(f"{self.name} takes no options, got {sorted(options)}")
+            raise ConfigError(f"{self.name} takes no options, got {sorted(options)}")
+
+    @classmethod
+    def option_types(cls) -> dict[str, OptionType]:
+        """Every option the strategy takes, with its type (a spec's text is read as it)."""
+        return {}
 
     @abstractmethod
     def prefill(

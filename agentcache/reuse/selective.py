@@ -27,12 +27,14 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import Tensor
 
+from agentcache.errors import ConfigError
 from agentcache.kv.pool import SequenceKV
 from agentcache.kv.store import chain_id, content_id
 from agentcache.model.config import ModelConfig
 from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment
 from agentcache.reuse.base import PrefillResult, ReuseContext, ReuseStats, ReuseStrategy
 from agentcache.reuse.ccpe import CCPEPlan
+from agentcache.reuse.options import OPTION_TYPES, OptionType, check_choice
 from agentcache.reuse.segments import REUSABLE, SegmentHit, commit_segments, context_ids, find_hits
 from agentcache.tiers.overlay import DirectKV, OverlayKV, PendingLoad
 
@@ -41,12 +43,12 @@ FUSIONS = ("replace", "wca")
 PROMOTIONS = ("none", "catch-up")
 SELECTIONS = ("deviation", "attention", "weighted", "random", "offset")
 CHUNKS = ("segment", "span")
-OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {  # annotation -> accepted, in words
-    "int": ((int,), "an integer"),
-    "int | None": ((int, type(None)), "an integer or none"),
-    "float": ((int, float), "a number"),
-    "bool": ((bool,), "true or false"),
-    "str": ((str,), "a string"),
+CHOICES = {
+    "plan": PLANS,
+    "fusion": FUSIONS,
+    "promotion": PROMOTIONS,
+    "selection": SELECTIONS,
+    "chunks": CHUNKS,
 }
 
 
@@ -96,37 +98,33 @@ class SelectiveOptions:
     probe_shortcut: bool = True
 
     def __post_init__(self) -> None:
-        for f in fields(self):  # options from the command line arrive as whatever they parse to
-            if (accepted := OPTION_TYPES.get(str(f.type))) is None:
-                continue
-            types, what = accepted
-            value = getattr(self, f.name)
-            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-                raise ValueError(f"{f.name} must be {what}, got {value!r}")
-        checks: dict[str, tuple[str, ...]] = {"plan": PLANS, "fusion": FUSIONS}
-        checks |= {"promotion": PROMOTIONS, "selection": SELECTIONS, "chunks": CHUNKS}
-        for name, allowed in checks.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        for f in fields(self):  # values from Python arrive unchecked
+            OPTION_TYPES[str(f.type)].check(f.name, getattr(self, f.name))
+        for name, allowed in CHOICES.items():
+            check_choice(name, getattr(self, name), allowed)
         if not 0.0 <= self.ratio <= 1.0:
-            raise ValueError(f"ratio must be in [0, 1], got {self.ratio}")
+            raise ConfigError(f"ratio must be in [0, 1], got {self.ratio:g}")
         if not self.extra >= 0.0:
-            raise ValueError(f"extra must be >= 0, got {self.extra}")
+            raise ConfigError(f"extra must be >= 0, got {self.extra:g}")
         if self.per_chunk < 0:
-            raise ValueError(f"per_chunk must be >= 0, got {self.per_chunk}")
+            raise ConfigError(f"per_chunk must be >= 0, got {self.per_chunk}")
         budgets = sum(b > 0 for b in (self.ratio, self.extra, self.per_chunk))
         if budgets > 1:
-            raise ValueError("ratio, extra and per_chunk are alternative budgets: set one")
+            raise ConfigError("ratio, extra and per_chunk are alternative budgets: set one")
         if min(self.boundary_k, self.gate_every, self.probe_layers) < 0 or self.probe_window < 1:
-            raise ValueError("boundary_k, gate_every, probe_layers must be >= 0, probe_window >= 1")
+            raise ConfigError(
+                "boundary_k, gate_every, probe_layers must be >= 0, probe_window >= 1"
+            )
         ranked = self.selection == "offset" or self.probe_layers or self.check_layer is not None
         if budgets and not ranked:
-            raise ValueError(
+            raise ConfigError(
                 "a budget (ratio, extra or per_chunk) needs a ranking to spend it: set "
                 "selection=offset, probe_layers or check_layer"
             )
+        if self.check_layer is not None and self.check_layer < 0:
+            raise ConfigError(f"check_layer must be >= 0 or none, got {self.check_layer}")
         if self.probe_layers and self.check_layer is not None:
-            raise ValueError("probe_layers and check_layer are alternative selections: set one")
+            raise ConfigError("probe_layers and check_layer are alternative selections: set one")
 
 
 def qkv_fraction(c: ModelConfig) -> float:
@@ -144,7 +142,7 @@ class SelectiveRecompute(ReuseStrategy):
     def __init__(self, **options: Any) -> None:
         known = {f.name for f in fields(SelectiveOptions)}
         if unknown := set(options) - known:
-            raise TypeError(
+            raise ConfigError(
                 f"{self.name}: unknown options {sorted(unknown)}; known: {sorted(known)}"
             )
         if ("ratio" in options or "per_chunk" in options) and "extra" not in options:
@@ -152,6 +150,10 @@ class SelectiveRecompute(ReuseStrategy):
         self.options = replace(self.defaults, **options)
         self._starts: dict[str, Counter[int]] = {}  # CCPE histogram: segment -> start counts
         self._ccpe = CCPEPlan()
+
+    @classmethod
+    def option_types(cls) -> dict[str, OptionType]:
+        return {f.name: OPTION_TYPES[str(f.type)] for f in fields(SelectiveOptions)}
 
     def prefill(self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV) -> PrefillResult:
         o = self.options
