@@ -32,7 +32,14 @@ from agentcache.kv.pool import SequenceKV
 from agentcache.kv.store import chain_id, content_id
 from agentcache.model.config import ModelConfig
 from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment
-from agentcache.reuse.base import PrefillResult, ReuseContext, ReuseStats, ReuseStrategy
+from agentcache.reuse.base import (
+    PrefillResult,
+    ReuseContext,
+    ReuseStats,
+    ReuseStrategy,
+    compute_subset,
+)
+from agentcache.reuse.layers import TimedForward
 from agentcache.reuse.ccpe import CCPEPlan
 from agentcache.reuse.options import OPTION_TYPES, OptionType, check_choice
 from agentcache.reuse.segments import REUSABLE, SegmentHit, commit_segments, context_ids, find_hits
@@ -163,6 +170,10 @@ class SelectiveRecompute(ReuseStrategy):
             hits = self._ccpe.filter(ctx.model.forward, ctx.model.model_id, prompt, hits, stats)
         positions = self._plan(prompt, hits)
         seq.extend(prompt.num_tokens)
+        if not hits:  # nothing to reuse: `full`'s own prefill, no selection machinery
+            logits = compute_subset(ctx, prompt, seq, torch.arange(prompt.num_tokens), stats)
+            stats.close()
+            return PrefillResult(logits, positions, stats)
         t0 = time.perf_counter()
         sel = select_up_front(o, prompt.num_tokens, reused_runs(prompt, hits, positions, o))
         loads = self._loads(seq, hits, positions)
@@ -184,6 +195,7 @@ class SelectiveRecompute(ReuseStrategy):
             stats.fallback(reason)
         stats.recomputed_tokens = int(run.ever_computed.sum())
         stats.dirty = run.dirty & sel.reused
+        stats.close()
         return PrefillResult(logits, positions, stats)
 
     def commit(
@@ -336,7 +348,7 @@ class _Run:
         stats: ReuseStats,
         kv: DirectKV,
     ) -> None:
-        self.f = ctx.model.forward
+        self.f = TimedForward(ctx.model.forward, stats)
         self.ids = torch.tensor(prompt.ids, dtype=torch.int64)
         self.seq = seq
         self.kv = kv  # every K/V write and read goes through it (decoupled or direct)
