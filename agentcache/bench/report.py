@@ -120,7 +120,8 @@ def render_markdown(results: dict[str, Any]) -> str:
         "TTFT ratios are medians over turns of (strategy TTFT / `full` TTFT on the same turn); "
         "limit = only update tokens computed with all other KV resident. compute = token-layers "
         "computed / `full`'s. overhead: median time a prefill spent besides computing tokens "
-        "(lookup, loading, re-rotation, assembling K/V, probe scoring, ranking). KL tf / top1 tf: teacher-forced along `full`'s greedy continuation. "
+        "(lookup, loading, re-rotation, assembling K/V, probe scoring, ranking). "
+        "KL tf / top1 tf: teacher-forced along `full`'s greedy continuation. "
         "Summaries cover warm turns: each session's first turn, where nothing is cached for any "
         "strategy, is in results.json but not in the tables.",
         "",

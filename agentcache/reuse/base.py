@@ -110,6 +110,12 @@ class ReuseStrategy(ABC):
         if options:
             raise ConfigError(f"{self.name} takes no options, got {sorted(options)}")
 
+    @property
+    def up_front(self) -> bool:
+        """Whether it selects the tokens to compute before any layer runs, from the prompt and
+        the store's metadata alone (so a vLLM staged prefill can run it). Default: False."""
+        return False
+
     @classmethod
     def option_types(cls) -> dict[str, OptionType]:
         """Every option the strategy takes, with its type (a spec's text is read as it)."""

@@ -15,7 +15,7 @@ from agentcache.runtime import EngineConfig
     [
         ("cacheslide:plan=true", "plan", "true"),
         ("cacheslide:promotion=none", "promotion", "none"),
-        ("cacheblend:check_layer=none:probe_layers=2", "check_layer", None),
+        ("cacheblend:check_layer=none:probe_layers=2:selection=attention", "check_layer", None),
         ("rpdc:probe_redo=TRUE", "probe_redo", True),
         ("rpdc:extra=1", "extra", 1.0),
         ("epic:boundary_k=16", "boundary_k", 16),
