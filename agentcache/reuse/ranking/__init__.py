@@ -6,6 +6,7 @@ from agentcache.reuse.ranking import (  # noqa: F401  (registers)
     attention,
     deviation,
     offset,
+    query,
     random,
     weighted,
 )
