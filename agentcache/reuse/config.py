@@ -110,7 +110,8 @@ class SelectiveOptions:
         if has_budget and run is None and not ranker.up_front:
             raise ConfigError(
                 "a budget (ratio, extra or per_chunk) needs a ranking to spend it: set "
-                "selection=offset, probe_layers or check_layer"
+                "selection=offset or span-offset (up front), selection=query (its own probe), "
+                "probe_layers or check_layer"
             )
 
     @property
