@@ -7,16 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from agentcache.errors import ConfigError
+from agentcache.reuse import ccpe  # noqa: F401  (registers the ccpe plan)
 from agentcache.reuse.budget import Budget, EpicCount, PerComputedToken, RatioOfReused
 from agentcache.reuse.options import OPTION_TYPES, check_choice
+from agentcache.reuse.positions import PLANS
 from agentcache.reuse.ranking import RANKERS, RankerConfig, TokenRanker
 
-PLANS = ("true", "mode", "ccpe")
 FUSIONS = ("replace", "wca")
 PROMOTIONS = ("none", "catch-up")
 CHUNKS = ("segment", "span")
 CHOICES = {
-    "plan": PLANS,
+    "plan": tuple(PLANS.names()),
     "fusion": FUSIONS,
     "promotion": PROMOTIONS,
     "selection": tuple(RANKERS.names()),

@@ -14,15 +14,13 @@ probe.py) and the own-probe rankers drive it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor
 
 from agentcache.model.llama import QKV
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse.base import ReuseContext, ReuseStats
-from agentcache.reuse.layers import TimedForward, run_layers
+from agentcache.reuse.layers import ContextKV, TimedForward, run_layers
 from agentcache.reuse.wca import fuse
 from agentcache.tiers.overlay import DirectKV
 
@@ -104,7 +102,7 @@ class LayerExecutor:
         hidden: Tensor,
         idx: Tensor,
         layers: range,
-        context: Callable[[int, QKV], tuple[Tensor, Tensor]],
+        context: ContextKV,
     ) -> Tensor:
         hidden = run_layers(self.f, layers, hidden, self.positions[idx], idx, context)
         self.stats.token_layers_computed += len(idx) * len(layers)

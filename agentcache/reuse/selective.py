@@ -26,7 +26,6 @@ from torch import Tensor
 from agentcache.errors import ConfigError
 from agentcache.kv.pool import SequenceKV
 from agentcache.prompt.tokenize import TokenizedPrompt
-from agentcache.reuse import ccpe  # noqa: F401  (registers the ccpe plan)
 from agentcache.reuse.base import (
     PrefillResult,
     ReuseContext,
