@@ -16,7 +16,6 @@ they were computed with: their KV is exact, so they are neither recomputed nor c
 
 from __future__ import annotations
 
-import time
 from dataclasses import fields, replace
 from typing import Any, ClassVar
 
@@ -99,18 +98,14 @@ class SelectiveRecompute(ReuseStrategy):
         self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV,
         hits: list[SegmentHit], positions: Tensor, stats: ReuseStats,
     ) -> Tensor:  # fmt: skip
-        t0 = time.perf_counter()
         runs = reused_runs(prompt, hits, positions, self.options)
         sel = select_up_front(self.options, prompt.num_tokens, runs)
         kv = self._load(ctx, seq, hits, positions, sel.reused)
-        if not isinstance(kv, OverlayKV):
-            stats.load_s = time.perf_counter() - t0
         stats.reused_tokens = int(sel.reused.sum())
         ex = LayerExecutor(ctx, prompt, positions, stats, kv, self.options.fusion == "wca")
         logits = self._layers(ex, sel, runs)
         stats.load_overlap = kv.finish()
-        if isinstance(kv, OverlayKV):
-            stats.load_s = kv.load_s
+        stats.load_s = kv.load_s  # decoupled: the loader thread's time, hidden or not
         for reason in kv.fallbacks:
             stats.fallback(reason)
         stats.recomputed_tokens = int(ex.ever_computed.sum())
@@ -146,8 +141,7 @@ class SelectiveRecompute(ReuseStrategy):
         rope = ctx.model.forward.rope
         if ctx.decoupled_load:
             return OverlayKV(seq, loads, rope, reused)
-        DirectKV.load_all(seq, loads, rope)
-        return DirectKV(seq)
+        return DirectKV.landed(seq, loads, rope)
 
     def commit(
         self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV, positions: Tensor
