@@ -177,6 +177,7 @@ class BenchRunner:
             | {
                 "strategy": label,
                 "ttft_ms": ttft * 1e3,
+                "overhead_ms": s.overhead_s * 1e3,
                 "reused_tokens": s.reused_tokens,
                 "recomputed_tokens": s.recomputed_tokens,
                 "recompute_fraction": s.recompute_fraction,

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentcache.bench.metrics import aggregate
+from agentcache.bench.metrics import _median, aggregate
 
 COLUMNS = (
     ("ttft_ratio_vs_full", "TTFT/full", "{:.3f}"),
@@ -24,6 +24,7 @@ COLUMNS = (
     ("greedy_agree_prefix_mean", "agree len", "{:.1f}"),
     ("top5_overlap_mean", "top5", "{:.2f}"),
     ("ttft_ms_median", "TTFT ms", "{:.0f}"),
+    ("overhead_ms_median", "overhead ms", "{:.1f}"),
 )
 
 
@@ -39,8 +40,15 @@ def summarize(records: list[dict[str, Any]], key: str | None = None) -> dict[str
     groups: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for r in warm(records):
         groups.setdefault(r[key] if key else "", {}).setdefault(r["strategy"], []).append(r)
-    out = {g: {s: aggregate(rs) for s, rs in by.items()} for g, by in groups.items()}
+    out = {g: {s: _summary(rs) for s, rs in by.items()} for g, by in groups.items()}
     return out[""] if key is None else out
+
+
+def _summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """`aggregate`, plus the median time a strategy spent besides computing tokens (NaN for
+    records written before it was measured)."""
+    overhead = _median(r["overhead_ms"] for r in records if "overhead_ms" in r)
+    return aggregate(records) | {"overhead_ms_median": overhead}
 
 
 def write_results(
@@ -125,7 +133,9 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
         "TTFT ratios are medians over turns of (strategy TTFT / `full` TTFT on the same turn); "
         "limit = only update tokens computed with all other KV resident. compute = token-layers "
-        "computed / `full`'s. KL tf / top1 tf: teacher-forced along `full`'s greedy continuation. "
+        "computed / `full`'s. overhead: median time a prefill spent besides computing tokens "
+        "(lookup, loading, re-rotation, assembling K/V, probe scoring, ranking). "
+        "KL tf / top1 tf: teacher-forced along `full`'s greedy continuation. "
         "Summaries cover warm turns: each session's first turn, where nothing is cached for any "
         "strategy, is in results.json but not in the tables.",
         "",

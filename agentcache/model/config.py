@@ -42,6 +42,13 @@ class ModelConfig:
     def rope_type(self) -> str:
         return str(self.rope_parameters.get("rope_type", "default"))
 
+    def qkv_fraction(self) -> float:
+        """Share of a layer's FLOPs spent in the Q/K/V projection (the cost of a Q/K/V-only
+        pass, as a deviation check or a CCPE encoding runs)."""
+        qkv = self.hidden_size * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        attn_out = self.hidden_size * self.num_heads * self.head_dim
+        return qkv / (qkv + attn_out + 3 * self.hidden_size * self.intermediate_size)
+
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
         """Bytes of K and V for one token across all layers."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes

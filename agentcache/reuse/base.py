@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -9,11 +10,15 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from agentcache.errors import ConfigError
 from agentcache.kv.pool import PagePool, SequenceKV
 from agentcache.kv.store import MissReason, SegmentStore
+from agentcache.model.llama import QKV
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.registry import Registry
+from agentcache.reuse.layers import TimedForward, run_layers
+from agentcache.reuse.options import OptionType
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,11 @@ class ReuseStats:
     # probe strategies: every candidate was computed because the budget covered them all, or
     # the probe's redo would have cost more than the few it left out (no ranking ran)
     probe_skipped: bool = False
+    compute_s: float = 0.0  # time inside the model's layer calls (TimedForward)
+    # what the prefill spent besides computing tokens: lookup, loading, re-rotation,
+    # assembling K/V, probe scoring and ranking (wall time less compute_s; set by `close`)
+    overhead_s: float = 0.0
+    started: float = field(default_factory=time.perf_counter, repr=False)
     # reused tokens whose K/V was recomputed or fused at layer >= 1: they differ from the
     # stored copy (re-rotation alone does not count: the stored copy reproduces it). (T,)
     dirty: Tensor | None = None
@@ -58,6 +68,10 @@ class ReuseStats:
     @property
     def recompute_fraction(self) -> float:
         return self.token_layers_computed / max(1, self.prompt_tokens * self.num_layers)
+
+    def close(self) -> None:
+        """The prefill is done: its overhead is the time since `started` not spent computing."""
+        self.overhead_s = max(0.0, time.perf_counter() - self.started - self.compute_s)
 
     def fallback(self, reason: str) -> None:
         self.fallbacks += 1
@@ -85,13 +99,27 @@ class ReuseStrategy(ABC):
     - With nothing reusable it computes everything (not a fallback); when it had reusable KV but
       could not use it, it counts a fallback with a reason in `stats`.
     - The store only returns entries of the same model and tokenizer; strategies rely on that.
+    - `stats` is made when `prefill` starts and closed (`ReuseStats.close`) when it returns;
+      model calls go through `TimedForward`, so `stats.overhead_s` is what the strategy
+      spent besides computing tokens.
     """
 
     name: ClassVar[str]
 
     def __init__(self, **options: Any) -> None:
         if options:
-            raise TypeError(f"{self.name} takes no options, got {sorted(options)}")
+            raise ConfigError(f"{self.name} takes no options, got {sorted(options)}")
+
+    @property
+    def up_front(self) -> bool:
+        """Whether it selects the tokens to compute before any layer runs, from the prompt and
+        the store's metadata alone (so a vLLM staged prefill can run it). Default: False."""
+        return False
+
+    @classmethod
+    def option_types(cls) -> dict[str, OptionType]:
+        """Every option the strategy takes, with its type (a spec's text is read as it)."""
+        return {}
 
     @abstractmethod
     def prefill(
@@ -111,15 +139,17 @@ def compute_subset(
     """Compute tokens `idx` (sorted, last token included) at their natural positions, attending
     over whatever K/V `seq` holds for the others (written for every layer). Returns last-token
     logits (V,). With every token in `idx` it is a plain causal prefill."""
-    f = ctx.model.forward
+    f = TimedForward(ctx.model.forward, stats)
     every_token = len(idx) == seq.num_tokens
     slots = seq.slots()[idx]
+
+    def context(layer: int, qkv: QKV) -> tuple[Tensor, Tensor]:
+        seq.write(layer, slots, qkv.k, qkv.v)
+        return (qkv.k, qkv.v) if every_token else seq.gather(layer)
+
     hidden = f.embed(torch.tensor(prompt.ids, dtype=torch.int64)[idx])
-    for layer in range(f.config.num_layers):
-        q, k, v = f.project(layer, hidden, idx)
-        seq.write(layer, slots, k, v)
-        keys, values = (k, v) if every_token else seq.gather(layer)
-        hidden = f.attend(layer, hidden, q, keys, values, None if every_token else idx)
+    num_layers = f.config.num_layers
+    hidden = run_layers(f, range(num_layers), hidden, idx, None if every_token else idx, context)
     stats.recomputed_tokens += len(idx)
-    stats.token_layers_computed += len(idx) * f.config.num_layers
+    stats.token_layers_computed += len(idx) * num_layers
     return f.logits(hidden[-1:])[0]

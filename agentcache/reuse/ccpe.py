@@ -23,17 +23,16 @@ encodings cost one Q/K projection of the prompt (counted in the stats).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 import torch
 
 from agentcache.errors import AgentCacheError
-from agentcache.kv.store import content_id
 from agentcache.model.cope import CoPEForward
 from agentcache.model.llama import LlamaForward
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse.base import ReuseStats
+from agentcache.reuse.positions import PLANS, BoundedCounts, PositionPlan, segment_key
 from agentcache.reuse.segments import REUSABLE, SegmentHit
 
 
@@ -53,11 +52,18 @@ def chunk_encodings(forward: CoPEForward, ids: Sequence[int], starts: list[int])
     return [int(x) for x in p[:, :, 0].mean(dim=0).round().tolist()]
 
 
-class CCPEPlan:
-    """Per-task histogram of chunk encodings and the reuse decision it drives."""
+@PLANS.register("ccpe")
+class CCPEPlan(PositionPlan):
+    """Per-task histogram of chunk encodings (bounded) and the reuse decision it drives;
+    every token keeps its index as position."""
+
+    name = "ccpe"
 
     def __init__(self) -> None:
-        self.histograms: dict[str, Counter[int]] = {}
+        self.histograms = BoundedCounts()
+
+    def positions(self, prompt: TokenizedPrompt, hits: list[SegmentHit]) -> torch.Tensor:
+        return torch.arange(prompt.num_tokens)
 
     def e_star(self, key: str) -> int | None:
         counts = self.histograms.get(key)
@@ -83,21 +89,17 @@ class CCPEPlan:
         segments = [s for s in prompt.segments if s.kind in REUSABLE]
         encodings = chunk_encodings(forward, prompt.ids, [s.start for s in segments])
         if segments:  # one Q/K/V projection of layer 0 up to the last chunk start
-            from agentcache.reuse.selective import qkv_fraction
-
             n = max(s.start for s in segments) + 1
-            stats.token_layers_computed += qkv_fraction(forward.config) * n
-        live = {
-            content_id(s.ids, "segment", None): e for s, e in zip(segments, encodings, strict=True)
-        }
+            stats.token_layers_computed += forward.config.qkv_fraction() * n
+        live = {segment_key(s.ids): e for s, e in zip(segments, encodings, strict=True)}
         keep = []
         for h in hits:
-            key = content_id(h.segment.ids, "segment", None)
+            key = segment_key(h.segment.ids)
             star = self.e_star(key)
             if star is None or live[key] == star:
                 keep.append(h)
             else:
                 stats.fallback(f"ccpe: chunk encoding {live[key]} != e* {star}, recomputed")
         for key, e in live.items():
-            self.histograms.setdefault(key, Counter())[e] += 1
+            self.histograms.add(key, e)
         return keep

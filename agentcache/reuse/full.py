@@ -24,4 +24,5 @@ class FullRecompute(ReuseStrategy):
         stats = ReuseStats(prompt.num_tokens, ctx.model.config.num_layers)
         seq.extend(prompt.num_tokens)
         logits = compute_subset(ctx, prompt, seq, torch.arange(0, prompt.num_tokens), stats)
+        stats.close()
         return PrefillResult(logits, torch.arange(prompt.num_tokens), stats)

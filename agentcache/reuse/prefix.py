@@ -58,6 +58,7 @@ class PrefixReuse(ReuseStrategy):
         logits = compute_subset(
             ctx, prompt, seq, torch.arange(num_reused, prompt.num_tokens), stats
         )
+        stats.close()
         return PrefillResult(logits, torch.arange(prompt.num_tokens), stats)
 
     def _matching_blocks(self, ctx: ReuseContext, prompt: TokenizedPrompt) -> list[StoredKV]:

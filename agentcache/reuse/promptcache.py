@@ -45,6 +45,7 @@ class PromptCache(ReuseStrategy):
         stats.load_s = time.perf_counter() - t0
         stats.reused_tokens = int((~computed).sum())
         logits = compute_subset(ctx, prompt, seq, computed.nonzero().flatten(), stats)
+        stats.close()
         return PrefillResult(logits, torch.arange(prompt.num_tokens), stats)
 
     def commit(

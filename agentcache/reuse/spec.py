@@ -1,5 +1,6 @@
 """Strategy specs: `name` or `name:key=value:key=value`, as the CLI, the bench and the vLLM
-backend take them."""
+backend take them. Each value is read as the type its option declares
+(`ReuseStrategy.option_types`), so every error is found here, before any model work."""
 
 from __future__ import annotations
 
@@ -26,12 +27,7 @@ class StrategySpec:
         if name == "default":
             name = DEFAULT_STRATEGY
         strategy = STRATEGIES.get(name)  # unknown names list the known ones
-        options: dict[str, Any] = {}
-        for pair in pairs:
-            key, sep, value = pair.partition("=")
-            if not sep:
-                raise ConfigError(f"strategy option {pair!r} in {text!r} is not key=value")
-            options[key] = parse_value(value)
+        options = {key: value for key, value in (read_option(strategy, text, p) for p in pairs)}
         try:  # here, not when the first engine is made after the model has loaded
             strategy(**options)
         except (TypeError, ValueError) as e:
@@ -43,10 +39,20 @@ class StrategySpec:
         return STRATEGIES.get(self.name)(**self.options)
 
 
-def parse_value(text: str) -> Any:
-    for conv in (int, float):
-        try:
-            return conv(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+def read_option(strategy: type[ReuseStrategy], text: str, pair: str) -> tuple[str, Any]:
+    """One `key=value` of spec `text`, its value read as the option's declared type."""
+    key, sep, value = pair.partition("=")
+    if not sep:
+        raise ConfigError(f"strategy option {pair!r} in {text!r} is not key=value")
+    types = strategy.option_types()
+    if not types:
+        raise ConfigError(f"strategy {text.strip()!r}: {strategy.name} takes no options")
+    if key not in types:
+        raise ConfigError(
+            f"strategy {text.strip()!r}: {strategy.name}: unknown options [{key!r}]; "
+            f"known: {sorted(types)}"
+        )
+    try:
+        return key, types[key].read(key, value)
+    except ConfigError as e:
+        raise ConfigError(f"strategy {text.strip()!r}: {e}") from None

@@ -50,10 +50,15 @@ class DirectKV:
         self.wait_s = 0.0
         self.fallbacks: list[str] = []
 
-    @staticmethod
-    def load_all(seq: SequenceKV, loads: list[PendingLoad], rope: RotaryEmbedding) -> None:
+    @classmethod
+    def landed(cls, seq: SequenceKV, loads: list[PendingLoad], rope: RotaryEmbedding) -> DirectKV:
+        """Every load landed in place (re-rotated), timed in `load_s`."""
+        t0 = time.perf_counter()
         for ld in loads:
             seq.write_all(ld.slots, ld.layer_keys(rope, slice(None)), ld.values)
+        kv = cls(seq)
+        kv.load_s = time.perf_counter() - t0
+        return kv
 
     def write(self, layer: int, idx: Tensor, k: Tensor, v: Tensor) -> None:
         self.seq.write(layer, self.slots[idx], k, v)

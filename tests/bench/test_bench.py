@@ -79,6 +79,8 @@ def test_bench_end_to_end_on_tiny_model(tiny: LoadedModel, tmp_path: Path) -> No
     for name in ("report.md", "ttft_ratio.png", "fidelity_vs_ttft.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0
     assert "| rpdc |" in (tmp_path / "out" / "report.md").read_text()
+    assert all(0.0 < r["overhead_ms"] < r["ttft_ms"] for r in on_disk["turns"])
+    assert "overhead ms" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_bench_cope_runs_the_models_adapter_or_says_how_to_train_one(

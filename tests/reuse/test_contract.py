@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import pytest
 import torch
+from torch import Tensor
 
 from agentcache.kv.store import MissReason
 from agentcache.model.loading import LoadedModel, from_hf
@@ -15,6 +19,7 @@ from agentcache.runtime import Engine, GenerationParams
 from agentcache.testing import tiny_hf_model, tiny_model
 
 PARAMS = GenerationParams(max_new_tokens=6)
+ONE = GenerationParams(max_new_tokens=1)
 
 
 def agent_prompt(update: str) -> SegmentedPrompt:
@@ -92,3 +97,42 @@ def test_default_strategy_is_registered() -> None:
 def test_tiny_fixture_is_deterministic() -> None:
     a, b = tiny_model(), tiny_model()
     assert a.model_id == b.model_id
+
+
+@pytest.mark.parametrize("name", STRATEGIES.names())
+def test_a_cold_turn_computes_what_full_computes(
+    tiny: LoadedModel, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing to reuse yet: the same model calls as `full` (a plain causal prefill: no probe,
+    no check layer, no masked subset attention), the same logits, no fallback counted."""
+    calls: list[tuple[int, int, bool]] = []
+    attend = tiny.forward.attend
+
+    def spy(layer: int, hidden: Tensor, q: Tensor, k: Tensor, v: Tensor, idx: Any) -> Tensor:
+        calls.append((layer, len(hidden), idx is None))
+        return attend(layer, hidden, q, k, v, idx)
+
+    monkeypatch.setattr(tiny.forward, "attend", spy)
+    ref = Engine(tiny).generate(agent_prompt("memory v1"), ONE, strategy="full")
+    full_calls, calls[:] = list(calls), []
+    out = Engine(tiny).generate(agent_prompt("memory v1"), ONE, strategy=name)
+    assert calls == full_calls
+    assert out.stats.recompute_fraction == ref.stats.recompute_fraction == 1.0
+    assert out.stats.recomputed_tokens == ref.stats.recomputed_tokens
+    assert out.stats.fallbacks == 0 and not out.stats.probe_skipped
+    assert torch.equal(out.first_token_logits, ref.first_token_logits)
+    assert out.token_ids == ref.token_ids
+
+
+@pytest.mark.parametrize("name", STRATEGIES.names())
+def test_overhead_is_the_prefill_time_not_spent_computing(tiny: LoadedModel, name: str) -> None:
+    engine = Engine(tiny)
+    engine.generate(agent_prompt("memory v1"), PARAMS, strategy=name)
+    tokens = engine.tokenize(agent_prompt("memory v2, now much longer: " * 6))
+    t0 = time.perf_counter()
+    seq, pre = engine.prefill(tokens, name)
+    wall = time.perf_counter() - t0
+    seq.free()
+    s = pre.stats
+    assert s.compute_s > 0.0 and s.overhead_s > 0.0
+    assert s.compute_s + s.overhead_s <= wall  # the prefill's own time, split in two

@@ -11,14 +11,9 @@ from agentcache.bench.metrics import kl
 from agentcache.errors import ConfigError
 from agentcache.model.loading import LoadedModel
 from agentcache.reuse.base import ReuseStats
-from agentcache.reuse.selective import (
-    SelectiveOptions,
-    attention_probs,
-    attention_probs_reference,
-    cksim,
-    qkv_fraction,
-    wca_weight,
-)
+from agentcache.reuse.config import SelectiveOptions
+from agentcache.reuse.ranking.probs import attention_probs, attention_probs_reference
+from agentcache.reuse.wca import cksim, wca_weight
 from agentcache.runtime import Engine, EngineConfig, GenerationParams
 from tests.reuse.test_contract import agent_prompt
 
@@ -69,7 +64,7 @@ def test_cacheblend_budget_and_layer0(tiny: LoadedModel) -> None:
     assert stats.recompute_fraction > pic.recompute_fraction
     layers, t = tiny.config.num_layers, stats.prompt_tokens
     q = pic.recomputed_tokens + selected
-    f = qkv_fraction(tiny.config)
+    f = tiny.config.qkv_fraction()
     # layer 0: all tokens; layer 1 (check): Q/K/V for all, the rest for Q; layers 2..: Q
     expected = (t + f * t + (1 - f) * q + q * (layers - 2)) / (t * layers)
     assert stats.recompute_fraction == pytest.approx(expected)
@@ -258,7 +253,7 @@ def test_probe_redo_shortcut_never_costs_more_than_the_probe(tiny: LoadedModel) 
 
 def test_offset_selection_fills_chunks_from_their_starts() -> None:
 
-    from agentcache.reuse.selective import by_offset
+    from agentcache.reuse.ranking.offset import by_offset
 
     spans = [(0, 4), (6, 9), (9, 15)]
     candidates = torch.zeros(16, dtype=torch.bool)
@@ -306,7 +301,7 @@ def test_per_chunk_budget_with_offset_order_is_epic(tiny: LoadedModel) -> None:
 def test_epic_token_count_stays_inside_each_segment() -> None:
     from types import SimpleNamespace
 
-    from agentcache.reuse.selective import epic_tokens
+    from agentcache.reuse.budget import epic_tokens
 
     hits = [SimpleNamespace(start=s, num_tokens=n) for s, n in ((0, 4), (6, 3), (9, 6))]
     candidates = torch.zeros(16, dtype=torch.bool)
@@ -321,8 +316,9 @@ def test_span_chunks_join_segments_stored_together(tiny: LoadedModel) -> None:
     """h1 and h2 were computed together on the first turn and follow each other again: one
     span, whose offsets run from h1's start on. A segment stored from another prompt starts a
     span of its own."""
+    from agentcache.reuse.ranking.offset import by_offset
+    from agentcache.reuse.runs import chunk_spans, reused_runs
     from agentcache.reuse.segments import find_hits
-    from agentcache.reuse.selective import by_offset, chunk_spans, reused_runs
 
     engine = second_turn(tiny, "pic")
     prompt = engine.tokenize(agent_prompt(SHIFTED))

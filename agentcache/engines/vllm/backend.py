@@ -181,7 +181,7 @@ class VLLMBackend:
         """The strategy a turn runs as a staged prefill (vLLM computes every token), or None
         when the turn goes to the connector's engine (or there is no connector)."""
         built = self._selective(strategy)
-        return built if built is not None and built.positional else None
+        return built if built is not None and built.up_front else None
 
     def _selective(self, strategy: str | None) -> SelectiveRecompute | None:
         """The selective strategy whose turns can leave computing to vLLM (checked to run
@@ -296,7 +296,7 @@ class VLLMBackend:
         built = self._selective(strategy)
         if built is None:
             return None, "engine", False
-        if built.positional:
+        if built.up_front:
             plan = self.stage_plan(tokens, built)
             if c.fill == "vllm" or plan.num_reused == 0:
                 return plan, "vllm", False  # nothing to reuse: vLLM computes it either way

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -127,13 +128,13 @@ def staged_strategy(spec: StrategySpec) -> SelectiveRecompute:
     """`spec`'s strategy, if a staged prefill can run it; otherwise a `ConfigError` saying
     which can."""
     built = spec.build()
-    if not isinstance(built, SelectiveRecompute) or not built.positional:
+    if not built.up_front:
         raise ConfigError(
             f"strategy {spec.label!r} cannot run as a staged prefill: the tokens it computes "
             "must be known before any layer runs (pic, epic, or rpdc with selection=offset); "
             "use fill='engine' or 'auto' for it"
         )
-    return built
+    return cast(SelectiveRecompute, built)  # only selective strategies select up front
 
 
 def select_from_store(
@@ -165,9 +166,9 @@ def plan_prompt(
     block_size: int,
     min_claim_tokens: int | None = None,
 ) -> StagePlan:
-    """The stages for `prompt` under a positional strategy (`SelectiveRecompute.positional`):
+    """The stages for `prompt` under an up-front strategy (`ReuseStrategy.up_front`):
     the tokens it computes up front are what vLLM computes, alignment added."""
-    if not strategy.positional:
+    if not strategy.up_front:
         raise ConfigError(f"strategy {strategy.name!r} cannot run as a staged prefill")
     selection, _ = select_from_store(prompt, strategy, meta)
     return plan_stages(selection.base.tolist(), block_size, min_claim_tokens)

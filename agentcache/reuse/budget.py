@@ -1,0 +1,64 @@
+"""The recompute budget: how many reused tokens a ranking may select, as one tagged value.
+
+    RatioOfReused(r)      ceil(r * candidates)            cacheblend's r, cacheslide's rho
+    PerComputedToken(e)   ceil(e * always-computed)       a bound on TTFT over a perfect cache
+    EpicCount(k)          EPIC's token count at k         a comparison with EPIC at its cost
+
+Spec options `ratio=`, `extra=` and `per_chunk=` parse into it (`SelectiveOptions.budget`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from torch import Tensor
+
+from agentcache.reuse.runs import ReusedRun
+
+
+class BudgetBasis(NamedTuple):
+    """What a budget is measured against, known before any layer runs."""
+
+    candidates: int  # reused tokens whose KV is not exact (boundary tokens included)
+    computed: int  # tokens computed anyway: update tokens, misses, boundary and last
+    runs: list[ReusedRun]
+    pool: Tensor  # (T,) bool: candidates not computed anyway
+
+
+@dataclass(frozen=True)
+class RatioOfReused:
+    ratio: float
+
+    def tokens(self, basis: BudgetBasis) -> int:
+        return math.ceil(self.ratio * basis.candidates)
+
+
+@dataclass(frozen=True)
+class PerComputedToken:
+    extra: float
+
+    def tokens(self, basis: BudgetBasis) -> int:
+        return math.ceil(self.extra * basis.computed)
+
+
+@dataclass(frozen=True)
+class EpicCount:
+    """The candidates among the first `per_chunk` tokens of every reused run not at index 0
+    whose KV is not exact: what `epic` with boundary_k=per_chunk recomputes."""
+
+    per_chunk: int
+
+    def tokens(self, basis: BudgetBasis) -> int:
+        return epic_tokens(basis.runs, basis.pool, self.per_chunk)
+
+
+Budget = RatioOfReused | PerComputedToken | EpicCount
+
+
+def epic_tokens(runs: list[ReusedRun], candidates: Tensor, k: int) -> int:
+    """Candidates among the first k tokens of every run not at index 0: EPIC's token count."""
+    return sum(
+        int(candidates[r.start : r.start + min(k, r.num_tokens)].sum()) for r in runs if r.start > 0
+    )

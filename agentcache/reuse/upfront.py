@@ -1,0 +1,61 @@
+"""What a selective prefill decides before any layer runs, from where reused runs sit alone
+(no KV): the tokens computed anyway, the candidates a ranking may add, and its budget.
+
+    tokens     : [ system ][ update ][ fixed A ][ fixed B ][ update ][last]
+    reused     :  ########            #########  #########
+    exact      :  ########                                        (exact_prefix)
+    base       :            ########  kk         kk         ##########   (k: boundary_k)
+    candidates :                      #########  #########
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from agentcache.reuse.budget import BudgetBasis
+from agentcache.reuse.config import SelectiveOptions
+from agentcache.reuse.ranking import RankingView
+from agentcache.reuse.runs import ReusedRun
+
+
+@dataclass(frozen=True)
+class UpFrontSelection:
+    """Token masks (T,) before any layer runs. `base` is computed through every layer; the
+    ranking (check layer or probe) picks `budget` more among `candidates` (none when the
+    ranker is up front: its picks are in `base` already)."""
+
+    reused: Tensor
+    exact: Tensor
+    base: Tensor
+    candidates: Tensor
+    budget: int
+
+
+def select_up_front(
+    o: SelectiveOptions, num_tokens: int, runs: list[ReusedRun]
+) -> UpFrontSelection:
+    """Update tokens, misses and the last token; boundary tokens; with an up-front ranker,
+    the budget's tokens in its order."""
+    reused = torch.zeros(num_tokens, dtype=torch.bool)
+    exact = torch.zeros(num_tokens, dtype=torch.bool)
+    for r in runs:
+        reused[r.start : r.end] = True
+        exact[r.start : r.end] = r.exact
+    base = ~reused  # update tokens, missed segments and the last token
+    for r in runs:
+        if r.start > 0 and not r.exact:
+            base[r.start : r.start + min(o.boundary_k, r.num_tokens)] = True
+    candidates = reused & ~exact
+    pool = candidates & ~base
+    budget = o.budget.tokens(BudgetBasis(int(candidates.sum()), int(base.sum()), runs, pool))
+    ranker = o.ranker()
+    if ranker.up_front:  # the run computes its picks with the base
+        cand = pool.nonzero().flatten()
+        scores = ranker.scores(RankingView(cand, num_tokens, runs, base))
+        base = base.clone()
+        base[cand[torch.argsort(scores, descending=True)[:budget]]] = True
+        candidates = torch.zeros_like(candidates)
+    return UpFrontSelection(reused, exact, base, candidates, budget)

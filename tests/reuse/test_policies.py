@@ -1,0 +1,74 @@
+"""The small policies selective recompute is made of: the typed budget, the bounded counts of
+the position plans, the offset ranker against the plain offset order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentcache.model.loading import LoadedModel
+from agentcache.reuse import StrategySpec
+from agentcache.reuse.budget import EpicCount, PerComputedToken, RatioOfReused
+from agentcache.reuse.config import SelectiveOptions
+from agentcache.reuse.positions import BoundedCounts, ModeStart, segment_key
+from agentcache.reuse.ranking.offset import by_offset
+from agentcache.reuse.runs import ReusedRun
+from agentcache.reuse.upfront import select_up_front
+from agentcache.runtime import Engine
+from tests.reuse.test_contract import agent_prompt
+
+
+@pytest.mark.parametrize(
+    ("text", "budget"),
+    [
+        ("rpdc", PerComputedToken(0.2)),
+        ("rpdc:ratio=0.3", RatioOfReused(0.3)),
+        ("rpdc:per_chunk=64", EpicCount(64)),
+        ("cacheblend", RatioOfReused(0.15)),
+        ("pic", RatioOfReused(0.0)),
+    ],
+)
+def test_spec_budgets_parse_into_one_tagged_value(text: str, budget: object) -> None:
+    assert StrategySpec.parse(text).build().options.budget == budget  # type: ignore[attr-defined]
+
+
+def test_bounded_counts_forget_the_least_recently_used_key() -> None:
+    counts = BoundedCounts(max_keys=2)
+    counts.add("a", 1)
+    counts.add("b", 5)
+    assert counts.get("a") == {1: 1}  # "a" is now the most recently used
+    counts.add("c", 7)
+    assert len(counts) == 2
+    assert counts.get("b") is None and counts.get("a") == {1: 1} and counts.get("c") == {7: 1}
+
+
+@pytest.mark.parametrize("bound", [2, 3])
+def test_the_mode_plan_keeps_at_most_its_bound_of_segments(tiny: LoadedModel, bound: int) -> None:
+    plan = ModeStart()
+    plan.starts = BoundedCounts(max_keys=bound)
+    engine = Engine(tiny)
+    for turn in range(3):  # sys, h1, h2 are recorded each turn (update segments never)
+        plan.positions(engine.tokenize(agent_prompt(f"memory v{turn} " * (turn + 1))), [])
+    assert len(plan.starts) == bound
+    sys, _, _, h2, *_ = engine.tokenize(agent_prompt("x")).segments
+    h2_counts = plan.starts.get(segment_key(h2.ids))
+    assert h2_counts is not None
+    if bound == 3:  # every segment kept: one start per turn
+        assert sum(h2_counts.values()) == 3
+    else:  # sys, the least recently recorded, is forgotten each turn
+        assert plan.starts.get(segment_key(sys.ids)) is None
+
+
+@pytest.mark.parametrize("chunks", ["segment", "span"])
+@pytest.mark.parametrize("budget", [0, 3, 7, 12, 40])
+def test_the_offset_ranker_picks_the_plain_offset_order(chunks: str, budget: int) -> None:
+    runs = [ReusedRun(0, 6, exact=True), ReusedRun(8, 5), ReusedRun(13, 9, joins_previous=True)]
+    ratio = min(1.0, budget / 14)
+    o = SelectiveOptions(selection="offset", chunks=chunks, ratio=ratio, exact_prefix=True)
+    sel = select_up_front(o, 24, runs)
+    candidates = torch.zeros(24, dtype=torch.bool)
+    candidates[8:22] = True
+    spans = [(0, 6), (8, 22)] if chunks == "span" else [(0, 6), (8, 13), (13, 22)]
+    want = by_offset(spans, candidates, sel.budget)
+    assert torch.equal(sel.base & candidates, want)
+    assert int(want.sum()) == min(14, sel.budget)
