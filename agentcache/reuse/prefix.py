@@ -1,7 +1,9 @@
 """`prefix`: reuse the longest exact token prefix, in 16-token blocks (vLLM APC / SGLang radix).
 
 Blocks are keyed by a hash chained over every token before them, so a block hits only when
-the whole prefix up to it is identical: positions never move, reuse is exact.
+the whole prefix up to it is identical: positions never move, reuse is exact. The chain starts
+from the first segment's scope (`Segment.scope`), so prompts of different scopes (the server's
+tenants and cache salts) never share a block, even for identical tokens.
 
     prompt : [blk0][blk1][blk2][blk3][..tail..]
     store  :  hit   hit   miss               -> reuse tokens [0, 32), compute [32, T)
@@ -29,13 +31,18 @@ from agentcache.reuse.base import (
 ROOT = "prefix-root"
 
 
-def block_chain(ids: tuple[int, ...], block: int) -> list[str]:
-    """Chained content ids of every full block of `ids`."""
-    chain, prev = [], ROOT
+def block_chain(ids: tuple[int, ...], block: int, scope: str | None = None) -> list[str]:
+    """Chained content ids of every full block of `ids`, from the root of `scope`."""
+    chain, prev = [], ROOT if scope is None else f"{ROOT}@{scope}"
     for start in range(0, len(ids) - block + 1, block):
         prev = chain_id(prev, ids[start : start + block])
         chain.append(prev)
     return chain
+
+
+def chain_scope(prompt: TokenizedPrompt) -> str | None:
+    """The scope a prompt's block chain starts from: its first segment's."""
+    return prompt.segments[0].segment.scope if prompt.segments else None
 
 
 @STRATEGIES.register("prefix")
@@ -64,7 +71,7 @@ class PrefixReuse(ReuseStrategy):
     def _matching_blocks(self, ctx: ReuseContext, prompt: TokenizedPrompt) -> list[StoredKV]:
         m = ctx.model
         found = []
-        for cid in block_chain(prompt.ids, ctx.pool.config.page_size):
+        for cid in block_chain(prompt.ids, ctx.pool.config.page_size, chain_scope(prompt)):
             hit = ctx.store.lookup_content(m.model_id, m.tokenizer.tokenizer_id, cid)
             if hit.kv is None:
                 break
@@ -76,7 +83,7 @@ class PrefixReuse(ReuseStrategy):
     ) -> None:
         m = ctx.model
         block = ctx.pool.config.page_size
-        for i, cid in enumerate(block_chain(prompt.ids, block)):
+        for i, cid in enumerate(block_chain(prompt.ids, block, chain_scope(prompt))):
             if ctx.store.contains_content(m.model_id, m.tokenizer.tokenizer_id, cid):
                 continue
             span = slice(i * block, (i + 1) * block)

@@ -136,3 +136,20 @@ def test_overhead_is_the_prefill_time_not_spent_computing(tiny: LoadedModel, nam
     s = pre.stats
     assert s.compute_s > 0.0 and s.overhead_s > 0.0
     assert s.compute_s + s.overhead_s <= wall  # the prefill's own time, split in two
+
+
+def scoped_prompt(scope: str) -> SegmentedPrompt:
+    segs = agent_prompt("memory v1").segments
+    return SegmentedPrompt([Segment(s.kind, s.text, s.id, s.role, scope) for s in segs])
+
+
+@pytest.mark.parametrize("name", STRATEGIES.names())
+def test_another_scope_reuses_nothing(tiny: LoadedModel, name: str) -> None:
+    """Scoped KV (the server's tenants and conversations) is never served to another scope,
+    even for identical tokens; the same scope reuses it."""
+    engine = Engine(tiny)
+    engine.generate(scoped_prompt("tenant-a"), ONE, strategy=name)
+    other = engine.generate(scoped_prompt("tenant-b"), ONE, strategy=name)
+    same = engine.generate(scoped_prompt("tenant-a"), ONE, strategy=name)
+    assert other.stats.reused_tokens == 0
+    assert name == "full" or same.stats.reused_tokens > 0
