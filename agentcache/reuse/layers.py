@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import ParamSpec, Protocol, TypeVar
 
 from torch import Tensor
 
@@ -21,8 +21,12 @@ from agentcache.model.config import ModelConfig
 from agentcache.model.llama import QKV, LlamaForward
 from agentcache.model.rope import RotaryEmbedding
 
-if TYPE_CHECKING:
-    from agentcache.reuse.base import ReuseStats
+
+class ComputeClock(Protocol):
+    """Where model-call time adds up (`ReuseStats`)."""
+
+    compute_s: float
+
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -33,7 +37,7 @@ ContextKV = Callable[[int, QKV], tuple[Tensor, Tensor]]
 class TimedForward:
     """`LlamaForward`'s layer API, adding the time of every call to `stats.compute_s`."""
 
-    def __init__(self, forward: LlamaForward, stats: ReuseStats) -> None:
+    def __init__(self, forward: LlamaForward, stats: ComputeClock) -> None:
         self.inner = forward
         self.stats = stats
         self.config: ModelConfig = forward.config

@@ -10,15 +10,34 @@ gate that drops converged tokens from the recompute set every `gate_every` layer
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from agentcache.reuse.layers import TimedForward
 from agentcache.tiers.overlay import DirectKV
 
-if TYPE_CHECKING:
-    from agentcache.reuse.executor import LayerExecutor
+
+class TokenLayerCount(Protocol):
+    token_layers_computed: float
+
+
+class GateHost(Protocol):
+    """What the gate uses of the layer executor that runs it (reuse/executor.py)."""
+
+    @property
+    def f(self) -> TimedForward: ...
+    @property
+    def kv(self) -> DirectKV: ...
+    @property
+    def positions(self) -> Tensor: ...
+    @property
+    def stats(self) -> TokenLayerCount: ...
+
+    def catch_up(self, hidden: Tensor, idx: Tensor, first: int, last: int) -> Tensor: ...
+    def write(self, layer: int, idx: Tensor, k: Tensor, v: Tensor, fused: Tensor) -> None: ...
+    def attend(self, layer: int, hidden: Tensor, q: Tensor, idx: Tensor) -> Tensor: ...
 
 
 def wca_weight(k_fresh: Tensor, k_cached: Tensor) -> Tensor:
@@ -67,7 +86,7 @@ class Gate:
         self.hidden_check = hidden_check  # hidden states entering the check layer, rows all_idx
         self.all_idx = all_idx
 
-    def step(self, ex: LayerExecutor, layer: int, q_idx: Tensor, hidden: Tensor) -> tuple[
+    def step(self, ex: GateHost, layer: int, q_idx: Tensor, hidden: Tensor) -> tuple[
         Tensor, Tensor
     ]:  # fmt: skip
         """One layer whose row set changes after projecting: converged rows leave, promoted
