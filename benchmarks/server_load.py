@@ -165,6 +165,9 @@ def run(args: argparse.Namespace, url: str, model: str, in_process: bool) -> dic
     return summarize(args, solo, load, memory, httpx.get(f"{url}/metrics").text)
 
 
+KEPT = ("requests", "cancel", "store_bytes")  # the server counters a report keeps
+
+
 def summarize(args: argparse.Namespace, solo: list[ClientLog], load: list[ClientLog],
               memory: list[tuple[float, int]], metrics: str) -> dict[str, Any]:  # fmt: skip
     differing = compared = 0
@@ -186,7 +189,7 @@ def summarize(args: argparse.Namespace, solo: list[ClientLog], load: list[Client
         "abandoned": load[0].abandoned, "long_finished_before_hang_up": load[0].finished_early,
         "latency_s": latencies(solo_lat, load_lat),
         "rss_bytes": memory, "rss_after_warmup": [min(warm), max(warm)] if warm else None,
-        "server_counters": {k: v for k, v in counters.items() if "requests" in k or "cancel" in k},
+        "server_counters": {k: v for k, v in counters.items() if any(w in k for w in KEPT)},
         "per_client": [asdict(c) | {"replies": len(c.replies)} for c in load],
     }  # fmt: skip
 
@@ -237,6 +240,12 @@ def main() -> None:
     p.add_argument("--model", default="tiny", help="tiny (seeded random) or default")
     p.add_argument("--url", default=None, help="a running server on a loopback address")
     p.add_argument("--served-model-name", default=None)
+    p.add_argument(
+        "--store-bytes",
+        type=int,
+        default=256 << 20,
+        help="in-process server: the segment store's bound (default 256 MiB)",
+    )
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     if args.clients < 2:
@@ -248,7 +257,7 @@ def main() -> None:
         model = args.served_model_name or httpx.get(f"{args.url}/v1/models").json()["data"][0]["id"]
         result = run(args, args.url, model, in_process=False)
     else:
-        with in_process_server(args.model) as url:
+        with in_process_server(args.model, args.store_bytes) as url:
             result = run(args, url, "load", in_process=True)
     command = "AGENTCACHE_NUM_THREADS=1 python benchmarks/server_load.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None
@@ -258,7 +267,7 @@ def main() -> None:
     print(report(result, command))
 
 
-def in_process_server(model_name: str) -> Any:
+def in_process_server(model_name: str, store_bytes: int) -> Any:
     import contextlib
     import os
 
@@ -272,7 +281,9 @@ def in_process_server(model_name: str) -> Any:
 
     torch.set_num_threads(int(os.environ.get("AGENTCACHE_NUM_THREADS", "1")))
     model = tiny_model() if model_name == "tiny" else load_model(model_name)
-    app = create_app(Engine(model, EngineConfig(kv_pages=1024)), ServerConfig("load"))
+    app = create_app(
+        Engine(model, EngineConfig(kv_pages=1024, store_bytes=store_bytes)), ServerConfig("load")
+    )
 
     @contextlib.contextmanager
     def serving() -> Any:

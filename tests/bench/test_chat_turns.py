@@ -4,6 +4,7 @@ reply's KV as the server does, and skips (with the line number) what the segment
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from agentcache.bench.harness import BenchRunner, parse_specs
 from agentcache.bench.workload import Session, load_workload
 from agentcache.chat import ChatEngine, ChatMessage, ChatRequest, ToolSpec
 from agentcache.model.loading import LoadedModel
-from agentcache.prompt.segments import SegmentKind
+from agentcache.prompt.segments import Segment, SegmentKind
 from agentcache.runtime import engine as engine_module
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
 from agentcache.testing import scripted_sampler
@@ -43,20 +44,38 @@ def chat_session() -> list[dict[str, Any]]:
     return [{"messages": MESSAGES[:n], "tools": [TOOL], "max_new_tokens": 4} for n in (2, 4, 6)]
 
 
+class Scopes:
+    """Names each scope by its order of first appearance: conversation ids are random, so two
+    segmenters agree when their scopes map one to one, consistently across turns."""
+
+    def __init__(self) -> None:
+        self.names: dict[str | None, str | None] = {None: None}
+
+    def __call__(self, segs: Sequence[Segment]) -> list[Segment]:
+        for s in segs:
+            self.names.setdefault(s.scope, f"scope-{len(self.names)}")
+        return [replace(s, scope=self.names[s.scope]) for s in segs]
+
+
 def test_the_bench_builds_the_servers_segments(
     tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ours = chat_turns(chat_session())
     server = ChatEngine(Engine(tiny, EngineConfig(kv_pages=256)))
     params = GenerationParams(max_new_tokens=128)
+    ours_named, server_named = Scopes(), Scopes()
     for i, request in enumerate(chat_session()):
         messages = tuple(ChatMessage.from_openai(m) for m in request["messages"])
         prepared = server.prepare(ChatRequest(messages, params, (ToolSpec.from_openai(TOOL),)))
-        assert prepared.chat.prompt.segments == ours[i][0].segments, i
+        got = server_named(prepared.chat.prompt.segments)
+        assert got == ours_named(ours[i][0].segments), i
         if i < len(REPLIES):  # the model replies what the next request holds
             monkeypatch.setattr(engine_module, "sample", scripted_sampler(REPLIES[i]))
             result = server.run(prepared)
-            assert server.tracker.reply_segment(prepared.chat, result.message()) == ours[i][1]
+            reply = server.tracker.reply_segment(prepared.chat, result.message())
+            expected = ours[i][1]
+            assert expected is not None
+            assert server_named([reply]) == ours_named([expected])
             assert result.generation.stats.reply_kv == "stored"
     assert ours[-1][1] is None  # nothing follows the last request
     kinds = [s.kind for s in ours[1][0].segments]
