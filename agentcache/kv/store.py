@@ -87,6 +87,25 @@ def content_id(token_ids: Sequence[int], namespace: str, start: int | None) -> s
     return _digest(namespace, start, tuple(token_ids))
 
 
+SEGMENT_NAMESPACE = "segment"
+
+
+def scoped_namespace(namespace: str, scope: str | None) -> str:
+    """A segment with a scope is keyed in its own namespace, so other scopes never see it."""
+    return namespace if scope is None else f"{namespace}@{scope}"
+
+
+def segment_content_id(
+    token_ids: Sequence[int],
+    scope: str | None = None,
+    namespace: str = SEGMENT_NAMESPACE,
+    start: int | None = None,
+) -> str:
+    """The content id a segment's KV is stored under, scope included: the one key function
+    of every caller that stores, looks up or updates a segment (reuse, vLLM, write-back)."""
+    return content_id(token_ids, scoped_namespace(namespace, scope), start)
+
+
 def segment_key(
     model_id: str,
     tokenizer_id: str,

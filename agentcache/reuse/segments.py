@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from agentcache.kv.pool import SequenceKV
-from agentcache.kv.store import StoredKV, chain_id, content_id
+from agentcache.kv.store import StoredKV, chain_id, scoped_namespace, segment_content_id
 from agentcache.prompt.segments import SegmentKind
 from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment
 from agentcache.reuse.base import ReuseContext, ReuseStats, SegmentMiss
@@ -45,8 +45,7 @@ class SegmentHit:
 
 def scoped(namespace: str, seg: TokenizedSegment) -> str:
     """A segment with a scope is keyed in its own namespace, so other scopes never see it."""
-    scope = seg.segment.scope
-    return namespace if scope is None else f"{namespace}@{scope}"
+    return scoped_namespace(namespace, seg.segment.scope)
 
 
 def context_ids(prompt: TokenizedPrompt) -> list[str]:
@@ -103,7 +102,7 @@ def commit_segments(
     m = ctx.model
     for seg, context in zip(prompt.segments, context_ids(prompt), strict=True):
         start = seg.start if at_start else None
-        cid = content_id(seg.ids, scoped(namespace, seg), start)
+        cid = segment_content_id(seg.ids, seg.segment.scope, namespace, start)
         if ctx.store.contains_content(m.model_id, m.tokenizer.tokenizer_id, cid):
             continue
         span = slice(seg.start, seg.end)

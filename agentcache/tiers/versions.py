@@ -12,7 +12,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from agentcache.kv.pool import SequenceKV
-from agentcache.kv.store import content_id
+from agentcache.kv.store import segment_content_id
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse.base import ReuseContext
 from agentcache.reuse.segments import REUSABLE
@@ -41,7 +41,7 @@ def adopt_recomputed(
             if changed:
                 keys, values = seq.gather_all(span)
                 updates[j] = (PageData(keys, values, positions[span].clone()), changed)
-        cid = content_id(seg.ids, "segment", None)
+        cid = segment_content_id(seg.ids, seg.segment.scope)
         if store.update_pages(m.model_id, m.tokenizer.tokenizer_id, cid, updates):
             updated += len(updates)
     return updated

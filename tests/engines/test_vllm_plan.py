@@ -10,9 +10,9 @@ from agentcache.engines.vllm.plan import (
     prefix_chunk_ids,
     unclaimed_segments,
 )
-from agentcache.engines.vllm.request import RequestSpec, SegmentSpan, segment_content_id
+from agentcache.engines.vllm.request import RequestSpec, SegmentSpan
 from agentcache.errors import PromptError
-from agentcache.kv.store import content_id
+from agentcache.kv.store import content_id, segment_content_id
 from agentcache.prompt.segments import Segment, SegmentKind
 from agentcache.prompt.tokenize import TokenizedSegment
 from agentcache.reuse.segments import scoped

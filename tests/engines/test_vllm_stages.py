@@ -14,7 +14,7 @@ import torch
 from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
 from agentcache.engines.vllm.layout import CpuLayout, KVShape
 from agentcache.engines.vllm.plan import claim_stage
-from agentcache.engines.vllm.request import RequestSpec, SegmentSpan, segment_content_id
+from agentcache.engines.vllm.request import RequestSpec, SegmentSpan
 from agentcache.engines.vllm.stages import (
     FillChooser,
     Stage,
@@ -29,7 +29,7 @@ from agentcache.engines.vllm.storage import FolderSegmentStore, StoredMeta
 from agentcache.engines.vllm.transfer import PagedKV, StoredRunLoader, save_segments
 from agentcache.errors import ConfigError, PromptError
 from agentcache.kv.pool import SequenceKV
-from agentcache.kv.store import SegmentStore, StoredKV
+from agentcache.kv.store import SegmentStore, StoredKV, segment_content_id
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment

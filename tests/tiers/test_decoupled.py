@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from agentcache.kv.store import content_id
+from agentcache.kv.store import segment_content_id
 from agentcache.model.loading import LoadedModel
+from agentcache.prompt.segments import SegmentedPrompt
 from agentcache.runtime.engine import Engine, EngineConfig, Generation, GenerationParams
 from agentcache.tiers import TierConfig, TieredSegmentStore
 from agentcache.tiers.versions import adopt_recomputed
@@ -80,14 +82,21 @@ def test_overlay_without_free_pages_falls_back_visibly(tiny: LoadedModel) -> Non
     assert torch.equal(pre.logits, want.logits)
 
 
-def test_dirty_pages_count_the_recomputed_reused_tokens(tiny: LoadedModel, tmp_path: Path) -> None:
+def scoped_turn(t: int, scope: str | None) -> SegmentedPrompt:
+    return SegmentedPrompt([replace(s, scope=scope) for s in agent_turn(t).segments])
+
+
+@pytest.mark.parametrize("scope", [None, "conv-a"])  # a server conversation's segments are scoped
+def test_dirty_pages_count_the_recomputed_reused_tokens(
+    tiny: LoadedModel, tmp_path: Path, scope: str | None
+) -> None:
     tiers = TierConfig(fast_bytes=GiB, disk_dir=tmp_path, fsync=False)
     e = Engine(tiny, EngineConfig(strategy="rpdc", kv_pages=128, tiers=tiers))
-    run(e, 1)
+    e.generate(scoped_turn(0, scope), GenerationParams(max_new_tokens=6))
     store = e.store
     assert isinstance(store, TieredSegmentStore)
     assert store.persist() > 0  # every page now has a disk copy: all clean
-    prompt = e.tokenize(agent_turn(1))
+    prompt = e.tokenize(scoped_turn(1, scope))
     seq, pre = e.prefill(prompt)
     try:
         dirty = pre.stats.dirty
@@ -98,7 +107,7 @@ def test_dirty_pages_count_the_recomputed_reused_tokens(tiny: LoadedModel, tmp_p
     m = tiny
     checked = 0
     for seg in prompt.segments:
-        cid = content_id(seg.ids, "segment", None)
+        cid = segment_content_id(seg.ids, seg.segment.scope)
         for j, page in enumerate(store.page_info(m.model_id, m.tokenizer.tokenizer_id, cid)):
             start = seg.start + 16 * j
             want = int(dirty[start : min(start + 16, seg.end)].sum())
@@ -132,7 +141,7 @@ def test_engine_commit_after_prefill_stores_what_generate_stores(
     assert all(isinstance(s, TieredSegmentStore) for s in stores)
     dirty_pages = 0
     for seg in prompt.segments:
-        cid = content_id(seg.ids, "segment", None)
+        cid = segment_content_id(seg.ids, seg.segment.scope)
         a, b = (s.page_info(m.model_id, m.tokenizer.tokenizer_id, cid) for s in stores)  # type: ignore[attr-defined]
         assert [(p.dirty_tokens, p.clean) for p in a] == [(p.dirty_tokens, p.clean) for p in b]
         dirty_pages += sum(not p.clean for p in a)

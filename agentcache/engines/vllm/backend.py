@@ -37,7 +37,7 @@ from agentcache.engines.vllm.config import (
 )
 from agentcache.engines.vllm.identity import model_identity, store_model_id
 from agentcache.engines.vllm.reports import merge_counts, read_report
-from agentcache.engines.vllm.request import RequestSpec, segment_content_id
+from agentcache.engines.vllm.request import RequestSpec
 from agentcache.engines.vllm.stages import (
     FillChooser,
     Stage,
@@ -50,7 +50,7 @@ from agentcache.engines.vllm.stages import (
     staged_strategy,
 )
 from agentcache.engines.vllm.storage import FolderSegmentStore, StoredMeta
-from agentcache.kv.store import MissReason
+from agentcache.kv.store import MissReason, segment_content_id
 from agentcache.model.loading import DEFAULT_MODEL
 from agentcache.model.tokenizer import HFTokenizer, chat_format_for
 from agentcache.prompt.segments import Segment, SegmentedPrompt

@@ -33,22 +33,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agentcache.errors import AgentCacheError, PromptError
-from agentcache.kv.store import content_id
+from agentcache.kv.store import segment_content_id
 from agentcache.prompt.segments import Segment, SegmentKind
 from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment
 from agentcache.reuse.spec import StrategySpec
 
 PARAMS_KEY = "agentcache"  # key in SamplingParams.extra_args["kv_transfer_params"]
-SEGMENT_NAMESPACE = "segment"  # the namespace agentcache's own engine stores segments under
 MAX_NAME_CHARS = 256  # a segment id, a scope, a strategy spec
 MAX_REPORT_CHARS = 64
 FIELDS = ("segments", "strategy", "report", "save", "stage", "min_reused", "scope_sig")
-
-
-def segment_content_id(token_ids: Sequence[int], scope: str | None = None) -> str:
-    """The key agentcache's engine stores a segment under (`reuse.segments.scoped`)."""
-    namespace = SEGMENT_NAMESPACE if scope is None else f"{SEGMENT_NAMESPACE}@{scope}"
-    return content_id(token_ids, namespace, None)
 
 
 def sign_scopes(scopes: Sequence[str | None], key: str) -> str:

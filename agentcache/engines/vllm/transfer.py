@@ -29,9 +29,9 @@ from torch import Tensor
 
 from agentcache.engines.vllm.layout import KVLayout, slots_of
 from agentcache.engines.vllm.plan import prefix_chunk_ids
-from agentcache.engines.vllm.request import RequestSpec, segment_content_id
+from agentcache.engines.vllm.request import RequestSpec
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
-from agentcache.kv.store import SegmentStore, StoredKV
+from agentcache.kv.store import SegmentStore, StoredKV, segment_content_id
 from agentcache.model.loading import LoadedModel
 from agentcache.model.rope import RotaryEmbedding
 from agentcache.reuse.base import ReuseContext, ReuseStats, ReuseStrategy
