@@ -93,9 +93,9 @@ def run_decode_bench(
             forced: list[int] | None = None
             if run is None:
                 build = _sparse_builder(model, setups[name], keys, values, settings)
-                run = _run(build, first, start, settings.new_tokens, None, on_step)
+                run = greedy_run(build, first, start, settings.new_tokens, None, on_step)
                 if settings.teacher_forced and not setups[name].config.verify:
-                    forced = _run(
+                    forced = greedy_run(
                         build, first, start, settings.new_tokens, dense.tokens, on_step
                     ).tokens
             runs[name] = _record(run, dense, forced)
@@ -132,7 +132,7 @@ def _needle(
     for name in settings.policies:
         if name != "dense":
             build = _sparse_builder(model, setups[name], keys, values, settings)
-            answers[name] = _run(build, first, start, n, None, on_step).tokens
+            answers[name] = greedy_run(build, first, start, n, None, on_step).tokens
     decoded = {name: model.tokenizer.decode(ids) for name, ids in answers.items()}
     return {
         "needle": NEEDLE.strip(),
@@ -157,15 +157,27 @@ def _run_dense(
     n: int,
     on_step: Callable[[str], None] | None,
 ) -> Run:
+    run = pool_run(engine, engine.step, keys, values, (first, start, n), on_step)
+    pages = -(-(keys.shape[1] + n) // PAGE)
+    return Run(run.tokens, run.step_s, 0.0, None, pages * engine.ctx.pool.config.page_bytes, 0)
+
+
+def pool_run(
+    engine: Engine,
+    step: Callable[[SequenceKV, int, int], Tensor],
+    keys: Tensor,
+    values: Tensor,
+    start: tuple[int, int, int],
+    on_step: Callable[[str], None] | None,
+) -> Run:
+    """Greedy decode by `step` over a sequence of the engine's pool holding `keys`/`values`
+    (L, T, Hkv, Dh); `start` = (first token, its position, tokens to generate)."""
     seq = SequenceKV(engine.ctx.pool)
     try:
         seq.write_all(seq.extend(keys.shape[1]), keys, values)
-        run = _run(lambda: (lambda tok, pos: engine.step(seq, tok, pos)), first, start, n, None,
-                   on_step)  # fmt: skip
+        return greedy_run(lambda: lambda tok, pos: step(seq, tok, pos), *start, None, on_step)
     finally:
         seq.free()
-    pages = -(-(keys.shape[1] + n) // PAGE)
-    return Run(run.tokens, run.step_s, 0.0, None, pages * engine.ctx.pool.config.page_bytes, 0)
 
 
 def _sparse_builder(
@@ -185,7 +197,7 @@ def _sparse_builder(
     return build
 
 
-def _run(
+def greedy_run(
     build: Callable[[], Any],
     first: int,
     start: int,
