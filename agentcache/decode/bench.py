@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentcache.decode.config import DecodeConfig
 from agentcache.decode.decoder import SparseDecoder
 from agentcache.decode.prompts import NEEDLE, SECRET, needle_prompt
 from agentcache.decode.setup import DecodeSetup
@@ -69,14 +68,14 @@ def run_decode_bench(
     model: LoadedModel,
     prompts: list[TokenizedPrompt],
     settings: DecodeBenchSettings,
-    decode_config: Callable[[str], DecodeConfig],
+    setups: dict[str, DecodeSetup],
     on_step: Callable[[str], None] | None = None,
     texts: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Results keyed by policy (see module doc), plus per-prompt records. The needle prompt's
-    haystack comes from `texts` (default: the first prompt's text)."""
+    """Results keyed by policy (see module doc), plus per-prompt records; `setups` holds every
+    policy spec's resolved plan. The needle prompt's haystack comes from `texts` (default: the
+    first prompt's text)."""
     engine = Engine(model, EngineConfig(strategy="full", kv_pages=2 + settings.context // PAGE))
-    setups = {p: DecodeSetup.resolve(model, decode_config(p)) for p in settings.policies}
     per_prompt = []
     for prompt in prompts:
         seq, pre = engine.prefill(prompt)

@@ -11,6 +11,7 @@ from agentcache.decode.bench import DecodeBenchSettings, run_decode_bench
 from agentcache.decode.config import DecodeConfig, parse_policy_spec
 from agentcache.decode.prompts import token_prompts
 from agentcache.decode.report import write_report
+from agentcache.decode.setup import DecodeSetup
 from agentcache.model.loading import LoadedModel
 from tests.decode.conftest import TEXT
 
@@ -37,10 +38,13 @@ def test_bench_decode_writes_every_metric(
     prompts = token_prompts(tiny, [TEXT], settings.prompt_tokens, 1)
     assert prompts[0].num_tokens == 560
 
-    def config(spec: str) -> DecodeConfig:
-        return DecodeConfig.from_spec(spec, budget_pages=4, profile=profile_file)
-
-    results = run_decode_bench(tiny, prompts, settings, config)
+    setups = {
+        spec: DecodeSetup.resolve(
+            tiny, DecodeConfig.from_spec(spec, budget_pages=4, profile=profile_file)
+        )
+        for spec in settings.policies
+    }
+    results = run_decode_bench(tiny, prompts, settings, setups)
     results.update(
         model=tiny.model_id, command="test", num_prompts=1,
         settings={"context": 600, "new_tokens": 40, "prompt_tokens": 560, "budget_pages": 4,
