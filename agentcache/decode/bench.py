@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from agentcache.decode.decoder import SparseDecoder
-from agentcache.decode.prompts import NEEDLE, SECRET, needle_prompt
+from agentcache.decode.prompts import NEEDLE, SECRET, needle_prompt, needle_prompts
 from agentcache.decode.setup import DecodeSetup
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.loading import LoadedModel
@@ -42,12 +42,15 @@ class DecodeBenchSettings:
     gqa_combine: str = "sum"
     teacher_forced: bool = True
     needle_tokens: int = 0  # > 0: also decode this many tokens on a planted-needle prompt
+    needle_prompts: int = 0  # needle prompts (needle at depths 0.1..0.9) besides the prompts
 
     def __post_init__(self) -> None:
         if self.new_tokens < 1 or self.context <= self.new_tokens:
             raise ValueError("need new_tokens >= 1 and context > new_tokens")
         if "dense" not in self.policies:
             raise ValueError("the policies must include dense, the reference")
+        if self.needle_prompts < 0:
+            raise ValueError(f"needle_prompts must be >= 0, got {self.needle_prompts}")
 
     @property
     def prompt_tokens(self) -> int:
@@ -76,8 +79,10 @@ def run_decode_bench(
     policy spec's resolved plan. The needle prompt's haystack comes from `texts` (default: the
     first prompt's text)."""
     engine = Engine(model, EngineConfig(strategy="full", kv_pages=2 + settings.context // PAGE))
+    haystack = texts or [model.tokenizer.decode(list(prompts[0].ids))]
+    needles = needle_prompts(model, haystack, settings.prompt_tokens, settings.needle_prompts)
     per_prompt = []
-    for prompt in prompts:
+    for kind, prompt in [*(("text", p) for p in prompts), *(("needle", p) for p in needles)]:
         seq, pre = engine.prefill(prompt)
         try:
             keys, values = seq.gather_all(slice(0, seq.num_tokens))
@@ -98,11 +103,12 @@ def run_decode_bench(
                         build, first, start, settings.new_tokens, dense.tokens, on_step
                     ).tokens
             runs[name] = _record(run, dense, forced)
-        per_prompt.append({"prompt_tokens": prompt.num_tokens, "policies": runs})
+            if kind == "needle":
+                runs[name]["needle_found"] = SECRET in model.tokenizer.decode(run.tokens)
+        per_prompt.append({"kind": kind, "prompt_tokens": prompt.num_tokens, "policies": runs})
     summary = _summarize(per_prompt, settings)
     out: dict[str, Any] = {"policies": summary, "per_prompt": per_prompt}
     if settings.needle_tokens:
-        haystack = texts or [model.tokenizer.decode(list(prompts[0].ids))]
         out["needle"] = _needle(engine, setups, settings, haystack, on_step)
         for name, rec in out["needle"]["policies"].items():
             summary[name]["needle_found"] = rec["found"]
@@ -326,6 +332,7 @@ def _summarize(per_prompt: list[dict[str, Any]], settings: DecodeBenchSettings) 
             )
             s["verify_passes_per_token"] = decode_sum(name, "verify_passes") / steps
             s["host_bytes_read_per_token"] = decode_sum(name, "host_bytes_read") / steps
+        s.update(_spread(per_prompt, name))
         if settings.teacher_forced and "teacher_forced_top1_agreement" in runs_of(name):
             s["teacher_forced_top1_agreement"] = statistics.mean(
                 pooled(name, "teacher_forced_top1_agreement")
@@ -336,4 +343,29 @@ def _summarize(per_prompt: list[dict[str, Any]], settings: DecodeBenchSettings) 
     for s in out.values():
         if every_head and s["rerank_ms_per_step"]:
             s["rerank_speedup_vs_every_head_every_step"] = every_head / s["rerank_ms_per_step"]
+    return out
+
+
+def _spread(per_prompt: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """Median and range over prompts of the per-prompt speed ratio to dense (both timed on
+    the same prompt), the prompts decoded exactly as dense, and needles found."""
+
+    def speed(rec: dict[str, Any]) -> float:
+        return (len(rec["tokens"]) - 1) / sum(rec["step_s"])
+
+    ratios = [speed(p["policies"][name]) / speed(p["policies"]["dense"]) for p in per_prompt]
+    recs = [p["policies"][name] for p in per_prompt]
+    out: dict[str, Any] = {
+        "speed_ratio_median": statistics.median(ratios),
+        "speed_ratio_min": min(ratios),
+        "speed_ratio_max": max(ratios),
+        "prompts": len(recs),
+        "prompts_identical_to_dense": sum(r["greedy_agreement_with_dense"] == 1.0 for r in recs),
+    }
+    needles = [r["needle_found"] for r in recs if "needle_found" in r]
+    if needles:
+        out["needle_prompts_found"] = f"{sum(needles)}/{len(needles)}"
+    tf = [r["teacher_forced_top1_agreement"] for r in recs if "teacher_forced_top1_agreement" in r]
+    if tf:
+        out["teacher_forced_top1_min"] = min(tf)
     return out

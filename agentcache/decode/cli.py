@@ -78,6 +78,10 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         "--needle", type=non_negative_int, default=0, metavar="N",
         help="also answer a planted-needle question with N tokens per policy (default off)",
     )  # fmt: skip
+    p.add_argument(
+        "--needle-prompts", type=non_negative_int, default=0, metavar="N",
+        help="N needle prompts (depths 0.1..0.9) decoded besides the prompts (default 0)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("bench-decode-out"), help="output folder")
     return p
 
@@ -169,7 +173,7 @@ def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
         ) for spec in policies}  # fmt: skip
         settings = DecodeBenchSettings(
             args.context, args.new_tokens, policies,
-            args.budget, args.gqa, not args.no_teacher_forced, args.needle,
+            args.budget, args.gqa, not args.no_teacher_forced, args.needle, args.needle_prompts,
         )  # fmt: skip
     except ValueError as e:
         raise AgentCacheError(str(e)) from e
@@ -190,7 +194,7 @@ def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
     forced = [p for p in sparse if not configs[p].verify]
     runs = 1 + len(sparse) + (len(forced) if settings.teacher_forced else 0)
     with _progress(console) as progress:
-        steps = runs * (settings.new_tokens - 1) * len(prompts)
+        steps = runs * (settings.new_tokens - 1) * (len(prompts) + settings.needle_prompts)
         needle = (1 + len(sparse)) * max(settings.needle_tokens - 1, 0)
         task = progress.add_task("bench-decode", total=steps + needle)
         results = run_decode_bench(
@@ -199,7 +203,7 @@ def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
     results.update(
         model=model.model_id,
         command="agentcache " + " ".join(sys.argv[1:]),
-        num_prompts=len(prompts),
+        num_prompts=len(prompts) + settings.needle_prompts,
         settings={**asdict(settings), "prompt_tokens": settings.prompt_tokens},
         machine={
             "cores": os.cpu_count(),

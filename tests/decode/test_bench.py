@@ -34,6 +34,7 @@ def test_bench_decode_writes_every_metric(
         policies=("dense", "quest", "flexicache", "flexicache:verify=4"),
         budget_pages=4,
         needle_tokens=6,
+        needle_prompts=2,
     )
     prompts = token_prompts(tiny, [TEXT], settings.prompt_tokens, 1)
     assert prompts[0].num_tokens == 560
@@ -75,6 +76,14 @@ def test_bench_decode_writes_every_metric(
     assert needle["dense"]["same_as_dense"] and set(needle) == set(pol)
     assert all(isinstance(pol[n]["needle_found"], bool) for n in pol)
     assert (tmp_path / "decode.png").stat().st_size > 0
+    per_prompt = json.loads((tmp_path / "results.json").read_text())["per_prompt"]
+    assert [p["kind"] for p in per_prompt] == ["text", "needle", "needle"]
+    assert all("needle_found" in p["policies"]["quest"] for p in per_prompt[1:])
+    assert dense["speed_ratio_median"] == 1.0 and dense["prompts_identical_to_dense"] == 3
+    assert verified["prompts_identical_to_dense"] == 3
+    assert flexi["speed_ratio_min"] <= flexi["speed_ratio_median"] <= flexi["speed_ratio_max"]
+    assert flexi["teacher_forced_top1_min"] <= flexi["teacher_forced_top1_agreement"]
+    assert flexi["needle_prompts_found"] in {"0/2", "1/2", "2/2"}
 
 
 def test_bench_settings_need_dense_and_room_for_new_tokens() -> None:
