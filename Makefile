@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test lint typecheck test-fast setup bench clean test-vllm
+.PHONY: demo test lint typecheck test-fast setup bench bench-decode clean test-vllm
 
 setup: $(VENV)/.installed
 
@@ -57,3 +57,18 @@ clean:
 # the reuse-strategy figures in docs/benchmarks.md (about 5 hours on 2 cores)
 bench: setup
 	bash benchmarks/run_docs_bench.sh
+
+# the decode figures in docs/decode.md: dense decode against transformers at 1k/4k/8k, then the
+# decode policies against that dense decode on 4 workload + 4 needle prompts at 4k and 8k
+DECODE_OUT ?= docs/bench/decode
+DECODE_TOKENS ?= 32
+bench-decode: setup
+	$(BIN)/agentcache bench-dense-decode --threads 1 --contexts 1024,4096,8192 \
+		--new-tokens $(DECODE_TOKENS) --num-prompts 3 --out $(DECODE_OUT)/dense
+	for ctx in 4096 8192; do \
+		$(BIN)/agentcache bench-decode benchmarks/workloads/swe_agent.jsonl --threads 1 \
+			--context $$ctx --new-tokens $(DECODE_TOKENS) --num-prompts 4 --needle-prompts 4 \
+			--policies dense,flexicache,flexicache:verify=8 \
+			--profile $(DECODE_OUT)/smollm2-135m-instruct-21a50fd2cbc3.json \
+			--out $(DECODE_OUT)/policies-ctx$$ctx || exit 1; \
+	done
