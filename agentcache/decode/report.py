@@ -27,6 +27,7 @@ COLUMNS = (
     ("bytes_promoted_per_rerank", "promoted B/rerank", "{:.3g}"),
     ("rerank_ms_per_step", "rerank ms/step", "{:.2f}"),
     ("head_reranks_per_step", "head reranks/step", "{:.1f}"),
+    ("top_pages_per_rerank", "top pages/rerank", "{:.1f}"),
     ("setup_ms_mean", "setup ms", "{:.0f}"),
 )
 

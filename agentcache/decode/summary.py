@@ -53,6 +53,11 @@ def summarize(
             ),
             "rerank_ms_per_step": 1000 * decode_sum(name, "rerank_s") / steps,
             "head_reranks_per_step": decode_sum(name, "head_reranks") / steps,
+            "top_pages_per_rerank": (
+                decode_sum(name, "selected_pages") / decode_sum(name, "head_reranks")
+                if decode_sum(name, "head_reranks")
+                else 0.0
+            ),
         }
         if decode_sum(name, "drafted_tokens"):
             s["verify_acceptance"] = decode_sum(name, "accepted_tokens") / decode_sum(

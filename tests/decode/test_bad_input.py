@@ -104,7 +104,7 @@ def test_a_bad_profile_is_named_before_decoding(
          "can rank at a 600-token context (38 pages less the sink and 2 recent)"),
         ("dense,flexicache:recent=4:budget=34", "a budget of 34 pages exceeds the 33 pages"),
         ("dense,flexicache:speed=2", "decode policy option 'speed=2' in 'flexicache:speed=2': "
-         "use key=value, keys: verify, budget, recent"),
+         "use key=value, keys: verify, budget, recent, top_p"),
         ("dense,flexicache:verify=x", "option 'verify=x' in 'flexicache:verify=x': not an integer"),
         ("dense,flexicache:verify=-1", "verify must be >= 0"),
         ("dense,flexicache:budget=0", "budget_pages must be >= 1"),

@@ -66,6 +66,7 @@ def test_bench_decode_writes_every_metric(
     assert flexi["bytes_promoted_per_rerank"] > 0 and dense["bytes_promoted_per_rerank"] == 0
     assert 0 <= flexi["greedy_agreement_with_dense"] <= 1
     assert flexi["head_reranks_per_step"] < pol["quest"]["head_reranks_per_step"] == 8
+    assert pol["quest"]["top_pages_per_rerank"] == 4  # fixed top-K: the whole budget
     verified = pol["flexicache:verify=4"]
     assert verified["greedy_agreement_with_dense"] == 1.0  # dense's tokens, by construction
     assert 0 <= verified["verify_acceptance"] <= 1 and verified["verify_passes_per_token"] > 0
