@@ -66,6 +66,7 @@ MODEL_COMMANDS = (
     ("agentcache.server.cli", "add_parser", "serve"),
     ("agentcache.decode.cli", "add_profile_parser", "run_profile"),
     ("agentcache.decode.cli", "add_bench_parser", "run_bench"),
+    ("agentcache.decode.dense_cli", "add_dense_parser", "run_dense"),
     ("agentcache.cope.cli", "add_parser", "run"),
 )
 

@@ -128,7 +128,7 @@ decode() {
   $ac bench-decode --threads 1 --context 4096 --new-tokens 256 \
     --policies dense,quest,flexicache,multiscale --needle 16 --out $d/ctx4096
   $ac bench-decode --threads 1 --context 8192 --new-tokens 64 --policies dense,quest \
-    --budget 100000 --no-teacher-forced --out $d/ctx8192-fullbudget
+    --budget 509 --no-teacher-forced --out $d/ctx8192-fullbudget  # 509 pages: the whole context
   for b in 128 96; do
     $ac bench-decode --threads 1 --context 8192 --new-tokens 256 --policies dense,flexicache \
       --budget $b --out $d/ctx8192-budget$b
@@ -136,6 +136,15 @@ decode() {
   $ac bench-decode --threads 1 --context 8192 --new-tokens 256 --needle 16 \
     --policies dense,flexicache,multiscale,flexicache:verify=8,flexicache:verify=16,multiscale:verify=16 \
     --out $d/ctx8192-verify
+  # dense decode read in place against transformers' generate, then the policies against it on
+  # 4 workload + 4 needle prompts at 4k and 8k (docs/decode.md)
+  $ac bench-dense-decode --threads 1 --contexts 1024,4096,8192 --new-tokens 32 --num-prompts 3 \
+    --out $d/dense
+  for ctx in 4096 8192; do
+    $ac bench-decode benchmarks/workloads/swe_agent.jsonl --threads 1 --context $ctx \
+      --new-tokens 32 --num-prompts 4 --needle-prompts 4 \
+      --policies dense,flexicache,flexicache:verify=8 --out $d/policies-ctx$ctx
+  done
 }
 
 # docs/benchmarks.md "Tiered KV store", docs/lab/tiers.md

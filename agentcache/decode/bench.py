@@ -11,7 +11,6 @@ the drafting, the dense passes and the rejected drafts.
 
 from __future__ import annotations
 
-import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -21,10 +20,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentcache.decode.config import DecodeConfig
 from agentcache.decode.decoder import SparseDecoder
-from agentcache.decode.prompts import NEEDLE, SECRET, needle_prompt
+from agentcache.decode.prompts import NEEDLE, SECRET, needle_prompt, needle_prompts
 from agentcache.decode.setup import DecodeSetup
+from agentcache.decode.summary import summarize
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.tokenize import TokenizedPrompt
@@ -43,12 +42,15 @@ class DecodeBenchSettings:
     gqa_combine: str = "sum"
     teacher_forced: bool = True
     needle_tokens: int = 0  # > 0: also decode this many tokens on a planted-needle prompt
+    needle_prompts: int = 0  # needle prompts (needle at depths 0.1..0.9) besides the prompts
 
     def __post_init__(self) -> None:
         if self.new_tokens < 1 or self.context <= self.new_tokens:
             raise ValueError("need new_tokens >= 1 and context > new_tokens")
         if "dense" not in self.policies:
             raise ValueError("the policies must include dense, the reference")
+        if self.needle_prompts < 0:
+            raise ValueError(f"needle_prompts must be >= 0, got {self.needle_prompts}")
 
     @property
     def prompt_tokens(self) -> int:
@@ -69,16 +71,18 @@ def run_decode_bench(
     model: LoadedModel,
     prompts: list[TokenizedPrompt],
     settings: DecodeBenchSettings,
-    decode_config: Callable[[str], DecodeConfig],
+    setups: dict[str, DecodeSetup],
     on_step: Callable[[str], None] | None = None,
     texts: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Results keyed by policy (see module doc), plus per-prompt records. The needle prompt's
-    haystack comes from `texts` (default: the first prompt's text)."""
+    """Results keyed by policy (see module doc), plus per-prompt records; `setups` holds every
+    policy spec's resolved plan. The needle prompt's haystack comes from `texts` (default: the
+    first prompt's text)."""
     engine = Engine(model, EngineConfig(strategy="full", kv_pages=2 + settings.context // PAGE))
-    setups = {p: DecodeSetup.resolve(model, decode_config(p)) for p in settings.policies}
+    haystack = texts or [model.tokenizer.decode(list(prompts[0].ids))]
+    needles = needle_prompts(model, haystack, settings.prompt_tokens, settings.needle_prompts)
     per_prompt = []
-    for prompt in prompts:
+    for kind, prompt in [*(("text", p) for p in prompts), *(("needle", p) for p in needles)]:
         seq, pre = engine.prefill(prompt)
         try:
             keys, values = seq.gather_all(slice(0, seq.num_tokens))
@@ -93,17 +97,18 @@ def run_decode_bench(
             forced: list[int] | None = None
             if run is None:
                 build = _sparse_builder(model, setups[name], keys, values, settings)
-                run = _run(build, first, start, settings.new_tokens, None, on_step)
+                run = greedy_run(build, first, start, settings.new_tokens, None, on_step)
                 if settings.teacher_forced and not setups[name].config.verify:
-                    forced = _run(
+                    forced = greedy_run(
                         build, first, start, settings.new_tokens, dense.tokens, on_step
                     ).tokens
             runs[name] = _record(run, dense, forced)
-        per_prompt.append({"prompt_tokens": prompt.num_tokens, "policies": runs})
-    summary = _summarize(per_prompt, settings)
+            if kind == "needle":
+                runs[name]["needle_found"] = SECRET in model.tokenizer.decode(run.tokens)
+        per_prompt.append({"kind": kind, "prompt_tokens": prompt.num_tokens, "policies": runs})
+    summary = summarize(per_prompt, settings.policies, settings.teacher_forced)
     out: dict[str, Any] = {"policies": summary, "per_prompt": per_prompt}
     if settings.needle_tokens:
-        haystack = texts or [model.tokenizer.decode(list(prompts[0].ids))]
         out["needle"] = _needle(engine, setups, settings, haystack, on_step)
         for name, rec in out["needle"]["policies"].items():
             summary[name]["needle_found"] = rec["found"]
@@ -132,7 +137,7 @@ def _needle(
     for name in settings.policies:
         if name != "dense":
             build = _sparse_builder(model, setups[name], keys, values, settings)
-            answers[name] = _run(build, first, start, n, None, on_step).tokens
+            answers[name] = greedy_run(build, first, start, n, None, on_step).tokens
     decoded = {name: model.tokenizer.decode(ids) for name, ids in answers.items()}
     return {
         "needle": NEEDLE.strip(),
@@ -157,15 +162,27 @@ def _run_dense(
     n: int,
     on_step: Callable[[str], None] | None,
 ) -> Run:
+    run = pool_run(engine, engine.step, keys, values, (first, start, n), on_step)
+    pages = -(-(keys.shape[1] + n) // PAGE)
+    return Run(run.tokens, run.step_s, 0.0, None, pages * engine.ctx.pool.config.page_bytes, 0)
+
+
+def pool_run(
+    engine: Engine,
+    step: Callable[[SequenceKV, int, int], Tensor],
+    keys: Tensor,
+    values: Tensor,
+    start: tuple[int, int, int],
+    on_step: Callable[[str], None] | None,
+) -> Run:
+    """Greedy decode by `step` over a sequence of the engine's pool holding `keys`/`values`
+    (L, T, Hkv, Dh); `start` = (first token, its position, tokens to generate)."""
     seq = SequenceKV(engine.ctx.pool)
     try:
         seq.write_all(seq.extend(keys.shape[1]), keys, values)
-        run = _run(lambda: (lambda tok, pos: engine.step(seq, tok, pos)), first, start, n, None,
-                   on_step)  # fmt: skip
+        return greedy_run(lambda: lambda tok, pos: step(seq, tok, pos), *start, None, on_step)
     finally:
         seq.free()
-    pages = -(-(keys.shape[1] + n) // PAGE)
-    return Run(run.tokens, run.step_s, 0.0, None, pages * engine.ctx.pool.config.page_bytes, 0)
 
 
 def _sparse_builder(
@@ -185,7 +202,7 @@ def _sparse_builder(
     return build
 
 
-def _run(
+def greedy_run(
     build: Callable[[], Any],
     first: int,
     start: int,
@@ -263,66 +280,3 @@ def _record(run: Run, dense: Run, forced: list[int] | None) -> dict[str, Any]:
         tf = [a == b for a, b in zip(forced[1:], dense.tokens[1:], strict=True)]
         rec["teacher_forced_top1_agreement"] = sum(tf) / len(tf)
     return rec
-
-
-def _summarize(per_prompt: list[dict[str, Any]], settings: DecodeBenchSettings) -> dict[str, Any]:
-    def pooled(name: str, key: str) -> list[Any]:
-        return [p["policies"][name][key] for p in per_prompt]
-
-    def runs_of(name: str) -> dict[str, Any]:
-        return per_prompt[0]["policies"][name]
-
-    def decode_sum(name: str, key: str) -> float:
-        return sum(float(d[key]) for d in pooled(name, "decode") if d)
-
-    def per_token(name: str) -> float:  # decode seconds per generated token after the first
-        runs = pooled(name, "step_s")
-        return sum(sum(r) for r in runs) / sum(len(t) - 1 for t in pooled(name, "tokens"))
-
-    out: dict[str, Any] = {}
-    dense_token = per_token("dense")
-    dense_bytes = statistics.mean(pooled("dense", "fast_tier_kv_bytes"))
-    every_head = None
-    for name in settings.policies:
-        token_s = per_token(name)
-        kv_bytes = statistics.mean(pooled(name, "fast_tier_kv_bytes"))
-        meta = statistics.mean(pooled(name, "metadata_bytes"))
-        steps = sum(len(t) - 1 for t in pooled(name, "tokens"))
-        rerank_steps = decode_sum(name, "rerank_steps")
-        s: dict[str, Any] = {
-            "fast_tier_kv_bytes": kv_bytes,
-            "fast_tier_kv_ratio_vs_dense": kv_bytes / dense_bytes,
-            "fast_tier_kv_reduction": 1.0 - kv_bytes / dense_bytes,
-            "fast_tier_metadata_bytes": meta,
-            "fast_tier_total_ratio_vs_dense": (kv_bytes + meta) / dense_bytes,
-            "decode_tokens_per_s": 1.0 / token_s,
-            "decode_speed_ratio_vs_dense": dense_token / token_s,
-            "decode_ms_per_token": 1000 * token_s,
-            "setup_ms_mean": 1000 * statistics.mean(pooled(name, "setup_s")),
-            "greedy_agreement_with_dense": statistics.mean(
-                pooled(name, "greedy_agreement_with_dense")
-            ),
-            "greedy_agree_prefix_mean": statistics.mean(pooled(name, "greedy_agree_prefix")),
-            "bytes_promoted_per_rerank": (
-                decode_sum(name, "bytes_promoted") / rerank_steps if rerank_steps else 0.0
-            ),
-            "rerank_ms_per_step": 1000 * decode_sum(name, "rerank_s") / steps,
-            "head_reranks_per_step": decode_sum(name, "head_reranks") / steps,
-        }
-        if decode_sum(name, "drafted_tokens"):
-            s["verify_acceptance"] = decode_sum(name, "accepted_tokens") / decode_sum(
-                name, "drafted_tokens"
-            )
-            s["verify_passes_per_token"] = decode_sum(name, "verify_passes") / steps
-            s["host_bytes_read_per_token"] = decode_sum(name, "host_bytes_read") / steps
-        if settings.teacher_forced and "teacher_forced_top1_agreement" in runs_of(name):
-            s["teacher_forced_top1_agreement"] = statistics.mean(
-                pooled(name, "teacher_forced_top1_agreement")
-            )
-        if name == "quest":
-            every_head = s["rerank_ms_per_step"]
-        out[name] = s
-    for s in out.values():
-        if every_head and s["rerank_ms_per_step"]:
-            s["rerank_speedup_vs_every_head_every_step"] = every_head / s["rerank_ms_per_step"]
-    return out

@@ -8,7 +8,7 @@ import platform
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -24,6 +24,12 @@ from agentcache.decode.config import DEFAULT_BUDGET_PAGES, DecodeConfig
 from agentcache.decode.minmax import GQA_COMBINES
 from agentcache.decode.profile import profile_filename, save_profile
 from agentcache.errors import AgentCacheError, ProfileError
+
+if TYPE_CHECKING:  # the modules that build models and engines load with the command
+    from agentcache.decode.profile import HeadProfile
+    from agentcache.decode.profiler import ProfileSettings
+    from agentcache.decode.setup import DecodeSetup
+    from agentcache.model.loading import LoadedModel
 
 
 def add_profile_parser(sub: Any) -> argparse.ArgumentParser:
@@ -72,6 +78,10 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         "--needle", type=non_negative_int, default=0, metavar="N",
         help="also answer a planted-needle question with N tokens per policy (default off)",
     )  # fmt: skip
+    p.add_argument(
+        "--needle-prompts", type=non_negative_int, default=0, metavar="N",
+        help="N needle prompts (depths 0.1..0.9) decoded besides the prompts (default 0)",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("bench-decode-out"), help="output folder")
     return p
 
@@ -91,8 +101,8 @@ def _check_context(positions: int, max_positions: int, what: str) -> None:
 
 
 def run_profile(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> int:
-    from agentcache.decode.profiler import ProfileSettings, plot_profile, profile_heads
-    from agentcache.decode.prompts import load_texts, token_prompts
+    from agentcache.decode.profiler import ProfileSettings
+    from agentcache.decode.prompts import load_texts
     from agentcache.model.loading import load_model
 
     console = Console(stderr=True)
@@ -108,24 +118,42 @@ def run_profile(args: argparse.Namespace, model_path: str | None, cache_dir: Pat
     if args.out is not None:
         output_file(args.out, "--out")
     model = load_model(model_path, cache_dir)
-    max_positions = model.config.max_position_embeddings
-    _check_context(args.context + settings.steps, max_positions, "--context + --steps")
-    prompts = token_prompts(model, texts, args.context, args.num_prompts)
-    with _progress(console) as progress:
-        task = progress.add_task("profile-heads", total=settings.steps * len(prompts))
-        try:
-            profile = profile_heads(model, prompts, settings, lambda: progress.advance(task))
-        except ValueError as e:
-            raise AgentCacheError(str(e)) from e
     out = args.out or cache_dir / "profiles" / profile_filename(model.model_id)
-    save_profile(profile, out)
-    plot_profile(profile, str(out.with_suffix(".png")))
+    profile = make_profile(model, texts, settings, (args.context, args.num_prompts), out, console)
     s = profile.stability_tensor()
     print(f"model {model.model_id}: stability mean {s.mean():.3f}, min {s.min():.3f}, "
           f"max {s.max():.3f}; {len(profile.unstable)} unstable heads; "
           f"GQA attention recall {profile.gqa_recall}")  # fmt: skip
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
+
+
+def make_profile(
+    model: LoadedModel,
+    texts: list[str],
+    settings: ProfileSettings,
+    prompts: tuple[int, int],
+    out: Path,
+    console: Console,
+) -> HeadProfile:
+    """Profile `model`'s heads on `prompts` = (tokens, count) cut from `texts`, with progress;
+    writes the JSON to `out` and its PNG beside it."""
+    from agentcache.decode.profiler import plot_profile, profile_heads
+    from agentcache.decode.prompts import token_prompts
+
+    context, count = prompts
+    _check_context(context + settings.steps, model.config.max_position_embeddings,
+                   "profile context + steps")  # fmt: skip
+    cut = token_prompts(model, texts, context, count)
+    with _progress(console) as progress:
+        task = progress.add_task("profile-heads", total=settings.steps * len(cut))
+        try:
+            profile = profile_heads(model, cut, settings, lambda: progress.advance(task))
+        except ValueError as e:
+            raise AgentCacheError(str(e)) from e
+    save_profile(profile, out)
+    plot_profile(profile, str(out.with_suffix(".png")))
+    return profile
 
 
 def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> int:
@@ -138,19 +166,18 @@ def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
 
     console = Console(stderr=True)
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
-    try:
-        verify = {  # every spec checked, with the command's settings, before anything loads
-            spec: DecodeConfig.from_spec(
-                spec, budget_pages=args.budget, gqa_combine=args.gqa
-            ).verify
-            for spec in policies
-        }
+    try:  # every spec checked, with the command's settings, before anything loads
+        configs = {spec: DecodeConfig.from_spec(
+            spec, budget_pages=args.budget, gqa_combine=args.gqa, profile=args.profile,
+            profile_dir=cache_dir / "profiles",
+        ) for spec in policies}  # fmt: skip
         settings = DecodeBenchSettings(
             args.context, args.new_tokens, policies,
-            args.budget, args.gqa, not args.no_teacher_forced, args.needle,
+            args.budget, args.gqa, not args.no_teacher_forced, args.needle, args.needle_prompts,
         )  # fmt: skip
     except ValueError as e:
         raise AgentCacheError(str(e)) from e
+    check_budgets(configs, settings.context)
     texts = load_texts(args.prompts)
     if args.profile is not None and not args.profile.is_file():
         raise ProfileError(
@@ -160,28 +187,23 @@ def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
     output_folder(args.out, "--out")
     model = load_model(model_path, cache_dir)
     _check_context(settings.context, model.config.max_position_embeddings, "--context")
+    setups = resolve_setups(model, configs, texts, settings.prompt_tokens, console)
     prompts = token_prompts(model, texts, settings.prompt_tokens, args.num_prompts)
 
-    def config(spec: str) -> DecodeConfig:
-        return DecodeConfig.from_spec(
-            spec, budget_pages=settings.budget_pages, gqa_combine=settings.gqa_combine,
-            profile=args.profile, profile_dir=cache_dir / "profiles",
-        )  # fmt: skip
-
     sparse = [p for p in settings.policies if p != "dense"]
-    forced = [p for p in sparse if not verify[p]]
+    forced = [p for p in sparse if not configs[p].verify]
     runs = 1 + len(sparse) + (len(forced) if settings.teacher_forced else 0)
     with _progress(console) as progress:
-        steps = runs * (settings.new_tokens - 1) * len(prompts)
+        steps = runs * (settings.new_tokens - 1) * (len(prompts) + settings.needle_prompts)
         needle = (1 + len(sparse)) * max(settings.needle_tokens - 1, 0)
         task = progress.add_task("bench-decode", total=steps + needle)
         results = run_decode_bench(
-            model, prompts, settings, config, lambda _: progress.advance(task), texts
+            model, prompts, settings, setups, lambda _: progress.advance(task), texts
         )
     results.update(
         model=model.model_id,
         command="agentcache " + " ".join(sys.argv[1:]),
-        num_prompts=len(prompts),
+        num_prompts=len(prompts) + settings.needle_prompts,
         settings={**asdict(settings), "prompt_tokens": settings.prompt_tokens},
         machine={
             "cores": os.cpu_count(),
@@ -194,3 +216,55 @@ def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
     print(table(results["policies"]))
     print(f"\nwrote {args.out}/results.json, report.md and decode.png")
     return 0
+
+
+def check_budgets(configs: dict[str, DecodeConfig], context: int) -> None:
+    """A sparse policy's budget must fit the pages it can rank at the last step (all but the
+    sink and the recent pages)."""
+    from agentcache.decode.bench import PAGE
+
+    pages = -(-context // PAGE)
+    for spec, c in configs.items():
+        most = pages - 1 - c.recent_pages
+        if c.policy != "dense" and c.budget_pages > most:
+            raise AgentCacheError(
+                f"{spec}: a budget of {c.budget_pages} pages exceeds the {most} pages it can "
+                f"rank at a {context}-token context ({pages} pages less the sink and "
+                f"{c.recent_pages} recent); lower --budget to at most {most} "
+                "(that budget attends every page)"
+            )
+
+
+PROFILE_TOKENS = 4096  # profile-heads' default prompt length
+
+
+def resolve_setups(
+    model: LoadedModel,
+    configs: dict[str, DecodeConfig],
+    texts: list[str],
+    prompt_tokens: int,
+    console: Console,
+) -> dict[str, DecodeSetup]:
+    """Each spec's plan; a policy needing a head profile where none exists (no --profile)
+    gets one first, profiled on prompts cut from `texts` and stored where the engine looks."""
+    from agentcache.decode.policies import DECODE_POLICIES
+    from agentcache.decode.profiler import ProfileSettings
+    from agentcache.decode.setup import DecodeSetup, profile_path
+
+    needs = [c for c in configs.values() if DECODE_POLICIES.get(c.policy).needs_profile]
+    path = profile_path(needs[0], model.model_id) if needs else None
+    if path is not None and needs[0].profile is None and not path.exists():
+        c = needs[0]
+        settings = ProfileSettings(budget_pages=c.budget_pages, gqa_combine=c.gqa_combine)
+        tokens = min(PROFILE_TOKENS, prompt_tokens)
+        console.print(
+            f"no head profile for model {model.model_id} at {path}: profiling its heads "
+            f"first (2 prompts x {tokens} tokens, {settings.steps} steps)",
+            soft_wrap=True, highlight=False, markup=False,
+        )  # fmt: skip
+        try:
+            settings.check_prompt(tokens)
+        except ValueError as e:
+            raise AgentCacheError(f"cannot profile the heads: {e}; pass --profile") from e
+        make_profile(model, texts, settings, (tokens, 2), path, console)
+    return {spec: DecodeSetup.resolve(model, c) for spec, c in configs.items()}

@@ -26,6 +26,10 @@ class DecodeConfig:
     token dense picks where they part, and rewrites their K/V with the dense values, so the
     output is dense decoding's. Sampling (temperature > 0) decodes unverified, reported in
     `DecodeStats.verify_skipped`.
+    top_p: the per-head budget adapts to the attention mass it must cover: at a rerank a head
+    keeps, of its top `budget_pages` pages, the fewest whose share of the softmax over every
+    rankable page's score bound reaches `top_p` (1.0: all of them, a fixed top-K). The fast tier
+    keeps `budget_pages` slots per offloaded head either way.
     dense_fallback: when the profile is missing, corrupted or for another model, decode densely
     (counted in TurnStats.decode_fallbacks) instead of raising ProfileError.
     """
@@ -38,6 +42,7 @@ class DecodeConfig:
     profile_dir: Path | None = None
     dense_fallback: bool = False
     verify: int = 0
+    top_p: float = 1.0
     policy_options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -59,19 +64,26 @@ class DecodeConfig:
             raise ValueError(f"recent_pages must be >= 1 (got {self.recent_pages})")
         if self.verify < 0:
             raise ValueError(f"verify must be >= 0 (0 = off; got {self.verify})")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (1 = fixed top-K), got {self.top_p}")
         if self.gqa_combine not in GQA_COMBINES:
             raise ValueError(f"gqa_combine must be one of {GQA_COMBINES}, got {self.gqa_combine!r}")
 
 
-SPEC_KEYS = {"verify": "verify", "budget": "budget_pages", "recent": "recent_pages"}
+SPEC_KEYS: dict[str, tuple[str, type[int] | type[float]]] = {
+    "verify": ("verify", int),
+    "budget": ("budget_pages", int),
+    "recent": ("recent_pages", int),
+    "top_p": ("top_p", float),
+}
 
 
-def parse_policy_spec(spec: str) -> tuple[str, dict[str, int]]:
+def parse_policy_spec(spec: str) -> tuple[str, dict[str, int | float]]:
     """`flexicache:verify=8:budget=96` -> ("flexicache", {"verify": 8, "budget_pages": 96}).
 
-    The keys are DecodeConfig settings under short names (SPEC_KEYS); values are integers."""
+    The keys are DecodeConfig settings under short names (SPEC_KEYS), with their types."""
     name, *parts = spec.strip().split(":")
-    options: dict[str, int] = {}
+    options: dict[str, int | float] = {}
     for part in parts:
         key, eq, value = part.partition("=")
         if not eq or key not in SPEC_KEYS:
@@ -79,8 +91,10 @@ def parse_policy_spec(spec: str) -> tuple[str, dict[str, int]]:
             raise ValueError(
                 f"decode policy option {part!r} in {spec!r}: use key=value, keys: {known}"
             )
+        field_name, kind = SPEC_KEYS[key]
         try:
-            options[SPEC_KEYS[key]] = int(value)
+            options[field_name] = kind(value)
         except ValueError:
-            raise ValueError(f"decode policy option {part!r} in {spec!r}: not an integer") from None
+            what = "an integer" if kind is int else "a number"
+            raise ValueError(f"decode policy option {part!r} in {spec!r}: not {what}") from None
     return name, options

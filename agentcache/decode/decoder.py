@@ -45,6 +45,11 @@ class DecodeStats:
     accepted_tokens: int = 0  # drafted tokens the dense pass agreed with
     host_bytes_read: int = 0  # offloaded heads' KV read from the host tier by dense passes
     verify_skipped: bool = False  # verification configured but off (sampling)
+    selected_pages: int = 0  # top pages kept over all head reranks (< budget each with top_p)
+
+    @property
+    def selected_pages_per_rerank(self) -> float:
+        return self.selected_pages / self.head_reranks if self.head_reranks else 0.0
 
     @property
     def acceptance(self) -> float:
@@ -107,7 +112,7 @@ class SparseDecoder:
         self._rerank_steps = 0
         self._promoted = 0
         self._initial_promoted = self._place_initial(n_pages)
-        self._passes = self._drafted = self._accepted = self._host_read = 0
+        self._passes = self._drafted = self._accepted = self._host_read = self._selected = 0
         self.verify_skipped = False
 
     def _place_initial(self, n_pages: int) -> int:
@@ -127,7 +132,7 @@ class SparseDecoder:
             self._reranks, self._rerank_s, self._rerank_steps, self._promoted,
             self._initial_promoted, self._promoted * self.kv.page_bytes, self.kv.rows_synced,
             self.budget, self.clamped, self._passes, self._drafted, self._accepted,
-            self._host_read, self.verify_skipped,
+            self._host_read, self.verify_skipped, self._selected,
         )  # fmt: skip
 
     def step(self, token: int, position: int) -> Tensor:
@@ -213,6 +218,11 @@ class SparseDecoder:
         self._passes += 1
         return f.logits(hidden)
 
+    @property
+    def _bound_scale(self) -> float:
+        """Score bounds -> attention logits: the `sum` combine adds G query heads' bounds."""
+        return self.f.scale / (self.group if self.config.gqa_combine == "sum" else 1)
+
     def _offloaded_due(self) -> bool:
         due = (self.steps % self.interval) == 0
         return bool((due & self.kv.offload).any())
@@ -246,8 +256,9 @@ class SparseDecoder:
         sel = torch.full((len(due), self.budget), -1, dtype=torch.int64)
         if k > 0:
             scores = self.meta.scores(layer, qg, due, self.config.gqa_combine)  # (n, P)
-            top = scores[:, 1:tail_start].topk(k, dim=1).indices + 1
-            sel[:, :k] = top.sort(dim=1).values
+            top = top_p_pages(scores[:, 1:tail_start], k, self.config.top_p, self._bound_scale)
+            sel[:, :k] = torch.where(top >= 0, top + 1, -1).sort(dim=1).values
+            self._selected += int((top >= 0).sum())
         self.sel[layer, due] = sel
         self.tail_start[layer, due] = tail_start
         promoted = 0
@@ -260,6 +271,17 @@ class SparseDecoder:
         self._reranks += len(due)
         self._rerank_s += time.perf_counter() - t0
         return promoted
+
+
+def top_p_pages(scores: Tensor, k: int, p: float, scale: float) -> Tensor:
+    """The top-k pages by score bound (n, k), -1 past the fewest whose share of the softmax
+    over every page's bound (`scores` (n, P) * `scale`) reaches `p`; p = 1 keeps all k."""
+    top = scores.topk(k, dim=1)
+    if p >= 1.0:
+        return top.indices
+    mass = torch.softmax(scores * scale, dim=1).gather(1, top.indices)  # (n, k), descending
+    before = mass.cumsum(1) - mass  # mass of the pages ranked above
+    return top.indices.masked_fill(before >= p, -1)
 
 
 def page_attention(qg: Tensor, k: Tensor, v: Tensor, valid: Tensor, scale: float) -> Tensor:

@@ -104,8 +104,11 @@ def save_profile(profile: HeadProfile, path: Path) -> Path:
     return path
 
 
+REQUIRED_KEYS = ("model_id", "num_layers", "num_kv_heads", "stability", "unstable")
+
+
 def load_profile(path: Path, model_id: str, num_layers: int, num_kv_heads: int) -> HeadProfile:
-    """Read and validate a profile for `model_id`; anything wrong raises ProfileError."""
+    """Read and validate a profile for `model_id`; anything wrong raises ProfileError naming it."""
     if not path.is_file():
         raise ProfileError(
             f"no head profile for model {model_id} at {path}; "
@@ -113,37 +116,68 @@ def load_profile(path: Path, model_id: str, num_layers: int, num_kv_heads: int) 
         )
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(raw, dict) or raw.pop("format", None) != FORMAT:
-            raise ValueError(f"not an {FORMAT} file")
-        raw["unstable"] = [tuple(x) for x in raw["unstable"]]
-        profile = HeadProfile(**raw)
-    except (ValueError, TypeError, KeyError, OSError) as e:
+    except (ValueError, OSError) as e:
+        raise _corrupted(path, model_id, f"not JSON ({e})") from e
+    problem = _format_problem(raw)
+    if problem is None and raw["model_id"] != model_id:
         raise ProfileError(
-            f"head profile {path} is corrupted ({e}); expected a profile for model {model_id}; "
-            "rerun `agentcache profile-heads`"
-        ) from e
-    if profile.model_id != model_id:
-        raise ProfileError(
-            f"head profile {path} is for model {profile.model_id}, not {model_id}; "
+            f"head profile {path} is for model {raw['model_id']}, not {model_id}; "
             "profile this model with `agentcache profile-heads`"
         )
-    _check_shape(profile, path, num_layers, num_kv_heads)
-    return profile
+    problem = problem or _shape_problem(raw, num_layers, num_kv_heads)
+    if problem is not None:
+        raise _corrupted(path, model_id, problem)
+    del raw["format"]
+    raw["unstable"] = [tuple(u) for u in raw["unstable"]]
+    try:
+        return HeadProfile(**raw)
+    except TypeError as e:
+        raise _corrupted(path, model_id, f"unexpected content ({e})") from e
 
 
-def _check_shape(profile: HeadProfile, path: Path, num_layers: int, num_kv_heads: int) -> None:
-    shape = (num_layers, num_kv_heads)
-    stab = profile.stability
-    ok = (
-        (profile.num_layers, profile.num_kv_heads) == shape
-        and len(stab) == num_layers
-        and all(len(row) == num_kv_heads for row in stab)
-        and all(isinstance(x, int | float) and 0.0 <= x <= 1.0 for row in stab for x in row)
-        and all(len(u) == 2 for u in profile.unstable)
-        and all(0 <= la < num_layers and 0 <= h < num_kv_heads for la, h in profile.unstable)
+def _corrupted(path: Path, model_id: str, problem: str) -> ProfileError:
+    return ProfileError(
+        f"head profile {path} is corrupted: {problem}; expected a profile for model "
+        f"{model_id}; rerun `agentcache profile-heads`"
     )
-    if not ok:
-        raise ProfileError(
-            f"head profile {path} for model {profile.model_id} is corrupted: expected "
-            f"{num_layers} layers x {num_kv_heads} KV heads of stability scores in [0, 1]"
-        )
+
+
+def _format_problem(raw: Any) -> str | None:
+    if not isinstance(raw, dict):
+        return f"not a JSON object but a {type(raw).__name__}"
+    if raw.get("format") != FORMAT:
+        return f"not an {FORMAT} file (format {raw.get('format')!r})"
+    missing = [k for k in REQUIRED_KEYS if k not in raw]
+    return f"missing key(s) {', '.join(missing)}" if missing else None
+
+
+def _shape_problem(raw: dict[str, Any], num_layers: int, num_kv_heads: int) -> str | None:
+    shape = f"{num_layers} layers x {num_kv_heads} KV heads"
+    if (raw["num_layers"], raw["num_kv_heads"]) != (num_layers, num_kv_heads):
+        return f"its shape is {raw['num_layers']} x {raw['num_kv_heads']}, the model's {shape}"
+    stab = raw["stability"]
+    if not (isinstance(stab, list) and len(stab) == num_layers
+            and all(isinstance(r, list) and len(r) == num_kv_heads for r in stab)):  # fmt: skip
+        return f"stability is not {num_layers} rows of {num_kv_heads} scores"
+    for layer, row in enumerate(stab):
+        for head, x in enumerate(row):
+            if not _is_score(x):
+                return f"stability[{layer}][{head}] = {x!r} is not a number in [0, 1]"
+    return _unstable_problem(raw["unstable"], num_layers, num_kv_heads)
+
+
+def _is_score(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and 0.0 <= x <= 1.0
+
+
+def _unstable_problem(unstable: Any, num_layers: int, num_kv_heads: int) -> str | None:
+    if not isinstance(unstable, list):
+        return f"unstable is a {type(unstable).__name__}, not a list of (layer, KV head) pairs"
+    for u in unstable:
+        pair = isinstance(u, list) and len(u) == 2
+        if not (pair and all(isinstance(i, int) and not isinstance(i, bool) for i in u)):
+            return f"unstable entry {u!r} is not a (layer, KV head) pair of integers"
+        if not (0 <= u[0] < num_layers and 0 <= u[1] < num_kv_heads):
+            return (f"unstable head {u!r} is out of range for {num_layers} layers x "
+                    f"{num_kv_heads} KV heads")  # fmt: skip
+    return None

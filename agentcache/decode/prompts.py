@@ -76,8 +76,24 @@ SECRET = "7319"
 
 def needle_prompt(model: LoadedModel, texts: list[str], num_tokens: int) -> TokenizedPrompt:
     """`num_tokens` tokens: essay text with NEEDLE planted halfway, ending in QUESTION."""
+    return needle_prompts(model, texts, num_tokens, 1, (0.5,))[0]
+
+
+def needle_prompts(
+    model: LoadedModel,
+    texts: list[str],
+    num_tokens: int,
+    count: int,
+    depths: tuple[float, ...] | None = None,
+) -> list[TokenizedPrompt]:
+    """`count` needle prompts of `num_tokens` tokens on haystacks cut as in `token_prompts`,
+    the needle at `depths` (default spread over 0.1..0.9 of the haystack)."""
+    if count == 0:
+        return []
     enc = model.tokenizer.encode
     needle, question = enc(NEEDLE), enc(QUESTION)
-    haystack = token_prompts(model, texts, num_tokens - len(needle) - len(question), 1)[0].ids
-    half = len(haystack) // 2
-    return tokenized_prompt(model, [*haystack[:half], *needle, *haystack[half:], *question])
+    hay = token_prompts(model, texts, num_tokens - len(needle) - len(question), count)
+    depths = depths or tuple(0.1 + 0.8 * i / max(count - 1, 1) for i in range(count))
+    cuts = [round(h.num_tokens * d) for h, d in zip(hay, depths, strict=True)]
+    return [tokenized_prompt(model, [*h.ids[:c], *needle, *h.ids[c:], *question])
+            for h, c in zip(hay, cuts, strict=True)]  # fmt: skip

@@ -5,10 +5,15 @@ Mechanism only: allocation, refcounts and slot arithmetic. Who evicts what is po
     pool.keys[layer] : (num_pages * page_size, Hkv, Dh)   slot = page * page_size + offset
     BlockTable       : [page_0, page_1, ...] + num_tokens; token i lives in slot
                        pages[i // page_size] * page_size + i % page_size
+    SequenceKV.spans : maximal runs [start, end) of consecutive slots holding the sequence,
+                       by slot: pages 7, 8, 3 with 40 tokens -> [(48, 56), (112, 144)]
+                       (page 3 holds tokens 32..39, pages 7-8 tokens 0..31)
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from dataclasses import dataclass, field
 from typing import NewType
 
@@ -117,6 +122,7 @@ class SequenceKV:
         self.pool = pool
         self.table = BlockTable(pool.config.page_size)
         self._slots = torch.empty(0, dtype=torch.int64)
+        self._spans: list[tuple[int, int]] = []
 
     @property
     def num_tokens(self) -> int:
@@ -131,10 +137,35 @@ class SequenceKV:
         self.table.num_tokens += n
         new = self.table.slots(start)
         self._slots = torch.cat([self._slots, new])
+        cuts = [0, *((torch.diff(new) != 1).nonzero().flatten() + 1).tolist(), n]
+        for a, b in itertools.pairwise(cuts):
+            if b > a:
+                self._add_span(int(new[a]), int(new[b - 1]) + 1)
         return new
+
+    def _add_span(self, start: int, end: int) -> None:
+        """Insert slots [start, end), merging with the spans it touches."""
+        spans = self._spans
+        i = bisect.bisect_left(spans, (start, end))
+        left = i > 0 and spans[i - 1][1] == start
+        right = i < len(spans) and spans[i][0] == end
+        if left and right:
+            spans[i - 1 : i + 1] = [(spans[i - 1][0], spans[i][1])]
+        elif left:
+            spans[i - 1] = (spans[i - 1][0], end)
+        elif right:
+            spans[i] = (start, spans[i][1])
+        else:
+            spans.insert(i, (start, end))
 
     def slots(self) -> Tensor:
         return self._slots
+
+    def spans(self) -> list[tuple[int, int]]:
+        """The sequence's slots as maximal runs [start, end) of consecutive slots, in slot
+        order (not token order): each token's slot lies in exactly one run. Readers of the
+        whole context take `pool.keys[layer][start:end]` views, no copy."""
+        return list(self._spans)
 
     def write(self, layer: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
         self.pool.keys[layer].index_copy_(0, slots, k)
@@ -159,3 +190,4 @@ class SequenceKV:
         self.pool.release(self.table.pages)
         self.table = BlockTable(self.pool.config.page_size)
         self._slots = torch.empty(0, dtype=torch.int64)
+        self._spans = []

@@ -20,6 +20,7 @@ from torch import Tensor
 import agentcache.reuse  # noqa: F401  (registers strategies)
 from agentcache.decode.config import DecodeConfig
 from agentcache.decode.decoder import DecodeStats
+from agentcache.decode.dense import dense_step, reads_in_place, reference_step
 from agentcache.decode.setup import DecodeSetup
 from agentcache.errors import ConfigError, ContextLengthError, OutOfPagesError
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
@@ -174,6 +175,7 @@ class Engine:
         )
         self._strategies: dict[str, ReuseStrategy] = {}
         self.decode = DecodeSetup.resolve(model, self.config.decode)
+        self.gathered_steps = 0  # dense decode steps that copied the context (Engine.step)
         self._lock = threading.RLock()
 
     def _new_store(self, pool: PoolConfig) -> SegmentStore:
@@ -358,18 +360,16 @@ class Engine:
                 raise
 
     def step(self, seq: SequenceKV, token: int, position: int) -> Tensor:
-        """Append one token at `position` and return the logits after it (V,)."""
+        """Append one token at `position` and return the logits after it (V,).
+
+        The context is read in place from the page pool (`decode.dense`); a forward with its own
+        attention (`attend` overridden) reads a gathered copy, counted in `gathered_steps`."""
         f = self.model.forward
         with self._lock, torch.inference_mode():
-            slot = seq.extend(1)
-            pos = torch.tensor([position])
-            hidden = f.embed(torch.tensor([token]))
-            for layer in range(f.config.num_layers):
-                q, k, v = f.project(layer, hidden, pos)
-                seq.write(layer, slot, k, v)
-                keys, values = seq.gather(layer)
-                hidden = f.attend(layer, hidden, q, keys, values, None)
-            return f.logits(hidden)[0]
+            if reads_in_place(f):
+                return dense_step(f, seq, token, position)
+            self.gathered_steps += 1
+            return reference_step(f, seq, token, position)
 
     def _decode(
         self,

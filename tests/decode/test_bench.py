@@ -11,6 +11,7 @@ from agentcache.decode.bench import DecodeBenchSettings, run_decode_bench
 from agentcache.decode.config import DecodeConfig, parse_policy_spec
 from agentcache.decode.prompts import token_prompts
 from agentcache.decode.report import write_report
+from agentcache.decode.setup import DecodeSetup
 from agentcache.model.loading import LoadedModel
 from tests.decode.conftest import TEXT
 
@@ -33,14 +34,18 @@ def test_bench_decode_writes_every_metric(
         policies=("dense", "quest", "flexicache", "flexicache:verify=4"),
         budget_pages=4,
         needle_tokens=6,
+        needle_prompts=2,
     )
     prompts = token_prompts(tiny, [TEXT], settings.prompt_tokens, 1)
     assert prompts[0].num_tokens == 560
 
-    def config(spec: str) -> DecodeConfig:
-        return DecodeConfig.from_spec(spec, budget_pages=4, profile=profile_file)
-
-    results = run_decode_bench(tiny, prompts, settings, config)
+    setups = {
+        spec: DecodeSetup.resolve(
+            tiny, DecodeConfig.from_spec(spec, budget_pages=4, profile=profile_file)
+        )
+        for spec in settings.policies
+    }
+    results = run_decode_bench(tiny, prompts, settings, setups)
     results.update(
         model=tiny.model_id, command="test", num_prompts=1,
         settings={"context": 600, "new_tokens": 40, "prompt_tokens": 560, "budget_pages": 4,
@@ -61,6 +66,7 @@ def test_bench_decode_writes_every_metric(
     assert flexi["bytes_promoted_per_rerank"] > 0 and dense["bytes_promoted_per_rerank"] == 0
     assert 0 <= flexi["greedy_agreement_with_dense"] <= 1
     assert flexi["head_reranks_per_step"] < pol["quest"]["head_reranks_per_step"] == 8
+    assert pol["quest"]["top_pages_per_rerank"] == 4  # fixed top-K: the whole budget
     verified = pol["flexicache:verify=4"]
     assert verified["greedy_agreement_with_dense"] == 1.0  # dense's tokens, by construction
     assert 0 <= verified["verify_acceptance"] <= 1 and verified["verify_passes_per_token"] > 0
@@ -71,6 +77,14 @@ def test_bench_decode_writes_every_metric(
     assert needle["dense"]["same_as_dense"] and set(needle) == set(pol)
     assert all(isinstance(pol[n]["needle_found"], bool) for n in pol)
     assert (tmp_path / "decode.png").stat().st_size > 0
+    per_prompt = json.loads((tmp_path / "results.json").read_text())["per_prompt"]
+    assert [p["kind"] for p in per_prompt] == ["text", "needle", "needle"]
+    assert all("needle_found" in p["policies"]["quest"] for p in per_prompt[1:])
+    assert dense["speed_ratio_median"] == 1.0 and dense["prompts_identical_to_dense"] == 3
+    assert verified["prompts_identical_to_dense"] == 3
+    assert flexi["speed_ratio_min"] <= flexi["speed_ratio_median"] <= flexi["speed_ratio_max"]
+    assert flexi["teacher_forced_top1_min"] <= flexi["teacher_forced_top1_agreement"]
+    assert flexi["needle_prompts_found"] in {"0/2", "1/2", "2/2"}
 
 
 def test_bench_settings_need_dense_and_room_for_new_tokens() -> None:

@@ -11,6 +11,7 @@ import pytest
 from agentcache.decode.bench import DecodeBenchSettings, run_decode_bench
 from agentcache.decode.config import DecodeConfig
 from agentcache.decode.prompts import load_texts, token_prompts
+from agentcache.decode.setup import DecodeSetup
 
 
 @pytest.mark.slow
@@ -27,7 +28,8 @@ def test_full_budget_sparse_decode_matches_dense_on_the_default_model() -> None:
     prompts = token_prompts(model, load_texts(workload), settings.prompt_tokens, 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        results = run_decode_bench(model, prompts, settings, lambda p: DecodeConfig(p, 10_000))
+        setups = {p: DecodeSetup.resolve(model, DecodeConfig(p, 10_000)) for p in settings.policies}
+        results = run_decode_bench(model, prompts, settings, setups)
     quest = results["per_prompt"][0]["policies"]["quest"]
     assert quest["greedy_agreement_with_dense"] == 1.0
     assert quest["decode"]["budget_clamped"]
@@ -48,10 +50,11 @@ def test_verified_small_budget_decode_is_dense_decode_on_the_default_model() -> 
     workload = Path(__file__).parents[2] / "benchmarks" / "workloads" / "memgpt.jsonl"
     prompts = token_prompts(model, load_texts(workload), settings.prompt_tokens, 1)
 
-    def config(spec: str) -> DecodeConfig:
-        return DecodeConfig.from_spec(spec, budget_pages=4)
-
-    results = run_decode_bench(model, prompts, settings, config)
+    setups = {
+        spec: DecodeSetup.resolve(model, DecodeConfig.from_spec(spec, budget_pages=4))
+        for spec in settings.policies
+    }
+    results = run_decode_bench(model, prompts, settings, setups)
     runs = results["per_prompt"][0]["policies"]
     assert runs["quest"]["greedy_agreement_with_dense"] < 1.0
     assert runs["quest:verify=8"]["greedy_agreement_with_dense"] == 1.0

@@ -9,6 +9,7 @@ from agentcache.decode.prompts import (
     QUESTION,
     load_texts,
     needle_prompt,
+    needle_prompts,
     token_prompts,
 )
 from agentcache.errors import AgentCacheError
@@ -45,3 +46,12 @@ def test_needle_prompt_plants_the_needle_and_ends_with_the_question(tiny: Loaded
     assert prompt.num_tokens == 600
     assert NEEDLE in text and text.endswith(QUESTION)
     assert 0.3 < text.index(NEEDLE) / len(text) < 0.7
+
+
+def test_needle_prompts_spread_the_needle_over_depths_and_haystacks(tiny: LoadedModel) -> None:
+    prompts = needle_prompts(tiny, [TEXT * 2], 600, 3)
+    texts = [tiny.tokenizer.decode(list(p.ids)) for p in prompts]
+    assert [p.num_tokens for p in prompts] == [600] * 3
+    depths = [t.index(NEEDLE) / (len(t) - len(NEEDLE) - len(QUESTION)) for t in texts]
+    assert depths == pytest.approx([0.1, 0.5, 0.9], abs=0.01)
+    assert all(t.endswith(QUESTION) for t in texts) and texts[0][:50] != texts[2][:50]

@@ -75,7 +75,9 @@ def test_full_budget_logits_match_dense_step_by_step(tiny: LoadedModel) -> None:
         seq.free()
 
 
-def needle_decoder(tiny: LoadedModel, policy: str, profile: Path | None) -> SparseDecoder:
+def needle_decoder(
+    tiny: LoadedModel, policy: str, profile: Path | None, top_p: float = 1.0
+) -> SparseDecoder:
     """A decoder over 40 pages of weak random keys with one needle key at token 333 (page 20)
     aligned with the query used in the tests."""
     c = tiny.config
@@ -84,7 +86,7 @@ def needle_decoder(tiny: LoadedModel, policy: str, profile: Path | None) -> Spar
     values = torch.randn(c.num_layers, 640, c.num_kv_heads, c.head_dim)
     keys[:, 333] = 3.0 * torch.ones(c.head_dim)
     values[:, 333] = 7.0
-    config = DecodeConfig(policy, budget_pages=3, profile=profile)
+    config = DecodeConfig(policy, budget_pages=3, profile=profile, top_p=top_p)
     from agentcache.decode.setup import DecodeSetup
 
     plan = DecodeSetup.resolve(tiny, config).plan

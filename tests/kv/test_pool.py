@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -189,3 +191,53 @@ def test_free_returns_pages_and_resets_sequence() -> None:
     assert seq.num_tokens == 0 and seq.table.pages == [] and seq.slots().numel() == 0
     # usable again after free; page 2 (released last) comes back first
     assert seq.extend(1).tolist() == [8]
+
+
+def _span_slots(seq: SequenceKV) -> list[int]:
+    return [s for a, b in seq.spans() for s in range(a, b)]
+
+
+def test_spans_of_consecutive_pages_are_one_run() -> None:
+    seq = SequenceKV(make_pool(num_pages=4, page_size=4))
+    seq.extend(3)
+    assert seq.spans() == [(0, 3)]
+    seq.extend(6)  # fills page 0, then pages 1 and 2
+    assert seq.spans() == [(0, 9)]
+
+
+def test_spans_of_descending_pages_merge_once_a_page_fills() -> None:
+    pool = make_pool(num_pages=4, page_size=4)
+    first = SequenceKV(pool)
+    first.extend(12)
+    first.free()  # pages 0, 1, 2 return; the next sequence gets 2, 1, 0
+    seq = SequenceKV(pool)
+    seq.extend(6)
+    assert seq.table.pages == [2, 1]
+    assert seq.spans() == [(4, 6), (8, 12)]  # page 1 half full
+    seq.extend(2)
+    assert seq.spans() == [(4, 12)]
+    seq.extend(1)
+    assert seq.spans() == [(0, 1), (4, 12)]
+
+
+def test_spans_hold_every_slot_once_over_fragmented_pages() -> None:
+    pool = make_pool(num_pages=8, page_size=4)
+    a, b = SequenceKV(pool), SequenceKV(pool)
+    for n in (3, 5, 1, 4, 6):
+        a.extend(n)
+        b.extend(2)
+    assert sorted(_span_slots(a)) == sorted(a.slots().tolist())
+    assert sorted(_span_slots(b)) == sorted(b.slots().tolist())
+    assert all(e < s for (_, e), (s, _) in itertools.pairwise(a.spans()))
+    a.free()
+    assert a.spans() == []
+
+
+def test_spans_follow_pages_appended_to_the_table() -> None:
+    pool = make_pool(num_pages=6, page_size=4)
+    seq = SequenceKV(pool)
+    seq.extend(4)  # page 0
+    seq.table.pages.extend(pool.allocate(2)[::-1])  # pages 2, 1 taken ahead of the tokens
+    seq.extend(6)
+    assert seq.slots().tolist() == [0, 1, 2, 3, 8, 9, 10, 11, 4, 5]
+    assert seq.spans() == [(0, 6), (8, 12)]

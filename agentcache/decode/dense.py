@@ -1,0 +1,84 @@
+"""Dense decode over the page pool, read in place: the engine's decode step.
+
+A decode query attends every token of its sequence, in any order (softmax over a set), so the
+context needs no token-order copy. The sequence's slots form a few runs of consecutive pool
+slots (`SequenceKV.spans`); each run is a strided view of the pool layer, attended with
+SDPA's CPU flash kernel, and the runs' partial results are merged by their log-sum-exp:
+
+    pool layer (N, Hkv, Dh)   [...... run 0 ......][.. other sequences ..][.. run 1 ..]
+    view per run              (1, Hkv, n_r, Dh), no copy
+    out = sum_r softmax_r(lse_r) * out_r
+
+One run (a sequence on consecutive pages) is the usual case; pages handed out in descending
+order make two runs until the newest page fills.
+
+`reference_step` is the reference path: it gathers the context into a token-order copy
+(`SequenceKV.gather`) and calls the forward's own `attend`. Forwards whose attention depends
+on token order or adds terms (`attend` overridden, e.g. CoPE) decode through it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from agentcache.kv.pool import SequenceKV
+from agentcache.model.llama import LlamaForward
+
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # returns (out, lse)
+
+
+def paged_attention(
+    q: Tensor, keys: Tensor, values: Tensor, spans: list[tuple[int, int]], scale: float
+) -> Tensor:
+    """One token's attention over pool slots `spans` of one layer, without copying them.
+
+    q (1, H, Dh); keys/values (N, Hkv, Dh), a pool layer; spans [(start, end)] -> (1, H*Dh)."""
+    hkv, dh = keys.shape[1], keys.shape[2]
+    qg = q.reshape(1, hkv, -1, dh)  # (1, Hkv, G, Dh): a group's query heads as G queries
+    outs, lses = [], []
+    for start, end in spans:
+        k = keys[start:end].transpose(0, 1).unsqueeze(0)  # (1, Hkv, n, Dh) view
+        v = values[start:end].transpose(0, 1).unsqueeze(0)
+        out, lse = _flash(qg, k, v, 0.0, False, attn_mask=None, scale=scale)
+        outs.append(out)  # (1, Hkv, G, Dh)
+        lses.append(lse)  # (1, Hkv, G)
+    if len(outs) == 1:
+        return outs[0].reshape(1, -1)
+    weights = torch.softmax(torch.stack(lses), dim=0).unsqueeze(-1)  # (R, 1, Hkv, G, 1)
+    return (torch.stack(outs) * weights).sum(0).reshape(1, -1)
+
+
+def reads_in_place(forward: LlamaForward) -> bool:
+    """Whether `forward`'s attention is plain softmax attention, which `paged_attention` is."""
+    return type(forward).attend is LlamaForward.attend
+
+
+def dense_step(forward: LlamaForward, seq: SequenceKV, token: int, position: int) -> Tensor:
+    """Append `token` at `position` to `seq` and return the logits after it (V,), reading the
+    context in place. Only for forwards where `reads_in_place` holds."""
+    f, pool = forward, seq.pool
+    slot = seq.extend(1)
+    pos = torch.tensor([position])
+    hidden = f.embed(torch.tensor([token]))
+    spans = seq.spans()
+    for layer in range(f.config.num_layers):
+        q, k, v = f.project(layer, hidden, pos)
+        seq.write(layer, slot, k, v)
+        attn = paged_attention(q, pool.keys[layer], pool.values[layer], spans, f.scale)
+        hidden = f.finish(layer, hidden, attn)
+    return f.logits(hidden)[0]
+
+
+def reference_step(forward: LlamaForward, seq: SequenceKV, token: int, position: int) -> Tensor:
+    """`dense_step` through a token-order copy of the context and the forward's `attend`."""
+    f = forward
+    slot = seq.extend(1)
+    pos = torch.tensor([position])
+    hidden = f.embed(torch.tensor([token]))
+    for layer in range(f.config.num_layers):
+        q, k, v = f.project(layer, hidden, pos)
+        seq.write(layer, slot, k, v)
+        keys, values = seq.gather(layer)
+        hidden = f.attend(layer, hidden, q, keys, values, None)
+    return f.logits(hidden)[0]
