@@ -17,6 +17,10 @@ W="reflexion memgpt swe_agent"
 
 # docs/benchmarks.md "Reuse strategies", docs/lab/reuse.md (about 5 hours)
 reuse() {
+  # the chat family's validation half, through the server's segmenter, with the transformers peer
+  $ac bench benchmarks/workloads/chat.jsonl --split validate --sessions chat-08,chat-09,chat-10,chat-11 \
+    --strategies full,prefix,pic,epic,cacheblend,default,transformers-prefix --threads 1 \
+    --out docs/bench/validate-chat
   # every strategy, sessions -01 (shift) and -02 (swing), first 4 turns, 32 teacher-forced tokens
   for w in $W; do
     $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
