@@ -20,7 +20,7 @@ import json, sys
 import openai
 from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
 from agentcache.server import ServerConfig, create_app
-from tests.server.conftest import live_server
+from agentcache.server.inprocess import serve_in_thread
 
 store, reuse, min_reused = sys.argv[1], sys.argv[2], float(sys.argv[3])
 backend = VLLMBackend(VLLMConfig(reuse=reuse, store_dir=store, kv_cache_bytes=256 << 20,
@@ -31,7 +31,7 @@ system = ("You are a support agent for a hosting company. Be brief. Refunds are 
 users = ["My server was down for two hours.", "My bill is $40. What is my credit?"]
 messages = [{"role": "system", "content": system}]
 turns = []
-with live_server(create_app(backend, ServerConfig("default"))) as url:
+with serve_in_thread(create_app(backend, ServerConfig("default"))) as url:
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
     head = {"X-Agentcache-Conversation": "support-1"}
     for user in users:

@@ -10,7 +10,7 @@ import pytest
 
 from agentcache.runtime.engine import Engine, EngineConfig
 from agentcache.server import ServerConfig, create_app
-from tests.server.conftest import live_server
+from agentcache.server.inprocess import serve_in_thread
 
 SYSTEM = (
     "You are a support agent for a hosting company. Be brief. Refunds are possible within 30 "
@@ -46,7 +46,7 @@ def test_default_model_loop_reuses_and_matches_full() -> None:
     for strategy in ("rpdc", "full"):
         engine = Engine(model, EngineConfig(strategy, kv_pages=512))
         app = create_app(engine, ServerConfig("default"))
-        with live_server(app) as url:
+        with serve_in_thread(app) as url:
             runs[strategy] = loop(url)
     texts = {s: [r.choices[0].message.content for r in rs] for s, rs in runs.items()}
     assert texts["rpdc"] == texts["full"]

@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from agentcache.model.loading import LoadedModel
-from tests.server.conftest import MODEL, live_server, tiny_app
+from agentcache.server.inprocess import serve_in_thread
+from tests.server.conftest import MODEL, tiny_app
 
 URL = "/v1/chat/completions"
 HEADER = "X-Agentcache-Conversation"
@@ -58,15 +59,15 @@ def public(r: httpx.Response) -> dict[str, Any]:
 
 @pytest.fixture
 def url(tiny: LoadedModel) -> Iterator[str]:
-    with live_server(tiny_app(tiny)) as u:
+    with serve_in_thread(tiny_app(tiny)) as u:
         yield u
 
 
 def test_a_hostile_system_prompt_does_not_change_a_victims_reply(tiny: LoadedModel) -> None:
     question = sys_user(VICTIM_SYSTEM, "What will the weather be in Paris tomorrow?")
-    with live_server(tiny_app(tiny)) as alone:
+    with serve_in_thread(tiny_app(tiny)) as alone:
         expected = post(alone, question, tools=[WEATHER]).json()
-    with live_server(tiny_app(tiny)) as shared:
+    with serve_in_thread(tiny_app(tiny)) as shared:
         post(shared, sys_user(HOSTILE_SYSTEM, "What will the weather be?"), tools=[WEATHER])
         got = post(shared, question, tools=[WEATHER]).json()
     assert got["choices"] == expected["choices"]
@@ -120,7 +121,7 @@ def test_a_forged_or_guessed_conversation_name_gets_nothing(url: str) -> None:
 def test_a_right_and_a_wrong_guess_get_the_same_report(
     tiny: LoadedModel, strategy: str, forged: str | None
 ) -> None:
-    with live_server(tiny_app(tiny, strategy)) as url:
+    with serve_in_thread(tiny_app(tiny, strategy)) as url:
         _guesses(url, forged)
 
 

@@ -11,7 +11,8 @@ import openai
 import pytest
 
 from agentcache.model.loading import LoadedModel
-from tests.server.conftest import MODEL, live_server, tiny_app
+from agentcache.server.inprocess import serve_in_thread
+from tests.server.conftest import MODEL, tiny_app
 
 SYSTEM = "You are a build agent. Tools: ls, cat, grep, make. Reply with one command. " * 3
 USERS = ("list the files", "open the README", "run the tests", "show the failures")
@@ -40,9 +41,9 @@ def agent_loop(url: str, task: str, turns: int = 4, max_tokens: int = 8) -> list
 
 
 def test_agent_loop_reuses_prompt_tokens_and_matches_full(tiny: LoadedModel) -> None:
-    with live_server(tiny_app(tiny)) as url:
+    with serve_in_thread(tiny_app(tiny)) as url:
         reused = agent_loop(url, "task")
-    with live_server(tiny_app(tiny, "full")) as url:
+    with serve_in_thread(tiny_app(tiny, "full")) as url:
         full = agent_loop(url, "task")
     texts = [r.choices[0].message.content for r in reused]
     assert texts == [r.choices[0].message.content for r in full]
@@ -62,14 +63,14 @@ def test_agent_loop_reuses_prompt_tokens_and_matches_full(tiny: LoadedModel) -> 
 
 def test_streaming_equals_non_streaming(tiny: LoadedModel) -> None:
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]
-    with live_server(tiny_app(tiny)) as url:
+    with serve_in_thread(tiny_app(tiny)) as url:
         whole = client(url).chat.completions.create(
             model=MODEL,
             messages=messages,
             temperature=0,
             max_tokens=12,  # type: ignore[arg-type]
         )
-    with live_server(tiny_app(tiny)) as url:
+    with serve_in_thread(tiny_app(tiny)) as url:
         stream = client(url).chat.completions.create(
             model=MODEL, messages=messages, temperature=0, max_tokens=12, stream=True,  # type: ignore[arg-type]
             stream_options={"include_usage": True},
@@ -89,9 +90,9 @@ def test_eight_concurrent_loops_equal_their_solo_runs(tiny: LoadedModel) -> None
     tasks = [f"project-{i}" for i in range(8)]
     solo = []
     for task in tasks:  # each alone on a fresh server
-        with live_server(tiny_app(tiny)) as url:
+        with serve_in_thread(tiny_app(tiny)) as url:
             solo.append([r.choices[0].message.content for r in agent_loop(url, task, 3)])
-    with live_server(tiny_app(tiny)) as url, ThreadPoolExecutor(8) as pool:
+    with serve_in_thread(tiny_app(tiny)) as url, ThreadPoolExecutor(8) as pool:
         runs = list(pool.map(lambda t: agent_loop(url, t, 3), tasks))
     together = [[r.choices[0].message.content for r in run] for run in runs]
     assert together == solo
@@ -183,7 +184,7 @@ def test_bad_input_is_a_4xx_with_an_openai_error(
 def test_a_request_larger_than_the_kv_pool_is_a_400_before_any_compute(tiny: LoadedModel) -> None:
     """The pool (4 pages of 16 tokens) is what limits the context here, not the model."""
     long = {**GOOD, "messages": [{"role": "user", "content": "word " * 80}]}
-    with live_server(tiny_app(tiny, kv_pages=4)) as url:
+    with serve_in_thread(tiny_app(tiny, kv_pages=4)) as url:
         r = httpx.post(f"{url}/v1/chat/completions", json=long)
         assert r.status_code == 400
         err = _error(r)

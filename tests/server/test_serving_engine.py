@@ -20,7 +20,7 @@ from agentcache.reuse.base import SegmentMiss
 from agentcache.runtime.backends import ServingEngine
 from agentcache.runtime.engine import Generation, GenerationParams, TurnStats
 from agentcache.server import ServerConfig, create_app
-from tests.server.conftest import live_server
+from agentcache.server.inprocess import serve_in_thread
 
 REPLY = "Paris is the capital of France."
 
@@ -99,7 +99,7 @@ def test_the_server_only_needs_the_serving_protocol() -> None:
     engine = ScriptedEngine()
     seam: ServingEngine = engine  # mypy checks ScriptedEngine against the protocol
     app = create_app(seam, ServerConfig("scripted"))
-    with live_server(app) as url:
+    with serve_in_thread(app) as url:
         headers: dict[str, str] = {}
         for _ in range(2):  # the second time, the conversation's messages are fixed segments
             raw = _client(url).chat.completions.with_raw_response.create(
@@ -133,7 +133,7 @@ def test_the_server_only_needs_the_serving_protocol() -> None:
 
 def test_streaming_goes_through_on_token_and_max_tokens_cuts_it() -> None:
     engine = ScriptedEngine()
-    with live_server(create_app(engine, ServerConfig("scripted"))) as url:
+    with serve_in_thread(create_app(engine, ServerConfig("scripted"))) as url:
         stream = _client(url).chat.completions.create(
             model="scripted", messages=MESSAGES, temperature=0, max_tokens=9, stream=True,  # type: ignore[arg-type]
             stream_options={"include_usage": True},
@@ -155,6 +155,6 @@ def test_streaming_goes_through_on_token_and_max_tokens_cuts_it() -> None:
 
 def test_default_model_name_comes_from_the_engine() -> None:
     app = create_app(ScriptedEngine())
-    with live_server(app) as url:
+    with serve_in_thread(app) as url:
         models = httpx.get(f"{url}/v1/models").json()
     assert models["data"][0]["id"] == "scripted"

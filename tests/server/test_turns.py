@@ -20,7 +20,7 @@ from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.runtime.engine import Generation, GenerationParams, TurnStats
 from agentcache.server import ServerConfig, create_app
 from agentcache.server.admission import AdmissionLine, QueueFull
-from tests.server.conftest import live_server
+from agentcache.server.inprocess import serve_in_thread
 from tests.server.test_serving_engine import ScriptedEngine
 
 LONG = 4000  # tokens a request asks for: minutes at the scripted pace
@@ -75,7 +75,7 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
 
 def test_a_client_that_gives_up_stops_its_generation() -> None:
     engine = SlowEngine()
-    with live_server(app(engine)) as url:  # type: ignore[arg-type]
+    with serve_in_thread(app(engine)) as url:  # type: ignore[arg-type]
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{url}/v1/chat/completions", json={**BODY, "max_tokens": LONG},
                        timeout=0.5)  # fmt: skip
@@ -90,7 +90,7 @@ def test_a_client_that_gives_up_stops_its_generation() -> None:
 
 def test_a_client_that_leaves_a_stream_stops_its_generation() -> None:
     engine = SlowEngine()
-    with live_server(app(engine)) as url:  # type: ignore[arg-type]
+    with serve_in_thread(app(engine)) as url:  # type: ignore[arg-type]
         body = {**BODY, "max_tokens": LONG, "stream": True}
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
             lines = r.iter_lines()
@@ -104,7 +104,7 @@ def test_a_client_that_leaves_a_stream_stops_its_generation() -> None:
 
 def test_a_request_past_its_deadline_gets_504_and_stops() -> None:
     engine = SlowEngine()
-    with live_server(app(engine, request_timeout_s=0.3)) as url:  # type: ignore[arg-type]
+    with serve_in_thread(app(engine, request_timeout_s=0.3)) as url:  # type: ignore[arg-type]
         r = httpx.post(f"{url}/v1/chat/completions", json={**BODY, "max_tokens": LONG})
         wait_for(lambda: len(engine.produced) == 1)
         metrics = httpx.get(f"{url}/metrics").text
@@ -117,7 +117,7 @@ def test_a_request_past_its_deadline_gets_504_and_stops() -> None:
 
 def test_a_full_line_answers_503_with_retry_after() -> None:
     engine = SlowEngine()
-    with live_server(app(engine, max_queued=0)) as url:  # type: ignore[arg-type]
+    with serve_in_thread(app(engine, max_queued=0)) as url:  # type: ignore[arg-type]
         long_body = {**BODY, "max_tokens": 200}
         post = lambda: httpx.post(f"{url}/v1/chat/completions", json=long_body, timeout=60)  # noqa: E731
         busy = threading.Thread(target=post)
