@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,14 +54,18 @@ class ClientLog:
 
 
 def conversation(url: str, model: str, task: int, turns: int, stream: bool,
-                 log: ClientLog, stop_at: float = float("inf")) -> None:  # fmt: skip
-    """One agent conversation: the whole history resent each turn, as an OpenAI client does."""
+                 log: ClientLog, stop_at: float = float("inf"),
+                 think: Callable[[], float] = lambda: 0.0) -> None:  # fmt: skip
+    """One agent conversation: the whole history resent each turn, as an OpenAI client does;
+    between turns the agent sleeps `think()` seconds (its tools running)."""
     opening = f"Task {task}: the test_parse_{task} test fails."
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": opening}]
     replies: list[str] = []
     token: dict[str, str] = {}  # the conversation's token, echoed as a client should
     with httpx.Client(base_url=url, timeout=600) as http:
         for turn in range(turns):
+            if turn:
+                time.sleep(think())
             if time.monotonic() > stop_at:
                 break
             body = {"model": model, "messages": messages, "max_tokens": 8, "temperature": 0,
@@ -152,8 +158,10 @@ def run(args: argparse.Namespace, url: str, model: str, in_process: bool) -> dic
         watcher.start()
 
     def loop(i: int) -> None:
+        rng = random.Random(i)  # each agent's tools take 0.5-1.5x --think seconds
+        think = lambda: args.think * rng.uniform(0.5, 1.5)  # noqa: E731
         while time.monotonic() < stop_at:
-            conversation(url, model, i, args.turns, i % 2 == 1, load[i], stop_at)
+            conversation(url, model, i, args.turns, i % 2 == 1, load[i], stop_at, think)
 
     threads = [threading.Thread(target=abandoner, args=(url, model, args, stop_at, load[0]))]
     threads += [threading.Thread(target=loop, args=(i,)) for i in range(1, args.clients)]
@@ -180,7 +188,7 @@ def summarize(args: argparse.Namespace, solo: list[ClientLog], load: list[Client
     load_lat = [x for c in load for x in c.latencies_s]
     found = re.findall(r"^(agentcache_\S+) (\S+)$", metrics, re.M)
     counters = {k: float(v) for k, v in found if "_created" not in k}
-    warm = [b for t, b in memory if t >= args.duration / 3]
+    warm = [(t, b) for t, b in memory if t >= args.duration / 3]
     return {
         "clients": args.clients, "duration_s": args.duration, "turns": args.turns,
         "model": args.model if not args.url else args.url,
@@ -188,10 +196,21 @@ def summarize(args: argparse.Namespace, solo: list[ClientLog], load: list[Client
         "replies_compared": compared, "replies_differing": differing,
         "abandoned": load[0].abandoned, "long_finished_before_hang_up": load[0].finished_early,
         "latency_s": latencies(solo_lat, load_lat),
-        "rss_bytes": memory, "rss_after_warmup": [min(warm), max(warm)] if warm else None,
+        "rss_bytes": memory,
+        "rss_after_warmup": [min(b for _, b in warm), max(b for _, b in warm)] if warm else None,
+        "rss_slope_mib_per_min": slope_mib_per_min(warm) if len(warm) > 2 else None,
+        "think_s": args.think,
         "server_counters": {k: v for k, v in counters.items() if any(w in k for w in KEPT)},
         "per_client": [asdict(c) | {"replies": len(c.replies)} for c in load],
     }  # fmt: skip
+
+
+def slope_mib_per_min(samples: list[tuple[float, int]]) -> float:
+    """Least-squares slope of resident memory over time."""
+    ts, bs = [t for t, _ in samples], [b / 2**20 for _, b in samples]
+    mt, mb = statistics.fmean(ts), statistics.fmean(bs)
+    var = sum((t - mt) ** 2 for t in ts)
+    return 60 * sum((t - mt) * (b - mb) for t, b in zip(ts, bs, strict=True)) / var
 
 
 def latencies(solo: list[float], load: list[float]) -> dict[str, float]:
@@ -217,13 +236,16 @@ def report(result: dict[str, Any], command: str) -> str:
         f"{lat['load_p50'] / lat['solo_p50']:.1f}x |",
         f"| p99 | {lat['solo_p99']:.3f} s | {lat['load_p99']:.3f} s | "
         f"{lat['load_p99'] / lat['solo_p99']:.1f}x |", "",
-        f"(n = {lat['solo_n']} solo, {lat['load_n']} under load; under load a request waits for "
+        f"(n = {lat['solo_n']} solo, {lat['load_n']} under load; agents think "
+        f"{result['think_s']:g} s x U(0.5, 1.5) between turns; under load a request waits for "
         f"the ones before it: the engine serves one at a time.)",
     ]  # fmt: skip
     if result["rss_after_warmup"]:
         lo, hi = result["rss_after_warmup"]
         lines += ["", f"Resident memory after the first third: {lo / 2**20:.0f}-"
-                  f"{hi / 2**20:.0f} MiB (samples every 2 s in results.json)."]  # fmt: skip
+                  f"{hi / 2**20:.0f} MiB, least-squares slope "
+                  f"{result['rss_slope_mib_per_min']:+.2f} MiB/min (samples every 2 s in "
+                  "results.json)."]  # fmt: skip
     lines += ["", "Server counters:", ""]
     lines += [f"- `{k}` {v:g}" for k, v in result["server_counters"].items()]
     return "\n".join(lines) + "\n"
@@ -234,6 +256,12 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--duration", type=float, default=60.0, help="seconds of load")
     p.add_argument("--turns", type=int, default=4, help="turns per conversation")
+    p.add_argument(
+        "--think",
+        type=float,
+        default=0.0,
+        help="seconds an agent's tools take between its turns (x U(0.5, 1.5)); 0: none",
+    )
     p.add_argument("--abandon-every", type=float, default=5.0)
     p.add_argument("--long-tokens", type=int, default=2000)
     p.add_argument("--hang-up-after", type=float, default=1.0, help="seconds")
@@ -248,6 +276,8 @@ def main() -> None:
     )
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    if args.think < 0:
+        p.error("--think must be >= 0")
     if args.clients < 2:
         p.error("--clients must be >= 2 (client 0 abandons, the others converse)")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -268,38 +298,20 @@ def main() -> None:
 
 
 def in_process_server(model_name: str, store_bytes: int) -> Any:
-    import contextlib
     import os
 
     import torch
-    import uvicorn
 
     from agentcache.model.loading import load_model
     from agentcache.runtime.engine import Engine, EngineConfig
     from agentcache.server import ServerConfig, create_app
+    from agentcache.server.inprocess import serve_in_thread
     from agentcache.testing import tiny_model
 
     torch.set_num_threads(int(os.environ.get("AGENTCACHE_NUM_THREADS", "1")))
     model = tiny_model() if model_name == "tiny" else load_model(model_name)
-    app = create_app(
-        Engine(model, EngineConfig(kv_pages=1024, store_bytes=store_bytes)), ServerConfig("load")
-    )
-
-    @contextlib.contextmanager
-    def serving() -> Any:
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        while not server.started:
-            time.sleep(0.05)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            server.should_exit = True
-            thread.join(timeout=30)
-
-    return serving()
+    engine = Engine(model, EngineConfig(kv_pages=1024, store_bytes=store_bytes))
+    return serve_in_thread(create_app(engine, ServerConfig("load")))
 
 
 if __name__ == "__main__":
