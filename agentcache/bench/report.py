@@ -44,6 +44,35 @@ def summarize(records: list[dict[str, Any]], key: str | None = None) -> dict[str
     return out[""] if key is None else out
 
 
+def cold(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per strategy, TTFT / `full`'s on each session's first turn (nothing to reuse yet): what
+    a new conversation pays for a strategy before it can reuse anything."""
+    by: dict[str, list[float]] = {}
+    for r in records:
+        if r["turn"] == 0 and r["ttft_full_ms"] > 0:
+            by.setdefault(r["strategy"], []).append(r["ttft_ms"] / r["ttft_full_ms"])
+    return {s: {"median": _median(v), "max": max(v), "turns": len(v)} for s, v in by.items() if v}
+
+
+KL_TIE = 1e-9  # KLs closer than this are equal (exact reuse measures ~1e-11 of float noise)
+
+
+def dominated_by(summary: dict[str, dict[str, float]]) -> dict[str, list[str]]:
+    """For each strategy, the others at or below both its TTFT/full and its compute with a
+    lower teacher-forced KL (the test the default must pass on every family)."""
+    out: dict[str, list[str]] = {}
+    for name, s in summary.items():
+        out[name] = [
+            other
+            for other, o in summary.items()
+            if other != name
+            and o["ttft_ratio_vs_full"] <= s["ttft_ratio_vs_full"]
+            and o["recompute_fraction_mean"] <= s["recompute_fraction_mean"]
+            and o["tf_kl_mean"] < s["tf_kl_mean"] - KL_TIE
+        ]
+    return out
+
+
 def _summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     """`aggregate`, plus the median time a strategy spent besides computing tokens (NaN for
     records written before it was measured)."""
@@ -62,6 +91,7 @@ def write_results(
         "by_case": summarize(records, "case"),
         "by_workload": summarize(records, "workload"),
         "cksim_by_layer": _cksim(records),
+        "cold": cold(records),
         "machine": {
             "cores": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
@@ -143,6 +173,9 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
         table(results["strategies"]),
     ]
+    parts += _dominance_lines(results["strategies"])
+    if results.get("cold"):
+        parts += ["", "## Cold turns", "", _cold_sentence(results["cold"])]
     for key, title in (("by_case", "case"), ("by_workload", "workload")):
         for group, summary in sorted(results[key].items()):
             parts += ["", f"## {title}: {group or 'unlabelled'}", "", table(summary)]
@@ -154,6 +187,27 @@ def render_markdown(results: dict[str, Any]) -> str:
             f"- {p}" for p in results["skipped_lines"]
         ]
     return "\n".join(parts) + "\n"
+
+
+def _dominance_lines(summary: dict[str, dict[str, float]]) -> list[str]:
+    """Which strategies another one beats on TTFT, compute and KL at once (warm turns)."""
+    beaten = {k: v for k, v in dominated_by(summary).items() if v}
+    if not beaten:
+        return ["", "No strategy is dominated by another (TTFT/full and compute at or below, "
+                "KL tf lower)."]  # fmt: skip
+    return ["", "Dominated (another has TTFT/full and compute at or below, KL tf lower): "
+            + "; ".join(f"`{k}` by {', '.join(f'`{o}`' for o in v)}" for k, v in beaten.items())
+            + "."]  # fmt: skip
+
+
+def _cold_sentence(cold_turns: dict[str, dict[str, float]]) -> str:
+    parts = [f"`{s}` {c['median']:.2f} (max {c['max']:.2f})" for s, c in cold_turns.items()]
+    n = max(c["turns"] for c in cold_turns.values())
+    return (
+        f"TTFT / `full`'s on each session's first turn, where nothing is cached (median of {n}): "
+        + ", ".join(parts)
+        + "."
+    )
 
 
 def plot(results: dict[str, Any], out: Path) -> None:
