@@ -66,10 +66,7 @@ class CCPEPlan(PositionPlan):
         return torch.arange(prompt.num_tokens)
 
     def e_star(self, key: str) -> int | None:
-        counts = self.histograms.get(key)
-        if not counts:
-            return None
-        return max(counts.items(), key=lambda kv: (kv[1], kv[0]))[0]
+        return self.histograms.most_frequent(key)
 
     def filter(
         self,
@@ -91,10 +88,10 @@ class CCPEPlan(PositionPlan):
         if segments:  # one Q/K/V projection of layer 0 up to the last chunk start
             n = max(s.start for s in segments) + 1
             stats.token_layers_computed += forward.config.qkv_fraction() * n
-        live = {segment_key(s.ids): e for s, e in zip(segments, encodings, strict=True)}
+        live = {segment_key(s): e for s, e in zip(segments, encodings, strict=True)}
         keep = []
         for h in hits:
-            key = segment_key(h.segment.ids)
+            key = segment_key(h.segment)
             star = self.e_star(key)
             if star is None or live[key] == star:
                 keep.append(h)

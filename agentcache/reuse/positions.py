@@ -18,9 +18,9 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from agentcache.kv.store import content_id
+from agentcache.kv.store import segment_content_id
 from agentcache.model.llama import LlamaForward
-from agentcache.prompt.tokenize import TokenizedPrompt
+from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment
 from agentcache.registry import Registry
 from agentcache.reuse.base import ReuseStats
 from agentcache.reuse.segments import REUSABLE, SegmentHit
@@ -43,6 +43,13 @@ class BoundedCounts:
             self._counts.move_to_end(key)
         return self._counts.get(key)
 
+    def most_frequent(self, key: str) -> int | None:
+        """The value counted most often under `key` (ties: the smallest), None if none."""
+        counts = self.get(key)
+        if not counts:
+            return None
+        return max(counts.items(), key=lambda kv: (kv[1], -kv[0]))[0]
+
     def add(self, key: str, value: int) -> None:
         self._counts.setdefault(key, Counter())[value] += 1
         self._counts.move_to_end(key)
@@ -50,8 +57,10 @@ class BoundedCounts:
             self._counts.popitem(last=False)
 
 
-def segment_key(ids: tuple[int, ...]) -> str:
-    return content_id(ids, "segment", None)
+def segment_key(seg: TokenizedSegment) -> str:
+    """A plan's history key for a segment: its store key, scope included, so that what one
+    conversation sends never moves another's positions."""
+    return segment_content_id(seg.ids, seg.segment.scope)
 
 
 class PositionPlan(ABC):
@@ -94,11 +103,10 @@ class ModeStart(PositionPlan):
     def positions(self, prompt: TokenizedPrompt, hits: list[SegmentHit]) -> Tensor:
         positions = torch.arange(prompt.num_tokens)
         for h in hits:
-            counts = self.starts.get(segment_key(h.segment.ids))
-            if counts:
-                start = max(counts.items(), key=lambda kv: (kv[1], -kv[0]))[0]
+            start = self.starts.most_frequent(segment_key(h.segment))
+            if start is not None:
                 positions[h.start : h.end] = torch.arange(start, start + h.num_tokens)
         for seg in prompt.segments:
             if seg.kind in REUSABLE:
-                self.starts.add(segment_key(seg.ids), seg.start)
+                self.starts.add(segment_key(seg), seg.start)
         return positions

@@ -3,6 +3,8 @@ the position plans, the offset ranker against the plain offset order."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -42,6 +44,28 @@ def test_bounded_counts_forget_the_least_recently_used_key() -> None:
     assert counts.get("b") is None and counts.get("a") == {1: 1} and counts.get("c") == {7: 1}
 
 
+def test_most_frequent_breaks_ties_toward_the_smallest_value() -> None:
+    counts = BoundedCounts()
+    assert counts.most_frequent("a") is None
+    for v in (40, 7, 40, 7, 3):
+        counts.add("a", v)
+    assert counts.most_frequent("a") == 7  # 40 and 7 twice each: the smaller wins
+    counts.add("a", 40)
+    assert counts.most_frequent("a") == 40
+
+
+def test_plan_history_keys_are_scoped(tiny: LoadedModel) -> None:
+    """The same text in two conversations is two histories: one cannot move the other."""
+    engine = Engine(tiny)
+    seg = engine.tokenize(agent_prompt("x")).segments[1]
+    mine = replace(seg, segment=replace(seg.segment, scope="conversation-a"))
+    theirs = replace(seg, segment=replace(seg.segment, scope="conversation-b"))
+    assert len({segment_key(seg), segment_key(mine), segment_key(theirs)}) == 3
+    plan = ModeStart()
+    plan.starts.add(segment_key(theirs), 999)
+    assert plan.starts.most_frequent(segment_key(mine)) is None
+
+
 @pytest.mark.parametrize("bound", [2, 3])
 def test_the_mode_plan_keeps_at_most_its_bound_of_segments(tiny: LoadedModel, bound: int) -> None:
     plan = ModeStart()
@@ -51,12 +75,12 @@ def test_the_mode_plan_keeps_at_most_its_bound_of_segments(tiny: LoadedModel, bo
         plan.positions(engine.tokenize(agent_prompt(f"memory v{turn} " * (turn + 1))), [])
     assert len(plan.starts) == bound
     sys, _, _, h2, *_ = engine.tokenize(agent_prompt("x")).segments
-    h2_counts = plan.starts.get(segment_key(h2.ids))
+    h2_counts = plan.starts.get(segment_key(h2))
     assert h2_counts is not None
     if bound == 3:  # every segment kept: one start per turn
         assert sum(h2_counts.values()) == 3
     else:  # sys, the least recently recorded, is forgotten each turn
-        assert plan.starts.get(segment_key(sys.ids)) is None
+        assert plan.starts.get(segment_key(sys)) is None
 
 
 @pytest.mark.parametrize("chunks", ["segment", "span"])
