@@ -225,8 +225,9 @@ def disk_folder(policy: str, parent: Path | None) -> Path:
 
 def _engine(model: LoadedModel, policy: str, cfg: TierBenchConfig, root: Path) -> Engine:
     c = model.config
-    token_bytes = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4
-    working = min(cfg.kv_pages * 16, c.max_position_embeddings) * token_bytes
+    token_bytes = c.kv_bytes_per_token(model.forward.weights.embed.element_size())
+    page_size = EngineConfig.page_size  # the pool's tokens per page: the engine's default
+    working = min(cfg.kv_pages * page_size, c.max_position_embeddings) * token_bytes
     tiers = TierConfig(
         fast_bytes=cfg.fast_bytes or working, host_bytes=cfg.host_bytes, disk_dir=root,
         spill=policy, fsync=cfg.fsync, adopt_recomputed=cfg.adopt,
