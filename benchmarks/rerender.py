@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from agentcache.bench.report import cold, plot, render_markdown
+from agentcache.bench.report import cold, peer_ratios, plot, render_markdown
 
 
 def main() -> None:
@@ -23,8 +23,9 @@ def main() -> None:
         if not path.is_file():
             p.error(f"{path}: no results.json")
         results = json.loads(path.read_text())
-        if "cold" not in results:
+        if "cold" not in results or "ttft_ratio_vs_peer" not in results:
             results["cold"] = cold(results["turns"])
+            results["ttft_ratio_vs_peer"] = peer_ratios(results["turns"])
             path.write_text(json.dumps(results, indent=1))
         (folder / "report.md").write_text(render_markdown(results))
         plot(results, folder)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agentcache.bench.metrics import _median, aggregate
+from agentcache.bench.peer import PEER
 
 COLUMNS = (
     ("ttft_ratio_vs_full", "TTFT/full", "{:.3f}"),
@@ -42,6 +43,20 @@ def summarize(records: list[dict[str, Any]], key: str | None = None) -> dict[str
         groups.setdefault(r[key] if key else "", {}).setdefault(r["strategy"], []).append(r)
     out = {g: {s: _summary(rs) for s, rs in by.items()} for g, by in groups.items()}
     return out[""] if key is None else out
+
+
+def peer_ratios(records: list[dict[str, Any]], peer: str = PEER) -> dict[str, float]:
+    """Per strategy, the median over warm turns of its TTFT / the `transformers-prefix` peer's
+    on the same turn (what a user would hand-roll in `transformers`); empty without the peer."""
+    key = ("session", "workload", "turn")
+    turns = warm(records)
+    theirs = {tuple(r[k] for k in key): r["ttft_ms"] for r in turns if r["strategy"] == peer}
+    by: dict[str, list[float]] = {}
+    for r in turns:
+        t = theirs.get(tuple(r[k] for k in key))
+        if t:
+            by.setdefault(r["strategy"], []).append(r["ttft_ms"] / t)
+    return {s: _median(v) for s, v in by.items()}
 
 
 def cold(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -92,6 +107,7 @@ def write_results(
         "by_workload": summarize(records, "workload"),
         "cksim_by_layer": _cksim(records),
         "cold": cold(records),
+        "ttft_ratio_vs_peer": peer_ratios(records),
         "machine": {
             "cores": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
@@ -174,6 +190,10 @@ def render_markdown(results: dict[str, Any]) -> str:
         table(results["strategies"]),
     ]
     parts += _dominance_lines(results["strategies"])
+    if results.get("ttft_ratio_vs_peer"):
+        ratios = results["ttft_ratio_vs_peer"]
+        parts += ["", f"TTFT / `{PEER}`'s on the same warm turn (median): "
+                  + ", ".join(f"`{k}` {v:.2f}" for k, v in ratios.items()) + "."]  # fmt: skip
     if results.get("cold"):
         parts += ["", "## Cold turns", "", _cold_sentence(results["cold"])]
     for key, title in (("by_case", "case"), ("by_workload", "workload")):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentcache.bench.report import cold, dominated_by, render_markdown
+from agentcache.bench.report import cold, dominated_by, peer_ratios, render_markdown
 
 
 def _row(ttft: float, compute: float, kl: float) -> dict[str, float]:
@@ -58,3 +58,20 @@ def test_report_names_the_dominated(tmp_path: Any) -> None:
     md = render_markdown(results)
     assert "`rpdc` by `epic`" in md
     assert "`rpdc` 1.01 (max 1.02)" in md
+
+
+def test_peer_ratios_pair_the_same_warm_turn() -> None:
+    def rec(strategy: str, session: str, turn: int, ttft: float) -> dict[str, Any]:
+        return {"strategy": strategy, "session": session, "workload": "w", "turn": turn,
+                "ttft_ms": ttft, "ttft_full_ms": 1000.0}  # fmt: skip
+
+    records = [
+        rec("transformers-prefix", "a", 1, 100.0), rec("rpdc", "a", 1, 50.0),
+        rec("transformers-prefix", "b", 1, 400.0), rec("rpdc", "b", 1, 400.0),
+        rec("transformers-prefix", "b", 2, 100.0), rec("rpdc", "b", 2, 300.0),
+        rec("transformers-prefix", "a", 0, 1.0), rec("rpdc", "a", 0, 1000.0),  # cold: left out
+    ]  # fmt: skip
+    got = peer_ratios(records)
+    assert got["rpdc"] == 1.0  # median of 0.5, 1.0, 3.0
+    assert got["transformers-prefix"] == 1.0
+    assert peer_ratios([r for r in records if r["strategy"] == "rpdc"]) == {}
