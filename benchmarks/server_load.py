@@ -274,6 +274,12 @@ def main() -> None:
         default=256 << 20,
         help="in-process server: the segment store's bound (default 256 MiB)",
     )
+    p.add_argument(
+        "--conversation-bytes",
+        type=int,
+        default=64 << 20,
+        help="in-process server: what it remembers of conversations (default 64 MiB)",
+    )
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     if args.think < 0:
@@ -287,7 +293,7 @@ def main() -> None:
         model = args.served_model_name or httpx.get(f"{args.url}/v1/models").json()["data"][0]["id"]
         result = run(args, args.url, model, in_process=False)
     else:
-        with in_process_server(args.model, args.store_bytes) as url:
+        with in_process_server(args.model, args.store_bytes, args.conversation_bytes) as url:
             result = run(args, url, "load", in_process=True)
     command = "AGENTCACHE_NUM_THREADS=1 python benchmarks/server_load.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None
@@ -297,7 +303,7 @@ def main() -> None:
     print(report(result, command))
 
 
-def in_process_server(model_name: str, store_bytes: int) -> Any:
+def in_process_server(model_name: str, store_bytes: int, conversation_bytes: int) -> Any:
     import os
 
     import torch
@@ -311,7 +317,8 @@ def in_process_server(model_name: str, store_bytes: int) -> Any:
     torch.set_num_threads(int(os.environ.get("AGENTCACHE_NUM_THREADS", "1")))
     model = tiny_model() if model_name == "tiny" else load_model(model_name)
     engine = Engine(model, EngineConfig(kv_pages=1024, store_bytes=store_bytes))
-    return serve_in_thread(create_app(engine, ServerConfig("load")))
+    config = ServerConfig("load", tracker_bytes=conversation_bytes)
+    return serve_in_thread(create_app(engine, config))
 
 
 if __name__ == "__main__":
