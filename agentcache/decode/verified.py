@@ -23,9 +23,8 @@ class VerifiedDecoder(Decoder):
         if draft < 1:
             raise ValueError(f"draft must be >= 1 (got {draft})")
         self.sparse, self.draft, self.stop_ids = sparse, draft, stop_ids
-        self._queue: list[
-            int
-        ] = []  # verified tokens not returned yet; the KV holds all but the last
+        # verified tokens not returned yet; the KV holds all but the last
+        self._queue: list[int] = []
 
     def feed(self, token: int, position: int, room: int) -> int:
         if not self._queue:
