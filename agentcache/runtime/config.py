@@ -11,8 +11,7 @@ from agentcache.errors import ConfigError
 from agentcache.reuse import DEFAULT_STRATEGY
 from agentcache.reuse.base import STRATEGIES
 from agentcache.tiers.store import TierConfig
-
-GiB = 1 << 30
+from agentcache.units import GiB
 
 
 @dataclass(frozen=True)
