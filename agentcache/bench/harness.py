@@ -246,7 +246,7 @@ def _store_reply(
 ) -> str | None:  # fmt: skip
     """Store a chat turn's reply as the server does when it generates it (the workload's reply
     in place of the model's); `seq` holds the prompt's KV and is freed. "stored", or why not
-    (runtime.engine.REPLY_KV); None for a turn without a reply."""
+    (runtime.stats.ReplyKV); None for a turn without a reply."""
     if seq is None or reply is None:
         return None
     try:

@@ -73,7 +73,7 @@ def aggregate(records: list[dict[str, Any]]) -> dict[str, float]:
         "fallbacks": sum(r["fallbacks"] for r in records),
         # turns where a probe strategy computed every candidate (records before it: absent)
         "probe_skipped_turns": sum(bool(r.get("probe_skipped")) for r in records),
-        # chat turns whose reply KV could not be stored as the server stores it (REPLY_KV)
+        # chat turns whose reply KV could not be stored as the server stores it (ReplyKV)
         "reply_kv_not_stored": sum(r.get("reply_kv") not in (None, "stored") for r in records),
         "turns": len(records),
     }

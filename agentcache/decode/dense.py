@@ -12,6 +12,8 @@ SDPA's CPU flash kernel, and the runs' partial results are merged by their log-s
 One run (a sequence on consecutive pages) is the usual case; pages handed out in descending
 order make two runs until the newest page fills.
 
+`DenseDecoder` is the engine's dense decoder over its page pool.
+
 `reference_step` is the reference path: it gathers the context into a token-order copy
 (`SequenceKV.gather`) and calls the forward's own `attend`. Forwards whose attention depends
 on token order or adds terms (`attend` overridden, e.g. CoPE) decode through it.
@@ -19,9 +21,12 @@ on token order or adds terms (`attend` overridden, e.g. CoPE) decode through it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
+from agentcache.decode.base import Decoder
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.llama import LlamaForward
 
@@ -82,3 +87,19 @@ def reference_step(forward: LlamaForward, seq: SequenceKV, token: int, position:
         keys, values = seq.gather(layer)
         hidden = f.attend(layer, hidden, q, keys, values, None)
     return f.logits(hidden)[0]
+
+
+class DenseDecoder(Decoder):
+    """Dense decode of `seq` in the page pool through `step` (the engine's: `dense_step`, or
+    `reference_step` for forwards that need it); holds no more tokens once `seq` holds
+    `capacity` (the pool's)."""
+
+    def __init__(
+        self, step: Callable[[SequenceKV, int, int], Tensor], seq: SequenceKV, capacity: int
+    ) -> None:
+        self.step, self.seq, self.capacity = step, seq, capacity
+
+    def feed(self, token: int, position: int, room: int) -> Tensor | None:
+        if self.seq.num_tokens >= self.capacity:
+            return None
+        return self.step(self.seq, token, position)

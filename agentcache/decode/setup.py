@@ -8,10 +8,12 @@ from pathlib import Path
 
 import torch
 
+from agentcache.decode.base import Decoder
 from agentcache.decode.config import DecodeConfig
 from agentcache.decode.decoder import SparseDecoder
 from agentcache.decode.policies import DECODE_POLICIES, Dense, HeadPlan
 from agentcache.decode.profile import HeadProfile, load_profile, profile_filename
+from agentcache.decode.verified import VerifiedDecoder
 from agentcache.errors import ProfileError
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.loading import LoadedModel, default_cache_dir
@@ -48,10 +50,23 @@ class DecodeSetup:
                 return cls("dense", plan, config, str(e))
         return cls(policy.name, policy.plan(c.num_layers, c.num_kv_heads, profile), config, None)
 
-    def decoder(self, model: LoadedModel, seq: SequenceKV, max_tokens: int) -> SparseDecoder | None:
-        """A sparse decoder over `seq`'s prefilled KV, or None for the engine's dense decode."""
-        if not self.plan.sparse:
-            return None
+    def decoder(
+        self, model: LoadedModel, seq: SequenceKV, max_new_tokens: int, greedy: bool, dense: Decoder
+    ) -> Decoder:
+        """The decoder of one turn after prefill into `seq`: `dense` unless the plan is sparse
+        and a step will run (two new tokens or more). A sparse decoder copies `seq`'s KV, then
+        frees `seq` (the fast tier keeps only its arena); it is verified when configured and
+        decoding is `greedy`, else a configured verification is reported skipped."""
+        if not self.plan.sparse or max_new_tokens <= 1:
+            return dense
         keys, values = seq.gather_all(slice(0, seq.num_tokens))
+        max_tokens = seq.num_tokens + max_new_tokens
         with torch.inference_mode():
-            return SparseDecoder(model.forward, self.plan, self.config, keys, values, max_tokens)
+            sparse = SparseDecoder(model.forward, self.plan, self.config, keys, values, max_tokens)
+        seq.free()
+        if not self.config.verify:
+            return sparse
+        if not greedy:
+            sparse.verify_skipped = True
+            return sparse
+        return VerifiedDecoder(sparse, self.config.verify, model.tokenizer.eos_token_ids)

@@ -17,7 +17,7 @@ from agentcache.bench.workload import Session, load_workload
 from agentcache.chat import ChatEngine, ChatMessage, ChatRequest, ToolSpec
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentKind
-from agentcache.runtime import engine as engine_module
+from agentcache.runtime import loop as loop_module
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
 from agentcache.testing import scripted_sampler
 from tests.bench.test_bench import turn
@@ -70,7 +70,7 @@ def test_the_bench_builds_the_servers_segments(
         got = server_named(prepared.chat.prompt.segments)
         assert got == ours_named(ours[i][0].segments), i
         if i < len(REPLIES):  # the model replies what the next request holds
-            monkeypatch.setattr(engine_module, "sample", scripted_sampler(REPLIES[i]))
+            monkeypatch.setattr(loop_module, "sample", scripted_sampler(REPLIES[i]))
             result = server.run(prepared)
             reply = server.tracker.reply_segment(prepared.chat, result.message())
             expected = ours[i][1]

@@ -10,7 +10,7 @@ from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec
 from agentcache.chat.runner import ChatEngine
 from agentcache.chat.tools import format_tool_call
 from agentcache.model.loading import LoadedModel
-from agentcache.runtime import engine as engine_module
+from agentcache.runtime import loop as loop_module
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
 from agentcache.testing import scripted_sampler
 
@@ -30,7 +30,7 @@ def test_the_reply_sent_back_is_a_hit(
     tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
     text, tools, check = CASES[case]
-    monkeypatch.setattr(engine_module, "sample", scripted_sampler(text))
+    monkeypatch.setattr(loop_module, "sample", scripted_sampler(text))
     ce = ChatEngine(Engine(tiny, EngineConfig(kv_pages=256)))
     msgs = [ChatMessage("system", "You are terse. " * 4), ChatMessage("user", "What is 2 + 2?")]
     r1 = ce.complete(msgs, PARAMS, tools)

@@ -144,10 +144,10 @@ def test_structured_output_reports_a_parse_failure_instead_of_inventing(
 def test_a_stop_string_is_one_stop_not_its_characters(
     tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agentcache.runtime import engine as engine_module
+    from agentcache.runtime import loop as loop_module
     from agentcache.testing import scripted_sampler
 
-    monkeypatch.setattr(engine_module, "sample", scripted_sampler("say hello world"))
+    monkeypatch.setattr(loop_module, "sample", scripted_sampler("say hello world"))
     reply = make(tiny, max_tokens=32).invoke([HumanMessage("hi")], stop="lo w")  # type: ignore[arg-type]
     assert reply.content == "say hel"  # not "say", cut at " " as if each character stopped it
     assert reply.response_metadata["finish_reason"] == "stop"

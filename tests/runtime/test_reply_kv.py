@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,8 +13,8 @@ from agentcache.decode.config import DecodeConfig
 from agentcache.decode.profile import HeadProfile, save_profile
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
-from agentcache.runtime import engine as engine_module
-from agentcache.runtime.engine import REPLY_KV, Engine, EngineConfig, GenerationParams
+from agentcache.runtime import loop as loop_module
+from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams, ReplyKV
 from agentcache.testing import scripted_sampler
 
 REPLY = "Four."
@@ -22,7 +24,7 @@ SYSTEM = Segment(SegmentKind.SYSTEM, "You answer arithmetic questions tersely.",
 @pytest.fixture
 def scripted(monkeypatch: pytest.MonkeyPatch) -> None:
     """Greedy choice replaced by a script: the reply's bytes, then end of text."""
-    monkeypatch.setattr(engine_module, "sample", scripted_sampler(REPLY))
+    monkeypatch.setattr(loop_module, "sample", scripted_sampler(REPLY))
 
 
 def turn1() -> SegmentedPrompt:
@@ -84,9 +86,22 @@ def test_reasons_the_reply_is_not_stored(tiny: LoadedModel, scripted: None, tmp_
     decode = DecodeConfig("flexicache", 2, profile=save_profile(profile, tmp_path / "p.json"))
     sparse = Engine(tiny, EngineConfig(kv_pages=256, decode=decode))
     assert sparse.generate(turn1(), PARAMS, reply=as_message).stats.reply_kv == "sparse-decode"
-    assert {"no-reply", "retokenized", "no-generation-prompt", "sparse-decode"} <= set(REPLY_KV)
+    assert all(reason.reason for reason in ReplyKV)  # each value says why
     # nothing stored for the reply in any of these: next turn it is computed
     assert [m.reason for m in e.generate(turn2(), PARAMS).stats.misses if m.segment_id == "a1"]
+
+
+def test_the_outcome_is_an_enum_that_serializes_as_its_value(
+    tiny: LoadedModel, scripted: None
+) -> None:
+    gen = Engine(tiny, EngineConfig(kv_pages=256)).generate(turn1(), PARAMS, reply=as_message)
+    assert gen.stats.reply_kv is ReplyKV.STORED
+    assert json.dumps({"reply_kv": gen.stats.reply_kv}) == '{"reply_kv": "stored"}'
+    assert f"{gen.stats.reply_kv}" == "stored"
+    # a value given as a string (the vLLM backend's) becomes the enum; unknown values fail
+    assert replace(gen.stats, reply_kv="backend").reply_kv is ReplyKV.BACKEND
+    with pytest.raises(ValueError, match="nope"):
+        replace(gen.stats, reply_kv="nope")
 
 
 def test_no_commit_means_no_reply_store(tiny: LoadedModel, scripted: None) -> None:

@@ -1,0 +1,42 @@
+"""The engine's configuration: reuse strategy, fast-tier pages, segment store, decode policy."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentcache.decode.config import DecodeConfig
+from agentcache.errors import ConfigError
+from agentcache.reuse import DEFAULT_STRATEGY
+from agentcache.reuse.base import STRATEGIES
+from agentcache.tiers.store import TierConfig
+from agentcache.units import GiB
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    strategy: str = DEFAULT_STRATEGY
+    kv_pages: int = 2048  # fast-tier pages (16 tokens each) shared by running requests
+    store_bytes: int = 4 * GiB  # segment store capacity
+    eviction: str = "lru"
+    page_size: int = 16
+    strategy_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)  # decode policy (default dense)
+    tiers: TierConfig | None = None  # None: one in-memory SegmentStore of store_bytes
+
+    def __post_init__(self) -> None:
+        STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones
+        if self.kv_pages < 1:
+            raise ConfigError("kv_pages must be >= 1")
+        for name, options in self.strategy_options.items():  # here, not at the first request
+            strategy = STRATEGIES.get(name)
+            if not isinstance(options, Mapping):
+                raise ConfigError(
+                    f"strategy_options[{name!r}] must be a dict of options, "
+                    f"got {type(options).__name__}"
+                )
+            try:
+                strategy(**options)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"strategy_options[{name!r}]: {e}") from e

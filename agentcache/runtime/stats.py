@@ -1,0 +1,133 @@
+"""What one turn gave: `Generation`, and what it did: `TurnStats`, built from its parts (prefill,
+decode, the reply's KV).
+
+`TurnStats` keeps one flat set of fields, which the session, the server, the benchmarks and
+their JSON read; the engine builds it with `TurnStats.of` from the typed parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from enum import StrEnum
+from typing import Any
+
+from torch import Tensor
+
+from agentcache.decode.stats import DecodeStats
+from agentcache.reuse.base import ReuseStats, SegmentMiss
+
+
+class ReplyKV(StrEnum):
+    """Whether `Engine.generate(reply=...)` stored the reply's KV under next turn's form of it,
+    or why not. The values are what JSON and reports show."""
+
+    STORED = "stored"
+    NO_REPLY = "no-reply"
+    SPARSE_DECODE = "sparse-decode"
+    NO_GENERATION_PROMPT = "no-generation-prompt"
+    RETOKENIZED = "retokenized"
+    CONTEXT = "context"
+    BACKEND = "backend"
+    NO_ROOM = "no-room"
+
+    @property
+    def reason(self) -> str:
+        return _REASONS[self]
+
+
+_REASONS = {
+    ReplyKV.STORED: "the closed message's KV is in the store",
+    ReplyKV.NO_REPLY: "the caller gave no segment for this reply",
+    ReplyKV.SPARSE_DECODE: "a sparse decoder held the KV; the engine's pages were released",
+    ReplyKV.NO_GENERATION_PROMPT: "the prompt did not end in the generation prompt (a prefill)",
+    ReplyKV.RETOKENIZED: "the reply's message tokenizes differently from the generated tokens",
+    ReplyKV.CONTEXT: "the closed message would pass the model's positions",
+    ReplyKV.BACKEND: "this execution backend does not store replies (vLLM)",
+    ReplyKV.NO_ROOM: "the fast tier had no page left for the message's closing tokens",
+}
+
+
+@dataclass(frozen=True)
+class PrefillPart:
+    """The prompt's side: what the reuse strategy reused and computed, and the time to the
+    first token's logits."""
+
+    strategy: str
+    prompt_tokens: int
+    reused_tokens: int
+    recomputed_tokens: int
+    recompute_fraction: float
+    ttft_s: float
+    fallbacks: int
+    fallback_reasons: tuple[str, ...]
+    misses: tuple[SegmentMiss, ...]
+    load_overlap: float | None = None
+    probe_skipped: bool = False
+
+    @classmethod
+    def of(cls, strategy: str, stats: ReuseStats, ttft_s: float) -> PrefillPart:
+        s = stats
+        return cls(
+            strategy=strategy, prompt_tokens=s.prompt_tokens, reused_tokens=s.reused_tokens,
+            recomputed_tokens=s.recomputed_tokens, recompute_fraction=s.recompute_fraction,
+            ttft_s=ttft_s, fallbacks=s.fallbacks, fallback_reasons=tuple(s.fallback_reasons),
+            misses=tuple(s.misses), load_overlap=s.load_overlap, probe_skipped=s.probe_skipped,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DecodePart:
+    """The reply's side: tokens, their rate, and the decode policy that produced them."""
+
+    decode_tokens: int
+    decode_tokens_per_s: float
+    decode_policy: str = "dense"
+    decode_fallbacks: int = 0  # 1 when the configured decode policy fell back to dense
+    decode: DecodeStats | None = None  # sparse decode figures (None for dense)
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    strategy: str
+    prompt_tokens: int
+    reused_tokens: int
+    recomputed_tokens: int
+    recompute_fraction: float
+    ttft_s: float
+    decode_tokens: int
+    decode_tokens_per_s: float
+    fallbacks: int
+    fallback_reasons: tuple[str, ...]
+    misses: tuple[SegmentMiss, ...]
+    decode_policy: str = "dense"
+    decode_fallbacks: int = 0  # 1 when the configured decode policy fell back to dense
+    decode: DecodeStats | None = None  # sparse decode figures (None for dense)
+    load_overlap: float | None = None  # share of the KV load hidden behind compute
+    # the reply's KV stored for the next turn, or why not; always a ReplyKV once made (a value
+    # given as a string is converted; `str` goes with the vLLM backend's passing "backend")
+    reply_kv: ReplyKV | str | None = None
+    probe_skipped: bool = False  # a probe strategy computed every candidate (ReuseStats)
+
+    def __post_init__(self) -> None:
+        if self.reply_kv is not None:
+            object.__setattr__(self, "reply_kv", ReplyKV(self.reply_kv))
+
+    @classmethod
+    def of(
+        cls, *, prefill: PrefillPart, decode: DecodePart, reply_kv: ReplyKV | None = None
+    ) -> TurnStats:
+        return cls(**_shallow(prefill), **_shallow(decode), reply_kv=reply_kv)
+
+
+def _shallow(part: PrefillPart | DecodePart) -> dict[str, Any]:
+    """A part's fields by name, values as they are (`dataclasses.asdict` would copy them)."""
+    return {f.name: getattr(part, f.name) for f in fields(part)}
+
+
+@dataclass(frozen=True)
+class Generation:
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str  # "stop" | "length"
+    first_token_logits: Tensor  # (V,)
+    stats: TurnStats
