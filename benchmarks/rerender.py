@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from agentcache.bench.report import cold, peer_ratios, plot, render_markdown
+from agentcache.bench.report import cold, peer_ratios, plot, render_markdown, with_peer_ratios
 
 
 def main() -> None:
@@ -23,9 +23,13 @@ def main() -> None:
         if not path.is_file():
             p.error(f"{path}: no results.json")
         results = json.loads(path.read_text())
-        if "cold" not in results or "ttft_ratio_vs_peer" not in results:
+        stored = next(iter(results["strategies"].values()), {})
+        if "cold" not in results or "ttft_ratio_vs_peer" not in stored:
             results["cold"] = cold(results["turns"])
             results["ttft_ratio_vs_peer"] = peer_ratios(results["turns"])
+            results["strategies"] = with_peer_ratios(
+                results["strategies"], results["ttft_ratio_vs_peer"]
+            )
             path.write_text(json.dumps(results, indent=1))
         (folder / "report.md").write_text(render_markdown(results))
         plot(results, folder)

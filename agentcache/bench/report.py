@@ -59,6 +59,16 @@ def peer_ratios(records: list[dict[str, Any]], peer: str = PEER) -> dict[str, fl
     return {s: _median(v) for s, v in by.items()}
 
 
+def with_peer_ratios(
+    summary: dict[str, dict[str, Any]], ratios: dict[str, float]
+) -> dict[str, dict[str, Any]]:
+    """The summary with each strategy's `ttft_ratio_vs_peer` (absent: no peer in the run)."""
+    return {
+        s: v | ({"ttft_ratio_vs_peer": ratios[s]} if s in ratios else {})
+        for s, v in summary.items()
+    }
+
+
 def cold(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per strategy, TTFT / `full`'s on each session's first turn (nothing to reuse yet): what
     a new conversation pays for a strategy before it can reuse anything."""
@@ -101,8 +111,9 @@ def write_results(
     import torch
 
     out.mkdir(parents=True, exist_ok=True)
+    strategies = with_peer_ratios(summarize(records), peer_ratios(records))
     results = {
-        "strategies": summarize(records),
+        "strategies": strategies,
         "by_case": summarize(records, "case"),
         "by_workload": summarize(records, "workload"),
         "cksim_by_layer": _cksim(records),
