@@ -24,7 +24,7 @@ from agentcache.decode.dense import dense_step, reads_in_place, reference_step
 from agentcache.decode.setup import DecodeSetup
 from agentcache.errors import ConfigError, ContextLengthError, OutOfPagesError
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
-from agentcache.kv.store import SegmentStore
+from agentcache.kv.store import MemorySegmentStore, SegmentStore
 from agentcache.model.loading import LoadedModel
 from agentcache.model.tokenizer import TextTokenizer
 from agentcache.prompt.segments import Segment, SegmentedPrompt
@@ -43,6 +43,7 @@ from agentcache.reuse.base import (
     ReuseStrategy,
     SegmentMiss,
 )
+from agentcache.reuse.segments import REUSABLE
 from agentcache.runtime.sampling import sample
 from agentcache.tiers.store import TierConfig, TieredSegmentStore
 from agentcache.tiers.versions import adopt_recomputed
@@ -60,7 +61,7 @@ class EngineConfig:
     page_size: int = 16
     strategy_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     decode: DecodeConfig = field(default_factory=DecodeConfig)  # decode policy (default dense)
-    tiers: TierConfig | None = None  # None: one in-memory SegmentStore of store_bytes
+    tiers: TierConfig | None = None  # None: one MemorySegmentStore of store_bytes
 
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones
@@ -181,7 +182,7 @@ class Engine:
     def _new_store(self, pool: PoolConfig) -> SegmentStore:
         tiers = self.config.tiers
         if tiers is None:
-            return SegmentStore(self.config.store_bytes, self.config.eviction)
+            return MemorySegmentStore(self.config.store_bytes, self.config.eviction)
         tiers.check_working_set(pool.page_bytes // pool.page_size, self.max_context)
         return TieredSegmentStore(tiers, self.config.eviction)
 
@@ -345,7 +346,10 @@ class Engine:
     ) -> None:
         strat.commit(self.ctx, prompt, seq, pre.positions)
         if pre.stats.dirty is not None and self._adopts():
-            adopt_recomputed(self.ctx, prompt, seq, pre.positions, pre.stats.dirty)
+            reused = [s for s in prompt.segments if s.kind in REUSABLE]
+            adopt_recomputed(
+                self.store, self.ctx.model, reused, seq, pre.positions, pre.stats.dirty
+            )
 
     def prefill(
         self, prompt: TokenizedPrompt, strategy: str | None = None
