@@ -259,8 +259,8 @@ class TieredSegmentStore(SegmentStore):
     def clear(self) -> None:
         with self._lock:
             for key in list(self._segments):
-                self._forget(key, evicted=False)
-            self._ledger.clear()
+                self._forget(key)
+            self._ledger.clear()  # clear() is not an eviction: no history is kept
 
     # ---- tiers ----
 
@@ -599,9 +599,9 @@ class TieredSegmentStore(SegmentStore):
         self.stats.bytes += nbytes
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.stats.bytes)
 
-    def _forget(self, key: SegmentKey, evicted: bool = True) -> None:
-        """Remove a segment from every tier (eviction, a corrupt page, clear); `evicted`:
-        remember it, so a lookup says it was stored once."""
+    def _forget(self, key: SegmentKey) -> None:
+        """Remove a segment from every tier (eviction, a corrupt page, clear); the ledger
+        remembers it, so a lookup says it was stored once."""
         seg = self._segments.pop(key)
         for tier in self.tiers:
             tier.drop(seg.pages)
@@ -611,8 +611,7 @@ class TieredSegmentStore(SegmentStore):
         self.policy.on_remove(key)
         self.stats.entries -= 1
         self.stats.bytes -= nbytes
-        if evicted:
-            self._ledger.evicted(key, seg.model_id, seg.tokenizer_id)
+        self._ledger.evicted(key, seg.model_id, seg.tokenizer_id)
 
     def _recover(self, disk: Tier) -> None:
         """Rebuild the index of committed segments from the disk tier after a restart;
