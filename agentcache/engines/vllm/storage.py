@@ -33,6 +33,7 @@ import hashlib
 import io
 import json
 import os
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ class FolderSegmentStore(SegmentStore):
         folder_bytes: int | None = None,  # None: this process never evicts the folder
     ) -> None:
         self.memory = MemorySegmentStore(capacity_bytes, policy)
+        self._lock = threading.Lock()  # guards folder_hits, which `stats` reads
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.folder_bytes = folder_bytes
@@ -112,7 +114,8 @@ class FolderSegmentStore(SegmentStore):
             return Lookup(None, MissReason.CHECKSUM)
         if (kv.model_id, kv.tokenizer_id) != (model_id, tokenizer_id):
             return Lookup(None, MissReason.OTHER_MODEL)
-        self.folder_hits += 1  # the memory tier counted a miss: `stats` makes it a hit
+        with self._lock:  # the memory tier counted a miss: `stats` makes it a hit
+            self.folder_hits += 1
         _touch(path)
         self.memory.put_content(cid, kv)
         return Lookup(kv, None)
