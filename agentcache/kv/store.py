@@ -111,17 +111,6 @@ def segment_content_id(
     return content_id(token_ids, scoped_namespace(namespace, scope), start)
 
 
-def segment_key(
-    model_id: str,
-    tokenizer_id: str,
-    token_ids: Sequence[int],
-    namespace: str = "segment",
-    start: int | None = None,
-) -> SegmentKey:
-    """Key of a token run. `start` is set only by strategies that need absolute positions."""
-    return SegmentKey(_digest(model_id, tokenizer_id, content_id(token_ids, namespace, start)))
-
-
 def store_key(model_id: str, tokenizer_id: str, cid: str) -> SegmentKey:
     """The key an entry of content id `cid` is held under: model and tokenizer included."""
     return SegmentKey(_digest(model_id, tokenizer_id, cid))

@@ -9,7 +9,7 @@ from agentcache.kv.store import (
     StoredKV,
     chain_id,
     content_id,
-    segment_key,
+    store_key,
 )
 from agentcache.policy.eviction import EVICTION_POLICIES, EvictionPolicy
 
@@ -84,7 +84,9 @@ def test_entry_of_another_model_or_tokenizer_is_never_returned(model: str, tok: 
 
 
 def test_keys_differ_by_model_and_tokenizer() -> None:
-    keys = {segment_key(m, t, [1, 2, 3]) for m in (A, B) for t in (TOK, TOK2)}
+    keys = {
+        store_key(m, t, content_id([1, 2, 3], "segment", None)) for m in (A, B) for t in (TOK, TOK2)
+    }
     assert len(keys) == 4
 
 
