@@ -130,15 +130,17 @@ class SegmentStore(ABC):
       content, CHECKSUM when a stored copy failed its check (the copy is forgotten, never
       served), NEW otherwise. An entry made by another model or tokenizer is never returned.
     - `put_content` stores `kv` under its own model and tokenizer ids and returns True, or
-      False when it can never fit (counted in `rejected`). Putting a key already held keeps
-      the held entry (the new KV is not taken) and returns True.
+      False when it could not (larger than the store, or no room could be made; counted in
+      `rejected`). Putting a key already held keeps the held entry (the new KV is not
+      taken) and returns True.
     - `contains_content` is a presence check that moves no counter and no eviction order.
     - Counters (`stats`): each lookup counts exactly one hit or one miss; `evictions` counts
       entries dropped for space; `entries` / `bytes` are what is held now (`peak_bytes` the
-      most ever held). Counters move only through these calls.
-    - Stored KV is immutable: a store never changes an entry's tensors in place (an entry is
-      replaced or dropped, never edited), so what a lookup returned keeps its values after
-      later puts, evictions and `clear()`. A caller must not change the tensors it put, nor
+      most ever held). Counters move only through the store's own calls.
+    - Stored KV is immutable: a store never changes an entry's tensors in place (an entry,
+      or a page of it in the tiered store's `update_pages`, is replaced or dropped, never
+      edited), so what a lookup returned keeps its values after later puts, updates,
+      evictions and `clear()`. A caller must not change the tensors it put, nor
       those a lookup returned: a store may keep the first and hand the second to later
       lookups.
     - `clear()` removes every entry the store holds and its history: afterwards a lookup of

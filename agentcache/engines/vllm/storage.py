@@ -65,7 +65,9 @@ class StoredMeta:
 
 class FolderSegmentStore(SegmentStore):
     """A `MemorySegmentStore` of `capacity_bytes` whose entries also live in `folder`,
-    visible to every process. `clear()` empties both (the folder's files are deleted)."""
+    visible to every process. A put writes the folder first, so an entry the memory tier
+    rejects (False) is still in the folder. `clear()` empties both (the folder's files are
+    deleted, for every process)."""
 
     def __init__(
         self,
