@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import re
-import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from typing import Any
 import torch
 
 from agentcache.errors import ModelLoadError
+from agentcache.fsutil import write_atomic
 from agentcache.model.cope import CoPEAdapter, CoPEConfig, CoPEForward
 from agentcache.model.loading import (
     LoadedModel,
@@ -50,16 +49,7 @@ def write_payload(path: Path, payload: dict[str, Any]) -> None:
     torch.save({"format": FORMAT, **payload}, buf)
     data = buf.getvalue()
     ensure_writable(path.parent)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + hashlib.sha256(data).digest() + data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, [MAGIC, hashlib.sha256(data).digest(), data])
 
 
 def read_payload(path: Path) -> dict[str, Any]:

@@ -1,14 +1,17 @@
 """Content-addressed segment store: KV of token runs keyed by model, tokenizer and token ids.
 
-Entries are immutable once put. The store is bounded in bytes; when full it asks its eviction
-policy for victims. A lookup never returns an entry made by another model or tokenizer: the
-key includes both ids, and the entry's own ids are checked again on the way out.
+`SegmentStore` is the seam (its docstring holds the contract); `MemorySegmentStore` keeps the
+entries in memory, bounded in bytes, asking its eviction policy for victims when full. The
+tiered store (agentcache/tiers/store.py) and the vLLM folder store
+(agentcache/engines/vllm/storage.py) implement the same seam; tests/kv/test_store_contract.py
+runs one suite over all of them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,6 +64,8 @@ class Lookup:
 
 @dataclass
 class StoreStats:
+    """A store's counters; see `SegmentStore` for what moves them."""
+
     hits: int = 0
     misses: int = 0
     evictions: int = 0
@@ -106,34 +111,47 @@ def segment_content_id(
     return content_id(token_ids, scoped_namespace(namespace, scope), start)
 
 
-def segment_key(
-    model_id: str,
-    tokenizer_id: str,
-    token_ids: Sequence[int],
-    namespace: str = "segment",
-    start: int | None = None,
-) -> SegmentKey:
-    """Key of a token run. `start` is set only by strategies that need absolute positions."""
-    return SegmentKey(_digest(model_id, tokenizer_id, content_id(token_ids, namespace, start)))
+def store_key(model_id: str, tokenizer_id: str, cid: str) -> SegmentKey:
+    """The key an entry of content id `cid` is held under: model and tokenizer included."""
+    return SegmentKey(_digest(model_id, tokenizer_id, cid))
 
 
-class SegmentStore:
-    """Bounded, thread-safe map SegmentKey -> StoredKV with hit/miss/evict counters."""
+class SegmentStore(ABC):
+    """Thread-safe map (model id, tokenizer id, content id) -> StoredKV with counters.
 
-    _EVICTED_MEMORY = 65536  # how many evicted keys are remembered for miss diagnostics
+    Contract:
+    - Keys. An entry is found by its model id, tokenizer id and content id; the content id of
+      a segment, scope included, is `segment_content_id` (one function for every caller), so
+      the same tokens under two scopes are two entries. `lookup` / `put` compute a content id
+      from token ids (`content_id`); `*_content` take one precomputed.
+    - `lookup_content` returns `Lookup(kv, None)` on a hit, else `Lookup(None, reason)`:
+      EVICTED when the entry was stored and then dropped for space (remembered for a bounded
+      number of entries), OTHER_MODEL when only another model or tokenizer stored that
+      content, CHECKSUM when a stored copy failed its check (the copy is forgotten, never
+      served), NEW otherwise. An entry made by another model or tokenizer is never returned.
+    - `put_content` stores `kv` under its own model and tokenizer ids and returns True, or
+      False when it could not (larger than the store, or no room could be made; counted in
+      `rejected`). Putting a key already held keeps the held entry (the new KV is not
+      taken) and returns True.
+    - `contains_content` is a presence check that moves no counter and no eviction order.
+    - Counters (`stats`): each lookup counts exactly one hit or one miss; `evictions` counts
+      entries dropped for space; `entries` / `bytes` are what is held now (`peak_bytes` the
+      most ever held). Counters move only through the store's own calls.
+    - Stored KV is immutable: a store never changes an entry's tensors in place (an entry,
+      or a page of it in the tiered store's `update_pages`, is replaced or dropped, never
+      edited), so what a lookup returned keeps its values after later puts, updates,
+      evictions and `clear()`. A caller must not change the tensors it put, nor
+      those a lookup returned: a store may keep the first and hand the second to later
+      lookups.
+    - `clear()` removes every entry the store holds and its history: afterwards a lookup of
+      anything stored before misses with NEW, as in a fresh store. It is not an eviction
+      (`evictions` does not move); `entries` and `bytes` drop to 0, the other counters keep
+      counting.
+    - Every method may be called from several threads at once.
+    """
 
-    def __init__(self, capacity_bytes: int, policy: EvictionPolicy | str = "lru") -> None:
-        if capacity_bytes < 0:
-            raise ValueError("capacity_bytes must be >= 0")
-        self.capacity_bytes = capacity_bytes
-        self.policy = EVICTION_POLICIES.get(policy)() if isinstance(policy, str) else policy
-        self.stats = StoreStats()
-        self._entries: dict[SegmentKey, StoredKV] = {}
-        self._cids: dict[SegmentKey, str] = {}  # stored key -> its content id
-        self._owners: dict[str, set[tuple[str, str]]] = {}  # content id -> (model, tokenizer)
-        # evicted key -> (content id, model, tokenizer); bounded, so `_owners` is bounded too
-        self._evicted: OrderedDict[SegmentKey, tuple[str, str, str]] = OrderedDict()
-        self._lock = threading.RLock()
+    stats: StoreStats
+    capacity_bytes: int
 
     def lookup(
         self,
@@ -145,31 +163,6 @@ class SegmentStore:
     ) -> Lookup:
         return self.lookup_content(model_id, tokenizer_id, content_id(token_ids, namespace, start))
 
-    def lookup_content(self, model_id: str, tokenizer_id: str, cid: str) -> Lookup:
-        """Lookup by a precomputed content id (e.g. a chained prefix-block hash)."""
-        key = SegmentKey(_digest(model_id, tokenizer_id, cid))
-        with self._lock:
-            kv = self._entries.get(key)
-            if kv is not None and (kv.model_id, kv.tokenizer_id) == (model_id, tokenizer_id):
-                self.stats.hits += 1
-                self.policy.on_access(key)
-                return Lookup(kv, None)
-            return self._miss(key, cid, model_id, tokenizer_id)
-
-    def _miss(self, key: SegmentKey, cid: str, model_id: str, tokenizer_id: str) -> Lookup:
-        """Count a miss and say why: dropped for space, held by another model, or never seen."""
-        self.stats.misses += 1
-        if key in self._evicted:
-            return Lookup(None, MissReason.EVICTED)
-        if self._owners.get(cid, set()) - {(model_id, tokenizer_id)}:
-            return Lookup(None, MissReason.OTHER_MODEL)
-        return Lookup(None, MissReason.NEW)
-
-    def contains_content(self, model_id: str, tokenizer_id: str, cid: str) -> bool:
-        """Presence check that moves no counter and no eviction order."""
-        with self._lock:
-            return SegmentKey(_digest(model_id, tokenizer_id, cid)) in self._entries
-
     def put(
         self,
         token_ids: Sequence[int],
@@ -177,11 +170,101 @@ class SegmentStore:
         namespace: str = "segment",
         start: int | None = None,
     ) -> bool:
-        """Store `kv` under its content key (no-op if present). False if it can never fit."""
+        """Store `kv` under the content id of `token_ids`; `start` is set only by strategies
+        that need absolute positions."""
         return self.put_content(content_id(token_ids, namespace, start), kv)
 
+    @abstractmethod
+    def lookup_content(self, model_id: str, tokenizer_id: str, cid: str) -> Lookup: ...
+
+    @abstractmethod
+    def put_content(self, cid: str, kv: StoredKV) -> bool: ...
+
+    @abstractmethod
+    def contains_content(self, model_id: str, tokenizer_id: str, cid: str) -> bool: ...
+
+    @abstractmethod
+    def clear(self) -> None: ...
+
+
+class MissLedger:
+    """Why a key misses: the entries held and those that left for space (the newest `memory`
+    of them), by content id and owner. Not thread-safe: its store's lock guards it."""
+
+    def __init__(self, memory: int = 65536) -> None:
+        self.memory = memory  # how many evicted keys are remembered for miss diagnostics
+        self._cids: dict[SegmentKey, str] = {}  # stored key -> its content id
+        self._owners: dict[str, set[tuple[str, str]]] = {}  # content id -> (model, tokenizer)
+        # evicted key -> (content id, model, tokenizer); bounded, so `_owners` is bounded too
+        self._evicted: OrderedDict[SegmentKey, tuple[str, str, str]] = OrderedDict()
+
+    def stored(self, key: SegmentKey, cid: str, model_id: str, tokenizer_id: str) -> None:
+        self._cids[key] = cid
+        self._owners.setdefault(cid, set()).add((model_id, tokenizer_id))
+        self._evicted.pop(key, None)
+
+    def evicted(self, key: SegmentKey, model_id: str, tokenizer_id: str) -> None:
+        """Remember an entry that left for space; an owner is forgotten with its last
+        remembered entry, so `_owners` stays bounded by the entries held plus those
+        remembered."""
+        self._evicted[key] = (self._cids.pop(key), model_id, tokenizer_id)
+        if len(self._evicted) > self.memory:
+            _, (cid, old_model, old_tokenizer) = self._evicted.popitem(last=False)
+            owners = self._owners.get(cid)
+            if owners is not None:
+                owners.discard((old_model, old_tokenizer))
+                if not owners:
+                    del self._owners[cid]
+
+    def reason(self, key: SegmentKey, cid: str, model_id: str, tokenizer_id: str) -> MissReason:
+        """Dropped for space, held by another model, or never seen."""
+        if key in self._evicted:
+            return MissReason.EVICTED
+        if self._owners.get(cid, set()) - {(model_id, tokenizer_id)}:
+            return MissReason.OTHER_MODEL
+        return MissReason.NEW
+
+    def clear(self) -> None:
+        self._cids.clear()
+        self._owners.clear()
+        self._evicted.clear()
+
+
+class MemorySegmentStore(SegmentStore):
+    """Entries in memory, at most `capacity_bytes` of K/V; when full, `policy` picks victims.
+    A lookup returns the entry that was put (the same tensors)."""
+
+    def __init__(self, capacity_bytes: int, policy: EvictionPolicy | str = "lru") -> None:
+        if capacity_bytes < 0:
+            raise ValueError("capacity_bytes must be >= 0")
+        self.capacity_bytes = capacity_bytes
+        self.policy = EVICTION_POLICIES.get(policy)() if isinstance(policy, str) else policy
+        self.stats = StoreStats()
+        self._entries: dict[SegmentKey, StoredKV] = {}
+        self._ledger = MissLedger()
+        self._lock = threading.RLock()
+
+    def lookup_content(self, model_id: str, tokenizer_id: str, cid: str) -> Lookup:
+        key = store_key(model_id, tokenizer_id, cid)
+        with self._lock:
+            kv = self._entries.get(key)
+            if kv is not None and (kv.model_id, kv.tokenizer_id) == (model_id, tokenizer_id):
+                self.stats.hits += 1
+                self.policy.on_access(key)
+                return Lookup(kv, None)
+            self.stats.misses += 1
+            return Lookup(None, self._ledger.reason(key, cid, model_id, tokenizer_id))
+
+    def peek_content(self, model_id: str, tokenizer_id: str, cid: str) -> StoredKV | None:
+        """The held entry, moving no counter and no eviction order."""
+        with self._lock:
+            return self._entries.get(store_key(model_id, tokenizer_id, cid))
+
+    def contains_content(self, model_id: str, tokenizer_id: str, cid: str) -> bool:
+        return self.peek_content(model_id, tokenizer_id, cid) is not None
+
     def put_content(self, cid: str, kv: StoredKV) -> bool:
-        key = SegmentKey(_digest(kv.model_id, kv.tokenizer_id, cid))
+        key = store_key(kv.model_id, kv.tokenizer_id, cid)
         with self._lock:
             if key in self._entries:
                 self.policy.on_access(key)
@@ -192,9 +275,7 @@ class SegmentStore:
             while self.stats.bytes + kv.nbytes > self.capacity_bytes:
                 self._evict_one()
             self._entries[key] = kv
-            self._cids[key] = cid
-            self._owners.setdefault(cid, set()).add((kv.model_id, kv.tokenizer_id))
-            self._evicted.pop(key, None)
+            self._ledger.stored(key, cid, kv.model_id, kv.tokenizer_id)
             self.policy.on_insert(key, kv.nbytes)
             self.stats.entries += 1
             self.stats.bytes += kv.nbytes
@@ -211,27 +292,13 @@ class SegmentStore:
         self.stats.evictions += 1
         self.stats.entries -= 1
         self.stats.bytes -= kv.nbytes
-        self._remember_evicted(key, kv.model_id, kv.tokenizer_id)
-
-    def _remember_evicted(self, key: SegmentKey, model_id: str, tokenizer_id: str) -> None:
-        """Keep an entry that left the store for miss diagnostics, the newest
-        `_EVICTED_MEMORY` of them; an owner is forgotten with its last remembered entry, so
-        `_owners` stays bounded by the entries held plus those remembered."""
-        self._evicted[key] = (self._cids.pop(key), model_id, tokenizer_id)
-        if len(self._evicted) > self._EVICTED_MEMORY:
-            _, (cid, old_model, old_tokenizer) = self._evicted.popitem(last=False)
-            owners = self._owners.get(cid)
-            if owners is not None:
-                owners.discard((old_model, old_tokenizer))
-                if not owners:
-                    del self._owners[cid]
+        self._ledger.evicted(key, kv.model_id, kv.tokenizer_id)
 
     def clear(self) -> None:
         with self._lock:
             for key in list(self._entries):
                 self.policy.on_remove(key)
             self._entries.clear()
-            self._cids.clear()
-            self._owners.clear()
+            self._ledger.clear()
             self.stats.entries = 0
             self.stats.bytes = 0

@@ -23,7 +23,7 @@ class EngineConfig:
     page_size: int = 16
     strategy_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     decode: DecodeConfig = field(default_factory=DecodeConfig)  # decode policy (default dense)
-    tiers: TierConfig | None = None  # None: one in-memory SegmentStore of store_bytes
+    tiers: TierConfig | None = None  # None: one MemorySegmentStore of store_bytes
 
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones

@@ -18,13 +18,14 @@ from agentcache.decode.dense import DenseDecoder, dense_step, reads_in_place, re
 from agentcache.decode.setup import DecodeSetup
 from agentcache.errors import ContextLengthError, OutOfPagesError
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
-from agentcache.kv.store import SegmentStore
+from agentcache.kv.store import MemorySegmentStore, SegmentStore
 from agentcache.model.loading import LoadedModel
 from agentcache.model.tokenizer import TextTokenizer
 from agentcache.prompt.reply import close_reply
 from agentcache.prompt.segments import Segment, SegmentedPrompt
 from agentcache.prompt.tokenize import TokenizedPrompt, tokenize_prompt
 from agentcache.reuse.base import STRATEGIES, PrefillResult, ReuseContext, ReuseStrategy
+from agentcache.reuse.segments import REUSABLE
 from agentcache.runtime.config import EngineConfig
 from agentcache.runtime.loop import decode_loop
 from agentcache.runtime.params import GenerationParams
@@ -65,7 +66,7 @@ class Engine:
     def _new_store(self, pool: PoolConfig) -> SegmentStore:
         tiers = self.config.tiers
         if tiers is None:
-            return SegmentStore(self.config.store_bytes, self.config.eviction)
+            return MemorySegmentStore(self.config.store_bytes, self.config.eviction)
         tiers.check_working_set(pool.page_bytes // pool.page_size, self.max_context)
         return TieredSegmentStore(tiers, self.config.eviction)
 
@@ -219,7 +220,10 @@ class Engine:
     ) -> None:
         strat.commit(self.ctx, prompt, seq, pre.positions)
         if pre.stats.dirty is not None and self._adopts():
-            adopt_recomputed(self.ctx, prompt, seq, pre.positions, pre.stats.dirty)
+            reused = [s for s in prompt.segments if s.kind in REUSABLE]
+            adopt_recomputed(
+                self.store, self.ctx.model, reused, seq, pre.positions, pre.stats.dirty
+            )
 
     def prefill(
         self, prompt: TokenizedPrompt, strategy: str | None = None

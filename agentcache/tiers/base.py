@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NewType
+from typing import Any, NewType
 
 import torch
 from torch import Tensor
@@ -110,9 +110,15 @@ class Tier(ABC):
     - `close()` releases what the tier holds outside the process (open files, a folder's
       lock); the tier is not used after it. Closing twice is harmless.
     - Counters move only through these calls.
+    - `durable`: a durable tier's pages outlive the process (a tier opened on the same place
+      finds them), and it keeps named records (`meta`, `put_meta`, `drop_meta`) that outlive
+      it too; a store commits what it needs to find its pages again there, and writes to a
+      durable tier count as persisting. A tier that is not durable holds no records:
+      `meta` is empty and `put_meta` raises TypeError.
     """
 
     name: str
+    durable: bool = False
 
     def __init__(self, capacity_bytes: int) -> None:
         if capacity_bytes < 0:
@@ -151,6 +157,25 @@ class Tier(ABC):
 
     def close(self) -> None:
         return None
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        """The named records the tier keeps (durable tiers only)."""
+        return {}
+
+    def put_meta(self, name: str, value: Any) -> None:
+        raise TypeError(f"the {self.name} tier is not durable: it keeps no records")
+
+    def drop_meta(self, name: str) -> None:
+        """Forget a record (an absent name is ignored)."""
+        return None
+
+    def page_size_of(self, key: PageKey) -> tuple[int, int]:
+        """(tokens, K/V bytes) of a stored page, without reading it."""
+        page = self.view(key)
+        if page is None:
+            raise KeyError(key)
+        return page.num_tokens, page.nbytes
 
     def _check_room(self, pages: Sequence[tuple[PageKey, PageData]], held: int) -> None:
         """`held`: bytes of the pages being replaced."""

@@ -47,6 +47,7 @@ from typing import Any, BinaryIO
 import torch
 
 from agentcache.errors import CacheDirError
+from agentcache.fsutil import sync_dir, write_atomic
 from agentcache.tiers import journal
 from agentcache.tiers.base import PageData, PageKey, Tier, TierError
 
@@ -116,6 +117,7 @@ def _chain_ok(chain: list[_Loc], page: PageData, slots: Sequence[int]) -> bool:
 
 class DiskTier(Tier):
     name = "disk"
+    durable = True
 
     def __init__(
         self,
@@ -140,7 +142,7 @@ class DiskTier(Tier):
         self._file_size: dict[str, int] = {}  # extent file -> its length in bytes
         self._live_bytes = 0  # sums of the two, kept as they change
         self.file_bytes = 0  # bytes of the extent files the index still needs
-        self.meta: dict[str, Any] = {}  # opaque records the store persists (segment index)
+        self._meta: dict[str, Any] = {}  # opaque records the store persists (segment index)
         self.journal_bad_lines = 0  # a torn last line (a kill while appending)
         self.journal_corrupt_lines = 0  # lines before the last failing their crc or checks
         self.journal_problems: list[str] = []  # what the first of them were (at most 16)
@@ -248,9 +250,9 @@ class DiskTier(Tier):
             for key in r["keys"]:
                 emptied += self._forget(PageKey(key))
         elif op == "meta":
-            self.meta[r["name"]] = r["value"]
+            self._meta[r["name"]] = r["value"]
         elif op == "unmeta":
-            self.meta.pop(r["name"], None)
+            self._meta.pop(r["name"], None)
         self.counters.pages = len(self._locs)
         return emptied
 
@@ -327,10 +329,10 @@ class DiskTier(Tier):
             journal.line({"op": "put", "file": f, "pages": [_entry(k, loc) for k, loc in pieces]})
             for f, pieces in self._pieces_by_file().items()
         ]
-        lines += [journal.line({"op": "meta", "name": n, "value": v}) for n, v in self.meta.items()]
-        tmp = self.folder / (JOURNAL + ".tmp")
-        self._durable_write(tmp, b"".join(lines))
-        os.replace(tmp, self.folder / JOURNAL)
+        lines += [
+            journal.line({"op": "meta", "name": n, "value": v}) for n, v in self._meta.items()
+        ]
+        self._write_file(self.folder / JOURNAL, b"".join(lines))
         self._sync_dir(self.folder)
         self._lines = len(lines)
 
@@ -338,7 +340,7 @@ class DiskTier(Tier):
         """Rewrite the journal from the index once dead lines dominate it. The rewrite is
         write-then-rename: a kill leaves the old journal or the new one, both complete. A
         failure (disk full) keeps the old journal and is counted; the tier keeps working."""
-        live = len(self._file_live) + len(self.meta)
+        live = len(self._file_live) + len(self._meta)
         if self._lines < max(self.compact_lines, COMPACT_FACTOR * live):
             return
         self._close_journal()
@@ -347,7 +349,6 @@ class DiskTier(Tier):
             self.compactions += 1
         except OSError:
             self.counters.failed_writes += 1
-            (self.folder / (JOURNAL + ".tmp")).unlink(missing_ok=True)
         try:
             self._open_journal()
         except OSError:  # (folder gone) later appends retry, and fail as I/O errors until then
@@ -392,15 +393,12 @@ class DiskTier(Tier):
         final = self.folder / "extents" / name
         t0 = time.perf_counter()
         try:
-            tmp = final.with_suffix(".tmp")
-            self._durable_write(tmp, blobs)
-            os.replace(tmp, final)
+            self._write_file(final, blobs)
             self._sync_dir(final.parent)  # the rename is durable before the line names it
             self._append(line)
         except OSError as e:
             self.counters.write_s += time.perf_counter() - t0
             self.counters.failed_writes += 1
-            (self.folder / "extents" / (name[:-4] + ".tmp")).unlink(missing_ok=True)
             final.unlink(missing_ok=True)
             raise TierError(
                 f"disk tier: writing {len(pages)} pages to {self.folder} failed "
@@ -481,15 +479,19 @@ class DiskTier(Tier):
 
     # ---- opaque metadata (the store's segment index) ----
 
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        return self._meta
+
     def put_meta(self, name: str, value: Any) -> None:
         self._try_append(journal.line({"op": "meta", "name": name, "value": value}))
-        self.meta[name] = value
+        self._meta[name] = value
         self._maybe_compact()
 
     def drop_meta(self, name: str) -> None:
-        if name in self.meta:
+        if name in self._meta:
             self._try_append(journal.line({"op": "unmeta", "name": name}))
-            del self.meta[name]
+            del self._meta[name]
             self._maybe_compact()
 
     # ---- file helpers ----
@@ -520,26 +522,14 @@ class DiskTier(Tier):
         if self.fsync:
             os.fsync(self._journal.fileno())
 
-    def _durable_write(self, path: Path, data: bytes | Sequence[memoryview]) -> None:
-        self._write_file(path, data)
-
     def _write_file(self, path: Path, data: bytes | Sequence[memoryview]) -> None:
-        """Write `data` (bytes, or buffers back to back) to a new file, fsynced."""
-        with open(path, "wb") as f:
-            for part in [data] if isinstance(data, bytes) else data:
-                f.write(part)
-            f.flush()
-            if self.fsync:
-                os.fsync(f.fileno())
+        """Replace `path` with `data` (bytes, or buffers back to back) through `<stem>.tmp`,
+        fsynced when the tier fsyncs; on a failure the temporary file is gone."""
+        write_atomic(path, data, fsync=self.fsync, tmp=path.with_suffix(".tmp"))
 
     def _sync_dir(self, folder: Path) -> None:
-        if not self.fsync:
-            return
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if self.fsync:
+            sync_dir(folder)
 
     def drop_os_cache(self) -> None:
         """Ask the OS to evict the extent files from its page cache, so the next reads come

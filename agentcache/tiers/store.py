@@ -1,6 +1,6 @@
 """Tiered segment store: segment KV as pages in fast / host / disk tiers.
 
-Same API as SegmentStore (lookup, lookup_content, put, put_content, contains_content), so
+An implementation of the `SegmentStore` seam (agentcache/kv/store.py holds its contract), so
 every strategy uses it unchanged. What it adds:
 
     put      : the segment's pages go to the fast tier (room made by spilling)
@@ -28,6 +28,7 @@ writes such a page to the disk tier as a delta of those slots instead of whole.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,8 +38,17 @@ from typing import Any
 import torch
 
 from agentcache.errors import ConfigError
-from agentcache.kv.store import Lookup, MissReason, SegmentKey, SegmentStore, StoredKV, _digest
-from agentcache.policy.eviction import EvictionPolicy
+from agentcache.kv.store import (
+    Lookup,
+    MissLedger,
+    MissReason,
+    SegmentKey,
+    SegmentStore,
+    StoredKV,
+    StoreStats,
+    store_key,
+)
+from agentcache.policy.eviction import EVICTION_POLICIES, EvictionPolicy
 from agentcache.policy.spill import SPILL_POLICIES, PageInfo, SpillPlan, SpillPolicy
 from agentcache.tiers.base import PageData, PageKey, Tier, TierCapacityError, TierError
 from agentcache.tiers.disk import DiskTier
@@ -163,7 +173,7 @@ def _slots(mask: int) -> list[int]:
 class TieredSegmentStore(SegmentStore):
     """A SegmentStore whose entries live as pages in tiers; see the module docstring.
     `capacity_bytes` is the sum of the tiers' capacities; segments leave the store only when
-    the lowest tier is full."""
+    the lowest tier is full. A lookup returns new tensors, assembled from the pages."""
 
     def __init__(
         self, config: TierConfig, policy: EvictionPolicy | str = "lru", device: str = "cpu"
@@ -178,7 +188,9 @@ class TieredSegmentStore(SegmentStore):
                     config.disk_dir, config.disk_bytes, config.fsync, config.journal_compact_lines
                 )
             )
-        super().__init__(sum(t.capacity_bytes for t in tiers), policy)
+        self.capacity_bytes = sum(t.capacity_bytes for t in tiers)
+        self.policy = EVICTION_POLICIES.get(policy)() if isinstance(policy, str) else policy
+        self.stats = StoreStats()
         self.config = config
         self.tiers = tiers
         self.spill_policy: SpillPolicy = SPILL_POLICIES.get(config.spill)(**config.spill_options)
@@ -189,21 +201,26 @@ class TieredSegmentStore(SegmentStore):
         self._clock = itertools.count(1)
         self._seq = itertools.count()
         self._below = [[t.name for t in tiers[i + 1 :]] for i in range(len(tiers))]
-        if isinstance(tiers[-1], DiskTier):
-            self._recover(tiers[-1])
+        self._ledger = MissLedger()
+        self._lock = threading.RLock()
+        # the lowest tier when durable: segments are committed there and recovered from it
+        self._durable: Tier | None = tiers[-1] if tiers[-1].durable else None
+        if self._durable is not None:
+            self._recover(self._durable)
 
     # ---- the SegmentStore API ----
 
     def contains_content(self, model_id: str, tokenizer_id: str, cid: str) -> bool:
         with self._lock:
-            return SegmentKey(_digest(model_id, tokenizer_id, cid)) in self._segments
+            return store_key(model_id, tokenizer_id, cid) in self._segments
 
     def lookup_content(self, model_id: str, tokenizer_id: str, cid: str) -> Lookup:
-        key = SegmentKey(_digest(model_id, tokenizer_id, cid))
+        key = store_key(model_id, tokenizer_id, cid)
         with self._lock:
             seg = self._segments.get(key)
             if seg is None or (seg.model_id, seg.tokenizer_id) != (model_id, tokenizer_id):
-                return self._miss(key, cid, model_id, tokenizer_id)
+                self.stats.misses += 1
+                return Lookup(None, self._ledger.reason(key, cid, model_id, tokenizer_id))
             pages = self._read_pages(seg)
             if pages is None:
                 self._forget(key)
@@ -215,7 +232,7 @@ class TieredSegmentStore(SegmentStore):
             return Lookup(self._assemble(seg, [p for _, p in pages]), None)
 
     def put_content(self, cid: str, kv: StoredKV) -> bool:
-        key = SegmentKey(_digest(kv.model_id, kv.tokenizer_id, cid))
+        key = store_key(kv.model_id, kv.tokenizer_id, cid)
         with self._lock:
             if key in self._segments:
                 self.policy.on_access(key)
@@ -243,6 +260,7 @@ class TieredSegmentStore(SegmentStore):
         with self._lock:
             for key in list(self._segments):
                 self._forget(key)
+            self._ledger.clear()  # clear() is not an eviction: no history is kept
 
     # ---- tiers ----
 
@@ -253,7 +271,7 @@ class TieredSegmentStore(SegmentStore):
         positions of the page's tokens, bit mask of the slots that changed). Only the masked
         slots are taken; the rest of the page stays as stored. Lower copies become stale at
         those slots. False if the segment is not stored (or the pages do not fit in fast)."""
-        key = SegmentKey(_digest(model_id, tokenizer_id, cid))
+        key = store_key(model_id, tokenizer_id, cid)
         with self._lock:
             seg = self._segments.get(key)
             if seg is None or not updates:
@@ -303,15 +321,15 @@ class TieredSegmentStore(SegmentStore):
         """Write every page without a current disk copy to disk (copies stay where they
         are), one write call per segment, and commit the segments; returns pages written.
         Raises TierError when the disk tier fails or has no room."""
-        disk = self.tiers[-1]
-        if not isinstance(disk, DiskTier):
+        disk = self._durable
+        if disk is None:
             raise ValueError("persist() needs a disk tier (TierConfig.disk_dir)")
         written = 0
         with self._lock:
             for key, seg in list(self._segments.items()):
                 if key not in self._segments:  # evicted to make room for an earlier one
                     continue
-                todo = [k for k in seg.pages if self._pages[k].stale.get("disk") != 0]
+                todo = [k for k in seg.pages if self._pages[k].stale.get(disk.name) != 0]
                 if todo:
                     with self._pin(key):
                         try:
@@ -327,13 +345,14 @@ class TieredSegmentStore(SegmentStore):
     def demote_all(self) -> None:
         """Persist, then drop every copy above the disk tier: the state of a store whose KV
         was all spilled (what a TTFT-from-disk measurement starts from)."""
-        self.persist()
+        self.persist()  # the lowest tier is durable, or this raised
+        durable = self.tiers[-1].name
         with self._lock:
             for tier in self.tiers[:-1]:
                 keys = [
                     pk
                     for pk, s in self._pages.items()
-                    if tier.name in s.stale and s.stale.get("disk") == 0
+                    if tier.name in s.stale and s.stale.get(durable) == 0
                 ]
                 tier.drop(keys)
                 for pk in keys:
@@ -341,7 +360,7 @@ class TieredSegmentStore(SegmentStore):
 
     def page_info(self, model_id: str, tokenizer_id: str, cid: str) -> list[PageInfo]:
         """Each page of a stored segment as its fastest tier's spill policy would see it."""
-        key = SegmentKey(_digest(model_id, tokenizer_id, cid))
+        key = store_key(model_id, tokenizer_id, cid)
         with self._lock:
             seg = self._segments.get(key)
             if seg is None:
@@ -470,10 +489,11 @@ class TieredSegmentStore(SegmentStore):
         if not pages:
             return
         deltas: dict[PageKey, list[int]] = {}
-        if isinstance(below, DiskTier):
+        durable = below is self._durable
+        if durable:
             st = self.tier_stats
             for k, p in pages:
-                stale = self._pages[k].stale.get("disk")
+                stale = self._pages[k].stale.get(below.name)
                 if stale == 0:
                     continue
                 st.persist_required_page_bytes += p.nbytes
@@ -485,15 +505,15 @@ class TieredSegmentStore(SegmentStore):
         self.tier_stats.written_pages += len(pages)
         for k, _ in pages:
             self._pages[k].stale[below.name] = 0
-        if isinstance(below, DiskTier):
+        if durable:
             for seg_key in {self._pages[k].segment for k, _ in pages}:
                 self._commit(seg_key, self._segments[seg_key])
 
     def _commit(self, key: SegmentKey, seg: _Segment) -> None:
-        disk = self.tiers[-1]
-        if seg.committed or not isinstance(disk, DiskTier):
+        disk = self._durable
+        if seg.committed or disk is None:
             return
-        if all(self._pages[k].stale.get("disk") == 0 for k in seg.pages):
+        if all(self._pages[k].stale.get(disk.name) == 0 for k in seg.pages):
             disk.put_meta(f"seg:{key}", seg.record())
             seg.committed = True
 
@@ -573,29 +593,27 @@ class TieredSegmentStore(SegmentStore):
 
     def _add_segment(self, key: SegmentKey, seg: _Segment, nbytes: int) -> None:
         self._segments[key] = seg
-        self._cids[key] = seg.cid
-        self._owners.setdefault(seg.cid, set()).add((seg.model_id, seg.tokenizer_id))
-        self._evicted.pop(key, None)
+        self._ledger.stored(key, seg.cid, seg.model_id, seg.tokenizer_id)
         self.policy.on_insert(key, nbytes)
         self.stats.entries += 1
         self.stats.bytes += nbytes
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.stats.bytes)
 
     def _forget(self, key: SegmentKey) -> None:
-        """Remove a segment from every tier (eviction, a corrupt page, clear)."""
+        """Remove a segment from every tier (eviction, a corrupt page, clear); the ledger
+        remembers it, so a lookup says it was stored once."""
         seg = self._segments.pop(key)
         for tier in self.tiers:
             tier.drop(seg.pages)
         nbytes = sum(self._pages.pop(k).nbytes for k in seg.pages)
-        disk = self.tiers[-1]
-        if isinstance(disk, DiskTier):
-            disk.drop_meta(f"seg:{key}")
+        if self._durable is not None:
+            self._durable.drop_meta(f"seg:{key}")
         self.policy.on_remove(key)
         self.stats.entries -= 1
         self.stats.bytes -= nbytes
-        self._remember_evicted(key, seg.model_id, seg.tokenizer_id)
+        self._ledger.evicted(key, seg.model_id, seg.tokenizer_id)
 
-    def _recover(self, disk: DiskTier) -> None:
+    def _recover(self, disk: Tier) -> None:
         """Rebuild the index of committed segments from the disk tier after a restart;
         pages no committed segment names are dropped."""
         named: set[str] = set()
@@ -613,7 +631,7 @@ class TieredSegmentStore(SegmentStore):
             nbytes = 0
             for i, pk in enumerate(pages):
                 num_tokens, kv_bytes = disk.page_size_of(pk)
-                self._pages[pk] = _Page(key, i, num_tokens, kv_bytes, {"disk": 0}, 0,
+                self._pages[pk] = _Page(key, i, num_tokens, kv_bytes, {disk.name: 0}, 0,
                                         next(self._seq))  # fmt: skip
                 nbytes += kv_bytes
             named.update(pages)

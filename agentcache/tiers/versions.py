@@ -9,30 +9,36 @@ dirty count); the store keeps the rest of each page as it was stored.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from torch import Tensor
 
 from agentcache.kv.pool import SequenceKV
-from agentcache.kv.store import segment_content_id
-from agentcache.prompt.tokenize import TokenizedPrompt
-from agentcache.reuse.base import ReuseContext
-from agentcache.reuse.segments import REUSABLE
+from agentcache.kv.store import SegmentStore, segment_content_id
+from agentcache.model.loading import LoadedModel
+from agentcache.prompt.tokenize import TokenizedSegment
 from agentcache.tiers.base import PageData
 from agentcache.tiers.store import TieredSegmentStore
 
 
 def adopt_recomputed(
-    ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV, positions: Tensor, dirty: Tensor
+    store: SegmentStore,
+    model: LoadedModel,
+    segments: Iterable[TokenizedSegment],
+    seq: SequenceKV,
+    positions: Tensor,
+    dirty: Tensor,
 ) -> int:
-    """Update the stored segments (selective strategies' namespace) whose tokens are marked in
+    """Update the stored `segments` (the prompt's reusable ones, keyed as the selective
+    strategies store them: `segment_content_id`, scope included) whose tokens are marked in
     `dirty` (T,) with this request's K/V of their dirty pages. Returns pages updated."""
-    store = ctx.store
     if not isinstance(store, TieredSegmentStore) or not bool(dirty.any()):
         return 0
-    m = ctx.model
+    m = model
     size = store.config.page_size
     updated = 0
-    for seg in prompt.segments:
-        if seg.kind not in REUSABLE or not bool(dirty[seg.start : seg.end].any()):
+    for seg in segments:
+        if not bool(dirty[seg.start : seg.end].any()):
             continue
         updates: dict[int, tuple[PageData, int]] = {}
         for j, first in enumerate(range(seg.start, seg.end, size)):

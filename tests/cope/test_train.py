@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentcache.cope import checkpoint
+from agentcache import fsutil
 from agentcache.cope.checkpoint import (
     AdapterError,
     adapter_path,
@@ -126,7 +126,7 @@ def test_checkpoint_write_leaves_no_partial_file_on_failure(
     def crash(*_: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint.os, "replace", crash)  # killed between write and rename
+    monkeypatch.setattr(fsutil.os, "replace", crash)  # killed between write and rename
     with pytest.raises(OSError, match="disk full"):
         save_adapter(path, CoPEAdapter.init(m.forward, CoPEConfig(rank=2), seed=9), m.model_id)
     assert path.read_bytes() == before

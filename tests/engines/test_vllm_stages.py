@@ -29,7 +29,7 @@ from agentcache.engines.vllm.storage import FolderSegmentStore, StoredMeta
 from agentcache.engines.vllm.transfer import PagedKV, StoredRunLoader, save_segments
 from agentcache.errors import ConfigError, PromptError
 from agentcache.kv.pool import SequenceKV
-from agentcache.kv.store import SegmentStore, StoredKV, segment_content_id
+from agentcache.kv.store import MemorySegmentStore, SegmentStore, StoredKV, segment_content_id
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment
@@ -272,7 +272,7 @@ class FakeVLLM:
         from agentcache.kv.pool import PagePool, PoolConfig
 
         self.pool = PagePool(PoolConfig(c.num_layers, c.num_kv_heads, c.head_dim, 128, 16))
-        self.ctx = ReuseContext(model, SegmentStore(0), self.pool)
+        self.ctx = ReuseContext(model, MemorySegmentStore(0), self.pool)
 
     def run(self, prompt: TokenizedPrompt, stage: Stage) -> torch.Tensor:
         ids = prompt.ids[: stage.prompt_len]

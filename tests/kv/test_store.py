@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from agentcache.kv.store import (
+    MemorySegmentStore,
     MissReason,
-    SegmentStore,
     StoredKV,
     chain_id,
     content_id,
-    segment_key,
+    store_key,
 )
 from agentcache.policy.eviction import EVICTION_POLICIES, EvictionPolicy
 
@@ -31,7 +31,7 @@ def test_stored_kv_sizes() -> None:
 
 
 def test_put_then_lookup_hits_same_entry() -> None:
-    store = SegmentStore(1 << 20)
+    store = MemorySegmentStore(1 << 20)
     entry = kv()
     assert store.put([1, 2, 3], entry) is True
     got = store.lookup(A, TOK, [1, 2, 3])
@@ -42,7 +42,7 @@ def test_put_then_lookup_hits_same_entry() -> None:
 
 
 def test_miss_new_for_never_stored_tokens() -> None:
-    store = SegmentStore(1 << 20)
+    store = MemorySegmentStore(1 << 20)
     store.put([1, 2, 3], kv())
     got = store.lookup(A, TOK, [1, 2, 4])
     assert not got.hit and got.kv is None
@@ -51,7 +51,7 @@ def test_miss_new_for_never_stored_tokens() -> None:
 
 
 def test_namespace_and_start_are_part_of_the_key() -> None:
-    store = SegmentStore(1 << 20)
+    store = MemorySegmentStore(1 << 20)
     store.put([1, 2], kv(), namespace="fixed", start=10)
     assert store.lookup(A, TOK, [1, 2], namespace="fixed", start=10).hit
     assert store.lookup(A, TOK, [1, 2], namespace="fixed", start=11).miss is MissReason.NEW
@@ -64,7 +64,7 @@ def test_namespace_and_start_are_part_of_the_key() -> None:
 )
 def test_entry_of_another_model_or_tokenizer_is_never_returned(model: str, tok: str) -> None:
     """Acceptance: a cached segment from another model or tokenizer is never used."""
-    store = SegmentStore(1 << 20)
+    store = MemorySegmentStore(1 << 20)
     ids = [5, 6, 7, 8]
     store.put(ids, kv(model=A, tok=TOK))
     got = store.lookup(model, tok, ids)
@@ -84,12 +84,14 @@ def test_entry_of_another_model_or_tokenizer_is_never_returned(model: str, tok: 
 
 
 def test_keys_differ_by_model_and_tokenizer() -> None:
-    keys = {segment_key(m, t, [1, 2, 3]) for m in (A, B) for t in (TOK, TOK2)}
+    keys = {
+        store_key(m, t, content_id([1, 2, 3], "segment", None)) for m in (A, B) for t in (TOK, TOK2)
+    }
     assert len(keys) == 4
 
 
 def test_evicted_miss_after_capacity_pressure() -> None:
-    store = SegmentStore(2 * ENTRY)
+    store = MemorySegmentStore(2 * ENTRY)
     store.put([1], kv())
     store.put([2], kv())
     store.put([3], kv())  # evicts [1]
@@ -102,8 +104,8 @@ def test_evicted_miss_after_capacity_pressure() -> None:
 
 
 def test_own_evicted_entry_is_not_reported_as_another_models() -> None:
-    store = SegmentStore(ENTRY)
-    store._EVICTED_MEMORY = 1  # remember only the latest eviction
+    store = MemorySegmentStore(ENTRY)
+    store._ledger.memory = 1  # remember only the latest eviction
     store.put([1], kv())
     store.put([2], kv())  # evicts [1]
     store.put([3], kv())  # evicts [2]; [1] falls out of the eviction memory
@@ -113,7 +115,7 @@ def test_own_evicted_entry_is_not_reported_as_another_models() -> None:
 
 
 def test_lru_eviction_order_and_access_refreshes() -> None:
-    store = SegmentStore(3 * ENTRY, "lru")
+    store = MemorySegmentStore(3 * ENTRY, "lru")
     for t in (1, 2, 3):
         store.put([t], kv())
     assert store.lookup(A, TOK, [1]).hit  # 1 becomes most recent: order 2, 3, 1
@@ -127,7 +129,7 @@ def test_lru_eviction_order_and_access_refreshes() -> None:
 
 
 def test_fifo_ignores_access() -> None:
-    store = SegmentStore(3 * ENTRY, "fifo")
+    store = MemorySegmentStore(3 * ENTRY, "fifo")
     for t in (1, 2, 3):
         store.put([t], kv())
     assert store.lookup(A, TOK, [1]).hit
@@ -137,7 +139,7 @@ def test_fifo_ignores_access() -> None:
 
 
 def test_reput_refreshes_lru_and_does_not_double_count() -> None:
-    store = SegmentStore(2 * ENTRY)
+    store = MemorySegmentStore(2 * ENTRY)
     store.put([1], kv())
     store.put([2], kv())
     assert store.put([1], kv(fill=9.0)) is True  # already present: refresh only
@@ -149,7 +151,7 @@ def test_reput_refreshes_lru_and_does_not_double_count() -> None:
 
 
 def test_contains_content_moves_no_counter_and_no_order() -> None:
-    store = SegmentStore(2 * ENTRY)
+    store = MemorySegmentStore(2 * ENTRY)
     store.put([1], kv())
     store.put([2], kv())
     before = (store.stats.hits, store.stats.misses)
@@ -162,7 +164,7 @@ def test_contains_content_moves_no_counter_and_no_order() -> None:
 
 
 def test_byte_accounting_and_peak() -> None:
-    store = SegmentStore(4 * ENTRY)
+    store = MemorySegmentStore(4 * ENTRY)
     store.put([1], kv(2))
     store.put([2], kv(2))
     assert store.stats.bytes == 4 * ENTRY and store.stats.peak_bytes == 4 * ENTRY
@@ -181,7 +183,7 @@ def test_byte_accounting_and_peak() -> None:
 
 
 def test_put_larger_than_capacity_is_rejected_and_counted() -> None:
-    store = SegmentStore(2 * ENTRY)
+    store = MemorySegmentStore(2 * ENTRY)
     store.put([1], kv())
     assert store.put([2], kv(3)) is False
     assert store.stats.rejected == 1
@@ -193,7 +195,7 @@ def test_put_larger_than_capacity_is_rejected_and_counted() -> None:
 
 def test_negative_capacity_rejected() -> None:
     with pytest.raises(ValueError, match="capacity_bytes"):
-        SegmentStore(-1)
+        MemorySegmentStore(-1)
 
 
 def test_chain_id_depends_on_predecessor_and_tokens() -> None:
@@ -205,7 +207,7 @@ def test_chain_id_depends_on_predecessor_and_tokens() -> None:
 
 
 def test_lookup_content_by_chain_id() -> None:
-    store = SegmentStore(1 << 20)
+    store = MemorySegmentStore(1 << 20)
     c0 = chain_id("root", [1, 2])
     c1 = chain_id(c0, [3, 4])
     entry = kv(2)
@@ -222,7 +224,7 @@ def test_unknown_eviction_policy_name_lists_known() -> None:
     from agentcache.errors import UnknownStrategyError
 
     with pytest.raises(UnknownStrategyError, match="lru"):
-        SegmentStore(1, "nope")
+        MemorySegmentStore(1, "nope")
 
 
 @pytest.mark.parametrize("name", EVICTION_POLICIES.names())
@@ -249,7 +251,7 @@ def test_eviction_policy_contract(name: str) -> None:
 
 @pytest.mark.parametrize("name", EVICTION_POLICIES.names())
 def test_store_respects_capacity_under_every_policy(name: str) -> None:
-    store = SegmentStore(3 * ENTRY, name)
+    store = MemorySegmentStore(3 * ENTRY, name)
     for t in range(20):
         assert store.put([t], kv())
         assert store.stats.bytes <= 3 * ENTRY
@@ -259,11 +261,11 @@ def test_store_respects_capacity_under_every_policy(name: str) -> None:
 
 
 def test_other_model_miss_is_forgotten_with_the_eviction_memory() -> None:
-    store = SegmentStore(ENTRY)
-    store._EVICTED_MEMORY = 1
+    store = MemorySegmentStore(ENTRY)
+    store._ledger.memory = 1
     store.put([1], kv(model=A))
     store.put([2], kv(model=A))  # evicts A's [1]
     assert store.lookup(B, TOK, [1]).miss is MissReason.OTHER_MODEL
     store.put([3], kv(model=A))  # A's [1] leaves the eviction memory; its owner record goes too
     assert store.lookup(B, TOK, [1]).miss is MissReason.NEW
-    assert store._owners.keys() == {content_id(t, "segment", None) for t in ([2], [3])}
+    assert store._ledger._owners.keys() == {content_id(t, "segment", None) for t in ([2], [3])}

@@ -11,6 +11,7 @@ import torch
 from agentcache.kv.store import segment_content_id
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import SegmentedPrompt
+from agentcache.reuse.segments import REUSABLE
 from agentcache.runtime.engine import Engine, EngineConfig, Generation, GenerationParams
 from agentcache.tiers import TierConfig, TieredSegmentStore
 from agentcache.tiers.versions import adopt_recomputed
@@ -101,7 +102,8 @@ def test_dirty_pages_count_the_recomputed_reused_tokens(
     try:
         dirty = pre.stats.dirty
         assert dirty is not None and 0 < int(dirty.sum()) < pre.stats.reused_tokens
-        assert adopt_recomputed(e.ctx, prompt, seq, pre.positions, dirty) > 0
+        reused = [s for s in prompt.segments if s.kind in REUSABLE]
+        assert adopt_recomputed(e.store, tiny, reused, seq, pre.positions, dirty) > 0
     finally:
         seq.free()
     m = tiny

@@ -348,13 +348,13 @@ def test_a_tier_holds_exactly_the_pages_with_a_copy_there(tmp_path: Path) -> Non
 
 def test_owners_stay_bounded_as_segments_come_and_go() -> None:
     """Each evicted segment is remembered for miss diagnostics (EVICTED, OTHER_MODEL) only
-    up to `_EVICTED_MEMORY`; the owners map forgets with it instead of growing forever."""
+    up to the ledger's `memory`; the owners map forgets with it instead of growing forever."""
     s = store(None, fast=6 * PAGE)  # two segments of 3 pages
-    s._EVICTED_MEMORY = 4
+    s._ledger.memory = 4
     for i in range(40):
         s.put(ids(100 * i), kv(i))
     assert s.stats.evictions == 38
-    assert len(s._evicted) == 4 and len(s._owners) == 2 + 4
+    assert len(s._ledger._evicted) == 4 and len(s._ledger._owners) == 2 + 4
     assert s.lookup(M, T, ids(100 * 37)).miss is MissReason.EVICTED  # still remembered
     assert s.lookup(M, T, ids(0)).miss is MissReason.NEW  # forgotten
 
@@ -373,12 +373,12 @@ def test_a_malformed_segment_record_on_disk_is_dropped_and_counted(
     s = store(tmp_path, fast=12 * PAGE)
     s.put(ids(1), kv(1))
     s.persist()
-    s.tier("disk").put_meta("seg:forged", record)  # type: ignore[attr-defined]
+    s.tier("disk").put_meta("seg:forged", record)
     s.close()
     again = store(tmp_path, fast=12 * PAGE)
     assert again.tier_stats.invalid_records == 1 and again.stats.entries == 1
     assert equal(again.lookup(M, T, ids(1)).kv, kv(1))
-    assert "seg:forged" not in again.tier("disk").meta  # type: ignore[attr-defined]
+    assert "seg:forged" not in again.tier("disk").meta
 
 
 def test_a_persisted_store_is_never_read_by_other_weights(tmp_path: Path) -> None:

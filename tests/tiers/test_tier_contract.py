@@ -122,6 +122,23 @@ def test_replace_keeps_bytes_and_drop_frees(make: Callable[[int], Tier]) -> None
     assert tier.free_bytes == 0
 
 
+def test_records_and_page_sizes_as_durable_declares(make: Callable[[int], Tier]) -> None:
+    """A durable tier keeps named records (they survive a reopen: below); one that is not
+    holds none and refuses them. Either tells a stored page's size without reading it."""
+    tier = make(4 * PAGE_BYTES)
+    tier.write([(PageKey("a/0"), page(1, n=5))])
+    assert tier.page_size_of(PageKey("a/0")) == (5, page(1, n=5).nbytes)
+    if tier.durable:
+        tier.put_meta("seg:a", {"pages": ["a/0"]})
+        assert tier.meta == {"seg:a": {"pages": ["a/0"]}}
+        tier.drop_meta("seg:a")
+    else:
+        with pytest.raises(TypeError, match="not durable"):
+            tier.put_meta("seg:a", {})
+        tier.drop_meta("seg:a")  # an absent record: ignored
+    assert tier.meta == {}
+
+
 def test_disk_index_survives_reopen(tmp_path: Path) -> None:
     tier = DiskTier(tmp_path, 8 * PAGE_BYTES, fsync=False)
     tier.write([(PageKey("a/0"), page(1)), (PageKey("a/1"), page(2))])

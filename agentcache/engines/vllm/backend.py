@@ -93,10 +93,6 @@ class VLLMConfig:
         if self.reuse == "agentcache" and self.fill == "vllm":
             staged_strategy(spec)  # a clear error now for one that cannot be staged
 
-    @property
-    def strategy_name(self) -> str:
-        return self.strategy
-
 
 class VLLMBackend:
     """An execution engine with `Engine`'s session surface (`config.strategy`, `strategy()`,

@@ -1,5 +1,5 @@
-"""A segment store several processes share: agentcache's `SegmentStore` in memory, written
-through to a folder of checksummed files.
+"""A segment store several processes share: a `MemorySegmentStore` in front, written
+through to a folder of checksummed files (an implementation of the `SegmentStore` seam).
 
 vLLM runs its scheduler and its workers in processes of their own, and several engines may
 serve one fleet; all of them find a segment by the same content key (model + tokenizer + token
@@ -9,7 +9,8 @@ ids), so a file named by that key is the simplest shared tier. Each file is
 
 written to a temporary name and renamed, so a reader never sees half a file. A file whose
 digest does not match its bytes is a miss (`MissReason.CHECKSUM`), counted, and never served.
-The memory tier in front is the ordinary byte-bounded `SegmentStore` with its eviction policy.
+The memory tier in front is the ordinary byte-bounded `MemorySegmentStore` with its eviction
+policy; `stats` are its counters, with a lookup the folder serves counted as a hit.
 
 Next to each entry, `<key>.meta` (`<blake2b of the JSON> <JSON>`: the context it was computed
 after, its positions, and the digest of the KV file it describes) lets a process plan a prompt
@@ -32,14 +33,23 @@ import hashlib
 import io
 import json
 import os
-import tempfile
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from agentcache.kv.store import Lookup, MissReason, SegmentKey, SegmentStore, StoredKV, _digest
+from agentcache.fsutil import write_atomic
+from agentcache.kv.store import (
+    Lookup,
+    MemorySegmentStore,
+    MissReason,
+    SegmentStore,
+    StoredKV,
+    StoreStats,
+    store_key,
+)
 
 _DIGEST = 32
 LOW_WATER = 0.9  # an eviction scan deletes down to this share of folder_bytes
@@ -54,7 +64,10 @@ class StoredMeta:
 
 
 class FolderSegmentStore(SegmentStore):
-    """`SegmentStore` whose entries also live in `folder`, visible to every process."""
+    """A `MemorySegmentStore` of `capacity_bytes` whose entries also live in `folder`,
+    visible to every process. A put writes the folder first, so an entry the memory tier
+    rejects (False) is still in the folder. `clear()` empties both (the folder's files are
+    deleted, for every process)."""
 
     def __init__(
         self,
@@ -63,7 +76,8 @@ class FolderSegmentStore(SegmentStore):
         policy: str = "lru",
         folder_bytes: int | None = None,  # None: this process never evicts the folder
     ) -> None:
-        super().__init__(capacity_bytes, policy)
+        self.memory = MemorySegmentStore(capacity_bytes, policy)
+        self._lock = threading.Lock()  # guards folder_hits, which `stats` reads
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.folder_bytes = folder_bytes
@@ -75,12 +89,22 @@ class FolderSegmentStore(SegmentStore):
         if folder_bytes is not None:
             self._evict_folder()
 
+    @property
+    def capacity_bytes(self) -> int:  # type: ignore[override]
+        return self.memory.capacity_bytes
+
+    @property
+    def stats(self) -> StoreStats:  # type: ignore[override]
+        """The memory tier's counters, a lookup the folder served counted as a hit (a copy)."""
+        m = self.memory.stats
+        return replace(m, hits=m.hits + self.folder_hits, misses=m.misses - self.folder_hits)
+
     def _path(self, model_id: str, tokenizer_id: str, cid: str) -> Path:
-        key = SegmentKey(_digest(model_id, tokenizer_id, cid))
+        key = store_key(model_id, tokenizer_id, cid)
         return self.folder / key[:2] / f"{key}.kv"
 
     def lookup_content(self, model_id: str, tokenizer_id: str, cid: str) -> Lookup:
-        found = super().lookup_content(model_id, tokenizer_id, cid)
+        found = self.memory.lookup_content(model_id, tokenizer_id, cid)
         if found.hit:
             return found
         path = self._path(model_id, tokenizer_id, cid)
@@ -92,20 +116,16 @@ class FolderSegmentStore(SegmentStore):
             return Lookup(None, MissReason.CHECKSUM)
         if (kv.model_id, kv.tokenizer_id) != (model_id, tokenizer_id):
             return Lookup(None, MissReason.OTHER_MODEL)
-        self.folder_hits += 1
+        with self._lock:  # the memory tier counted a miss: `stats` makes it a hit
+            self.folder_hits += 1
         _touch(path)
-        with self._lock:  # the miss above was counted; this is a hit of the folder tier
-            self.stats.misses -= 1
-            self.stats.hits += 1
-        super().put_content(cid, kv)
+        self.memory.put_content(cid, kv)
         return Lookup(kv, None)
 
     def meta(self, model_id: str, tokenizer_id: str, cid: str) -> StoredMeta | None:
         """The stored segment's context and positions (None: not stored, or a meta file
         that fails its checks: counted in `checksum_failures`)."""
-        key = SegmentKey(_digest(model_id, tokenizer_id, cid))
-        with self._lock:
-            kv = self._entries.get(key)
+        kv = self.memory.peek_content(model_id, tokenizer_id, cid)
         if kv is not None:
             return StoredMeta(kv.context_id, kv.positions)
         path = self._path(model_id, tokenizer_id, cid)
@@ -119,7 +139,7 @@ class FolderSegmentStore(SegmentStore):
         return found
 
     def contains_content(self, model_id: str, tokenizer_id: str, cid: str) -> bool:
-        return super().contains_content(model_id, tokenizer_id, cid) or (
+        return self.memory.contains_content(model_id, tokenizer_id, cid) or (
             self._path(model_id, tokenizer_id, cid).is_file()
         )
 
@@ -127,7 +147,15 @@ class FolderSegmentStore(SegmentStore):
         path = self._path(kv.model_id, kv.tokenizer_id, cid)
         if not path.is_file():
             self._write(path, kv)
-        return super().put_content(cid, kv)
+        return self.memory.put_content(cid, kv)
+
+    def clear(self) -> None:
+        """Empty the memory tier and delete every entry's files from the folder."""
+        self.memory.clear()
+        for path in self.folder.glob("*/*.kv"):
+            path.unlink(missing_ok=True)
+            path.with_suffix(".meta").unlink(missing_ok=True)
+        self._folder_estimate = 0
 
     def _write(self, path: Path, kv: StoredKV) -> None:
         buf = io.BytesIO()
@@ -141,11 +169,11 @@ class FolderSegmentStore(SegmentStore):
         payload = buf.getvalue()
         digest = hashlib.blake2b(payload, digest_size=_DIGEST).digest()
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(path, digest + payload)
+        write_atomic(path, digest + payload, fsync=False)
         self.folder_writes += 1
         body = json.dumps(_meta_json(kv) | {"kv_digest": digest.hex()}).encode()
         meta_file = _checksummed(body)
-        _write_atomic(path.with_suffix(".meta"), meta_file)
+        write_atomic(path.with_suffix(".meta"), meta_file, fsync=False)
         self._folder_estimate += _DIGEST + len(payload) + len(meta_file)
         if self.folder_bytes is not None and self._folder_estimate > self.folder_bytes:
             self._evict_folder()
@@ -256,14 +284,3 @@ def _meta_json(kv: StoredKV) -> dict[str, Any]:
     if not natural:
         meta["positions"] = kv.positions.tolist()
     return meta
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
