@@ -1,4 +1,5 @@
-"""`agentcache profile-heads` and `agentcache bench-decode`."""
+"""`agentcache profile-heads` and `agentcache bench-decode`; the prompt options and the run
+record every decode benchmark shares."""
 
 from __future__ import annotations
 
