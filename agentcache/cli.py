@@ -64,9 +64,9 @@ MODEL_COMMANDS = (
     ("agentcache.bench.cli", "add_parser", "run"),
     ("agentcache.bench.tiers_cli", "add_parser", "run"),
     ("agentcache.server.cli", "add_parser", "serve"),
-    ("agentcache.decode.cli", "add_profile_parser", "run_profile"),
-    ("agentcache.decode.cli", "add_bench_parser", "run_bench"),
-    ("agentcache.decode.dense_cli", "add_dense_parser", "run_dense"),
+    ("agentcache.bench.decode_cli", "add_profile_parser", "run_profile"),
+    ("agentcache.bench.decode_cli", "add_bench_parser", "run_bench"),
+    ("agentcache.bench.decode_dense_cli", "add_dense_parser", "run_dense"),
     ("agentcache.cope.cli", "add_parser", "run"),
 )
 

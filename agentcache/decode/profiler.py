@@ -4,6 +4,10 @@ pages per (layer, KV head) by MinMax score, then RCO over windows (see profile.p
 It also measures, for each GQA combine ("sum", "max"), the attention recall of the selection:
 the share of the dense attention mass of every query head that falls in the selected pages
 (top-K + sink + newest), averaged over heads, layers and steps.
+
+`trace_heads` decodes after one prompt's prefilled K/V; `head_profile` turns the traces of
+every prompt into a `HeadProfile`. The prefill is the caller's (`bench.decode_profiler` runs
+the prompts through the engine).
 """
 
 from __future__ import annotations
@@ -22,9 +26,8 @@ from agentcache.decode.profile import (
     unstable_set,
     window_rco,
 )
+from agentcache.model.llama import LlamaForward
 from agentcache.model.loading import LoadedModel
-from agentcache.prompt.tokenize import TokenizedPrompt
-from agentcache.runtime.engine import Engine, EngineConfig
 
 PAGE = 16
 
@@ -59,29 +62,30 @@ class ProfileSettings:
 
 
 @dataclass
-class _Trace:
+class HeadTrace:
+    """One prompt's decode: per step the profiled top-K sets, the rankable pages and, per GQA
+    combine, the attention recall of each layer's selection."""
+
     sets: list[Tensor]  # per step (L, Hkv, K) page ids
     candidates: list[int]  # per step, rankable pages
     recall: dict[str, list[float]]
 
 
-def profile_heads(
-    model: LoadedModel,
-    prompts: list[TokenizedPrompt],
-    settings: ProfileSettings,
-    on_step: Callable[[], None] | None = None,
+def head_profile(
+    model: LoadedModel, traces: list[HeadTrace], settings: ProfileSettings, prompt_tokens: list[int]
 ) -> HeadProfile:
-    """Profile `model` on `prompts` (each must have more than budget + 2 pages)."""
+    """`model`'s profile from `traces` (one per prompt, of `prompt_tokens` tokens each): window
+    RCO averaged over prompts, the unstable set, mean GQA recall per combine."""
+    if not traces:
+        raise ValueError("a head profile needs at least one prompt's trace")
     c = model.config
     windows = (settings.window, *settings.extra_windows)
     totals = {w: torch.zeros(c.num_layers, c.num_kv_heads, dtype=torch.float64) for w in windows}
     recall: dict[str, list[float]] = {name: [] for name in GQA_COMBINES}
-    engine = Engine(model, EngineConfig(strategy="full", kv_pages=_pages_for(prompts, settings)))
-    for prompt in prompts:
-        trace = _trace(engine, prompt, settings, on_step)
+    for trace in traces:
         sets = torch.stack(trace.sets)
         for w in windows:
-            totals[w] += window_rco(sets, trace.candidates, w) / len(prompts)
+            totals[w] += window_rco(sets, trace.candidates, w) / len(traces)
         for name in GQA_COMBINES:
             recall[name] += trace.recall[name]
     stability = totals[settings.window]
@@ -93,41 +97,32 @@ def profile_heads(
         unstable=unstable_set(stability, settings.unstable_fraction),
         rco_by_window={str(w): totals[w].tolist() for w in settings.extra_windows},
         gqa_recall={n: sum(r) / len(r) for n, r in recall.items()},
-        settings={
-            **asdict(settings),
-            "prompts": len(prompts),
-            "prompt_tokens": [p.num_tokens for p in prompts],
-        },
+        settings={**asdict(settings), "prompts": len(traces), "prompt_tokens": prompt_tokens},
     )
 
 
-def _pages_for(prompts: list[TokenizedPrompt], settings: ProfileSettings) -> int:
-    return 2 + max(p.num_tokens for p in prompts) // PAGE
-
-
-def _trace(
-    engine: Engine,
-    prompt: TokenizedPrompt,
+def trace_heads(
+    f: LlamaForward,
+    keys: Tensor,
+    values: Tensor,
+    token: int,
+    position: int,
     settings: ProfileSettings,
-    on_step: Callable[[], None] | None,
-) -> _Trace:
-    f = engine.model.forward
+    on_step: Callable[[], None] | None = None,
+) -> HeadTrace:
+    """Dense greedy decode of `settings.steps` tokens after a prefill whose K/V are `keys`,
+    `values` (L, T, Hkv, Dh) and whose next token is `token` at `position`; ValueError when T
+    tokens leave no pages to rank beyond the budget (`ProfileSettings.check_prompt`)."""
     c = f.config
-    n_pages = -(-(prompt.num_tokens + settings.steps) // PAGE)
-    settings.check_prompt(prompt.num_tokens)
-    seq, pre = engine.prefill(prompt)
-    try:
-        keys, values = seq.gather_all(slice(0, seq.num_tokens))
-    finally:
-        seq.free()
     t = keys.shape[1]
+    settings.check_prompt(t)
+    n_pages = -(-(t + settings.steps) // PAGE)
     kbuf = torch.zeros(c.num_layers, c.num_kv_heads, n_pages * PAGE, c.head_dim)
     vbuf = torch.zeros_like(kbuf)
     kbuf[:, :, :t], vbuf[:, :, :t] = keys.transpose(1, 2), values.transpose(1, 2)
     meta = MinMaxMeta(c.num_layers, c.num_kv_heads, c.head_dim, n_pages, PAGE)
     meta.build(keys)
-    trace = _Trace([], [], {name: [] for name in GQA_COMBINES})
-    token, position = int(pre.logits.argmax()), int(pre.positions.max()) + 1
+    trace = HeadTrace([], [], {name: [] for name in GQA_COMBINES})
     group = c.num_heads // c.num_kv_heads
     with torch.inference_mode():
         for _ in range(settings.steps):
@@ -174,25 +169,3 @@ def _recall(mass: Tensor, top: Tensor, tail: int) -> float:
     idx = top[:, None, :].expand(-1, mass.shape[1], -1)
     kept = kept + mass.gather(2, idx).sum(-1)
     return float(kept.mean())
-
-
-def plot_profile(profile: HeadProfile, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    s = profile.stability_tensor().numpy()
-    fig, ax = plt.subplots(figsize=(2.5 + 0.6 * profile.num_kv_heads, 1.5 + 0.22 * len(s)))
-    im = ax.imshow(s, aspect="auto", cmap="viridis", vmin=0, vmax=1)
-    for layer, head in profile.unstable:
-        ax.text(head, layer, "x", ha="center", va="center", color="red", fontsize=8)
-    ax.set_xlabel("KV head")
-    ax.set_ylabel("layer")
-    ax.set_xticks(range(profile.num_kv_heads))
-    window = profile.settings.get("window", DEFAULT_WINDOW)
-    ax.set_title(f"Head stability (mean RCO, {window}-step windows)\nx = unstable", fontsize=9)
-    fig.colorbar(im, ax=ax)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

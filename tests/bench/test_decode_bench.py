@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from agentcache.decode.bench import DecodeBenchSettings, run_decode_bench
+from agentcache.bench.decode_bench import DecodeBenchSettings, run_decode_bench
+from agentcache.bench.decode_prompts import token_prompts
+from agentcache.bench.decode_report import write_report
 from agentcache.decode.config import DecodeConfig, parse_policy_spec
-from agentcache.decode.prompts import token_prompts
-from agentcache.decode.report import write_report
+from agentcache.decode.profile import save_profile
 from agentcache.decode.setup import DecodeSetup
 from agentcache.model.loading import LoadedModel
-from tests.decode.conftest import TEXT
+from tests.decode.conftest import TEXT, make_profile
 
 KEYS = (
     "fast_tier_kv_bytes",
@@ -25,9 +26,8 @@ KEYS = (
 )
 
 
-def test_bench_decode_writes_every_metric(
-    tiny: LoadedModel, profile_file: Path, tmp_path: Path
-) -> None:
+def test_bench_decode_writes_every_metric(tiny: LoadedModel, tmp_path: Path) -> None:
+    profile_file = save_profile(make_profile(tiny), tmp_path / "profile.json")
     settings = DecodeBenchSettings(
         context=600,
         new_tokens=40,

@@ -1,4 +1,4 @@
-"""bench-decode's per-policy summary of the per-prompt records (see `decode.bench`)."""
+"""bench-decode's per-policy summary of the per-prompt records (see `bench.decode_bench`)."""
 
 from __future__ import annotations
 

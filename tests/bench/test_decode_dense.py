@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from agentcache.decode.dense_bench import PATHS, DenseBenchSettings, run_dense_bench
-from agentcache.decode.dense_cli import render
-from agentcache.decode.prompts import token_prompts
+from agentcache.bench.decode_dense import PATHS, DenseBenchSettings, run_dense_bench
+from agentcache.bench.decode_prompts import token_prompts
+from agentcache.bench.decode_report import render_dense
 from agentcache.model.loading import from_hf
 from agentcache.model.tokenizer import ByteTokenizer
 from agentcache.testing import tiny_hf_model
@@ -34,7 +34,7 @@ def test_every_path_decodes_the_same_tokens_and_is_timed() -> None:
         assert all(summary[p]["tokens_per_s_min"] > 0 for p in PATHS)
     results = {"model": model.model_id, "command": "test", "settings": settings.__dict__,
                "machine": {"cores": 1, "torch_threads": 1}, "contexts": got}  # fmt: skip
-    assert "| 400 |" in render(results)
+    assert "| 400 |" in render_dense(results)
 
 
 @pytest.mark.parametrize(

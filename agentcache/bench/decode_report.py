@@ -1,4 +1,5 @@
-"""results.json, report.md and PNG plots for `agentcache bench-decode`."""
+"""results.json, report.md and PNG plots for `agentcache bench-decode`; the report of
+`agentcache bench-dense-decode`."""
 
 from __future__ import annotations
 
@@ -119,3 +120,44 @@ def plot(results: dict[str, Any], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "decode.png", dpi=120)
     plt.close(fig)
+
+
+def dense_table(contexts: dict[str, Any]) -> str:
+    header = [
+        "context", "engine tok/s", "gather tok/s", "transformers tok/s",
+        "engine / transformers (min)", "engine / gather (min)", "same tokens as engine",
+    ]  # fmt: skip
+    rows = []
+    for context, rec in contexts.items():
+        s = rec["summary"]
+        e, g, t = s["engine"], s["gather"], s["transformers"]
+        rows.append([
+            context, f"{e['tokens_per_s_median']:.2f}", f"{g['tokens_per_s_median']:.2f}",
+            f"{t['tokens_per_s_median']:.2f}",
+            f"{t['engine_speedup_median']:.2f} ({t['engine_speedup_min']:.2f})",
+            f"{g['engine_speedup_median']:.2f} ({g['engine_speedup_min']:.2f})",
+            f"gather {g['greedy_agreement_with_engine']:.3f}, "
+            f"transformers {t['greedy_agreement_with_engine']:.3f}",
+        ])  # fmt: skip
+    return markdown_table(header, rows)
+
+
+def render_dense(results: dict[str, Any]) -> str:
+    st, m = results["settings"], results["machine"]
+    return "\n".join([
+        "# agentcache bench-dense-decode report",
+        "",
+        f"Model `{results['model']}`; {st['num_prompts']} prompt(s) per context, "
+        f"{st['new_tokens']} greedy tokens each; {m['cores']} cores, {m['torch_threads']} torch "
+        "threads.",
+        "",
+        f"Command: `{results['command']}`",
+        "",
+        "tok/s: medians over prompts of (new tokens - 1) / decode time after the first token. "
+        "Ratios: per prompt within the run, median (min) over prompts. engine: the page pool "
+        "read in place; gather: the reference path copying the context each layer and step; "
+        "transformers: `generate` with its default cache.",
+        "",
+        dense_table(results["contexts"]),
+        "",
+    ])  # fmt: skip
