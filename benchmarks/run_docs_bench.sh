@@ -17,6 +17,16 @@ W="reflexion memgpt swe_agent"
 
 # docs/benchmarks.md "Reuse strategies", docs/lab/reuse.md (about 5 hours)
 reuse() {
+  # the agent families' validation halves (docs/benchmarks.md "Validation sessions")
+  $ac bench benchmarks/workloads/reflexion.jsonl --split validate \
+    --sessions reflexion-08,reflexion-09,reflexion-10,reflexion-11 \
+    --strategies full,prefix,pic,epic,cacheblend,cacheslide,default,rpdc:extra=0.5,transformers-prefix \
+    --threads 1 --out docs/bench/validate-reflexion
+  for w in memgpt swe_agent; do
+    $ac bench "benchmarks/workloads/$w.jsonl" --split validate --sessions "$w-08,$w-09,$w-10,$w-11" \
+      --strategies full,prefix,pic,epic,cacheblend,default,transformers-prefix --threads 1 \
+      --out "docs/bench/validate-$w"
+  done
   # the chat family's validation half, through the server's segmenter, with the transformers peer
   $ac bench benchmarks/workloads/chat.jsonl --split validate --sessions chat-08,chat-09,chat-10,chat-11 \
     --strategies full,prefix,pic,epic,cacheblend,default,transformers-prefix --threads 1 \
@@ -99,6 +109,19 @@ reuse() {
 server() {
   $py benchmarks/openai_loop.py --out docs/bench/openai-loop \
     --turns 8 --max-tokens 24 --loops 8 --loop-turns 6
+  # replies through the openai client against --strategy full, chat validation tool-use sessions
+  $py benchmarks/server_fidelity.py --sessions chat-09,chat-11,chat-13,chat-15 --max-tokens 32 \
+    --threads 1 --out docs/bench/server/fidelity-tool-use
+  # docs/server.md "Under load" (about 25 minutes)
+  export AGENTCACHE_NUM_THREADS=1
+  $py benchmarks/server_load.py --clients 8 --duration 60 --model tiny \
+    --out docs/bench/server/load-tiny-8x60
+  $py benchmarks/server_load.py --clients 16 --duration 240 --model tiny \
+    --out docs/bench/server/load-tiny-16x240
+  $py benchmarks/server_load.py --clients 16 --duration 300 --model tiny --store-bytes 33554432 \
+    --out docs/bench/server/load-tiny-16x300-store32m
+  $py benchmarks/server_load.py --clients 16 --duration 300 --think 1.0 --model tiny \
+    --store-bytes 33554432 --out docs/bench/server/load-tiny-16x300-think1
 }
 
 # docs/benchmarks.md "vLLM", docs/lab/vllm.md (vllm-staged alone about 2 hours)
