@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from agentcache.engines.vllm.backend import VLLMBackend, _cut_at_stop, _misses
-from agentcache.engines.vllm.reports import write_report
+from agentcache.engines.vllm.reports import RequestStats, write_report
 from agentcache.kv.store import MissReason
 from agentcache.reuse.base import SegmentMiss
 
@@ -22,9 +22,9 @@ def _backend(store: Path) -> VLLMBackend:
 def test_transfer_report_folds_the_schedulers_findings_into_the_workers(tmp_path: Path) -> None:
     """The worker's report file overrides the counters the scheduler saw, so the scheduler's
     own misses and fallback reasons travel under keys of their own and are added here."""
-    write_report(tmp_path, "r1", {"claimed_tokens": 40, "fallbacks": 1,
-                                  "fallback_reasons": ["worker"],
-                                  "misses": [["h", "fixed", 35, "evicted"]]})  # fmt: skip
+    worker = RequestStats("segments", claimed_tokens=40, fallbacks=1, fallback_reasons=("worker",),
+                          misses=(("h", "fixed", 35, "evicted"),))  # fmt: skip
+    write_report(tmp_path, "r1", worker)
     sent = SimpleNamespace(extra_args={"kv_transfer_params": {"agentcache": {"report": "r1"}}})
     out = SimpleNamespace(kv_transfer_params={"agentcache": {
         "mode": "segments", "vllm_cached_tokens": 64, "fallbacks": 0, "fallback_reasons": [],

@@ -412,8 +412,9 @@ class VLLMBackend:
         info = dict((out.kv_transfer_params or {}).get("agentcache", {}))
         sent = (sampling_params.extra_args or {}).get("kv_transfer_params", {})
         report = sent.get("agentcache", {}).get("report")
-        if report:
-            info |= read_report(Path(self.store_dir), report)
+        worker = read_report(Path(self.store_dir), report) if report else None
+        if worker is not None:
+            info |= worker.as_dict()
         # what the scheduler found (a refused segment spec, a span it declined to claim,
         # segments vLLM computed because the store lacked them) joins the worker's counts
         reasons = list(info.pop("scheduler_fallback_reasons", []))
