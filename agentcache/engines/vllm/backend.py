@@ -16,7 +16,6 @@ the time to the first token.
 
 from __future__ import annotations
 
-import os
 import secrets
 import threading
 import uuid
@@ -27,7 +26,7 @@ from typing import Any
 
 import torch
 
-from agentcache.engines.vllm import require_vllm
+from agentcache.engines.vllm import IN_PROCESS_ENV, require_vllm
 from agentcache.engines.vllm.config import (
     ConnectorSettings,
     VLLMConfig,
@@ -44,6 +43,7 @@ from agentcache.engines.vllm.stages import (
     StagePlan,
 )
 from agentcache.engines.vllm.storage import FolderSegmentStore
+from agentcache.errors import ConfigError
 from agentcache.kv.store import MissReason
 from agentcache.model.loading import DEFAULT_MODEL
 from agentcache.model.tokenizer import HFTokenizer, chat_format_for
@@ -100,7 +100,7 @@ class VLLMBackend:
             )
             kwargs["kv_transfer_config"] = kv_transfer_config(settings)
         if c.in_process:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            _check_in_process()
         self.llm = vllm.LLM(**kwargs)
         self.driver = StepDriver(
             self.llm.llm_engine, self.tokenizer.eos_token_ids, Path(self.store_dir), self.scope_key
@@ -261,6 +261,19 @@ def _cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
     """The text before the first stop string, as the embedded engine returns it."""
     cut = min((text.find(s) for s in stop if s in text), default=-1)
     return text if cut < 0 else text[:cut]
+
+
+def _check_in_process() -> None:
+    """vLLM runs its engine core in the caller's process only when the environment says so
+    (read by vLLM when the engine starts); the entry point sets it, never the library."""
+    import vllm.envs
+
+    if vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING:
+        raise ConfigError(
+            f"in_process=True needs {IN_PROCESS_ENV}=0 in the environment before vLLM starts "
+            "(agentcache's CLI sets it; a script sets it before creating the backend), or "
+            "VLLMConfig(in_process=False) to let vLLM spawn its engine core"
+        )
 
 
 def _misses(raw: Any) -> tuple[SegmentMiss, ...]:

@@ -84,7 +84,9 @@ class VLLMConfig:
     block_size: int = 32  # a multiple of 32 on CPU
     dtype: str = "float32"
     logprobs: int = 20  # top log-probabilities kept for `first_token_logits`
-    in_process: bool = True  # run vLLM's engine core in this process (no spawn)
+    # run vLLM's engine core in this process (no spawn): the environment must hold
+    # VLLM_ENABLE_V1_MULTIPROCESSING=0 (IN_PROCESS_ENV), which agentcache's CLI sets
+    in_process: bool = True
     # who computes what reuse cannot supply (config.FILL_MODES): "vllm" runs staged prefills
     # (stages.py: positional strategies only), "engine" agentcache's engine in the worker,
     # "auto" staged where the strategy allows it
