@@ -6,8 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from agentcache.engines.vllm.backend import VLLMBackend, _cut_at_stop, _misses
+import pytest
+
+from agentcache.engines.vllm import IN_PROCESS_ENV
+from agentcache.engines.vllm.backend import VLLMBackend, _check_in_process, _cut_at_stop, _misses
 from agentcache.engines.vllm.reports import RequestStats, write_report
+from agentcache.errors import ConfigError
 from agentcache.kv.store import MissReason
 from agentcache.reuse.base import SegmentMiss
 
@@ -55,3 +59,15 @@ def test_text_is_cut_before_the_first_stop_string() -> None:
     assert _cut_at_stop("one. two. three", (". t", "three")) == "one"
     assert _cut_at_stop("no stop here", ("STOP",)) == "no stop here"
     assert _cut_at_stop("as is", ()) == "as is"
+
+
+@pytest.mark.vllm
+def test_in_process_needs_the_entry_points_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library never sets vLLM's environment: without the entry point's setting an
+    in-process backend refuses to start, naming the variable."""
+    pytest.importorskip("vllm")
+    monkeypatch.setenv(IN_PROCESS_ENV, "1")
+    with pytest.raises(ConfigError, match=f"in_process=True needs {IN_PROCESS_ENV}=0"):
+        _check_in_process()
+    monkeypatch.setenv(IN_PROCESS_ENV, "0")
+    _check_in_process()
