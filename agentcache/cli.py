@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentcache.argtypes import end_outputs, non_negative_int, positive_int
+from agentcache.engines.vllm import IN_PROCESS_ENV  # no vLLM import
 from agentcache.errors import AgentCacheError, ConfigError
 
 
@@ -81,6 +82,7 @@ class ModelCommand:
     def __call__(self, args: argparse.Namespace) -> int:
         _threads(args.threads)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault(IN_PROCESS_ENV, "0")  # vLLM's engine core here (in_process)
         run = getattr(importlib.import_module(self.module), self.runner)
         return int(run(args, args.model, _cache_dir(args.cache_dir)))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import tempfile
 import time
@@ -85,6 +86,7 @@ def instrument() -> None:
 
 
 def main(argv: list[str]) -> int:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in here
     config = argv[0]
     session_name = argv[1] if len(argv) > 1 else "reflexion-01"
     max_turns = int(argv[2]) if len(argv) > 2 else 3

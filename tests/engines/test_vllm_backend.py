@@ -6,8 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from agentcache.engines.vllm.backend import VLLMBackend, _cut_at_stop, _misses
-from agentcache.engines.vllm.reports import write_report
+import pytest
+
+from agentcache.engines.vllm import IN_PROCESS_ENV
+from agentcache.engines.vllm.backend import VLLMBackend, _check_in_process, _cut_at_stop, _misses
+from agentcache.engines.vllm.reports import RequestStats, write_report
+from agentcache.errors import ConfigError
 from agentcache.kv.store import MissReason
 from agentcache.reuse.base import SegmentMiss
 
@@ -22,9 +26,9 @@ def _backend(store: Path) -> VLLMBackend:
 def test_transfer_report_folds_the_schedulers_findings_into_the_workers(tmp_path: Path) -> None:
     """The worker's report file overrides the counters the scheduler saw, so the scheduler's
     own misses and fallback reasons travel under keys of their own and are added here."""
-    write_report(tmp_path, "r1", {"claimed_tokens": 40, "fallbacks": 1,
-                                  "fallback_reasons": ["worker"],
-                                  "misses": [["h", "fixed", 35, "evicted"]]})  # fmt: skip
+    worker = RequestStats("segments", claimed_tokens=40, fallbacks=1, fallback_reasons=("worker",),
+                          misses=(("h", "fixed", 35, "evicted"),))  # fmt: skip
+    write_report(tmp_path, "r1", worker)
     sent = SimpleNamespace(extra_args={"kv_transfer_params": {"agentcache": {"report": "r1"}}})
     out = SimpleNamespace(kv_transfer_params={"agentcache": {
         "mode": "segments", "vllm_cached_tokens": 64, "fallbacks": 0, "fallback_reasons": [],
@@ -55,3 +59,15 @@ def test_text_is_cut_before_the_first_stop_string() -> None:
     assert _cut_at_stop("one. two. three", (". t", "three")) == "one"
     assert _cut_at_stop("no stop here", ("STOP",)) == "no stop here"
     assert _cut_at_stop("as is", ()) == "as is"
+
+
+@pytest.mark.vllm
+def test_in_process_needs_the_entry_points_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library never sets vLLM's environment: without the entry point's setting an
+    in-process backend refuses to start, naming the variable."""
+    pytest.importorskip("vllm")
+    monkeypatch.setenv(IN_PROCESS_ENV, "1")
+    with pytest.raises(ConfigError, match=f"in_process=True needs {IN_PROCESS_ENV}=0"):
+        _check_in_process()
+    monkeypatch.setenv(IN_PROCESS_ENV, "0")
+    _check_in_process()

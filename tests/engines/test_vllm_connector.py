@@ -1,23 +1,34 @@
-"""The connector's worker side without a running engine (marker `vllm`: imports vLLM's
-connector base): a fill that fails is a counted fallback whose blocks vLLM recomputes, and
-the report book forgets requests vLLM says are finished."""
+"""The connector's two sides without a running engine (no vLLM): the scheduler chooses a
+request's mode once and reports what it claimed; on the worker a fill that fails is a counted
+fallback whose blocks vLLM recomputes, and the report book forgets finished requests."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-import pytest
-
-from agentcache.engines.vllm.reports import ReportBook, read_report
+from agentcache.engines.vllm.modes import (
+    VLLM_FILLS_SEGMENTS,
+    Modes,
+    PrefixMode,
+    RequestWork,
+    SegmentMode,
+    StagedMode,
+    StoreKeys,
+)
+from agentcache.engines.vllm.plan import prefix_chunk_ids
+from agentcache.engines.vllm.reports import RequestStats, read_report
 from agentcache.engines.vllm.request import RequestSpec, SegmentSpan
+from agentcache.engines.vllm.scheduler import ConnectorScheduler
+from agentcache.engines.vllm.storage import FolderSegmentStore
+from agentcache.engines.vllm.transfer import PrefixTransfer, SegmentFiller, StoredRunLoader
+from agentcache.engines.vllm.worker import ConnectorWorker
 from agentcache.errors import ContextLengthError
 from agentcache.prompt.segments import SegmentKind
 
-pytestmark = pytest.mark.vllm
-pytest.importorskip("vllm")  # the vllm extra's venv only
-
-from agentcache.engines.vllm import connector  # noqa: E402
+BS = 32
+SPANS = (SegmentSpan(SegmentKind.SYSTEM, 0, 40, "s"), SegmentSpan(SegmentKind.FIXED, 40, 80))
 
 
 class FailingFiller:
@@ -25,32 +36,102 @@ class FailingFiller:
         raise ContextLengthError(5000, 4096)
 
 
-def _connector(folder: Path) -> Any:
-    conn = object.__new__(connector.AgentCacheConnector)  # the worker's state, no engine
-    conn.block_size = 32
-    conn._paged = object()  # the failing filler never touches it
-    conn._filler, conn._runs = FailingFiller(), None
-    conn._step_stats, conn._failed_blocks = {}, set()
-    conn._reports = ReportBook(folder)
-    return conn
+class PresentStore(FolderSegmentStore):
+    """A folder store that claims to hold every content id in `present`."""
+
+    present: set[str]
+
+    def contains_content(self, model_id: str, tokenizer_id: str, cid: str) -> bool:
+        return cid in self.present
+
+
+def _modes(store: FolderSegmentStore, filler: Any = None) -> Modes:
+    keys = StoreKeys(store, "m", "t")
+
+    def no_runs() -> StoredRunLoader:
+        raise AssertionError("no staged run here")
+
+    def fill() -> SegmentFiller:
+        return filler  # type: ignore[no-any-return]
+
+    return Modes(
+        PrefixMode(PrefixTransfer(store, "m", "t"), BS),
+        SegmentMode(keys, 0.5, None if filler is None else fill),
+        StagedMode(keys, no_runs),
+    )
 
 
 def test_a_failed_fill_is_a_counted_fallback_and_vllm_recomputes_its_blocks(
     tmp_path: Path,
 ) -> None:
-    conn = _connector(tmp_path)
-    spans = (SegmentSpan(SegmentKind.SYSTEM, 0, 40, "s"), SegmentSpan(SegmentKind.FIXED, 40, 80))
-    spec = RequestSpec(spans, "pic", report="rep1")
-    work = connector.RequestWork("r1", list(range(80)), [7, 8, 9, 4], spec, (16, 79), False)
-    conn._connector_metadata = connector.AgentCacheMetadata([work])
-    conn.start_load_kv(None)
-    assert conn.get_block_ids_with_load_errors() == {7, 8, 9}  # tokens 16..78: blocks 0-2
-    conn.build_connector_worker_meta()
+    worker = ConnectorWorker(_modes(FolderSegmentStore(tmp_path, 0), FailingFiller()), BS, tmp_path)
+    worker.paged = object()  # type: ignore[assignment]  # the failing filler never touches it
+    spec = RequestSpec(SPANS, "pic", report="rep1")
+    work = RequestWork("r1", "segments", list(range(80)), [7, 8, 9, 4], spec, (16, 79), False)
+    worker.load([work], [])
+    assert worker.load_errors() == {7, 8, 9}  # tokens 16..78: blocks 0-2
+    assert worker.load_errors() == set()
+    stats = worker.step_stats()["r1"]
+    assert (stats.mode, stats.fallbacks, stats.claimed_tokens) == ("segments", 1, 63)
+    assert worker.step_stats() == {}
     report = read_report(tmp_path, "rep1")
-    assert report["fallbacks"] == 1 and report["claimed_tokens"] == 63
+    assert report is not None and report.fallbacks == 1 and report.claimed_tokens == 63
+    assert "fill failed" in report.fallback_reasons[0] and "4096" in report.fallback_reasons[0]
+    worker.load([], ["r1"])
+    assert len(worker.reports) == 0
+
+
+def _request(req_id: str, ids: list[int], spec: RequestSpec | None = None) -> Any:
+    params = None if spec is None else spec.to_params()
+    return SimpleNamespace(request_id=req_id, prompt_token_ids=ids, kv_transfer_params=params)
+
+
+def _step(req_id: str, ids: list[int], blocks: list[int], computed: int) -> Any:
+    new = SimpleNamespace(req_id=req_id, prompt_token_ids=ids, block_ids=(blocks,),
+                          num_computed_tokens=computed)  # fmt: skip
+    cached = SimpleNamespace(req_ids=[], new_block_ids=[], resumed_req_ids=set(),
+                             num_computed_tokens=[])  # fmt: skip
+    return SimpleNamespace(scheduled_new_reqs=[new], scheduled_cached_reqs=cached,
+                           num_scheduled_tokens={req_id: len(ids) - computed})  # fmt: skip
+
+
+def test_the_scheduler_claims_stored_prefix_blocks_and_reports_them(tmp_path: Path) -> None:
+    store = PresentStore(tmp_path, 0)
+    ids = list(range(100))
+    store.present = set(prefix_chunk_ids(ids, BS)[:2])  # blocks 0 and 1 stored
+    scheduler = ConnectorScheduler(_modes(store), "")
+    assert scheduler.claim(_request("r", ids), 32) == 32  # vLLM holds block 0: block 1 left
+    scheduler.allocated("r", 32)
+    (work,) = scheduler.work(_step("r", ids, [5, 6, 7, 8], 32))
+    assert (work.mode, work.load, work.save, work.block_ids) == ("prefix", (32, 64), True,
+                                                                  [5, 6, 7, 8])  # fmt: skip
+    scheduler.worker_stats({"r": RequestStats("prefix", claimed_tokens=32, stored_entries=1)})
+    scheduler.worker_stats({"r": RequestStats("prefix", stored_entries=2)})
+    body = scheduler.finished("r")["agentcache"]
+    assert list(body)[:4] == ["mode", "vllm_cached_tokens", "planned_tokens", "claimed_tokens"]
+    assert (body["vllm_cached_tokens"], body["planned_tokens"]) == (32, 32)
+    assert (body["claimed_tokens"], body["stored_entries"]) == (32, 3)
+    assert body["scheduler_misses"] == [] and body["scheduler_fallback_reasons"] == []
+    assert len(scheduler) == 0
+
+
+def test_a_segment_request_keeps_its_mode_and_says_why_vllm_computed_it(tmp_path: Path) -> None:
+    store = PresentStore(tmp_path, 0)
+    store.present = set()
+    scheduler = ConnectorScheduler(_modes(store), "")  # fill='vllm': no filler
+    ids = list(range(80))
+    spec = RequestSpec(SPANS, "pic")
+    assert scheduler.claim(_request("a", ids, spec), 0) == 0
+    body = scheduler.finished("a")["agentcache"]
+    assert body["mode"] == "segments" and body["scheduler_fallback_reasons"] == [
+        VLLM_FILLS_SEGMENTS
+    ]
+    # a refused spec: served as prefix, the refusal reported
+    bad = _request("b", ids)
+    bad.kv_transfer_params = {"agentcache": {"segments": "nope"}}
+    assert scheduler.claim(bad, 0) == 0
+    body = scheduler.finished("b")["agentcache"]
     assert (
-        "fill failed" in report["fallback_reasons"][0] and "4096" in report["fallback_reasons"][0]
+        body["mode"] == "prefix"
+        and "segments must be a list" in body["scheduler_fallback_reasons"][0]
     )
-    conn._connector_metadata = connector.AgentCacheMetadata(finished=["r1"])
-    conn.start_load_kv(None)
-    assert len(conn._reports) == 0

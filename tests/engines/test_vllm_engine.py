@@ -74,7 +74,7 @@ print("RESULT " + json.dumps({"turns": out, "engine": ref}))
 
 
 def _run(script: str, *args: str) -> dict[str, object]:
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
         [sys.executable, "-c", script, *args],
@@ -237,7 +237,7 @@ print("RESULT " + json.dumps([
 def test_malformed_client_params_fall_back_to_prefix_reuse_and_say_why(tmp_path: Path) -> None:
     """vLLM's server copies a body's kv_transfer_params into the request: each malformed one
     is refused by name and served with exact prefix reuse; the engine keeps serving."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
         [sys.executable, "-c", HOSTILE_SCRIPT, str(tmp_path / "store")],

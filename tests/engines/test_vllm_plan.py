@@ -113,14 +113,14 @@ def test_unclaimed_segments_say_why_vllm_computed_them() -> None:
     spec = RequestSpec(SPANS, "rpdc")
     fixed = SPANS[2].content_id(ids)
     misses, reason = unclaimed_segments(spec, ids, 0, lambda c: False)
-    assert misses == [["sys", "system", 10, "new"], ["h", "fixed", 35, "new"]]
+    assert misses == [("sys", "system", 10, "new"), ("h", "fixed", 35, "new")]
     assert reason is None
     misses, reason = unclaimed_segments(spec, ids, 0, lambda c: c == fixed)
-    assert misses == [["sys", "system", 10, "new"]]
+    assert misses == [("sys", "system", 10, "new")]
     assert reason is not None and "h" in reason and "[0, 63)" in reason
     # vLLM's own prefix cache already holds the system segment: only what follows is reported
     misses, _ = unclaimed_segments(spec, ids, 16, lambda c: False)
-    assert misses == [["h", "fixed", 35, "new"]]
+    assert misses == [("h", "fixed", 35, "new")]
     # a hit covering most of a segment served it: neither a miss nor a declined claim
     assert unclaimed_segments(spec, ids, 48, lambda c: c == fixed) == ([], None)
-    assert unclaimed_segments(spec, ids, 32, lambda c: False) == ([["h", "fixed", 35, "new"]], None)
+    assert unclaimed_segments(spec, ids, 32, lambda c: False) == ([("h", "fixed", 35, "new")], None)

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
+from agentcache.engines.vllm.config import VLLMConfig
+from agentcache.engines.vllm.fill import FillDecider
 from agentcache.engines.vllm.layout import CpuLayout, KVShape
 from agentcache.engines.vllm.plan import claim_stage
 from agentcache.engines.vllm.request import RequestSpec, SegmentSpan
@@ -376,13 +377,11 @@ def test_exact_prefix_and_engine_token_estimates() -> None:
     assert engine_tokens(selection) == 10 + 5  # base: [0, 5) and [35, 40); budget 0.5 each
 
 
-def _backend(tmp_path: Path, fill: str, strategy: str) -> VLLMBackend:
+def _decider(tmp_path: Path, fill: str, strategy: str, tiny: LoadedModel) -> FillDecider:
     """The backend's decision inputs without a vLLM engine (its store is the folder)."""
-    backend = object.__new__(VLLMBackend)
-    backend.config = VLLMConfig(fill=fill, strategy=strategy, min_stage_tokens=8)
-    backend._plan_store = FolderSegmentStore(tmp_path, 0)
-    backend._choosers = {}
-    return backend
+    config = VLLMConfig(fill=fill, strategy=strategy, min_stage_tokens=8)
+    ids = (tiny.model_id, tiny.tokenizer.tokenizer_id)
+    return FillDecider(config, FolderSegmentStore(tmp_path, 0), ids)
 
 
 def test_the_backend_decides_who_computes(tiny: LoadedModel, tmp_path: Path) -> None:
@@ -391,9 +390,8 @@ def test_the_backend_decides_who_computes(tiny: LoadedModel, tmp_path: Path) -> 
     warm = engine.tokenize(_prompt("step 2 " * 9))
 
     def decide(fill: str, strategy: str, prompt: TokenizedPrompt) -> tuple[Any, ...]:
-        backend = _backend(tmp_path, fill, strategy)
-        backend._store_ids = (tiny.model_id, tiny.tokenizer.tokenizer_id)
-        return backend._decide(prompt, None)
+        d = _decider(tmp_path, fill, strategy, tiny).decide(prompt, None)
+        return d.plan, d.fill, d.chosen
 
     assert decide("engine", "pic", warm) == (None, "engine", False)
     plan, fill, chosen = decide("vllm", "pic", warm)
@@ -405,10 +403,10 @@ def test_the_backend_decides_who_computes(tiny: LoadedModel, tmp_path: Path) -> 
     assert (fill, chosen) == ("vllm", True) and plan is not None and plan.num_reused > 0
     assert decide("auto", "full", warm) == (None, "engine", False)
     # rpdc ranks while it runs: the engine fills, or vLLM computes the span alone
-    backend = _backend(tmp_path, "auto", "rpdc")
-    backend._store_ids = (tiny.model_id, tiny.tokenizer.tokenizer_id)
-    plan, fill, chosen = backend._decide(warm, None)
-    assert (fill, chosen) == ("vllm", True) and plan is not None
-    assert plan.stages == (Stage(warm.num_tokens, None),)
-    backend.chooser().observe("vllm", 100.0, 10)
-    assert backend._decide(warm, None)[1:] == ("engine", True)
+    decider = _decider(tmp_path, "auto", "rpdc", tiny)
+    d = decider.decide(warm, None)
+    assert (d.fill, d.chosen) == ("vllm", True) and d.plan is not None
+    assert d.plan.stages == (Stage(warm.num_tokens, None),)
+    decider.chooser().observe("vllm", 100.0, 10)
+    d = decider.decide(warm, None)
+    assert (d.fill, d.chosen) == ("engine", True)

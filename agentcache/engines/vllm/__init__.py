@@ -14,6 +14,9 @@ from types import ModuleType
 from agentcache.errors import AgentCacheError
 
 PINNED_VLLM_VERSION = "0.32.0"
+# vLLM runs its engine core in the caller's process when this is "0" (read as the engine
+# starts); entry points set it (agentcache's CLI does), the library only checks it
+IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 VLLM_EXTRA = "vllm"
 INSTALL_HINT = (
     "pip install torch==2.13.0 && pip install 'agentcache[vllm]' && "
@@ -70,6 +73,7 @@ def require_vllm() -> ModuleType:
 
 __all__ = [
     "INSTALL_HINT",
+    "IN_PROCESS_ENV",
     "PINNED_VLLM_VERSION",
     "UnsupportedKVLayoutError",
     "VLLMUnavailableError",

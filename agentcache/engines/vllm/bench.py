@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from agentcache.bench.workload import Session, parse_session
+from agentcache.engines.vllm import IN_PROCESS_ENV
 
 TURN_PREFIX = "TURN "
 
@@ -102,7 +103,8 @@ def run_all(
     `threads` sets the engine processes' OpenMP threads (`OMP_NUM_THREADS`, which vLLM
     respects); None leaves vLLM's default. Each finished configuration's result is kept in
     `out/configs/`; with `resume`, one kept there for the very same turns is not run again."""
-    env = dict(os.environ) | ({"OMP_NUM_THREADS": str(threads)} if threads else {})
+    env = dict(os.environ) | {IN_PROCESS_ENV: "0"}  # each engine core in its run's process
+    env |= {"OMP_NUM_THREADS": str(threads)} if threads else {}
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="agentcache-vllm-bench-") as tmp:
         # each configuration's segment store holds GBs of KV: it goes when its run is done

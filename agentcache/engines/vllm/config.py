@@ -1,4 +1,5 @@
-"""Settings of the connector, and the vLLM arguments that load it. No vLLM import here."""
+"""Settings of the connector and of `VLLMBackend`, and the vLLM arguments that load the
+connector. No vLLM import here."""
 
 from __future__ import annotations
 
@@ -68,6 +69,42 @@ class ConnectorSettings:
 
     def to_extra(self) -> dict[str, Any]:
         return {"agentcache": asdict(self)}
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    model: str | None = None  # model folder; None: the embedded default, converted once
+    reuse: str = "agentcache"
+    strategy: str = DEFAULT_STRATEGY
+    min_reused_fraction: float = 0.5  # see ConnectorSettings
+    store_dir: str | None = None  # shared segment folder (default ~/.cache/agentcache/vllm-store)
+    store_bytes: int = 2 * GiB
+    kv_cache_bytes: int = 1 * GiB  # vLLM's own paged KV memory
+    max_model_len: int = 8192
+    block_size: int = 32  # a multiple of 32 on CPU
+    dtype: str = "float32"
+    logprobs: int = 20  # top log-probabilities kept for `first_token_logits`
+    # run vLLM's engine core in this process (no spawn): the environment must hold
+    # VLLM_ENABLE_V1_MULTIPROCESSING=0 (IN_PROCESS_ENV), which agentcache's CLI sets
+    in_process: bool = True
+    # who computes what reuse cannot supply (config.FILL_MODES): "vllm" runs staged prefills
+    # (stages.py: positional strategies only), "engine" agentcache's engine in the worker,
+    # "auto" staged where the strategy allows it
+    fill: str = "auto"
+    min_stage_tokens: int = 64  # a reused run shorter than this is computed, not staged
+
+    def __post_init__(self) -> None:
+        if self.reuse not in REUSE_MODES:
+            raise ValueError(f"reuse must be one of {REUSE_MODES}, got {self.reuse!r}")
+        if self.fill not in FILL_MODES:
+            raise ValueError(f"fill must be one of {FILL_MODES}, got {self.fill!r}")
+        if self.min_stage_tokens < 1:
+            raise ValueError(f"min_stage_tokens must be >= 1, got {self.min_stage_tokens}")
+        spec = StrategySpec.parse(self.strategy)
+        if self.reuse == "agentcache" and self.fill == "vllm":
+            from agentcache.engines.vllm.stages import staged_strategy  # torch: when needed
+
+            staged_strategy(spec)  # a clear error now for one that cannot be staged
 
 
 def kv_transfer_config(settings: ConnectorSettings) -> Any:

@@ -15,8 +15,8 @@ Two modes, chosen per request:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
+from agentcache.engines.vllm.reports import MissRow
 from agentcache.engines.vllm.request import RequestSpec
 from agentcache.kv.store import chain_id
 from agentcache.reuse.segments import REUSABLE
@@ -71,14 +71,14 @@ def claim_segments(
 
 def unclaimed_segments(
     spec: RequestSpec, token_ids: Sequence[int], num_computed: int, present: Callable[[str], bool]
-) -> tuple[list[list[Any]], str | None]:
+) -> tuple[list[MissRow], str | None]:
     """Why the reusable segments vLLM computes itself (the connector claimed nothing) were not
-    served: `[segment id, kind, tokens, "new"]` for each one the store lacks, and, when some
+    served: `(segment id, kind, tokens, "new")` for each one the store lacks, and, when some
     were stored but covered too little of the span to claim it, the fallback's reason.
     A segment counts when most of its tokens lie after vLLM's own prefix-cache hit (a
     segment the hit mostly covers was served by vLLM)."""
     last = len(token_ids) - 1
-    misses: list[list[Any]] = []
+    misses: list[MissRow] = []
     stored = []
     for s in spec.spans:
         after_hit = s.end - max(s.start, num_computed)
@@ -87,7 +87,7 @@ def unclaimed_segments(
         if present(s.content_id(token_ids)):
             stored.append(s.id or f"@{s.start}")
         else:
-            misses.append([s.id, s.kind.value, s.end - s.start, "new"])
+            misses.append((s.id, s.kind.value, s.end - s.start, "new"))
     reason = None
     if stored:
         reason = (

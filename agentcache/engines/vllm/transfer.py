@@ -22,13 +22,13 @@ import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from agentcache.engines.vllm.layout import KVLayout, slots_of
 from agentcache.engines.vllm.plan import prefix_chunk_ids
+from agentcache.engines.vllm.reports import MissRow
 from agentcache.engines.vllm.request import RequestSpec
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
 from agentcache.kv.store import SegmentStore, StoredKV, segment_content_id
@@ -86,25 +86,6 @@ class PagedKV:
         slots = slots_of(list(block_ids), self.block_size, start, end)
         for layer, k, v in zip(self.layers, keys, values, strict=True):
             self.layout.write(layer, slots, k, v)
-
-
-@dataclass
-class RequestStats:
-    """What the connector did for one request (returned in the request's kv_transfer_params)."""
-
-    mode: str = "prefix"
-    claimed_tokens: int = 0  # tokens the connector filled (the rest: vLLM)
-    reused_tokens: int = 0  # of those, cached KV (re-rotated where shifted)
-    computed_tokens: int = 0  # of those, computed by agentcache's engine
-    stored_entries: int = 0
-    load_failures: int = 0
-    fallbacks: int = 0
-    fallback_reasons: list[str] = field(default_factory=list)
-    misses: list[list[Any]] = field(default_factory=list)  # [segment id, kind, tokens, reason]
-    fill_ms: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 class PrefixTransfer:
@@ -225,7 +206,7 @@ class RunFill:
 
     reused_tokens: int = 0
     failed_blocks: set[int] = field(default_factory=set)  # vLLM recomputes these
-    misses: list[list[Any]] = field(default_factory=list)  # [segment id, kind, tokens, reason]
+    misses: list[MissRow] = field(default_factory=list)
 
 
 class StoredRunLoader:
@@ -262,7 +243,7 @@ class StoredRunLoader:
             )
             if found.kv is None or found.kv.num_tokens < hi - s.start:
                 reason = str(found.miss or "other")
-                out.misses.append([s.id, s.kind.value, s.end - s.start, reason])
+                out.misses.append((s.id, s.kind.value, s.end - s.start, reason))
                 out.failed_blocks.update(block_ids[b] for b in range(lo // bs, (hi - 1) // bs + 1))
                 continue
             a, b = lo - s.start, hi - s.start
