@@ -103,9 +103,8 @@ class TurnStats:
     decode_fallbacks: int = 0  # 1 when the configured decode policy fell back to dense
     decode: DecodeStats | None = None  # sparse decode figures (None for dense)
     load_overlap: float | None = None  # share of the KV load hidden behind compute
-    # the reply's KV stored for the next turn, or why not; always a ReplyKV once made (a value
-    # given as a string is converted; `str` goes with the vLLM backend's passing "backend")
-    reply_kv: ReplyKV | str | None = None
+    # the reply's KV stored for the next turn, or why not (a string value is converted)
+    reply_kv: ReplyKV | None = None
     probe_skipped: bool = False  # a probe strategy computed every candidate (ReuseStats)
 
     def __post_init__(self) -> None:

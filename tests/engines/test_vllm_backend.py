@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from agentcache.engines.vllm import IN_PROCESS_ENV
-from agentcache.engines.vllm.backend import VLLMBackend, _check_in_process, _cut_at_stop, _misses
+from agentcache.engines.vllm.backend import VLLMBackend, _check_in_process, _misses
 from agentcache.engines.vllm.reports import RequestStats, write_report
 from agentcache.errors import ConfigError
 from agentcache.kv.store import MissReason
@@ -53,12 +53,6 @@ def test_a_request_without_a_report_keeps_the_schedulers_part(tmp_path: Path) ->
     out = SimpleNamespace(kv_transfer_params=None)
     info = _backend(tmp_path).transfer_report(sent, out)
     assert info == {"fallbacks": 0, "fallback_reasons": [], "misses": []}
-
-
-def test_text_is_cut_before_the_first_stop_string() -> None:
-    assert _cut_at_stop("one. two. three", (". t", "three")) == "one"
-    assert _cut_at_stop("no stop here", ("STOP",)) == "no stop here"
-    assert _cut_at_stop("as is", ()) == "as is"
 
 
 @pytest.mark.vllm

@@ -53,6 +53,8 @@ from agentcache.reuse import StrategySpec
 from agentcache.reuse.base import SegmentMiss
 from agentcache.reuse.selective import SelectiveRecompute
 from agentcache.runtime.engine import Generation, GenerationParams, TurnStats
+from agentcache.runtime.stats import DecodePart, PrefillPart, ReplyKV
+from agentcache.runtime.stops import cut_at_stop
 
 
 class VLLMBackend:
@@ -225,15 +227,21 @@ class VLLMBackend:
         ids = self.driver.token_ids(comp.token_ids)[: params.max_new_tokens]
         finish = "stop" if comp.finish_reason == "stop" else "length"
         decode_s = wall - ttft
-        stats = TurnStats(
-            self.report_strategy(strategy),
-            tokens.num_tokens, tokens.num_tokens - computed, computed,
-            computed / max(1, tokens.num_tokens), ttft, len(ids),
-            (len(ids) - 1) / decode_s if len(ids) > 1 and decode_s > 0 else 0.0,
-            int(info.get("fallbacks", 0)), tuple(info.get("fallback_reasons", ())),
-            _misses(info.get("misses", ())), reply_kv=None if reply is None else "backend",
+        prefill = PrefillPart(
+            strategy=self.report_strategy(strategy), prompt_tokens=tokens.num_tokens,
+            reused_tokens=tokens.num_tokens - computed, recomputed_tokens=computed,
+            recompute_fraction=computed / max(1, tokens.num_tokens), ttft_s=ttft,
+            fallbacks=int(info.get("fallbacks", 0)),
+            fallback_reasons=tuple(info.get("fallback_reasons", ())),
+            misses=_misses(info.get("misses", ())),
         )  # fmt: skip
-        text = _cut_at_stop(self.tokenizer.decode(ids), params.stop)
+        rate = (len(ids) - 1) / decode_s if len(ids) > 1 and decode_s > 0 else 0.0
+        stats = TurnStats.of(
+            prefill=prefill,
+            decode=DecodePart(decode_tokens=len(ids), decode_tokens_per_s=rate),
+            reply_kv=None if reply is None else ReplyKV.BACKEND,
+        )
+        text = cut_at_stop(self.tokenizer.decode(ids), params.stop)
         return Generation(text, ids, finish, self._first_logits(comp.logprobs), stats)
 
     def report_strategy(self, strategy: str | None) -> str:
@@ -255,12 +263,6 @@ class VLLMBackend:
             for tid, lp in logprobs[0].items():
                 out[int(tid)] = float(lp.logprob)
         return out
-
-
-def _cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
-    """The text before the first stop string, as the embedded engine returns it."""
-    cut = min((text.find(s) for s in stop if s in text), default=-1)
-    return text if cut < 0 else text[:cut]
 
 
 def _check_in_process() -> None:
