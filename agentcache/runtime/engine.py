@@ -74,7 +74,7 @@ class Engine:
     def store(self) -> SegmentStore:
         return self.ctx.store
 
-    # what the chat server reads (runtime.backends.ServingEngine); the vLLM backend has them too
+    # what the chat server reads (agentcache.backends.ServingEngine); the vLLM backend has them too
     @property
     def tokenizer(self) -> TextTokenizer:
         return self.model.tokenizer
