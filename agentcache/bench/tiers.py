@@ -41,8 +41,9 @@ from agentcache.policy.spill import SPILL_POLICIES
 from agentcache.reuse import STRATEGIES
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
 from agentcache.tiers.base import TierError
+from agentcache.tiers.config import TierConfig
 from agentcache.tiers.disk import DiskTier
-from agentcache.tiers.store import TierConfig, TieredSegmentStore
+from agentcache.tiers.store import TieredSegmentStore
 from agentcache.tiers.trace import SavedTrace, recording, replay, save
 
 Progress = Callable[[str], None]

@@ -37,7 +37,8 @@ import torch
 from agentcache.errors import AgentCacheError, TraceFileError
 from agentcache.kv.store import StoredKV
 from agentcache.tiers.base import PageData
-from agentcache.tiers.store import TierConfig, TieredSegmentStore
+from agentcache.tiers.config import TierConfig
+from agentcache.tiers.store import TieredSegmentStore
 
 # the tier counters a replay must reproduce; read_s / write_s are times, so they may differ.
 # bytes_written holds the disk journal's lines too, where each page's crc32 is written in
