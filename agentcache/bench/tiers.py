@@ -42,7 +42,8 @@ from agentcache.tiers.base import TierError
 from agentcache.tiers.config import TierConfig
 from agentcache.tiers.disk import DiskTier
 from agentcache.tiers.store import TieredSegmentStore
-from agentcache.tiers.trace import SavedTrace, recording, replay, save
+from agentcache.tiers.trace import recording, replay
+from agentcache.tiers.trace_file import SavedTrace, save
 
 Progress = Callable[[str], None]
 

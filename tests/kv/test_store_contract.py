@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from agentcache.engines.vllm.storage import FolderSegmentStore
+from agentcache.kv.memory_store import MemorySegmentStore
 from agentcache.kv.store import (
-    MemorySegmentStore,
     MissReason,
     SegmentStore,
     StoredKV,
