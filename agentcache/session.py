@@ -7,11 +7,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from agentcache.backends import TurnEngine, create_engine
 from agentcache.errors import PromptError
 from agentcache.prompt.segments import Segment, SegmentedPrompt
 from agentcache.prompt.template import PromptTemplate
 from agentcache.reuse import DEFAULT_STRATEGY
-from agentcache.runtime.backends import TurnEngine, create_engine
 from agentcache.runtime.engine import Generation, GenerationParams
 
 

@@ -38,7 +38,8 @@ from agentcache.bench.report import table, write_results
 from agentcache.errors import AgentCacheError
 from agentcache.model.loading import load_model
 from agentcache.runtime.engine import EngineConfig
-from agentcache.tiers.store import GiB, TierConfig
+from agentcache.tiers.config import TierConfig
+from agentcache.units import GiB
 
 ADOPT = "+adopt"
 

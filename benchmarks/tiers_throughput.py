@@ -10,7 +10,7 @@ lru's, over every round and over the warm rounds alone (a batch's first round ha
 reuse and costs the same under both), the std ratios likewise, the store alone (the rounds'
 store calls replayed without the model) and, for runs with a replay, the bound: the ratio a
 policy whose store took no time would reach, lru's rounds' seconds over the same less lru's
-store-only seconds (`agentcache.bench.tiers.throughput_bound`). Writes `DIR/throughput.md`
+store-only seconds (`agentcache.bench.tiers_report.throughput_bound`). Writes `DIR/throughput.md`
 (a table) and `DIR/throughput.png` (the ratios per run, the 1.4x target drawn across).
 """
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentcache.bench.tiers import ratios, read_results, report_runs, round_figures
+from agentcache.bench.tiers_report import ratios, read_results, report_runs, round_figures
 
 TARGET = 1.4
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentcache.bench.tiers import ratios, read_results, report_runs
+from agentcache.bench.tiers_report import ratios, read_results, report_runs
 
 TARGET = 3.0
 

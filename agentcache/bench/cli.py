@@ -164,7 +164,7 @@ def _check_filters(args: argparse.Namespace, names: set[str] | None, loaded: lis
 def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> int:
     console = Console(stderr=True)
     if args.backend == "vllm":
-        from agentcache.engines.vllm.cli import run_vllm, vllm_strategies
+        from agentcache.bench.vllm_cli import run_vllm, vllm_strategies
 
         strategies = vllm_strategies(args.strategies, args.strategies == ALL)  # before any work
         sessions, _ = select(args, console)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from agentcache.argtypes import non_negative_int, output_folder, positive_int
 
 if TYPE_CHECKING:
-    from agentcache.tiers.trace import SavedTrace
+    from agentcache.tiers.trace_file import SavedTrace
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
     from agentcache.bench.report import markdown_table
     from agentcache.bench.tiers import replays
-    from agentcache.tiers.trace import load
+    from agentcache.tiers.trace_file import load
 
     console = Console(stderr=True)
     saved = [load(path) for path in args.traces]  # every file checked before any replay

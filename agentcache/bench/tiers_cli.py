@@ -17,7 +17,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from agentcache.argtypes import non_negative_int, output_folder, positive_int
 from agentcache.bench.cli import select
 from agentcache.bench.report import markdown_table
-from agentcache.bench.tiers import TierBenchConfig, ratios, run_policy, store_only_figure
+from agentcache.bench.tiers import TierBenchConfig, run_policy
+from agentcache.bench.tiers_report import ratios, store_only_figure
 from agentcache.errors import ConfigError
 from agentcache.model.loading import load_model
 

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from agentcache.backends import ServingEngine
 from agentcache.chat.diagnostics import ReuseReport, build_report
 from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec
 from agentcache.chat.segmenter import ChatPrompt, ConversationTracker
@@ -15,7 +16,6 @@ from agentcache.chat.tools import TOOL_CALL_OPEN, InvalidToolCall, ParsedReply, 
 from agentcache.errors import AgentCacheError, ContextLengthError
 from agentcache.prompt.segments import Segment
 from agentcache.prompt.tokenize import TokenizedPrompt
-from agentcache.runtime.backends import ServingEngine
 from agentcache.runtime.engine import Generation, GenerationParams
 
 

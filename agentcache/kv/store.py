@@ -1,16 +1,14 @@
 """Content-addressed segment store: KV of token runs keyed by model, tokenizer and token ids.
 
-`SegmentStore` is the seam (its docstring holds the contract); `MemorySegmentStore` keeps the
-entries in memory, bounded in bytes, asking its eviction policy for victims when full. The
-tiered store (agentcache/tiers/store.py) and the vLLM folder store
-(agentcache/engines/vllm/storage.py) implement the same seam; tests/kv/test_store_contract.py
-runs one suite over all of them.
+`SegmentStore` is the seam (its docstring holds the contract); `MemorySegmentStore`
+(agentcache/kv/memory_store.py) keeps the entries in memory, bounded in bytes. The tiered
+store (agentcache/tiers/store.py) and the vLLM folder store (agentcache/engines/vllm/storage.py)
+implement the same seam; tests/kv/test_store_contract.py runs one suite over all of them.
 """
 
 from __future__ import annotations
 
 import hashlib
-import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -19,8 +17,6 @@ from enum import StrEnum
 from typing import NewType
 
 from torch import Tensor
-
-from agentcache.policy.eviction import EVICTION_POLICIES, EvictionPolicy
 
 SegmentKey = NewType("SegmentKey", str)
 
@@ -228,77 +224,3 @@ class MissLedger:
         self._cids.clear()
         self._owners.clear()
         self._evicted.clear()
-
-
-class MemorySegmentStore(SegmentStore):
-    """Entries in memory, at most `capacity_bytes` of K/V; when full, `policy` picks victims.
-    A lookup returns the entry that was put (the same tensors)."""
-
-    def __init__(self, capacity_bytes: int, policy: EvictionPolicy | str = "lru") -> None:
-        if capacity_bytes < 0:
-            raise ValueError("capacity_bytes must be >= 0")
-        self.capacity_bytes = capacity_bytes
-        self.policy = EVICTION_POLICIES.get(policy)() if isinstance(policy, str) else policy
-        self.stats = StoreStats()
-        self._entries: dict[SegmentKey, StoredKV] = {}
-        self._ledger = MissLedger()
-        self._lock = threading.RLock()
-
-    def lookup_content(self, model_id: str, tokenizer_id: str, cid: str) -> Lookup:
-        key = store_key(model_id, tokenizer_id, cid)
-        with self._lock:
-            kv = self._entries.get(key)
-            if kv is not None and (kv.model_id, kv.tokenizer_id) == (model_id, tokenizer_id):
-                self.stats.hits += 1
-                self.policy.on_access(key)
-                return Lookup(kv, None)
-            self.stats.misses += 1
-            return Lookup(None, self._ledger.reason(key, cid, model_id, tokenizer_id))
-
-    def peek_content(self, model_id: str, tokenizer_id: str, cid: str) -> StoredKV | None:
-        """The held entry, moving no counter and no eviction order."""
-        with self._lock:
-            return self._entries.get(store_key(model_id, tokenizer_id, cid))
-
-    def contains_content(self, model_id: str, tokenizer_id: str, cid: str) -> bool:
-        return self.peek_content(model_id, tokenizer_id, cid) is not None
-
-    def put_content(self, cid: str, kv: StoredKV) -> bool:
-        key = store_key(kv.model_id, kv.tokenizer_id, cid)
-        with self._lock:
-            if key in self._entries:
-                self.policy.on_access(key)
-                return True
-            if kv.nbytes > self.capacity_bytes:
-                self.stats.rejected += 1
-                return False
-            while self.stats.bytes + kv.nbytes > self.capacity_bytes:
-                self._evict_one()
-            self._entries[key] = kv
-            self._ledger.stored(key, cid, kv.model_id, kv.tokenizer_id)
-            self.policy.on_insert(key, kv.nbytes)
-            self.stats.entries += 1
-            self.stats.bytes += kv.nbytes
-            self.stats.peak_bytes = max(self.stats.peak_bytes, self.stats.bytes)
-            return True
-
-    def _evict_one(self) -> None:
-        victim = self.policy.victim()
-        if victim is None:
-            raise RuntimeError("eviction policy returned no victim for a non-empty store")
-        key = SegmentKey(victim)
-        kv = self._entries.pop(key)
-        self.policy.on_remove(key)
-        self.stats.evictions += 1
-        self.stats.entries -= 1
-        self.stats.bytes -= kv.nbytes
-        self._ledger.evicted(key, kv.model_id, kv.tokenizer_id)
-
-    def clear(self) -> None:
-        with self._lock:
-            for key in list(self._entries):
-                self.policy.on_remove(key)
-            self._entries.clear()
-            self._ledger.clear()
-            self.stats.entries = 0
-            self.stats.bytes = 0

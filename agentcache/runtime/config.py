@@ -10,7 +10,7 @@ from agentcache.decode.config import DecodeConfig
 from agentcache.errors import ConfigError
 from agentcache.reuse import DEFAULT_STRATEGY
 from agentcache.reuse.base import STRATEGIES
-from agentcache.tiers.store import TierConfig
+from agentcache.tiers.config import TierConfig
 from agentcache.units import GiB
 
 

@@ -17,8 +17,9 @@ import agentcache.reuse  # noqa: F401  (registers strategies)
 from agentcache.decode.dense import DenseDecoder, dense_step, reads_in_place, reference_step
 from agentcache.decode.setup import DecodeSetup
 from agentcache.errors import ContextLengthError, OutOfPagesError
+from agentcache.kv.memory_store import MemorySegmentStore
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
-from agentcache.kv.store import MemorySegmentStore, SegmentStore
+from agentcache.kv.store import SegmentStore
 from agentcache.model.loading import LoadedModel
 from agentcache.model.tokenizer import TextTokenizer
 from agentcache.prompt.reply import close_reply
@@ -74,7 +75,7 @@ class Engine:
     def store(self) -> SegmentStore:
         return self.ctx.store
 
-    # what the chat server reads (runtime.backends.ServingEngine); the vLLM backend has them too
+    # what the chat server reads (agentcache.backends.ServingEngine); the vLLM backend has them too
     @property
     def tokenizer(self) -> TextTokenizer:
         return self.model.tokenizer

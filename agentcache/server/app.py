@@ -21,11 +21,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from agentcache.backends import ServingEngine
 from agentcache.chat.identity import tenant_id
 from agentcache.chat.runner import ChatEngine
 from agentcache.chat.segmenter import ConversationTracker
 from agentcache.errors import AgentCacheError
-from agentcache.runtime.backends import ServingEngine
 from agentcache.server.admission import AdmissionLine
 from agentcache.server.config import ServerConfig
 from agentcache.server.convert import chunk, completion_body, reuse_headers, to_chat_request

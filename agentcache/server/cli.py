@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentcache.argtypes import non_negative_int, port_number, positive_float, positive_int
+from agentcache.backends import BACKENDS
 from agentcache.engines.vllm.config import FILL_MODES, REUSE_MODES  # no vLLM import
 from agentcache.errors import AgentCacheError, ConfigError
-from agentcache.runtime.backends import BACKENDS
 from agentcache.server.config import (
     LOOPBACK_HOSTS,
     MiB,
@@ -27,7 +27,7 @@ from agentcache.server.config import (
 )
 
 if TYPE_CHECKING:
-    from agentcache.runtime.backends import ServingEngine
+    from agentcache.backends import ServingEngine
 
 API_KEY_ENV = "AGENTCACHE_API_KEY"
 SECRET_ENV = "AGENTCACHE_CONVERSATION_SECRET"

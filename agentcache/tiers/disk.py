@@ -1,5 +1,10 @@
 """Disk tier: checksummed pages in extent files, indexed by an append-only journal.
 
+(One module of ~550 lines, one class: writing extents, replaying and compacting the journal,
+reclaiming half-empty extents and reading page chains all change the same index under one
+invariant, that a page exists exactly when a durable journal line names its whole chain; the
+journal's line format and checks are apart, in agentcache/tiers/journal.py.)
+
     folder/extents/0000000007.ext   one file per write call: pages back to back
                                     [keys bytes | values bytes | positions bytes] per page
     folder/journal.log              one line per change: "<crc32 of json> <json>\\n"

@@ -29,8 +29,9 @@ from agentcache.engines.vllm.stages import (
 from agentcache.engines.vllm.storage import FolderSegmentStore, StoredMeta
 from agentcache.engines.vllm.transfer import PagedKV, StoredRunLoader, save_segments
 from agentcache.errors import ConfigError, PromptError
+from agentcache.kv.memory_store import MemorySegmentStore
 from agentcache.kv.pool import SequenceKV
-from agentcache.kv.store import MemorySegmentStore, SegmentStore, StoredKV, segment_content_id
+from agentcache.kv.store import SegmentStore, StoredKV, segment_content_id
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment

@@ -179,15 +179,15 @@ def test_core_package_never_imports_vllm() -> None:
     code = (
         "import sys, agentcache.cli, agentcache.runtime.engine, agentcache.session, "
         "agentcache.engines.vllm, agentcache.engines.vllm.backend, agentcache.engines.vllm.config, "
-        "agentcache.engines.vllm.transfer, agentcache.engines.vllm.bench, "
-        "agentcache.engines.vllm.cli, agentcache.runtime.backends; "
+        "agentcache.engines.vllm.transfer, agentcache.bench.vllm_run, "
+        "agentcache.bench.vllm_cli, agentcache.backends; "
         "assert 'vllm' not in sys.modules, 'vllm imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_session_backend_setting(tiny: LoadedModel) -> None:
-    from agentcache.runtime.backends import create_engine
+    from agentcache.backends import create_engine
     from agentcache.session import AgentSession
 
     with pytest.raises(ValueError, match="unknown backend 'tgi'; known: embedded, vllm"):

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from agentcache.kv.memory_store import MemorySegmentStore
 from agentcache.kv.store import (
-    MemorySegmentStore,
     MissReason,
     StoredKV,
     chain_id,

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from agentcache.engines.vllm.storage import FolderSegmentStore
+from agentcache.kv.memory_store import MemorySegmentStore
 from agentcache.kv.store import (
-    MemorySegmentStore,
     MissReason,
     SegmentStore,
     StoredKV,
@@ -24,7 +24,8 @@ from agentcache.kv.store import (
 from agentcache.prompt.segments import Segment, SegmentKind
 from agentcache.prompt.tokenize import TokenizedSegment
 from agentcache.tiers.base import PageData
-from agentcache.tiers.store import TierConfig, TieredSegmentStore
+from agentcache.tiers.config import TierConfig
+from agentcache.tiers.store import TieredSegmentStore
 from agentcache.tiers.versions import adopt_recomputed
 
 M, T = "model-a", "tok-1"

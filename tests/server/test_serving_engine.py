@@ -12,12 +12,12 @@ import httpx
 import openai
 import torch
 
+from agentcache.backends import ServingEngine
 from agentcache.kv.store import MissReason
 from agentcache.model.tokenizer import ByteTokenizer, chat_format_for
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.prompt.tokenize import TokenizedPrompt, tokenize_prompt
 from agentcache.reuse.base import SegmentMiss
-from agentcache.runtime.backends import ServingEngine
 from agentcache.runtime.engine import Generation, GenerationParams, TurnStats
 from agentcache.server import ServerConfig, create_app
 from agentcache.server.inprocess import serve_in_thread

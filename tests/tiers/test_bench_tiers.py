@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from agentcache.bench import tiers_cli
-from agentcache.bench.tiers import TierBenchConfig, ratios, run_policy
+from agentcache.bench.tiers import TierBenchConfig, run_policy
 from agentcache.bench.tiers_cli import write_tier_results
+from agentcache.bench.tiers_report import ratios
 from agentcache.bench.workload import Session, Turn
 from agentcache.cli import main
 from agentcache.errors import AgentCacheError, CacheDirError

@@ -16,7 +16,8 @@ from agentcache.cli import main
 from agentcache.errors import TraceFileError
 from agentcache.model.loading import LoadedModel
 from agentcache.tiers import TieredSegmentStore
-from agentcache.tiers.trace import SavedTrace, load, replay, save
+from agentcache.tiers.trace import replay
+from agentcache.tiers.trace_file import SavedTrace, load, save
 from tests.tiers.conftest import agent_turn
 from tests.tiers.test_trace import recorded_run, tight
 

@@ -41,9 +41,9 @@ from typing import Any
 import torch
 
 from agentcache.fsutil import write_atomic
+from agentcache.kv.memory_store import MemorySegmentStore
 from agentcache.kv.store import (
     Lookup,
-    MemorySegmentStore,
     MissReason,
     SegmentStore,
     StoredKV,

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentcache.engines.vllm.bench import _configs, plot, report_markdown, summarize
-from agentcache.engines.vllm.cli import vllm_strategies
+from agentcache.bench.vllm_cli import vllm_strategies
+from agentcache.bench.vllm_report import plot, report_markdown, summarize
+from agentcache.bench.vllm_run import _configs
 
 
 def _run(config: str, ttfts: list[float], tokens: list[int]) -> dict[str, object]:
@@ -73,7 +74,7 @@ def fake_engine_processes(
 ) -> list[tuple[str, Path]]:
     """Stand-ins for the bench's engine processes: each writes its result and a file into
     its segment store. Returns (configuration, store folder) per process started."""
-    import agentcache.engines.vllm.bench as bench
+    import agentcache.bench.vllm_run as bench
 
     started: list[tuple[str, Path]] = []
 
@@ -101,7 +102,7 @@ def test_each_configurations_store_is_removed_when_its_run_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The engine processes' segment stores hold GBs: only the results stay."""
-    import agentcache.engines.vllm.bench as bench
+    import agentcache.bench.vllm_run as bench
 
     started = fake_engine_processes(monkeypatch, [100.0], [5])
     seen: list[str] = []
@@ -115,7 +116,7 @@ def test_a_rerun_with_resume_keeps_the_configurations_measured_on_the_same_turns
 ) -> None:
     """A bench cut short loses only the configuration it was in: with `resume`, kept results
     for the same turns are taken, others (other turns, a cut-short file) are run again."""
-    import agentcache.engines.vllm.bench as bench
+    import agentcache.bench.vllm_run as bench
     from agentcache.bench.workload import parse_session
 
     started = fake_engine_processes(monkeypatch, [100.0, 50.0], [5, 6])
@@ -151,8 +152,8 @@ def test_a_rerun_with_resume_keeps_the_configurations_measured_on_the_same_turns
 def test_bench_cli_passes_resume_and_threads_to_the_vllm_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import agentcache.engines.vllm.bench as bench
-    import agentcache.engines.vllm.cli as vllm_cli
+    import agentcache.bench.vllm_cli as vllm_cli
+    import agentcache.bench.vllm_run as bench
     from agentcache.cli import main
 
     calls: list[dict[str, object]] = []

@@ -42,7 +42,8 @@ def run_vllm(
     args: argparse.Namespace, strategies: list[str], sessions: list[Session], console: Console
 ) -> int:
     """Measure `strategies` (from `vllm_strategies`) on `sessions`."""
-    from agentcache.engines.vllm.bench import _configs, report_markdown, run_all
+    from agentcache.bench.vllm_report import report_markdown
+    from agentcache.bench.vllm_run import _configs, run_all
 
     require_vllm()  # a clear error before anything starts
     total = len(_configs(strategies)) * sum(len(s.turns) for s in sessions)

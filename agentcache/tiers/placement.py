@@ -1,0 +1,297 @@
+"""Where each page's copies live, and making room: the index under `TieredSegmentStore`.
+
+    spill    : a full tier asks the spill policy for victims: clean pages are dropped, the
+               rest written to the tier below, one write call per extent
+    evict    : the lowest tier, when full, drops whole segments in eviction-policy order
+
+Per page, `stale[tier]` is a bit mask of the token slots whose K/V the copy in that tier
+lacks (absent: no copy; bit i: the page's token i). The fastest copy is always current
+(stale 0). A page is clean in tier i when its copy there is outdated (a newer one lives
+above) or some tier below holds a current copy; its dirty count is the fewest stale slots of
+any copy below. A spill policy with `deltas` writes a dirty page to the disk tier as a delta
+of its stale slots instead of whole.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from agentcache.kv.store import MissLedger, SegmentKey, StoreStats
+from agentcache.policy.eviction import EVICTION_POLICIES, EvictionPolicy
+from agentcache.policy.spill import SPILL_POLICIES, PageInfo, SpillPlan, SpillPolicy
+from agentcache.tiers.base import PageData, PageKey, Tier, TierError
+from agentcache.tiers.config import TierConfig, TierStats
+from agentcache.tiers.disk import DiskTier
+from agentcache.tiers.memory import MemoryTier
+
+
+@dataclass
+class PageState:
+    """One page of a stored segment: its size and which tiers hold a copy, how stale."""
+
+    segment: SegmentKey
+    index: int
+    num_tokens: int
+    nbytes: int
+    stale: dict[str, int]  # a key per tier holding a copy of the page
+    last_use: int
+    seq: int = 0  # order the store came to hold the page in (spill candidates are in it)
+
+
+@dataclass
+class SegmentEntry:
+    """A stored segment: its identity and its pages, in order."""
+
+    cid: str
+    model_id: str
+    tokenizer_id: str
+    context_id: str | None
+    pages: list[PageKey]
+    committed: bool = False  # every page has a current disk copy and the index says so
+
+    def record(self) -> dict[str, Any]:
+        return {"cid": self.cid, "model": self.model_id, "tok": self.tokenizer_id,
+                "context": self.context_id, "pages": list(self.pages)}  # fmt: skip
+
+    @classmethod
+    def from_record(cls, rec: Any) -> SegmentEntry | None:
+        """A committed segment from its index record (None: not a record `record` writes)."""
+        if not isinstance(rec, dict):
+            return None
+        cid, model, tok = rec.get("cid"), rec.get("model"), rec.get("tok")
+        context, pages = rec.get("context"), rec.get("pages")
+        if not (isinstance(cid, str) and isinstance(model, str) and isinstance(tok, str)):
+            return None
+        if not isinstance(pages, list) or not all(isinstance(k, str) for k in pages):
+            return None
+        if context is not None and not isinstance(context, str):
+            return None
+        return cls(cid, model, tok, context, [PageKey(k) for k in pages], committed=True)
+
+
+class NoRoom(Exception):
+    """A tier cannot free the bytes asked for."""
+
+
+def mask_slots(mask: int) -> list[int]:
+    return [i for i in range(mask.bit_length()) if mask >> i & 1]
+
+
+class TierPlacement:
+    """The page and segment index over the tiers, pins, spilling down and eviction at the
+    lowest tier; see the module docstring. Its methods run with `_lock` held (taken by the
+    public methods of `TieredSegmentStore`, which builds on it)."""
+
+    def __init__(
+        self, config: TierConfig, policy: EvictionPolicy | str = "lru", device: str = "cpu"
+    ) -> None:
+        pin = torch.cuda.is_available()
+        tiers: list[Tier] = [MemoryTier("fast", config.fast_bytes, device)]
+        if config.host_bytes:
+            tiers.append(MemoryTier("host", config.host_bytes, "cpu", pin=pin))
+        if config.disk_dir is not None:
+            tiers.append(
+                DiskTier(
+                    config.disk_dir, config.disk_bytes, config.fsync, config.journal_compact_lines
+                )
+            )
+        self.capacity_bytes = sum(t.capacity_bytes for t in tiers)
+        self.policy = EVICTION_POLICIES.get(policy)() if isinstance(policy, str) else policy
+        self.stats = StoreStats()
+        self.config = config
+        self.tiers = tiers
+        self.spill_policy: SpillPolicy = SPILL_POLICIES.get(config.spill)(**config.spill_options)
+        self.tier_stats = TierStats()
+        self._segments: dict[SegmentKey, SegmentEntry] = {}
+        self._pages: dict[PageKey, PageState] = {}
+        self._pinned: set[SegmentKey] = set()
+        self._clock = itertools.count(1)
+        self._seq = itertools.count()
+        self._below = [[t.name for t in tiers[i + 1 :]] for i in range(len(tiers))]
+        self._ledger = MissLedger()
+        self._lock = threading.RLock()
+        # the lowest tier when durable: segments are committed there and recovered from it
+        self._durable: Tier | None = tiers[-1] if tiers[-1].durable else None
+
+    def _read_current(
+        self, pk: PageKey, count_hit: bool = False, view: bool = False
+    ) -> PageData | None:
+        """The page's current version from its fastest current copy; `view`: read-only (the
+        tier's own tensors where it holds them in memory), else a copy the caller may change."""
+        state = self._pages[pk]
+        for tier in self.tiers:
+            if state.stale.get(tier.name) == 0:
+                page = tier.view(pk) if view else tier.read(pk)
+                if page is not None and count_hit:
+                    tier.counters.hits += 1
+                return page
+        return None
+
+    def _make_room(self, level: int, need: int) -> None:
+        """Free `need` bytes in tier `level` (spill, or evict segments at the lowest tier);
+        raises NoRoom when it cannot."""
+        tier = self.tiers[level]
+        if tier.free_bytes >= need:
+            return
+        if level == len(self.tiers) - 1:
+            self._evict_segments(tier, need)
+            return
+        self.tier_stats.spills += 1
+        candidates = [self._info(pk, level) for pk in self._resident(level)]
+        plan = self.spill_policy.plan(candidates, need - tier.free_bytes)
+        self._check_plan(plan, {c.key: c for c in candidates})
+        tier.drop([PageKey(k) for k in plan.drops])
+        for k in plan.drops:
+            del self._pages[PageKey(k)].stale[tier.name]
+        self.tier_stats.dropped_clean += len(plan.drops)
+        below = self.tiers[level + 1]
+        for extent in plan.extents:
+            keys = [PageKey(k) for k in extent]
+            try:
+                # full size: making room below may drop the extent's own outdated copies
+                self._make_room(level + 1, sum(self._pages[k].nbytes for k in keys))
+                keys = [k for k in keys if k in self._pages]  # eviction below may take some
+                pages = [(k, p) for k in keys if (p := tier.view(k)) is not None]
+                self._write_below(below, pages)
+            except (NoRoom, TierError) as e:
+                self.tier_stats.failed_spills += 1
+                self._error(str(e) or f"no room in the {below.name} tier")
+                break
+            tier.drop(keys)
+            for k in keys:
+                del self._pages[k].stale[tier.name]
+        if tier.free_bytes < need:
+            raise NoRoom(f"{tier.name} tier is full")
+
+    def _write_below(self, below: Tier, pages: list[tuple[PageKey, PageData]]) -> None:
+        if not pages:
+            return
+        deltas: dict[PageKey, list[int]] = {}
+        durable = below is self._durable
+        if durable:
+            st = self.tier_stats
+            for k, p in pages:
+                stale = self._pages[k].stale.get(below.name)
+                if stale == 0:
+                    continue
+                st.persist_required_page_bytes += p.nbytes
+                n = stale.bit_count() if stale is not None else p.num_tokens
+                st.persist_required_bytes += p.nbytes * n // p.num_tokens
+                if stale is not None and self.spill_policy.deltas:
+                    deltas[k] = mask_slots(stale)
+        below.write(pages, deltas, owned=True)  # views of the tier above, never changed
+        self.tier_stats.written_pages += len(pages)
+        for k, _ in pages:
+            self._pages[k].stale[below.name] = 0
+        if durable:
+            for seg_key in {self._pages[k].segment for k, _ in pages}:
+                self._commit(seg_key, self._segments[seg_key])
+
+    def _commit(self, key: SegmentKey, seg: SegmentEntry) -> None:
+        disk = self._durable
+        if seg.committed or disk is None:
+            return
+        if all(self._pages[k].stale.get(disk.name) == 0 for k in seg.pages):
+            disk.put_meta(f"seg:{key}", seg.record())
+            seg.committed = True
+
+    def _evict_segments(self, tier: Tier, need: int) -> None:
+        skipped = []
+        while tier.free_bytes < need:
+            victim = self.policy.victim()
+            if victim is None:
+                break
+            key = SegmentKey(victim)
+            if key in self._pinned:  # being served: skip it this round
+                self.policy.on_remove(key)
+                skipped.append(key)
+                continue
+            self._forget(key)
+            self.stats.evictions += 1
+        for key in skipped:
+            self.policy.on_insert(key, 0)
+        if tier.free_bytes < need:
+            raise NoRoom(f"the {tier.name} tier cannot make room")
+
+    def _info(self, pk: PageKey, level: int) -> PageInfo:
+        """The page as tier `level`'s spill policy sees it: clean when its copy there is
+        outdated or a tier below holds a current copy; else dirty by the fewest stale slots
+        of any copy below (all its tokens when there is none)."""
+        state = self._pages[pk]
+        stale = state.stale
+        clean = stale[self.tiers[level].name] > 0  # outdated
+        dirty = state.num_tokens
+        for name in self._below[level]:
+            mask = stale.get(name)
+            if mask is None:
+                continue
+            if mask == 0:
+                clean = True
+                break
+            dirty = min(dirty, mask.bit_count())
+        return PageInfo(
+            pk, state.segment, state.index, state.nbytes, 0 if clean else dirty, clean,
+            state.last_use,
+        )  # fmt: skip
+
+    def _check_plan(self, plan: SpillPlan, candidates: dict[str, PageInfo]) -> None:
+        keys = plan.keys
+        if len(set(keys)) != len(keys) or not set(keys) <= set(candidates):
+            raise RuntimeError(f"{type(self.spill_policy).__name__} broke the spill contract")
+        if any(not candidates[k].clean for k in plan.drops):
+            raise RuntimeError(f"{type(self.spill_policy).__name__} dropped a dirty page")
+
+    def _resident(self, level: int) -> list[PageKey]:
+        """Spill candidates of tier `level`. Pages of pinned segments (being put, served or
+        updated) stay in fast; below it they may move further down, never out."""
+        pages = self._pages
+        held = self.tiers[level].page_keys()  # the pages with a copy there (a stale key)
+        return sorted(
+            (pk for pk in held if level > 0 or pages[pk].segment not in self._pinned),
+            key=lambda pk: pages[pk].seq,
+        )
+
+    def _bytes(self, keys: Sequence[PageKey], tier: Tier) -> int:
+        return sum(self._pages[k].nbytes for k in keys if k not in tier)
+
+    @contextmanager
+    def _pin(self, key: SegmentKey) -> Iterator[None]:
+        added = key not in self._pinned
+        self._pinned.add(key)
+        try:
+            yield
+        finally:
+            if added:
+                self._pinned.discard(key)
+
+    def _error(self, message: str) -> None:
+        self.tier_stats.errors = [*self.tier_stats.errors[-9:], message]
+
+    def _add_segment(self, key: SegmentKey, seg: SegmentEntry, nbytes: int) -> None:
+        self._segments[key] = seg
+        self._ledger.stored(key, seg.cid, seg.model_id, seg.tokenizer_id)
+        self.policy.on_insert(key, nbytes)
+        self.stats.entries += 1
+        self.stats.bytes += nbytes
+        self.stats.peak_bytes = max(self.stats.peak_bytes, self.stats.bytes)
+
+    def _forget(self, key: SegmentKey) -> None:
+        """Remove a segment from every tier (eviction, a corrupt page, clear); the ledger
+        remembers it, so a lookup says it was stored once."""
+        seg = self._segments.pop(key)
+        for tier in self.tiers:
+            tier.drop(seg.pages)
+        nbytes = sum(self._pages.pop(k).nbytes for k in seg.pages)
+        if self._durable is not None:
+            self._durable.drop_meta(f"seg:{key}")
+        self.policy.on_remove(key)
+        self.stats.entries -= 1
+        self.stats.bytes -= nbytes
+        self._ledger.evicted(key, seg.model_id, seg.tokenizer_id)
