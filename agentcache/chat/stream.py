@@ -6,9 +6,9 @@ could still become one; a trailing incomplete UTF-8 character (decoded as U+FFFD
 whitespace (the final content of a tool-calling reply is right-stripped).
 
 `safe_prefix` is the reference: what of a whole text may be shown. `TextStream` decodes the
-ids as `runtime.stops.StopMatcher` does (the ids not settled yet after the previous piece's
-ids, a piece ending in U+FFFD staying pending) and applies `safe_prefix` to a window: the last
-(longest marker - 1) characters shown and the text after them:
+ids with `runtime.stops.IncrementalText`, as `StopMatcher` does (the ids not settled yet after
+the previous piece's ids, a piece ending in U+FFFD staying pending) and applies `safe_prefix`
+to a window: the last (longest marker - 1) characters shown and the text after them:
 
     text      [ ... shown ... | shown tail | held (settled) | pending ids' text ]
     window                    [-------------------------------------------------]
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from agentcache.runtime.stops import INCOMPLETE
+from agentcache.runtime.stops import INCOMPLETE, IncrementalText
 
 
 def safe_prefix(text: str, markers: Sequence[str]) -> str:
@@ -58,13 +58,10 @@ class TextStream:
         holds: Sequence[str],
         prefix: str = "",
     ) -> None:
-        self._decode = decode
+        self._text = IncrementalText(decode)
         self._markers = tuple(m for m in (*stops, *holds) if m)
         self._reach = max((len(m) for m in self._markers), default=1) - 1
         self._prefix = prefix
-        self._ids: list[int] = []
-        self._context = 0  # index of the context's first id in _ids
-        self._pending = 0  # index of the first id not settled
         self._shown: list[str] = []
         self._shown_tail = ""  # the last `_reach` characters shown
         self._held = prefix  # settled text after the shown text ("" while `_ahead` > 0)
@@ -84,16 +81,14 @@ class TextStream:
         return self._advance()
 
     def push(self, token: int) -> str:
-        self._ids.append(token)
+        self._text.add(token)
         if self._marked:
             return ""
         if not self._synced:
             return self._push_whole()
-        context = self._decode(self._ids[self._context : self._pending])
-        text = self._decode(self._ids[self._context :])
-        if not text.startswith(context):
+        new = self._text.new_text()
+        if new is None:
             return self._push_whole()
-        new = text[len(context) :]
         if not new.startswith(self._new[: self._ahead]):  # shown pending text changed
             return self._push_whole()
         if new.endswith(INCOMPLETE):
@@ -101,7 +96,7 @@ class TextStream:
         else:
             self._held += new[self._ahead :]
             self._new, self._ahead = "", 0
-            self._context, self._pending = self._pending, len(self._ids)
+            self._text.settle()
         return self._advance()
 
     def finish(self, content: str) -> str:
@@ -131,7 +126,7 @@ class TextStream:
     def _push_whole(self) -> str:
         """The reference step over every id; the window state again where it can hold."""
         self.full_decodes += 1
-        text = self._prefix + self._decode(self._ids)
+        text = self._prefix + self._text.decode(self._text.ids)
         emitted = self.emitted
         safe, marked = _hold_back(text, self._markers)
         piece = safe[len(emitted) :] if safe.startswith(emitted) else ""
@@ -141,7 +136,7 @@ class TextStream:
         if self._synced:
             self._marked = marked
             self._held, self._new, self._ahead = text[shown:], "", 0
-            self._context, self._pending = self._pending, len(self._ids)
+            self._text.settle()
         return piece
 
     def _show(self, piece: str) -> None:

@@ -32,46 +32,62 @@ def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
     return text if cut < 0 else text[:cut]
 
 
+class IncrementalText:
+    """The ids of a reply and the text each new id adds, decoded as the module doc says."""
+
+    def __init__(self, decode: Callable[[Sequence[int]], str]) -> None:
+        self.decode = decode
+        self.ids: list[int] = []
+        self._context = 0  # index of the context's first id in ids
+        self._pending = 0  # index of the first id not settled
+
+    def add(self, token: int) -> None:
+        self.ids.append(token)
+
+    def new_text(self) -> str | None:
+        """The text of the pending ids, decoded after the context's; None where that decode
+        does not begin with the context's own text (the caller decodes every id instead)."""
+        context = self.decode(self.ids[self._context : self._pending])
+        text = self.decode(self.ids[self._context :])
+        return text[len(context) :] if text.startswith(context) else None
+
+    def settle(self) -> None:
+        """The pending ids are settled: they become the next context."""
+        self._context, self._pending = self._pending, len(self.ids)
+
+
 class StopMatcher:
     """Whether the text of the ids fed so far holds one of `stop`; `decode` maps ids to text."""
 
     def __init__(self, decode: Callable[[Sequence[int]], str], stop: tuple[str, ...]) -> None:
         if not stop or not all(isinstance(s, str) and s for s in stop):
             raise ValueError(f"stop strings must be one or more non-empty strings, got {stop!r}")
-        self._decode = decode
+        self._text = IncrementalText(decode)
         self.stop = stop
         self._reach = max(len(s) for s in stop) - 1  # settled chars a match may start in
-        self._ids: list[int] = []
-        self._context = 0  # index of the context's first id in _ids
-        self._pending = 0  # index of the first id not settled
         self._tail = ""  # the last `_reach` settled characters
         self.full_decodes = 0
 
     def feed(self, token: int) -> bool:
         """Add `token`; whether the text of the ids fed so far holds a stop string. Decoding
         stops at the first True: after it, answers may miss that first match."""
-        self._ids.append(token)
-        context = self._decode(self._ids[self._context : self._pending])
-        text = self._decode(self._ids[self._context :])
-        if not text.startswith(context):
+        self._text.add(token)
+        new = self._text.new_text()
+        if new is None:
             return self._feed_whole()
-        new = text[len(context) :]
         hit = any(s in self._tail + new for s in self.stop)
         if not new.endswith(INCOMPLETE):
-            self._settle(new)
+            self._tail = _last(self._tail + new, self._reach)
+            self._text.settle()
         return hit
-
-    def _settle(self, new: str) -> None:
-        self._tail = _last(self._tail + new, self._reach)
-        self._context, self._pending = self._pending, len(self._ids)
 
     def _feed_whole(self) -> bool:
         """The reference check, for a step whose new ids changed the context's text."""
         self.full_decodes += 1
-        text = self._decode(self._ids)
+        text = self._text.decode(self._text.ids)
         if not text.endswith(INCOMPLETE):
             self._tail = _last(text, self._reach)
-            self._context, self._pending = self._pending, len(self._ids)
+            self._text.settle()
         return any(s in text for s in self.stop)
 
 
