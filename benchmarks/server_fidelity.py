@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -105,14 +104,14 @@ def summarize(names: list[str], runs: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for strategy, sessions in runs.items():
         identical = turns = 0
-        reused, ratios, first_diff = [], [], []
+        reused, first_diff = [], []
         for name, got, ref in zip(names, sessions, full, strict=True):
             for i, (g, r) in enumerate(zip(got, ref, strict=True)):
                 turns += 1
-                identical += same(g, r)
-                if not same(g, r):
+                if same(g, r):
+                    identical += 1
+                else:
                     first_diff.append(f"{name} turn {i}")
-                ratios.append(g["latency_s"] / r["latency_s"])
                 if i:  # warm turns
                     reused.append(g["cached_tokens"] / g["prompt_tokens"])
         out[strategy] = {
@@ -176,7 +175,6 @@ def main() -> None:
         p.error("--max-tokens and --threads must be >= 1")
     names = [n for n in args.sessions.split(",") if n]
     sessions = load_sessions(args.workload, names)
-    os.environ.setdefault("AGENTCACHE_NUM_THREADS", str(args.threads))
     from agentcache.reuse import DEFAULT_STRATEGY
 
     strategy = DEFAULT_STRATEGY if args.strategy == "default" else args.strategy
