@@ -26,9 +26,8 @@ def main() -> None:
         stored = next(iter(results["strategies"].values()), {})
         if "cold" not in results or "ttft_ratio_vs_peer" not in stored:
             results["cold"] = cold(results["turns"])
-            results["ttft_ratio_vs_peer"] = peer_ratios(results["turns"])
             results["strategies"] = with_peer_ratios(
-                results["strategies"], results["ttft_ratio_vs_peer"]
+                results["strategies"], peer_ratios(results["turns"])
             )
             path.write_text(json.dumps(results, indent=1))
         (folder / "report.md").write_text(render_markdown(results))
