@@ -23,7 +23,7 @@ conversation's own earlier segments end.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from agentcache.chat.segmenter import ChatPrompt
@@ -31,6 +31,7 @@ from agentcache.prompt.segments import SegmentKind
 from agentcache.prompt.tokenize import GENERATION_PROMPT_ID, TokenizedPrompt, TokenizedSegment
 from agentcache.reuse.segments import reusable_tokens
 from agentcache.runtime.engine import TurnStats
+from agentcache.runtime.stats import PromptTotals
 
 # strategies that reuse no segment-keyed KV, so record no per-segment lookups
 PREFIX = "prefix"
@@ -48,17 +49,11 @@ class SegmentReport:
     reason: str | None  # miss reason, or why the segment was an update
 
 
-@dataclass(frozen=True)
-class ReuseReport:
-    strategy: str
+@dataclass(frozen=True, kw_only=True)
+class ReuseReport(PromptTotals):
+    """A response's totals, as the conversation knows them (see above), and its segments."""
+
     conversation_id: str
-    prompt_tokens: int
-    reused_tokens: int
-    recomputed_tokens: int
-    recompute_fraction: float
-    ttft_s: float
-    fallbacks: int
-    fallback_reasons: tuple[str, ...]
     segments: tuple[SegmentReport, ...]
 
     @property
@@ -81,7 +76,8 @@ class ReuseReport:
         return lines
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        # the keys in the order clients have always had them: strategy, conversation, totals
+        d = {"strategy": self.strategy, "conversation_id": self.conversation_id, **asdict(self)}
         d["reused_fraction"] = round(self.reused_fraction, 4)
         d["fallback_reasons"] = list(self.fallback_reasons)
         d["segments"] = [asdict(s) for s in self.segments]
@@ -95,16 +91,14 @@ def build_report(chat: ChatPrompt, tokens: TokenizedPrompt, stats: TurnStats) ->
     else:  # only the conversation's own: what it would reuse had no one else sent anything
         hits = {s.segment_id for s in segments if s.status == "hit"}
         reused = sum(reusable_tokens(tokens, ts) for ts in tokens.segments if ts.segment.id in hits)
+    totals: dict[str, Any] = {f.name: getattr(stats, f.name) for f in fields(PromptTotals)}
+    report = ReuseReport(**totals, conversation_id=chat.conversation_id, segments=segments)
     if reused == stats.reused_tokens and not chat.first_sent:
-        return ReuseReport(
-            stats.strategy, chat.conversation_id, stats.prompt_tokens, stats.reused_tokens,
-            stats.recomputed_tokens, stats.recompute_fraction, stats.ttft_s, stats.fallbacks,
-            stats.fallback_reasons, segments,
-        )  # fmt: skip
+        return report
     computed = stats.prompt_tokens - reused
-    return ReuseReport(
-        stats.strategy, chat.conversation_id, stats.prompt_tokens, reused, computed,
-        computed / max(1, stats.prompt_tokens), stats.ttft_s, 0, (), segments,
+    return replace(
+        report, reused_tokens=reused, recomputed_tokens=computed,
+        recompute_fraction=computed / max(1, stats.prompt_tokens), fallbacks=0, fallback_reasons=(),
     )  # fmt: skip
 
 

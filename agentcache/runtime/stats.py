@@ -2,7 +2,10 @@
 decode, the reply's KV).
 
 `TurnStats` keeps one flat set of fields, which the session, the server, the benchmarks and
-their JSON read; the engine builds it with `TurnStats.of` from the typed parts.
+their JSON read; the engine builds it with `TurnStats.of` from the typed parts. Each field is
+declared once: `PromptTotals` (shared with the server's `ReuseReport`) and `PrefillFields` for
+the prompt's side, `DecodePart` for the reply's; `TurnStats` takes both sides' fields, all by
+keyword.
 """
 
 from __future__ import annotations
@@ -47,10 +50,10 @@ _REASONS = {
 }
 
 
-@dataclass(frozen=True)
-class PrefillPart:
-    """The prompt's side: what the reuse strategy reused and computed, and the time to the
-    first token's logits."""
+@dataclass(frozen=True, kw_only=True)
+class PromptTotals:
+    """What a turn's prompt reused and computed under `strategy`, and the time to the first
+    token's logits: the figures a turn's `TurnStats` and the server's `ReuseReport` both give."""
 
     strategy: str
     prompt_tokens: int
@@ -60,9 +63,21 @@ class PrefillPart:
     ttft_s: float
     fallbacks: int
     fallback_reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefillFields(PromptTotals):
+    """The prompt's side of a turn: its totals, the segments the strategy missed, and how the
+    load went. Declared once for `PrefillPart` and `TurnStats`."""
+
     misses: tuple[SegmentMiss, ...]
-    load_overlap: float | None = None
-    probe_skipped: bool = False
+    load_overlap: float | None = None  # share of the KV load hidden behind compute
+    probe_skipped: bool = False  # a probe strategy computed every candidate (ReuseStats)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefillPart(PrefillFields):
+    """The prompt's side of one turn, as the engine builds it from a strategy's `ReuseStats`."""
 
     @classmethod
     def of(cls, strategy: str, stats: ReuseStats, ttft_s: float) -> PrefillPart:
@@ -75,7 +90,7 @@ class PrefillPart:
         )  # fmt: skip
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DecodePart:
     """The reply's side: tokens, their rate, and the decode policy that produced them."""
 
@@ -86,26 +101,12 @@ class DecodePart:
     decode: DecodeStats | None = None  # sparse decode figures (None for dense)
 
 
-@dataclass(frozen=True)
-class TurnStats:
-    strategy: str
-    prompt_tokens: int
-    reused_tokens: int
-    recomputed_tokens: int
-    recompute_fraction: float
-    ttft_s: float
-    decode_tokens: int
-    decode_tokens_per_s: float
-    fallbacks: int
-    fallback_reasons: tuple[str, ...]
-    misses: tuple[SegmentMiss, ...]
-    decode_policy: str = "dense"
-    decode_fallbacks: int = 0  # 1 when the configured decode policy fell back to dense
-    decode: DecodeStats | None = None  # sparse decode figures (None for dense)
-    load_overlap: float | None = None  # share of the KV load hidden behind compute
+@dataclass(frozen=True, kw_only=True)
+class TurnStats(PrefillFields, DecodePart):
+    """A turn's figures, flat: the fields of both parts, and what became of the reply's KV."""
+
     # the reply's KV stored for the next turn, or why not (a string value is converted)
     reply_kv: ReplyKV | None = None
-    probe_skipped: bool = False  # a probe strategy computed every candidate (ReuseStats)
 
     def __post_init__(self) -> None:
         if self.reply_kv is not None:
