@@ -59,10 +59,7 @@ class ScriptedEngine:
         params = params or GenerationParams()
         tokens = prompt if isinstance(prompt, TokenizedPrompt) else self.tokenize(prompt)
         self.calls.append((params, strategy, on_token is not None))
-        ids = tuple(self.tokenizer.encode(REPLY)[: params.max_new_tokens])
-        for token in ids:
-            if on_token is not None:
-                on_token(token)
+        ids = self.emit(params, on_token)
         fixed = [s for s in tokens.segments if s.kind == SegmentKind.FIXED]
         misses = tuple(
             SegmentMiss(s.segment.id, str(s.kind), len(s.ids), MissReason.EVICTED)
@@ -73,11 +70,23 @@ class ScriptedEngine:
         )
         n = tokens.num_tokens
         stats = TurnStats(
-            "rpdc", n, reused, n - reused, (n - reused) / n, 0.01, len(ids), 100.0, 1,
-            ("scripted fallback",), misses,
+            strategy="rpdc", prompt_tokens=n, reused_tokens=reused, recomputed_tokens=n - reused,
+            recompute_fraction=(n - reused) / n, ttft_s=0.01, decode_tokens=len(ids),
+            decode_tokens_per_s=100.0, fallbacks=1, fallback_reasons=("scripted fallback",),
+            misses=misses,
         )  # fmt: skip
         finish = "length" if len(ids) == params.max_new_tokens else "stop"
         return Generation(self.tokenizer.decode(ids), ids, finish, torch.zeros(257), stats)
+
+    def emit(
+        self, params: GenerationParams, on_token: Callable[[int], None] | None
+    ) -> tuple[int, ...]:
+        """The reply's token ids, each passed to `on_token` as it is chosen."""
+        ids = tuple(self.tokenizer.encode(REPLY)[: params.max_new_tokens])
+        for token in ids:
+            if on_token is not None:
+                on_token(token)
+        return ids
 
     def store_bytes(self) -> dict[str, int]:
         return {"folder": 4321}

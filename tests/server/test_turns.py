@@ -13,11 +13,8 @@ from dataclasses import dataclass, field
 
 import httpx
 import pytest
-import torch
 
-from agentcache.prompt.segments import Segment, SegmentedPrompt
-from agentcache.prompt.tokenize import TokenizedPrompt
-from agentcache.runtime.engine import Generation, GenerationParams, TurnStats
+from agentcache.runtime.engine import GenerationParams
 from agentcache.server import ServerConfig, create_app
 from agentcache.server.admission import AdmissionLine, QueueFull
 from agentcache.server.inprocess import serve_in_thread
@@ -36,17 +33,9 @@ class SlowEngine(ScriptedEngine):
     produced: list[int] = field(default_factory=list)
     started: threading.Event = field(default_factory=threading.Event)
 
-    def generate(
-        self,
-        prompt: SegmentedPrompt | TokenizedPrompt,
-        params: GenerationParams | None = None,
-        strategy: str | None = None,
-        commit: bool = True,
-        on_token: Callable[[int], None] | None = None,
-        reply: Callable[[str], Segment | None] | None = None,
-    ) -> Generation:
-        params = params or GenerationParams()
-        tokens = prompt if isinstance(prompt, TokenizedPrompt) else self.tokenize(prompt)
+    def emit(
+        self, params: GenerationParams, on_token: Callable[[int], None] | None
+    ) -> tuple[int, ...]:
         self.started.set()
         ids: list[int] = []
         try:
@@ -57,9 +46,7 @@ class SlowEngine(ScriptedEngine):
                     on_token(65)
         finally:
             self.produced.append(len(ids))
-        n = tokens.num_tokens
-        stats = TurnStats("rpdc", n, 0, n, 1.0, 0.01, len(ids), 100.0, 0, (), ())
-        return Generation("A" * len(ids), tuple(ids), "length", torch.zeros(257), stats)
+        return tuple(ids)
 
 
 def app(engine: SlowEngine, **config: object) -> object:
