@@ -1,9 +1,10 @@
 """A few agent turns under every registered reuse strategy, reduced to what must not change:
 generated ids, finish reasons, and how many prompt tokens each turn reused and recomputed.
 
-`python tests/reuse/recorded_strategies.py` writes the record (`recorded_strategies.json`)
-that `test_recorded_strategies.py` holds the engine to; it was written before the segment
-store became an interface with the tiered and folder stores composed around it.
+`python -m tests.reuse.recorded_strategies`, from the repository root, writes the record
+(`recorded_strategies.json`) that `test_recorded_strategies.py` holds the engine to; it was
+written before the segment store became an interface with the tiered and folder stores
+composed around it.
 
 Layout per turn: [system][memory: update, its length changes][history: fixed, shifted][user],
 the shape where position-independent reuse differs from prefix reuse.
@@ -11,9 +12,6 @@ the shape where position-independent reuse differs from prefix reuse.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.reuse.base import STRATEGIES
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
+from tests.records import write_record
 
 RECORD = Path(__file__).with_name("recorded_strategies.json")
 SYSTEM = (
@@ -65,10 +64,4 @@ def _conversation(model: LoadedModel, strategy: str) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from agentcache.model.loading import load_model
-    from agentcache.testing import tiny_model
-
-    print("agentcache from", sys.modules["agentcache"].__file__)
-    record = {"tiny": run_turns(tiny_model()), "default": run_turns(load_model(None))}
-    RECORD.write_text(json.dumps(record, indent=1) + "\n")
+    write_record(RECORD, run_turns)

@@ -1,16 +1,13 @@
 """A few chat turns under dense, sparse and verified decode, reduced to what must not change:
 token ids, finish reasons, text and the stats that matter.
 
-`python tests/runtime/recorded_turns.py` writes the record (`recorded_turns.json`) that
-`test_recorded_turns.py` holds the engine to; it was written by the engine before its decode
-loop became the `Decoder` seam.
+`python -m tests.runtime.recorded_turns`, from the repository root, writes the record
+(`recorded_turns.json`) that `test_recorded_turns.py` holds the engine to; it was written by
+the engine before its decode loop became the `Decoder` seam.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -20,6 +17,7 @@ from agentcache.decode.config import DecodeConfig
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
+from tests.records import write_record
 
 RECORD = Path(__file__).with_name("recorded_turns.json")
 SYSTEM = (
@@ -89,10 +87,4 @@ def _plain(value: Any) -> Any:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from agentcache.model.loading import load_model
-    from agentcache.testing import tiny_model
-
-    print("agentcache from", sys.modules["agentcache"].__file__)
-    record = {"tiny": run_turns(tiny_model()), "default": run_turns(load_model(None))}
-    RECORD.write_text(json.dumps(record, indent=1) + "\n")
+    write_record(RECORD, run_turns)
