@@ -46,3 +46,14 @@ def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         main(argv)
     assert e.value.code == 2
     return capsys.readouterr().err
+
+
+def refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run the CLI on `argv`, check it refuses them with a clear error (exit 2, not a usage
+    error), return its stderr (warnings may come before the error)."""
+    from agentcache.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "agentcache: error: " in err, err
+    return err

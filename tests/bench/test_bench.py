@@ -11,7 +11,7 @@ from agentcache.bench.report import write_results
 from agentcache.bench.workload import load_workload
 from agentcache.errors import AgentCacheError, ConfigError, UnknownStrategyError
 from agentcache.model.loading import LoadedModel
-from tests.conftest import no_model, usage_error
+from tests.conftest import no_model, refusal, usage_error
 
 REQUIRED = {
     "ttft_ms_median", "ttft_ratio_vs_full", "ttft_ratio_vs_limit", "first_token_agreement",
@@ -153,15 +153,12 @@ def test_bench_rejects_bad_arguments_before_loading_the_model(
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     from agentcache.bench import cli as bench_cli
-    from agentcache.cli import main
 
     monkeypatch.setattr(bench_cli, "load_model", no_model)
     file = tmp_path / "file"
     file.write_text("x")
     argv = bench_argv(tmp_path, *(a.format(file=file) for a in extra))
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "agentcache: error: " in err and needle.format(file=file) in err
+    assert needle.format(file=file) in refusal(argv, capsys)
 
 
 @pytest.mark.parametrize(

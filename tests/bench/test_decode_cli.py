@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from agentcache.cli import build_parser, main
-from tests.conftest import no_model, usage_error
+from tests.conftest import no_model, refusal, usage_error
 
 
 def test_subcommands_are_registered_with_their_defaults() -> None:
@@ -86,9 +86,8 @@ def test_bad_arguments_fail_before_the_model_loads(
     prompts.write_text("some text")
     names = {"file": file, "tmp": tmp_path}
     args = [a.format(**names) for a in argv]
-    assert main([args[0], str(prompts), *args[1:], "--threads", "1"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("agentcache: error: ") and needle.format(**names) in err
+    err = refusal([args[0], str(prompts), *args[1:], "--threads", "1"], capsys)
+    assert needle.format(**names) in err
 
 
 def test_a_prompts_file_that_is_not_text_is_a_clear_error(

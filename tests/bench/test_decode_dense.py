@@ -12,7 +12,7 @@ from agentcache.bench.decode_report import render_dense
 from agentcache.model.loading import from_hf
 from agentcache.model.tokenizer import ByteTokenizer
 from agentcache.testing import tiny_hf_model
-from tests.conftest import no_model, usage_error
+from tests.conftest import no_model, refusal, usage_error
 from tests.decode.conftest import TEXT
 
 
@@ -49,13 +49,11 @@ def test_bad_arguments_fail_before_the_model_loads(
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     import agentcache.model.loading as loading
-    from agentcache.cli import main
 
     monkeypatch.setattr(loading, "load_model", no_model)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("some text")
-    assert main(["bench-dense-decode", str(prompts), *argv, "--threads", "1"]) == 2
-    assert needle in capsys.readouterr().err
+    assert needle in refusal(["bench-dense-decode", str(prompts), *argv, "--threads", "1"], capsys)
 
 
 @pytest.mark.parametrize("contexts", ["1024,x", "0", "", "1024,,4096"])

@@ -19,7 +19,7 @@ from agentcache.cli import main
 from agentcache.errors import AgentCacheError, CacheDirError
 from agentcache.model.loading import LoadedModel
 from agentcache.tiers.disk import DiskTier
-from tests.conftest import no_model, usage_error
+from tests.conftest import no_model, refusal, usage_error
 from tests.tiers.conftest import agent_turn
 
 FIELDS = ("write_amplification", "write_calls", "ttft_disk_over_resident",
@@ -233,5 +233,4 @@ def test_cli_rejects_bad_names_before_loading_the_model(
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     monkeypatch.setattr(tiers_cli, "load_model", no_model)
-    assert main(cli(tmp_path, *argv)) == 2
-    assert needle in capsys.readouterr().err
+    assert needle in refusal(cli(tmp_path, *argv), capsys)
