@@ -1,5 +1,8 @@
 """Where each page's copies live, and making room: the index under `TieredSegmentStore`.
 
+(One class of ~320 lines: every move below changes the same page states under one invariant,
+that the fastest copy of a page is current; the records it keeps are in entries.py.)
+
     spill    : a full tier asks the spill policy for victims: clean pages are dropped, the
                rest written to the tier below, one write call per extent
     evict    : the lowest tier, when full, drops whole segments in eviction-policy order
@@ -15,79 +18,34 @@ of its stale slots instead of whole.
 from __future__ import annotations
 
 import itertools
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from agentcache.kv.store import MissLedger, SegmentKey, StoreStats
+from agentcache.kv.store import MissLedger, MissReason, SegmentKey, StoreStats
 from agentcache.policy.eviction import EVICTION_POLICIES, EvictionPolicy
 from agentcache.policy.spill import SPILL_POLICIES, PageInfo, SpillPlan, SpillPolicy
 from agentcache.tiers.base import PageData, PageKey, Tier, TierError
 from agentcache.tiers.config import TierConfig, TierStats
 from agentcache.tiers.disk import DiskTier
+from agentcache.tiers.entries import PageState, SegmentEntry, mask_slots
 from agentcache.tiers.memory import MemoryTier
-
-
-@dataclass
-class PageState:
-    """One page of a stored segment: its size and which tiers hold a copy, how stale."""
-
-    segment: SegmentKey
-    index: int
-    num_tokens: int
-    nbytes: int
-    stale: dict[str, int]  # a key per tier holding a copy of the page
-    last_use: int
-    seq: int = 0  # order the store came to hold the page in (spill candidates are in it)
-
-
-@dataclass
-class SegmentEntry:
-    """A stored segment: its identity and its pages, in order."""
-
-    cid: str
-    model_id: str
-    tokenizer_id: str
-    context_id: str | None
-    pages: list[PageKey]
-    committed: bool = False  # every page has a current disk copy and the index says so
-
-    def record(self) -> dict[str, Any]:
-        return {"cid": self.cid, "model": self.model_id, "tok": self.tokenizer_id,
-                "context": self.context_id, "pages": list(self.pages)}  # fmt: skip
-
-    @classmethod
-    def from_record(cls, rec: Any) -> SegmentEntry | None:
-        """A committed segment from its index record (None: not a record `record` writes)."""
-        if not isinstance(rec, dict):
-            return None
-        cid, model, tok = rec.get("cid"), rec.get("model"), rec.get("tok")
-        context, pages = rec.get("context"), rec.get("pages")
-        if not (isinstance(cid, str) and isinstance(model, str) and isinstance(tok, str)):
-            return None
-        if not isinstance(pages, list) or not all(isinstance(k, str) for k in pages):
-            return None
-        if context is not None and not isinstance(context, str):
-            return None
-        return cls(cid, model, tok, context, [PageKey(k) for k in pages], committed=True)
 
 
 class NoRoom(Exception):
     """A tier cannot free the bytes asked for."""
 
 
-def mask_slots(mask: int) -> list[int]:
-    return [i for i in range(mask.bit_length()) if mask >> i & 1]
-
-
 class TierPlacement:
     """The page and segment index over the tiers, pins, spilling down and eviction at the
-    lowest tier; see the module docstring. Its methods run with `_lock` held (taken by the
-    public methods of `TieredSegmentStore`, which builds on it)."""
+    lowest tier; see the module docstring. Not thread-safe: its owner, `TieredSegmentStore`,
+    calls it with the store's lock held.
+
+    Pages and segments enter through `add_segment` and leave through `forget` (or `clear`);
+    copies move through `make_room` (spill, evict), `write_below`, `mark_current`,
+    `mark_updated` and `drop_above_lowest`. `page` and `segment` are for reading only.
+    """
 
     def __init__(
         self, config: TierConfig, policy: EvictionPolicy | str = "lru", device: str = "cpu"
@@ -116,11 +74,26 @@ class TierPlacement:
         self._seq = itertools.count()
         self._below = [[t.name for t in tiers[i + 1 :]] for i in range(len(tiers))]
         self._ledger = MissLedger()
-        self._lock = threading.RLock()
         # the lowest tier when durable: segments are committed there and recovered from it
-        self._durable: Tier | None = tiers[-1] if tiers[-1].durable else None
+        self.durable: Tier | None = tiers[-1] if tiers[-1].durable else None
 
-    def _read_current(
+    # ---- reading ----
+
+    def segment(self, key: SegmentKey) -> SegmentEntry | None:
+        return self._segments.get(key)
+
+    def segment_keys(self) -> list[SegmentKey]:
+        return list(self._segments)
+
+    def page(self, pk: PageKey) -> PageState:
+        return self._pages[pk]
+
+    def miss_reason(
+        self, key: SegmentKey, cid: str, model_id: str, tokenizer_id: str
+    ) -> MissReason:
+        return self._ledger.reason(key, cid, model_id, tokenizer_id)
+
+    def read_current(
         self, pk: PageKey, count_hit: bool = False, view: bool = False
     ) -> PageData | None:
         """The page's current version from its fastest current copy; `view`: read-only (the
@@ -134,7 +107,7 @@ class TierPlacement:
                 return page
         return None
 
-    def _make_room(self, level: int, need: int) -> None:
+    def make_room(self, level: int, need: int) -> None:
         """Free `need` bytes in tier `level` (spill, or evict segments at the lowest tier);
         raises NoRoom when it cannot."""
         tier = self.tiers[level]
@@ -144,7 +117,7 @@ class TierPlacement:
             self._evict_segments(tier, need)
             return
         self.tier_stats.spills += 1
-        candidates = [self._info(pk, level) for pk in self._resident(level)]
+        candidates = [self.info(pk, level) for pk in self._resident(level)]
         plan = self.spill_policy.plan(candidates, need - tier.free_bytes)
         self._check_plan(plan, {c.key: c for c in candidates})
         tier.drop([PageKey(k) for k in plan.drops])
@@ -156,10 +129,10 @@ class TierPlacement:
             keys = [PageKey(k) for k in extent]
             try:
                 # full size: making room below may drop the extent's own outdated copies
-                self._make_room(level + 1, sum(self._pages[k].nbytes for k in keys))
+                self.make_room(level + 1, sum(self._pages[k].nbytes for k in keys))
                 keys = [k for k in keys if k in self._pages]  # eviction below may take some
                 pages = [(k, p) for k in keys if (p := tier.view(k)) is not None]
-                self._write_below(below, pages)
+                self.write_below(below, pages)
             except (NoRoom, TierError) as e:
                 self.tier_stats.failed_spills += 1
                 self._error(str(e) or f"no room in the {below.name} tier")
@@ -170,11 +143,11 @@ class TierPlacement:
         if tier.free_bytes < need:
             raise NoRoom(f"{tier.name} tier is full")
 
-    def _write_below(self, below: Tier, pages: list[tuple[PageKey, PageData]]) -> None:
+    def write_below(self, below: Tier, pages: list[tuple[PageKey, PageData]]) -> None:
         if not pages:
             return
         deltas: dict[PageKey, list[int]] = {}
-        durable = below is self._durable
+        durable = below is self.durable
         if durable:
             st = self.tier_stats
             for k, p in pages:
@@ -188,14 +161,13 @@ class TierPlacement:
                     deltas[k] = mask_slots(stale)
         below.write(pages, deltas, owned=True)  # views of the tier above, never changed
         self.tier_stats.written_pages += len(pages)
-        for k, _ in pages:
-            self._pages[k].stale[below.name] = 0
+        self.mark_current([k for k, _ in pages], below.name)
         if durable:
             for seg_key in {self._pages[k].segment for k, _ in pages}:
-                self._commit(seg_key, self._segments[seg_key])
+                self.commit(seg_key, self._segments[seg_key])
 
-    def _commit(self, key: SegmentKey, seg: SegmentEntry) -> None:
-        disk = self._durable
+    def commit(self, key: SegmentKey, seg: SegmentEntry) -> None:
+        disk = self.durable
         if seg.committed or disk is None:
             return
         if all(self._pages[k].stale.get(disk.name) == 0 for k in seg.pages):
@@ -213,14 +185,14 @@ class TierPlacement:
                 self.policy.on_remove(key)
                 skipped.append(key)
                 continue
-            self._forget(key)
+            self.forget(key)
             self.stats.evictions += 1
         for key in skipped:
             self.policy.on_insert(key, 0)
         if tier.free_bytes < need:
             raise NoRoom(f"the {tier.name} tier cannot make room")
 
-    def _info(self, pk: PageKey, level: int) -> PageInfo:
+    def info(self, pk: PageKey, level: int) -> PageInfo:
         """The page as tier `level`'s spill policy sees it: clean when its copy there is
         outdated or a tier below holds a current copy; else dirty by the fewest stale slots
         of any copy below (all its tokens when there is none)."""
@@ -258,11 +230,11 @@ class TierPlacement:
             key=lambda pk: pages[pk].seq,
         )
 
-    def _bytes(self, keys: Sequence[PageKey], tier: Tier) -> int:
+    def missing_bytes(self, keys: Sequence[PageKey], tier: Tier) -> int:
         return sum(self._pages[k].nbytes for k in keys if k not in tier)
 
     @contextmanager
-    def _pin(self, key: SegmentKey) -> Iterator[None]:
+    def pin(self, key: SegmentKey) -> Iterator[None]:
         added = key not in self._pinned
         self._pinned.add(key)
         try:
@@ -274,7 +246,19 @@ class TierPlacement:
     def _error(self, message: str) -> None:
         self.tier_stats.errors = [*self.tier_stats.errors[-9:], message]
 
-    def _add_segment(self, key: SegmentKey, seg: SegmentEntry, nbytes: int) -> None:
+    # ---- pages and segments coming and going ----
+
+    def add_segment(
+        self, key: SegmentKey, seg: SegmentEntry, sizes: Sequence[tuple[int, int]], tier: str,
+        used: bool,
+    ) -> None:  # fmt: skip
+        """Index a segment whose pages (`sizes`: tokens and bytes of each, in order) have a
+        current copy in `tier` only; `used`: it is used now (a put), else not yet (recovered)."""
+        last_use = next(self._clock) if used else 0
+        for i, (pk, (num_tokens, page_bytes)) in enumerate(zip(seg.pages, sizes, strict=True)):
+            self._pages[pk] = PageState(key, i, num_tokens, page_bytes, {tier: 0}, last_use,
+                                        next(self._seq))  # fmt: skip
+        nbytes = sum(n for _, n in sizes)
         self._segments[key] = seg
         self._ledger.stored(key, seg.cid, seg.model_id, seg.tokenizer_id)
         self.policy.on_insert(key, nbytes)
@@ -282,16 +266,57 @@ class TierPlacement:
         self.stats.bytes += nbytes
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.stats.bytes)
 
-    def _forget(self, key: SegmentKey) -> None:
+    def forget(self, key: SegmentKey) -> None:
         """Remove a segment from every tier (eviction, a corrupt page, clear); the ledger
         remembers it, so a lookup says it was stored once."""
         seg = self._segments.pop(key)
         for tier in self.tiers:
             tier.drop(seg.pages)
         nbytes = sum(self._pages.pop(k).nbytes for k in seg.pages)
-        if self._durable is not None:
-            self._durable.drop_meta(f"seg:{key}")
+        if self.durable is not None:
+            self.durable.drop_meta(f"seg:{key}")
         self.policy.on_remove(key)
         self.stats.entries -= 1
         self.stats.bytes -= nbytes
         self._ledger.evicted(key, seg.model_id, seg.tokenizer_id)
+
+    def clear(self) -> None:
+        """Forget every segment, and that any was stored (clear() is not an eviction)."""
+        for key in list(self._segments):
+            self.forget(key)
+        self._ledger.clear()
+
+    # ---- copies ----
+
+    def mark_current(self, keys: Sequence[PageKey], tier: str) -> None:
+        """The pages' copies just written to `tier` are current."""
+        for k in keys:
+            self._pages[k].stale[tier] = 0
+
+    def mark_updated(self, changes: dict[PageKey, int]) -> None:
+        """Pages given a newer version in the fast tier: page -> bit mask of the slots that
+        changed; every lower copy becomes stale at those slots."""
+        now = next(self._clock)
+        for pk, changed in changes.items():
+            state = self._pages[pk]
+            for tier in list(state.stale):
+                state.stale[tier] |= changed
+            state.stale["fast"] = 0
+            state.last_use = now
+            self.tier_stats.updates += 1
+
+    def touch(self, seg: SegmentEntry) -> None:
+        """The segment's pages were used now (a lookup)."""
+        now = next(self._clock)
+        for pk in seg.pages:
+            self._pages[pk].last_use = now
+
+    def drop_above_lowest(self) -> None:
+        """Drop every copy above the lowest tier of a page whose lowest copy is current."""
+        lowest = self.tiers[-1].name
+        for tier in self.tiers[:-1]:
+            keys = [pk for pk, s in self._pages.items()
+                    if tier.name in s.stale and s.stale.get(lowest) == 0]  # fmt: skip
+            tier.drop(keys)
+            for pk in keys:
+                del self._pages[pk].stale[tier.name]

@@ -20,7 +20,8 @@ differs from the current version exactly at its stale slots.
 
 from __future__ import annotations
 
-import itertools
+import threading
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -29,37 +30,49 @@ from agentcache.policy.eviction import EvictionPolicy
 from agentcache.policy.spill import PageInfo
 from agentcache.tiers.base import PageData, PageKey, Tier, TierError
 from agentcache.tiers.config import TierConfig
-from agentcache.tiers.placement import NoRoom, PageState, SegmentEntry, TierPlacement, mask_slots
+from agentcache.tiers.entries import SegmentEntry, mask_slots
+from agentcache.tiers.placement import NoRoom, TierPlacement
 
 
-class TieredSegmentStore(TierPlacement, SegmentStore):
+class TieredSegmentStore(SegmentStore):
     """A SegmentStore whose entries live as pages in tiers; see the module docstring.
     `capacity_bytes` is the sum of the tiers' capacities; segments leave the store only when
-    the lowest tier is full. A lookup returns new tensors, assembled from the pages."""
+    the lowest tier is full. A lookup returns new tensors, assembled from the pages. Every
+    public method holds the store's lock (`locked()`) while it runs."""
 
     def __init__(
         self, config: TierConfig, policy: EvictionPolicy | str = "lru", device: str = "cpu"
     ) -> None:
-        super().__init__(config, policy, device)
-        if self._durable is not None:
-            self._recover(self._durable)
+        self._placement = at = TierPlacement(config, policy, device)
+        self.config, self.tiers, self.capacity_bytes = config, at.tiers, at.capacity_bytes
+        self.policy, self.spill_policy = at.policy, at.spill_policy
+        self.stats, self.tier_stats = at.stats, at.tier_stats
+        self._lock = threading.RLock()
+        if at.durable is not None:
+            self._recover(at.durable)
+
+    def locked(self) -> AbstractContextManager[bool]:
+        """The store's lock (re-entrant): calls made while it is held see no other thread's
+        calls in between."""
+        return self._lock
 
     # ---- the SegmentStore API ----
 
     def contains_content(self, model_id: str, tokenizer_id: str, cid: str) -> bool:
         with self._lock:
-            return store_key(model_id, tokenizer_id, cid) in self._segments
+            return self._placement.segment(store_key(model_id, tokenizer_id, cid)) is not None
 
     def lookup_content(self, model_id: str, tokenizer_id: str, cid: str) -> Lookup:
         key = store_key(model_id, tokenizer_id, cid)
+        at = self._placement
         with self._lock:
-            seg = self._segments.get(key)
+            seg = at.segment(key)
             if seg is None or (seg.model_id, seg.tokenizer_id) != (model_id, tokenizer_id):
                 self.stats.misses += 1
-                return Lookup(None, self._ledger.reason(key, cid, model_id, tokenizer_id))
+                return Lookup(None, at.miss_reason(key, cid, model_id, tokenizer_id))
             pages = self._read_pages(seg)
             if pages is None:
-                self._forget(key)
+                at.forget(key)
                 self.stats.misses += 1
                 return Lookup(None, MissReason.CHECKSUM)
             self.stats.hits += 1
@@ -69,36 +82,32 @@ class TieredSegmentStore(TierPlacement, SegmentStore):
 
     def put_content(self, cid: str, kv: StoredKV) -> bool:
         key = store_key(kv.model_id, kv.tokenizer_id, cid)
+        at = self._placement
         with self._lock:
-            if key in self._segments:
+            if at.segment(key) is not None:
                 self.policy.on_access(key)
                 return True
             pages = self._split(key, kv)
             if kv.nbytes > min(self.tiers[0].capacity_bytes, self.tiers[-1].capacity_bytes):
                 self.stats.rejected += 1
                 return False
-            with self._pin(key):
+            with at.pin(key):
                 try:
-                    self._make_room(0, kv.nbytes)
+                    at.make_room(0, kv.nbytes)
                 except NoRoom:
                     self.stats.rejected += 1
                     return False
             self.tiers[0].write(pages)
-            now = next(self._clock)
-            for (pk, page), i in zip(pages, itertools.count(), strict=False):
-                self._pages[pk] = PageState(key, i, page.num_tokens, page.nbytes, {"fast": 0}, now,
-                                        next(self._seq))  # fmt: skip
             seg = SegmentEntry(
                 cid, kv.model_id, kv.tokenizer_id, kv.context_id, [k for k, _ in pages]
             )
-            self._add_segment(key, seg, kv.nbytes)
+            sizes = [(page.num_tokens, page.nbytes) for _, page in pages]
+            at.add_segment(key, seg, sizes, self.tiers[0].name, used=True)
             return True
 
     def clear(self) -> None:
         with self._lock:
-            for key in list(self._segments):
-                self._forget(key)
-            self._ledger.clear()  # clear() is not an eviction: no history is kept
+            self._placement.clear()
 
     # ---- tiers ----
 
@@ -110,12 +119,13 @@ class TieredSegmentStore(TierPlacement, SegmentStore):
         slots are taken; the rest of the page stays as stored. Lower copies become stale at
         those slots. False if the segment is not stored (or the pages do not fit in fast)."""
         key = store_key(model_id, tokenizer_id, cid)
+        at = self._placement
         with self._lock:
-            seg = self._segments.get(key)
+            seg = at.segment(key)
             if seg is None or not updates:
                 return False
             for i, (page, changed) in updates.items():
-                n = self._pages[seg.pages[i]].num_tokens
+                n = at.page(seg.pages[i]).num_tokens
                 if page.num_tokens != n or not 0 < changed < 1 << n:
                     raise ValueError(
                         f"update of page {i}: {page.num_tokens} tokens and slot mask "
@@ -125,28 +135,23 @@ class TieredSegmentStore(TierPlacement, SegmentStore):
                        for i, (page, changed) in updates.items()}  # fmt: skip
             writes = [(seg.pages[i], page) for i, (page, _) in sorted(updates.items())]
             absent = sum(p.nbytes for k, p in writes if k not in self.tiers[0])
-            with self._pin(key):
+            with at.pin(key):
                 try:
-                    self._make_room(0, absent)
+                    at.make_room(0, absent)
                 except NoRoom:
                     return False
             self.tiers[0].write(writes, owned=True)  # merged pages are copies of our own
             seg.context_id = None  # pages now hold KV computed in different contexts
-            now = next(self._clock)
-            for i, (_, changed) in updates.items():
-                state = self._pages[seg.pages[i]]
-                for tier in list(state.stale):
-                    state.stale[tier] |= changed
-                state.stale["fast"] = 0
-                state.last_use = now
-                self.tier_stats.updates += 1
+            at.mark_updated({seg.pages[i]: changed for i, (_, changed) in updates.items()})
             return True
 
     def _merged(self, pk: PageKey, page: PageData, changed: int) -> tuple[PageData, int]:
         """The current version of `pk` with the slots in `changed` taken from `page` (a new
         copy, the store's own); when no current copy can be read (a corrupt disk page), a
         copy of `page` whole, all slots changed."""
-        current = self._read_current(pk)  # a copy: placing slots into a view would change it
+        current = self._placement.read_current(
+            pk
+        )  # a copy: placing slots into a view would change it
         if current is None:
             self.tier_stats.whole_updates += 1
             whole = PageData(page.keys.clone(), page.values.clone(), page.positions.clone())
@@ -159,55 +164,49 @@ class TieredSegmentStore(TierPlacement, SegmentStore):
         """Write every page without a current disk copy to disk (copies stay where they
         are), one write call per segment, and commit the segments; returns pages written.
         Raises TierError when the disk tier fails or has no room."""
-        disk = self._durable
+        at = self._placement
+        disk = at.durable
         if disk is None:
             raise ValueError("persist() needs a disk tier (TierConfig.disk_dir)")
         written = 0
         with self._lock:
-            for key, seg in list(self._segments.items()):
-                if key not in self._segments:  # evicted to make room for an earlier one
+            for key in at.segment_keys():
+                seg = at.segment(key)
+                if seg is None:  # evicted to make room for an earlier one
                     continue
-                todo = [k for k in seg.pages if self._pages[k].stale.get(disk.name) != 0]
+                todo = [k for k in seg.pages if at.page(k).stale.get(disk.name) != 0]
                 if todo:
-                    with self._pin(key):
+                    with at.pin(key):
                         try:
-                            self._make_room(len(self.tiers) - 1, self._bytes(todo, disk))
+                            at.make_room(len(self.tiers) - 1, at.missing_bytes(todo, disk))
                         except NoRoom as e:
                             raise TierError(f"persist: {e}") from e
-                    pages = [(k, self._read_current(k, view=True)) for k in todo]
-                    self._write_below(disk, [(k, p) for k, p in pages if p is not None])
+                    pages = [(k, at.read_current(k, view=True)) for k in todo]
+                    at.write_below(disk, [(k, p) for k, p in pages if p is not None])
                     written += len(todo)
-                self._commit(key, seg)
+                at.commit(key, seg)
         return written
 
     def demote_all(self) -> None:
         """Persist, then drop every copy above the disk tier: the state of a store whose KV
         was all spilled (what a TTFT-from-disk measurement starts from)."""
         self.persist()  # the lowest tier is durable, or this raised
-        durable = self.tiers[-1].name
         with self._lock:
-            for tier in self.tiers[:-1]:
-                keys = [
-                    pk
-                    for pk, s in self._pages.items()
-                    if tier.name in s.stale and s.stale.get(durable) == 0
-                ]
-                tier.drop(keys)
-                for pk in keys:
-                    del self._pages[pk].stale[tier.name]
+            self._placement.drop_above_lowest()
 
     def page_info(self, model_id: str, tokenizer_id: str, cid: str) -> list[PageInfo]:
         """Each page of a stored segment as its fastest tier's spill policy would see it."""
         key = store_key(model_id, tokenizer_id, cid)
+        at = self._placement
         with self._lock:
-            seg = self._segments.get(key)
+            seg = at.segment(key)
             if seg is None:
                 return []
             out = []
             for pk in seg.pages:
-                stale = self._pages[pk].stale
+                stale = at.page(pk).stale
                 level = next(i for i, t in enumerate(self.tiers) if stale.get(t.name) == 0)
-                out.append(self._info(pk, level))
+                out.append(at.info(pk, level))
             return out
 
     def close(self) -> None:
@@ -228,7 +227,7 @@ class TieredSegmentStore(TierPlacement, SegmentStore):
         changed)."""
         out = []
         for pk in seg.pages:
-            page = self._read_current(pk, count_hit=True, view=True)
+            page = self._placement.read_current(pk, count_hit=True, view=True)
             if page is None:
                 return None
             out.append((pk, page))
@@ -237,21 +236,19 @@ class TieredSegmentStore(TierPlacement, SegmentStore):
     def _promote(
         self, key: SegmentKey, seg: SegmentEntry, pages: list[tuple[PageKey, PageData]]
     ) -> None:
-        now = next(self._clock)
-        for pk in seg.pages:
-            self._pages[pk].last_use = now
+        at = self._placement
+        at.touch(seg)
         lower = [(k, p) for k, p in pages if k not in self.tiers[0]]
         if not lower:
             return
-        with self._pin(key):
+        with at.pin(key):
             try:
-                self._make_room(0, sum(p.nbytes for _, p in lower))
+                at.make_room(0, sum(p.nbytes for _, p in lower))
             except NoRoom:
                 self.tier_stats.unpromoted += len(lower)
                 return
         self.tiers[0].write(lower, owned=True)  # views, never changed: kept without a copy
-        for k, _ in lower:
-            self._pages[k].stale["fast"] = 0
+        at.mark_current([k for k, _ in lower], self.tiers[0].name)
 
     def _assemble(self, seg: SegmentEntry, pages: list[PageData]) -> StoredKV:
         return StoredKV(
@@ -287,13 +284,7 @@ class TieredSegmentStore(TierPlacement, SegmentStore):
             if seg is None or not all(k in disk for k in seg.pages):
                 disk.drop_meta(name)
                 continue
-            pages = seg.pages
-            nbytes = 0
-            for i, pk in enumerate(pages):
-                num_tokens, kv_bytes = disk.page_size_of(pk)
-                self._pages[pk] = PageState(key, i, num_tokens, kv_bytes, {disk.name: 0}, 0,
-                                        next(self._seq))  # fmt: skip
-                nbytes += kv_bytes
-            named.update(pages)
-            self._add_segment(key, seg, nbytes)
+            sizes = [disk.page_size_of(pk) for pk in seg.pages]
+            named.update(seg.pages)
+            self._placement.add_segment(key, seg, sizes, disk.name, used=False)
         disk.drop([k for k in disk.page_keys() if k not in named])

@@ -79,7 +79,7 @@ def recording(store: TieredSegmentStore) -> Iterator[StoreTrace]:
     """Record the store's calls while the block runs (the store's methods are wrapped on
     this instance only, and restored after)."""
     trace = StoreTrace()
-    lock = store._lock  # re-entrant: each call takes it again inside
+    lock = store.locked()  # re-entrant: each call takes it again inside
 
     def lookup(orig: Callable[..., Any], model_id: str, tokenizer_id: str, cid: str) -> Any:
         with lock:

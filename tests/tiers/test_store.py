@@ -342,7 +342,7 @@ def test_a_tier_holds_exactly_the_pages_with_a_copy_there(tmp_path: Path) -> Non
     churn(s, 3)
     assert s.tier_stats.spills > 0
     for tier in s.tiers:
-        known = {pk for pk, state in s._pages.items() if tier.name in state.stale}
+        known = {pk for pk, state in s._placement._pages.items() if tier.name in state.stale}
         assert set(tier.page_keys()) == known and known
 
 
@@ -350,11 +350,11 @@ def test_owners_stay_bounded_as_segments_come_and_go() -> None:
     """Each evicted segment is remembered for miss diagnostics (EVICTED, OTHER_MODEL) only
     up to the ledger's `memory`; the owners map forgets with it instead of growing forever."""
     s = store(None, fast=6 * PAGE)  # two segments of 3 pages
-    s._ledger.memory = 4
+    s._placement._ledger.memory = 4
     for i in range(40):
         s.put(ids(100 * i), kv(i))
     assert s.stats.evictions == 38
-    assert len(s._ledger._evicted) == 4 and len(s._ledger._owners) == 2 + 4
+    assert len(s._placement._ledger._evicted) == 4 and len(s._placement._ledger._owners) == 2 + 4
     assert s.lookup(M, T, ids(100 * 37)).miss is MissReason.EVICTED  # still remembered
     assert s.lookup(M, T, ids(0)).miss is MissReason.NEW  # forgotten
 
