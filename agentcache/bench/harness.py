@@ -24,8 +24,9 @@ from agentcache.bench.workload import Session, Turn
 from agentcache.errors import ConfigError
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.loading import LoadedModel
+from agentcache.prompt.reply import close_reply
 from agentcache.prompt.segments import Segment, SegmentKind
-from agentcache.prompt.tokenize import TokenizedPrompt, render_segment
+from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse.base import PrefillResult, ReuseStats, compute_subset
 from agentcache.reuse.spec import StrategySpec
 from agentcache.runtime.engine import Engine, EngineConfig
@@ -257,10 +258,11 @@ def _store_reply(
 
 
 def reply_tokens(model: LoadedModel, prompt: TokenizedPrompt, reply: Segment) -> list[int]:
-    """The tokens of `reply` as a closed assistant message after the prompt's generation
-    prompt: what the model generates for it, then the message's closing tokens."""
-    closed = model.tokenizer.encode(render_segment(reply, model.chat_format, is_last=False))
-    return list(closed[len(prompt.segments[-1].ids) :])
+    """The tokens after `prompt` once `reply` closes it (`close_reply`): what the model
+    generates for the reply, then the message's closing tokens; none when the prompt does not
+    end in the generation prompt."""
+    closed = close_reply(prompt, reply, model.tokenizer, model.chat_format)
+    return [] if closed is None else list(closed.ids[prompt.num_tokens :])
 
 
 def _limit(engine: Engine, prompt: TokenizedPrompt, full_seq: SequenceKV) -> float:
