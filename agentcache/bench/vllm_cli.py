@@ -43,10 +43,10 @@ def run_vllm(
 ) -> int:
     """Measure `strategies` (from `vllm_strategies`) on `sessions`."""
     from agentcache.bench.vllm_report import report_markdown
-    from agentcache.bench.vllm_run import _configs, run_all
+    from agentcache.bench.vllm_run import bench_configs, run_all
 
     require_vllm()  # a clear error before anything starts
-    total = len(_configs(strategies)) * sum(len(s.turns) for s in sessions)
+    total = len(bench_configs(strategies)) * sum(len(s.turns) for s in sessions)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=console,

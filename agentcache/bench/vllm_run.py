@@ -38,7 +38,9 @@ from agentcache.engines.vllm import IN_PROCESS_ENV
 TURN_PREFIX = "TURN "
 
 
-def _configs(strategies: list[str]) -> list[str]:
+def bench_configs(strategies: list[str]) -> list[str]:
+    """The configurations a run measures, in order: `none` and `prefix` (the `reuse` baselines
+    of `VLLMConfig`), then `agentcache:<strategy>` for each strategy."""
     return ["none", "prefix"] + [f"agentcache:{s}" for s in strategies]
 
 
@@ -131,7 +133,7 @@ def _run_configs(
     if kept is not None:
         kept.mkdir(parents=True, exist_ok=True)
     runs: dict[str, Any] = {}
-    for config in _configs(strategies):
+    for config in bench_configs(strategies):
         name = "".join(c if c.isalnum() or c in "-_" else "_" for c in config)
         name += "-" + hashlib.blake2b(config.encode(), digest_size=4).hexdigest()
         if resume and kept is not None and (run := _kept_run(kept / f"{name}.json", turns_id)):

@@ -10,7 +10,7 @@ import torch
 
 from agentcache.bench.vllm_cli import vllm_strategies
 from agentcache.bench.vllm_report import plot, report_markdown, summarize
-from agentcache.bench.vllm_run import _configs
+from agentcache.bench.vllm_run import bench_configs
 
 
 def _run(config: str, ttfts: list[float], tokens: list[int]) -> dict[str, object]:
@@ -62,7 +62,7 @@ def test_vllm_strategies() -> None:
 def test_vllm_strategies_take_a_fill() -> None:
     strategies = vllm_strategies("pic@vllm,pic@engine,pic@auto,rpdc", default_list=False)
     assert strategies == ["pic@vllm", "pic@engine", "pic", "rpdc"]
-    assert _configs(strategies)[2:] == [f"agentcache:{s}" for s in strategies]
+    assert bench_configs(strategies)[2:] == [f"agentcache:{s}" for s in strategies]
     with pytest.raises(ValueError, match="the fill after @ is one of auto, vllm, engine"):
         vllm_strategies("pic@gpu", default_list=False)
     with pytest.raises(ValueError, match="cannot run as a staged prefill"):
