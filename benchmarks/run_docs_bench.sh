@@ -183,6 +183,9 @@ decode() {
     --new-tokens 32 --num-prompts 4 --needle-prompts 4 --profile $p \
     --policies dense,flexicache,flexicache:top_p=0.99,streaming,streaming:fraction=0.25:window=16 \
     --out $d/heads-ctx4096
+  # the cost of a verify pass in dense steps at 8k (docs/decode.md, "Where the 8k verified ...")
+  $py benchmarks/verify_cost.py benchmarks/workloads/swe_agent.jsonl --context 8192 \
+    --num-prompts 2 --profile $p --out $d/verify-cost-ctx8192
 }
 
 # docs/benchmarks.md "Tiered KV store", docs/lab/tiers.md
