@@ -241,19 +241,22 @@ class SparseDecoder(Decoder):
         """Logical pages each KV head attends at `layer` now: (Hkv, n), -1 padded."""
         n_pages = -(-self.kv.num_tokens // self.page)
         stream = self.streaming[layer]
+        window = torch.cat(
+            [torch.zeros(1, dtype=torch.int64), torch.arange(self.window_start, n_pages)]
+        )
+        if bool(stream.all()):  # sink + window only
+            return window.expand(len(stream), -1)
         ts = self.tail_start[layer]
-        width = n_pages - int(ts[~stream].min()) if not bool(stream.all()) else 0
+        width = n_pages - int(ts[~stream].min())
         tail = ts[:, None] + torch.arange(max(width, 0))
         tail = tail.masked_fill(tail >= n_pages, -1)
         sink = torch.zeros(len(ts), 1, dtype=torch.int64)
         rows = torch.cat([sink, self.sel[layer], tail], dim=1)
         if not bool(stream.any()):
             return rows
-        window = torch.arange(self.window_start, n_pages)
-        rows = torch.nn.functional.pad(rows, (0, max(0, 1 + len(window) - rows.shape[1])), value=-1)
+        rows = torch.nn.functional.pad(rows, (0, max(0, len(window) - rows.shape[1])), value=-1)
         rows[stream] = -1
-        rows[stream, 0] = 0
-        rows[stream, 1 : 1 + len(window)] = window
+        rows[stream, : len(window)] = window
         return rows
 
     def _attend(self, layer: int, qg: Tensor) -> Tensor:

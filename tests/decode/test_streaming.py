@@ -81,6 +81,7 @@ def test_streaming_heads_attend_the_sink_and_the_window_only(
         pages = -(-dec.kv.num_tokens // PAGE)
         expect = [0, *range(pages - window, pages)]
         for layer in range(c.num_layers):
+            assert dec.pages(layer).tolist() == [expect] * c.num_kv_heads  # no budget columns
             for h in range(c.num_kv_heads):
                 assert dec.kv.resident_pages(layer, h) == expect, f"step {i} ({layer}, {h})"
     s = dec.stats()
@@ -166,3 +167,13 @@ def test_a_cut_back_across_a_page_boundary_brings_the_window_back(
     torch.testing.assert_close(dec.step(7, 158), ref, rtol=0, atol=LOGIT_ATOL)
     assert dec.kv.resident_pages(0, 0) == [0, 8, 9]  # page 8 is back, page 10 closed
     assert dec.stats().pages_promoted - promoted == c.num_layers * c.num_kv_heads
+
+
+def test_the_options_come_from_the_spec_and_are_checked() -> None:
+    config = DecodeConfig.from_spec("streaming:window=16:fraction=0.25:budget=32")
+    assert config.policy_options == {"window": 16, "fraction": 0.25}
+    assert config.budget_pages == 32
+    with pytest.raises(ValueError, match=r"decode policy 'streaming': .*'sink'"):
+        DecodeConfig("streaming", policy_options={"sink": 2})
+    with pytest.raises(ValueError, match="window must be >= 1 page, got 0"):
+        DecodeConfig("streaming", policy_options={"window": 0})
