@@ -172,6 +172,20 @@ decode() {
       --new-tokens 32 --num-prompts 4 --needle-prompts 4 \
       --policies dense,flexicache,flexicache:verify=8 --out $d/policies-ctx$ctx
   done
+  # top-p and streaming heads against fixed top-K at 4k (docs/decode.md "Top-p and streaming
+  # heads"), on the stored profile (its model id in the current weights-digest form): top_p and
+  # the streaming options picked on 2 essay prompts, then measured on the workload and needles
+  local p=$d/smollm2-135m-instruct-18ddc7c854863b5228beb2a367be0eaa.json
+  $ac bench-decode --threads 1 --context 4096 --new-tokens 32 --num-prompts 2 --profile $p \
+    --policies dense,flexicache,flexicache:top_p=0.95,flexicache:top_p=0.99,streaming:fraction=0.25,streaming,streaming:fraction=0.25:window=16 \
+    --out $d/heads-tune-essays
+  $ac bench-decode benchmarks/workloads/swe_agent.jsonl --threads 1 --context 4096 \
+    --new-tokens 32 --num-prompts 4 --needle-prompts 4 --profile $p \
+    --policies dense,flexicache,flexicache:top_p=0.99,streaming,streaming:fraction=0.25:window=16 \
+    --out $d/heads-ctx4096
+  # the cost of a verify pass in dense steps at 8k (docs/decode.md, "Where the 8k verified ...")
+  $py benchmarks/verify_cost.py benchmarks/workloads/swe_agent.jsonl --context 8192 \
+    --num-prompts 2 --profile $p --out $d/verify-cost-ctx8192
 }
 
 # docs/benchmarks.md "Tiered KV store", docs/lab/tiers.md

@@ -30,6 +30,8 @@ class DecodeConfig:
     keeps, of its top `budget_pages` pages, the fewest whose share of the softmax over every
     rankable page's score bound reaches `top_p` (1.0: all of them, a fixed top-K). The fast tier
     keeps `budget_pages` slots per offloaded head either way.
+    policy_options: keyword arguments of the policy's constructor; a spec sets the ones in the
+    policy's `options` (`streaming:window=16`).
     dense_fallback: when the profile is missing, corrupted or for another model, decode densely
     (counted in TurnStats.decode_fallbacks) instead of raising ProfileError.
     """
@@ -54,7 +56,11 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         from agentcache.decode.policies import DECODE_POLICIES
 
-        DECODE_POLICIES.get(self.policy)  # unknown names fail here, listing the known ones
+        policy = DECODE_POLICIES.get(self.policy)  # unknown names fail here, listing them
+        try:
+            policy(**self.policy_options)  # a bad option value fails here, named by the policy
+        except TypeError as e:
+            raise ValueError(f"decode policy {self.policy!r}: {e}") from None
         if self.budget_pages < 1:
             raise ValueError(
                 f"budget_pages must be >= 1 (got {self.budget_pages}); "
@@ -70,7 +76,7 @@ class DecodeConfig:
             raise ValueError(f"gqa_combine must be one of {GQA_COMBINES}, got {self.gqa_combine!r}")
 
 
-SPEC_KEYS: dict[str, tuple[str, type[int] | type[float]]] = {
+SPEC_KEYS: dict[str, tuple[str, type[Any]]] = {
     "verify": ("verify", int),
     "budget": ("budget_pages", int),
     "recent": ("recent_pages", int),
@@ -78,23 +84,31 @@ SPEC_KEYS: dict[str, tuple[str, type[int] | type[float]]] = {
 }
 
 
-def parse_policy_spec(spec: str) -> tuple[str, dict[str, int | float]]:
+def parse_policy_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """`flexicache:verify=8:budget=96` -> ("flexicache", {"verify": 8, "budget_pages": 96}).
 
-    The keys are DecodeConfig settings under short names (SPEC_KEYS), with their types."""
+    The keys are DecodeConfig settings under short names (SPEC_KEYS), with their types, and the
+    policy's own `options` (`streaming:window=16` -> {"policy_options": {"window": 16}})."""
+    from agentcache.decode.policies import DECODE_POLICIES
+
     name, *parts = spec.strip().split(":")
-    options: dict[str, int | float] = {}
+    keys = SPEC_KEYS | {k: (k, kind) for k, kind in DECODE_POLICIES.get(name).options.items()}
+    options: dict[str, Any] = {}
+    policy_options: dict[str, Any] = {}
     for part in parts:
         key, eq, value = part.partition("=")
-        if not eq or key not in SPEC_KEYS:
-            known = ", ".join(SPEC_KEYS)
+        if not eq or key not in keys:
+            known = ", ".join(keys)
             raise ValueError(
                 f"decode policy option {part!r} in {spec!r}: use key=value, keys: {known}"
             )
-        field_name, kind = SPEC_KEYS[key]
+        field_name, kind = keys[key]
         try:
-            options[field_name] = kind(value)
+            typed = kind(value)
         except ValueError:
             what = "an integer" if kind is int else "a number"
             raise ValueError(f"decode policy option {part!r} in {spec!r}: not {what}") from None
+        (options if key in SPEC_KEYS else policy_options)[field_name] = typed
+    if policy_options:
+        options["policy_options"] = policy_options
     return name, options

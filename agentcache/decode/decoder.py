@@ -7,6 +7,11 @@ Pages attended by KV head h at a step (logical page ids, in token order):
 
 At a rerank the newest `recent_pages` pages form the tail and the top-K is taken among pages
 1 .. tail_start-1; pages opened since then join the tail, so nothing recent is skipped.
+A streaming head (HeadPlan.streaming) is never scored and attends
+
+    [0 (sink)] + [window_start .. newest],  window_start = max(1, pages - window_pages)
+
+its window sliding as pages open; offloaded, it holds exactly those pages in the fast tier.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from torch import Tensor
 
 from agentcache.decode.base import Decoder
 from agentcache.decode.config import DecodeConfig
+from agentcache.decode.kernels import page_attention, top_p_pages
 from agentcache.decode.minmax import MinMaxMeta
 from agentcache.decode.policies import HeadPlan
 from agentcache.decode.stats import DecodeStats
@@ -61,9 +67,19 @@ class SparseDecoder(Decoder):
         self.recent = config.recent_pages
         self.budget, self.clamped = clamp_budget(config.budget_pages, max_pages, self.recent)
         self.interval = plan.rerank_interval.clone()
-        capacity = 1 + self.budget + self.recent + (-(-self.interval // page))
+        no_heads = torch.zeros_like(plan.offload)
+        self.streaming = no_heads if plan.streaming is None else plan.streaming.clone()
+        self.window = plan.window_pages
+        capacity = torch.where(
+            self.streaming,
+            1 + self.window,
+            1 + self.budget + self.recent + (-(-self.interval // page)),
+        )
         offload = plan.offload & (capacity < max_pages)
         self.kv = HeadPagedKV(c.head_dim, page, max_pages, capacity, offload)
+        self.window_offloaded = [
+            torch.nonzero(offload[i] & self.streaming[i]).flatten() for i in range(c.num_layers)
+        ]
         self.kv.load(keys, values)
         self.meta = MinMaxMeta(c.num_layers, c.num_kv_heads, c.head_dim, max_pages, page)
         self.meta.build(keys)
@@ -72,6 +88,7 @@ class SparseDecoder(Decoder):
         self.tail_start = torch.full(
             (c.num_layers, c.num_kv_heads), max(1, n_pages - self.recent), dtype=torch.int64
         )
+        self.window_start = max(1, n_pages - self.window)
         self.steps = 0
         self._reranks = 0
         self._rerank_s = 0.0
@@ -82,14 +99,17 @@ class SparseDecoder(Decoder):
         self.verify_skipped = False
 
     def _place_initial(self, n_pages: int) -> int:
-        """Offloaded heads start with the sink and the tail resident; their first top-K comes
-        at the first step, when a query exists."""
+        """Offloaded heads start with the sink and the tail resident (streaming heads: their
+        window); the first top-K comes at the first step, when a query exists."""
         promoted = 0
+        sink = torch.zeros(1, dtype=torch.int64)
         for layer, heads in enumerate(self.kv.offloaded_heads):
-            if len(heads):
-                tail = torch.arange(int(self.tail_start[layer, 0]), n_pages)
-                wanted = torch.cat([torch.zeros(1, dtype=torch.int64), tail]).expand(len(heads), -1)
-                promoted += self.kv.place(layer, heads, wanted)
+            stream = self.streaming[layer, heads]
+            for group, first in ((heads[~stream], self.tail_start[layer, 0]),
+                                 (heads[stream], self.window_start)):  # fmt: skip
+                if len(group):
+                    wanted = torch.cat([sink, torch.arange(int(first), n_pages)])
+                    promoted += self.kv.place(layer, group, wanted.expand(len(group), -1))
         return promoted
 
     def stats(self) -> DecodeStats:
@@ -98,7 +118,8 @@ class SparseDecoder(Decoder):
             self._reranks, self._rerank_s, self._rerank_steps, self._promoted,
             self._initial_promoted, self._promoted * self.kv.page_bytes, self.kv.rows_synced,
             self.budget, self.clamped, self._passes, self._drafted, self._accepted,
-            self._host_read, self.verify_skipped, self._selected,
+            self._host_read, self.verify_skipped, self._selected, int(self.streaming.sum()),
+            self.window,
         )  # fmt: skip
 
     def feed(self, token: int, position: int, room: int) -> Tensor:
@@ -107,6 +128,7 @@ class SparseDecoder(Decoder):
     def step(self, token: int, position: int) -> Tensor:
         """Append `token` at `position`; returns the logits after it (V,)."""
         f = self.f
+        self._promoted += self._slide()
         t = self.kv.append_token()
         pos = torch.tensor([position])
         hidden = f.embed(torch.tensor([token]))
@@ -194,17 +216,48 @@ class SparseDecoder(Decoder):
 
     def _offloaded_due(self) -> bool:
         due = (self.steps % self.interval) == 0
-        return bool((due & self.kv.offload).any())
+        return bool((due & self.kv.offload & ~self.streaming).any())
+
+    def _slide(self) -> int:
+        """Before a token is appended: the streaming heads' window moves to the pages there will
+        be. Offloaded ones evict the pages that leave it (freeing the slot a page the token
+        opens goes to) and promote pages that come back after a truncation. Returns head-pages
+        promoted."""
+        n_pages = self.kv.num_tokens // self.page + 1  # once the token is in
+        start = max(1, n_pages - self.window)
+        if start == self.window_start or not bool(self.streaming.any()):
+            return 0
+        self.window_start = start
+        opened = -(-self.kv.num_tokens // self.page)
+        window = torch.arange(start, max(start, opened))
+        wanted = torch.cat([torch.zeros(1, dtype=torch.int64), window])
+        return sum(
+            self.kv.place(layer, heads, wanted.expand(len(heads), -1))
+            for layer, heads in enumerate(self.window_offloaded)
+            if len(heads)
+        )
 
     def pages(self, layer: int) -> Tensor:
         """Logical pages each KV head attends at `layer` now: (Hkv, n), -1 padded."""
         n_pages = -(-self.kv.num_tokens // self.page)
+        stream = self.streaming[layer]
+        window = torch.cat(
+            [torch.zeros(1, dtype=torch.int64), torch.arange(self.window_start, n_pages)]
+        )
+        if bool(stream.all()):  # sink + window only
+            return window.expand(len(stream), -1)
         ts = self.tail_start[layer]
-        width = n_pages - int(ts.min())
+        width = n_pages - int(ts[~stream].min())
         tail = ts[:, None] + torch.arange(max(width, 0))
         tail = tail.masked_fill(tail >= n_pages, -1)
         sink = torch.zeros(len(ts), 1, dtype=torch.int64)
-        return torch.cat([sink, self.sel[layer], tail], dim=1)
+        rows = torch.cat([sink, self.sel[layer], tail], dim=1)
+        if not bool(stream.any()):
+            return rows
+        rows = torch.nn.functional.pad(rows, (0, max(0, len(window) - rows.shape[1])), value=-1)
+        rows[stream] = -1
+        rows[stream, : len(window)] = window
+        return rows
 
     def _attend(self, layer: int, qg: Tensor) -> Tensor:
         pages = self.pages(layer)  # (Hkv, n)
@@ -215,7 +268,8 @@ class SparseDecoder(Decoder):
 
     def _rerank(self, layer: int, qg: Tensor) -> int:
         """Re-score the heads of `layer` due this step; returns head-pages promoted."""
-        due = torch.nonzero((self.steps % self.interval[layer]) == 0).flatten()
+        due = ((self.steps % self.interval[layer]) == 0) & ~self.streaming[layer]
+        due = torch.nonzero(due).flatten()
         if len(due) == 0:
             return 0
         t0 = time.perf_counter()
@@ -240,24 +294,3 @@ class SparseDecoder(Decoder):
         self._reranks += len(due)
         self._rerank_s += time.perf_counter() - t0
         return promoted
-
-
-def top_p_pages(scores: Tensor, k: int, p: float, scale: float) -> Tensor:
-    """The top-k pages by score bound (n, k), -1 past the fewest whose share of the softmax
-    over every page's bound (`scores` (n, P) * `scale`) reaches `p`; p = 1 keeps all k."""
-    top = scores.topk(k, dim=1)
-    if p >= 1.0:
-        return top.indices
-    mass = torch.softmax(scores * scale, dim=1).gather(1, top.indices)  # (n, k), descending
-    before = mass.cumsum(1) - mass  # mass of the pages ranked above
-    return top.indices.masked_fill(before >= p, -1)
-
-
-def page_attention(qg: Tensor, k: Tensor, v: Tensor, valid: Tensor, scale: float) -> Tensor:
-    """Decode attention of one token, batched over KV heads.
-
-    qg (Hkv, G, Dh); k/v (Hkv, S, Dh); valid (Hkv, S) -> (H*Dh) in query-head order."""
-    scores = (qg @ k.transpose(1, 2)) * scale  # (Hkv, G, S)
-    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return (probs @ v).reshape(1, -1)

@@ -1,15 +1,16 @@
 """Decode placement and rerank policies: small classes chosen by name.
 
 A policy turns a head profile into a HeadPlan: how often each (layer, KV head) re-scores its
-pages, and whether its full KV lives in the host tier (only the selected pages resident in the
-fast tier) or stays whole in the fast tier.
+pages, whether its full KV lives in the host tier (only the selected pages resident in the
+fast tier) or stays whole in the fast tier, and which heads are streaming heads (the sink and a
+window of the newest pages, no page selection).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -23,16 +24,22 @@ class HeadPlan:
     sparse: bool  # False: the engine's dense decode
     rerank_interval: Tensor  # (L, Hkv) int64 >= 1, steps between page re-scorings
     offload: Tensor  # (L, Hkv) bool, full KV in the host tier, top-K pages in the fast tier
+    # (L, Hkv) bool, None = no head: streaming heads attend the sink page and the newest
+    # `window_pages` pages, are never scored nor reranked (their rerank_interval is not read)
+    streaming: Tensor | None = None
+    window_pages: int = 0
 
 
 class DecodePolicy(ABC):
     """Contract: `plan` reads the profile (None only when `needs_profile` is False), mutates
     nothing and returns a HeadPlan of shape (num_layers, num_kv_heads) with every interval >= 1.
     A head that reranks every step never needs to be offloaded, and a dense plan offloads
-    nothing."""
+    nothing. A constructor rejects a bad option with a ValueError naming it; `options` lists
+    the ones a policy spec may set (`streaming:window=16`) with their types."""
 
     name: ClassVar[str]
     needs_profile: ClassVar[bool] = False
+    options: ClassVar[dict[str, type[Any]]] = {}
 
     @abstractmethod
     def plan(self, num_layers: int, num_kv_heads: int, profile: HeadProfile | None) -> HeadPlan:
@@ -119,3 +126,37 @@ class MultiScale(DecodePolicy):
             interval[s >= hi] = self.intervals[2]
         interval[unstable] = 1
         return HeadPlan(True, interval, interval > 1)
+
+
+@DECODE_POLICIES.register("streaming")
+class Streaming(DecodePolicy):
+    """FlexiCache whose most stable heads are streaming heads: of the heads outside the
+    unstable set, the `fraction` with the highest stability score (rounded) attend the sink page
+    and the newest `window` pages only: no MinMax scoring, no rerank, offloaded with 1 + window
+    fast-tier slots. The other heads are flexicache's."""
+
+    name = "streaming"
+    needs_profile = True
+    options: ClassVar[dict[str, type[Any]]] = {"fraction": float, "window": int}
+
+    def __init__(self, fraction: float = 0.5, window: int = 64, stable_interval: int = 16) -> None:
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(
+                f"streaming option fraction (of the stable heads) must be in [0, 1], got {fraction}"
+            )
+        if window < 1:
+            raise ValueError(f"streaming option window must be >= 1 page, got {window}")
+        self.fraction, self.window = fraction, window
+        self.base = FlexiCache(stable_interval)
+
+    def plan(self, num_layers: int, num_kv_heads: int, profile: HeadProfile | None) -> HeadPlan:
+        assert profile is not None
+        base = self.base.plan(num_layers, num_kv_heads, profile)
+        stable = torch.nonzero(~profile.unstable_mask().flatten()).flatten()
+        score = profile.stability_tensor().flatten()[stable]
+        count = round(self.fraction * len(stable))
+        chosen = stable[torch.argsort(score, descending=True, stable=True)[:count]]
+        streaming = torch.zeros(num_layers * num_kv_heads, dtype=torch.bool)
+        streaming[chosen] = True
+        streaming = streaming.view(num_layers, num_kv_heads)
+        return HeadPlan(True, base.rerank_interval, base.offload, streaming, self.window)

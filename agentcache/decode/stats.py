@@ -26,6 +26,8 @@ class DecodeStats:
     host_bytes_read: int = 0  # offloaded heads' KV read from the host tier by dense passes
     verify_skipped: bool = False  # verification configured but off (sampling)
     selected_pages: int = 0  # top pages kept over all head reranks (< budget each with top_p)
+    streaming_heads: int = 0  # (layer, KV head)s attending only the sink and a window
+    window_pages: int = 0  # the streaming heads' window
 
     @property
     def selected_pages_per_rerank(self) -> float:

@@ -109,6 +109,17 @@ def test_a_bad_profile_is_named_before_decoding(
         ("dense,flexicache:verify=-1", "verify must be >= 0"),
         ("dense,flexicache:budget=0", "budget_pages must be >= 1"),
         ("dense,sparse", "unknown decode policy 'sparse'"),
+        ("dense,streaming:window=0", "streaming option window must be >= 1 page, got 0"),
+        ("dense,streaming:window=-2", "streaming option window must be >= 1 page, got -2"),
+        ("dense,streaming:fraction=1.5", "streaming option fraction (of the stable heads) "
+         "must be in [0, 1], got 1.5"),
+        ("dense,streaming:fraction=-0.1", "fraction (of the stable heads) must be in [0, 1]"),
+        ("dense,streaming:fraction=nan", "fraction (of the stable heads) must be in [0, 1]"),
+        ("dense,streaming:window=x", "option 'window=x' in 'streaming:window=x': not an integer"),
+        ("dense,streaming:sink=2", "decode policy option 'sink=2' in 'streaming:sink=2': use "
+         "key=value, keys: verify, budget, recent, top_p, fraction, window"),
+        ("dense,flexicache:window=4", "option 'window=4' in 'flexicache:window=4': use key=value, "
+         "keys: verify, budget, recent, top_p"),
         ("flexicache", "the policies must include dense"),
     ],
 )  # fmt: skip

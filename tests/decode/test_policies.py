@@ -36,6 +36,9 @@ def test_plan_contract(name: str) -> None:
         assert bool((plan.rerank_interval[unstable] == 1).all())  # unstable heads: every step
         assert not bool(plan.offload[unstable].any())  # and full KV in the fast tier
         assert bool(plan.offload[~unstable].all())
+    if plan.streaming is not None:  # streaming heads: stable, offloaded, a window of pages
+        assert plan.streaming.shape == (L, H) and plan.streaming.dtype == torch.bool
+        assert not bool((plan.streaming & ~plan.offload).any()) and plan.window_pages >= 1
 
 
 def test_flexicache_stable_heads_rerank_every_16_steps() -> None:
@@ -70,3 +73,28 @@ def test_flexicache_rejects_bad_interval(kw: dict[str, int]) -> None:
 def test_multiscale_rejects_unordered_thresholds() -> None:
     with pytest.raises(ValueError):
         DECODE_POLICIES.get("multiscale")(quantiles=(0.9, 0.1))
+
+
+@pytest.mark.parametrize(("fraction", "count"), [(0.0, 0), (0.5, 8), (1.0, 15)])
+def test_streaming_heads_are_the_most_stable_of_the_stable_heads(
+    fraction: float, count: int
+) -> None:
+    prof = profile()
+    plan = DECODE_POLICIES.get("streaming")(fraction=fraction, window=8).plan(L, H, prof)
+    assert plan.streaming is not None and plan.window_pages == 8
+    s, stable = prof.stability_tensor(), ~prof.unstable_mask()
+    assert int(plan.streaming.sum()) == count and not bool((plan.streaming & ~stable).any())
+    if 0 < count < 15:
+        assert float(s[plan.streaming].min()) > float(s[stable & ~plan.streaming].max())
+    flexi = DECODE_POLICIES.get("flexicache")().plan(L, H, prof)
+    assert torch.equal(plan.offload, flexi.offload)  # the other heads are flexicache's
+
+
+@pytest.mark.parametrize(
+    ("kw", "needle"),
+    [({"window": 0}, "window must be >= 1 page"), ({"fraction": 1.01}, "fraction"),
+     ({"fraction": -0.5}, "fraction")],
+)  # fmt: skip
+def test_streaming_rejects_bad_options(kw: dict[str, float], needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        DECODE_POLICIES.get("streaming")(**kw)

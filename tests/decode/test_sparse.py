@@ -10,7 +10,8 @@ import torch
 
 from agentcache.bench.decode_prompts import tokenized_prompt
 from agentcache.decode.config import DecodeConfig
-from agentcache.decode.decoder import SparseDecoder, page_attention
+from agentcache.decode.decoder import SparseDecoder
+from agentcache.decode.kernels import page_attention
 from agentcache.decode.policies import DECODE_POLICIES
 from agentcache.model.llama import attention
 from agentcache.model.loading import LoadedModel

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from agentcache.decode.config import DecodeConfig, parse_policy_spec
-from agentcache.decode.decoder import top_p_pages
+from agentcache.decode.kernels import top_p_pages
 from agentcache.model.loading import LoadedModel
 from tests.decode.test_sparse import needle_decoder
 
