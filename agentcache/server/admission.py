@@ -47,6 +47,11 @@ class AdmissionLine:
         self._line: deque[asyncio.Future[None]] = deque()  # the first max_active are served
 
     @property
+    def active(self) -> int:
+        """Tickets being served (at the engine)."""
+        return min(len(self._line), self.max_active)
+
+    @property
     def waiting(self) -> int:
         return max(0, len(self._line) - self.max_active)
 

@@ -57,7 +57,8 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         secret=config.conversation_secret,
     )  # fmt: skip
     chat = ChatEngine(engine, tracker)
-    metrics = ServerMetrics(engine.store_bytes)
+    line = AdmissionLine(config.max_queued, config.max_active)
+    metrics = ServerMetrics(engine.store_bytes, lambda: (line.active, line.waiting))
     docs = config.enable_docs
     # a ticket is released once its worker has stopped, so max_active threads always suffice
     workers = ThreadPoolExecutor(config.max_active, thread_name_prefix="agentcache-turn")
@@ -72,7 +73,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         redoc_url="/redoc" if docs else None, openapi_url="/openapi.json" if docs else None,
     )  # fmt: skip
     app.state.chat, app.state.metrics = chat, metrics
-    app.state.line = line = AdmissionLine(config.max_queued, config.max_active)
+    app.state.line = line
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(HTTPException, on_http_error)

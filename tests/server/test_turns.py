@@ -145,18 +145,22 @@ def test_a_short_request_is_not_held_behind_a_long_one(max_active: int) -> None:
         long = threading.Thread(target=post)
         long.start()
         engine.started.wait(30)
+        during = httpx.get(f"{url}/metrics").text
         r = httpx.post(f"{url}/v1/chat/completions", json={**BODY, "max_tokens": 2}, timeout=60)
         finished_before = list(engine.produced)
         long.join()
     assert r.status_code == 200
     assert finished_before == ([2] if max_active == 2 else [400, 2])
+    assert "agentcache_requests_active 1.0" in during
+    assert "agentcache_requests_waiting 0.0" in during
 
 
 def test_tickets_are_served_max_active_at_a_time() -> None:
     async def run() -> None:
         line = AdmissionLine(max_queued=2, max_active=2)
         a, b, c, d = (line.take() for _ in range(4))
-        assert a.turn.done() and b.turn.done() and not c.turn.done() and line.waiting == 2
+        assert a.turn.done() and b.turn.done() and not c.turn.done()
+        assert (line.active, line.waiting) == (2, 2)
         assert line.full
         with pytest.raises(QueueFull):
             line.take()
