@@ -254,7 +254,9 @@ class Engine:
     def prefill(
         self, prompt: TokenizedPrompt, strategy: str | None = None
     ) -> tuple[SequenceKV, PrefillResult]:
-        """Prefill only; the caller owns the returned sequence and must `free()` it."""
+        """Prefill only; the caller owns the returned sequence and must `free()` it. Its pages
+        are taken as needed, outside `gate`: beside `generate` calls of other threads it may
+        find the pool short (`OutOfPagesError`)."""
         with self._lock, torch.inference_mode():
             seq = SequenceKV(self.ctx.pool)
             try:
