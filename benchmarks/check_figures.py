@@ -191,6 +191,16 @@ def quantile(xs: Iterable[float], p: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
+def slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, bytes) samples, in MiB per minute."""
+    n = len(points)
+    mt = sum(t for t, _ in points) / n
+    mb = sum(b for _, b in points) / n
+    num = sum((t - mt) * (b - mb) for t, b in points)
+    den = sum((t - mt) ** 2 for t, _ in points)
+    return num / den * 60 / 2**20
+
+
 class Results:
     """The helpers a `value` expression may call, reading JSON files under `root`."""
 
@@ -260,6 +270,7 @@ class Results:
             "int": int,
             "sum": sum,
             "zip": zip,
+            "slope": slope,
         }
 
 

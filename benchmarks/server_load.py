@@ -191,6 +191,7 @@ def summarize(args: argparse.Namespace, solo: list[ClientLog], load: list[Client
     warm = [(t, b) for t, b in memory if t >= args.duration / 3]
     return {
         "clients": args.clients, "duration_s": args.duration, "turns": args.turns,
+        "max_active": args.max_active if not args.url else None,
         "model": args.model if not args.url else args.url,
         "requests": len(load_lat), "errors": [e for c in load for e in c.errors],
         "replies_compared": compared, "replies_differing": differing,
@@ -223,6 +224,15 @@ def latencies(solo: list[float], load: list[float]) -> dict[str, float]:
 
 def report(result: dict[str, Any], command: str) -> str:
     lat = result["latency_s"]
+    active = result.get("max_active", 1)  # runs before --max-active had one request at a time
+    if active is None:
+        at_once = "a server started elsewhere"
+    elif active == 1:
+        at_once = (
+            "under load a request waits for the ones before it: the engine serves one at a time"
+        )
+    else:
+        at_once = f"the engine interleaves up to {active} requests token by token, the rest wait"
     lines = [
         "# Server under load", "", f"Command: `{command}`", "",
         "| clients | duration | agent requests | errors | replies differing from solo | "
@@ -237,8 +247,7 @@ def report(result: dict[str, Any], command: str) -> str:
         f"| p99 | {lat['solo_p99']:.3f} s | {lat['load_p99']:.3f} s | "
         f"{lat['load_p99'] / lat['solo_p99']:.1f}x |", "",
         f"(n = {lat['solo_n']} solo, {lat['load_n']} under load; agents think "
-        f"{result['think_s']:g} s x U(0.5, 1.5) between turns; under load a request waits for "
-        f"the ones before it: the engine serves one at a time.)",
+        f"{result['think_s']:g} s x U(0.5, 1.5) between turns; {at_once}.)",
     ]  # fmt: skip
     if result["rss_after_warmup"]:
         lo, hi = result["rss_after_warmup"]
@@ -280,10 +289,18 @@ def main() -> None:
         default=64 << 20,
         help="in-process server: what it remembers of conversations (default 64 MiB)",
     )
+    p.add_argument(
+        "--max-active",
+        type=int,
+        default=4,
+        help="in-process server: requests at the engine at once (1: one after the other)",
+    )
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     if args.think < 0:
         p.error("--think must be >= 0")
+    if args.max_active < 1:
+        p.error("--max-active must be >= 1")
     if args.clients < 2:
         p.error("--clients must be >= 2 (client 0 abandons, the others converse)")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -293,7 +310,10 @@ def main() -> None:
         model = args.served_model_name or httpx.get(f"{args.url}/v1/models").json()["data"][0]["id"]
         result = run(args, args.url, model, in_process=False)
     else:
-        with in_process_server(args.model, args.store_bytes, args.conversation_bytes) as url:
+        server = in_process_server(
+            args.model, args.store_bytes, args.conversation_bytes, args.max_active
+        )
+        with server as url:
             result = run(args, url, "load", in_process=True)
     command = "AGENTCACHE_NUM_THREADS=1 python benchmarks/server_load.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None
@@ -303,7 +323,9 @@ def main() -> None:
     print(report(result, command))
 
 
-def in_process_server(model_name: str, store_bytes: int, conversation_bytes: int) -> Any:
+def in_process_server(
+    model_name: str, store_bytes: int, conversation_bytes: int, max_active: int
+) -> Any:
     import os
 
     import torch
@@ -317,7 +339,7 @@ def in_process_server(model_name: str, store_bytes: int, conversation_bytes: int
     torch.set_num_threads(int(os.environ.get("AGENTCACHE_NUM_THREADS", "1")))
     model = tiny_model() if model_name == "tiny" else load_model(model_name)
     engine = Engine(model, EngineConfig(kv_pages=1024, store_bytes=store_bytes))
-    config = ServerConfig("load", tracker_bytes=conversation_bytes)
+    config = ServerConfig("load", tracker_bytes=conversation_bytes, max_active=max_active)
     return serve_in_thread(create_app(engine, config))
 
 

@@ -77,7 +77,8 @@ GREEDY_BELOW = 1e-5
 
 class ChatEngine:
     """Chat front of a `ServingEngine` (the embedded `Engine` or the vLLM backend).
-    Thread-safe: the engine serializes generation, the tracker locks its own state."""
+    Thread-safe: the engine interleaves (embedded) or serializes (vLLM) generations, the
+    tracker locks its own state."""
 
     def __init__(self, engine: ServingEngine, tracker: ConversationTracker | None = None) -> None:
         self.engine = engine

@@ -81,6 +81,22 @@ class PagePool:
         self.peak_pages_used = max(self.peak_pages_used, self.num_used)
         return pages
 
+    def allocate_run(self, n: int) -> list[PageId]:
+        """`n` pages, consecutive ids where the free pages hold such a run (the lowest one),
+        so a sequence on them is one run of slots; otherwise any `n`, as `allocate`."""
+        free = sorted(self._free)
+        start = next((i for i in range(len(free) - n + 1) if free[i + n - 1] - free[i] == n - 1),
+                     None)  # fmt: skip
+        if n < 1 or start is None:
+            return self.allocate(n) if n > 0 else []
+        pages = free[start : start + n]
+        taken = set(pages)
+        self._free = [p for p in self._free if p not in taken]
+        for p in pages:
+            self._refcount[p] = 1
+        self.peak_pages_used = max(self.peak_pages_used, self.num_used)
+        return pages
+
     def incref(self, page: PageId) -> None:
         if self._refcount[page] <= 0:
             raise ValueError(f"page {page} is free")
@@ -127,6 +143,13 @@ class SequenceKV:
     @property
     def num_tokens(self) -> int:
         return self.table.num_tokens
+
+    def reserve(self, pages: int) -> None:
+        """Take up to `pages` pages now (as one run of slots where the pool has one), for the
+        tokens `extend` adds later; whatever the pool cannot give now is taken on demand."""
+        n = min(pages - len(self.table.pages), self.pool.num_free)
+        if n > 0:
+            self.table.pages.extend(self.pool.allocate_run(n))
 
     def extend(self, n: int) -> Tensor:
         """Reserve n more tokens; returns their slots."""

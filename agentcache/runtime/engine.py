@@ -1,12 +1,13 @@
 """The engine: prompt in -> reuse strategy prefill -> decode over paged KV -> commit for reuse.
 
-Requests are served one at a time under a lock, so several threads (sessions) may share one
-engine and the store; each gets the outputs it would get alone.
+Several threads (sessions, the server's requests) may share one engine and its store: their
+turns interleave token by token in arrival order (`runtime/sharing.py`), each unit of work
+under the engine's lock, so each gets the outputs it would get alone and a short request is not
+held behind a long one.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -14,8 +15,10 @@ import torch
 from torch import Tensor
 
 import agentcache.reuse  # noqa: F401  (registers strategies)
+from agentcache.decode.base import Decoder
 from agentcache.decode.dense import DenseDecoder, dense_step, reads_in_place, reference_step
 from agentcache.decode.setup import DecodeSetup
+from agentcache.decode.stats import DecodeStats
 from agentcache.errors import ContextLengthError, OutOfPagesError
 from agentcache.kv.memory_store import MemorySegmentStore
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
@@ -30,6 +33,7 @@ from agentcache.reuse.segments import REUSABLE
 from agentcache.runtime.config import EngineConfig
 from agentcache.runtime.loop import decode_loop
 from agentcache.runtime.params import GenerationParams
+from agentcache.runtime.sharing import FairLock, PageGate
 from agentcache.runtime.stats import DecodePart, Generation, PrefillPart, ReplyKV, TurnStats
 from agentcache.runtime.stops import cut_at_stop
 from agentcache.tiers.store import TieredSegmentStore
@@ -37,6 +41,22 @@ from agentcache.tiers.versions import adopt_recomputed
 
 # the turn's types, imported from here by the session, the server and the vLLM backend
 __all__ = ["Engine", "EngineConfig", "Generation", "GenerationParams", "ReplyKV", "TurnStats"]
+
+REPLY_CLOSING = 16  # tokens a turn's pages allow for after its reply (the message's closing)
+
+
+class LockedDecoder(Decoder):
+    """`inner` with each `feed` under the engine's lock: one decode step is one unit of work."""
+
+    def __init__(self, inner: Decoder, lock: FairLock) -> None:
+        self.inner, self.lock = inner, lock
+
+    def feed(self, token: int, position: int, room: int) -> Tensor | int | None:
+        with self.lock, torch.inference_mode():
+            return self.inner.feed(token, position, room)
+
+    def stats(self) -> DecodeStats | None:
+        return self.inner.stats()
 
 
 class Engine:
@@ -62,7 +82,8 @@ class Engine:
         self._strategies: dict[str, ReuseStrategy] = {}
         self.decode = DecodeSetup.resolve(model, self.config.decode)
         self.gathered_steps = 0  # dense decode steps that copied the context (Engine.step)
-        self._lock = threading.RLock()
+        self._lock = FairLock()
+        self.gate = PageGate(self.ctx.pool, self._lock)
 
     def _new_store(self, pool: PoolConfig) -> SegmentStore:
         tiers = self.config.tiers
@@ -135,25 +156,29 @@ class Engine:
         if tokens.num_tokens > self.max_context:  # before any page is taken or compute spent
             n, holder = tokens.num_tokens, self.context_holder
             raise ContextLengthError(n, self.max_context, "prompt", holder)
-        with self._lock, torch.inference_mode():
-            strat = self.strategy(strategy)
-            seq = SequenceKV(self.ctx.pool)
-            try:
+        with self.gate.admit(self._pages_for(tokens, params)) as seq:
+            with self._lock, torch.inference_mode():
+                strat = self.strategy(strategy)
                 t0 = time.perf_counter()
                 pre = strat.prefill(self.ctx, tokens, seq)
                 ttft = time.perf_counter() - t0
                 if commit:  # the prompt's KV, before a sparse decoder lets its pages go
                     self._commit(strat, tokens, seq, pre)
-                ids, finish, decode = self._decode(seq, pre, params, on_token)
-                text = cut_at_stop(self.model.tokenizer.decode(ids), params.stop)
-                reply_kv = None
-                if commit and reply is not None:
-                    reply_kv = self._commit_reply(strat, tokens, seq, pre, ids, reply(text))
-            finally:
-                seq.free()
+            ids, finish, decode = self._decode(seq, pre, params, on_token)
+            text = cut_at_stop(self.model.tokenizer.decode(ids), params.stop)
+            reply_kv = None
+            if commit and reply is not None:
+                segment = reply(text)
+                with self._lock, torch.inference_mode():
+                    reply_kv = self._commit_reply(strat, tokens, seq, pre, ids, segment)
         prefill = PrefillPart.of(strat.name, pre.stats, ttft)
         stats = TurnStats.of(prefill=prefill, decode=decode, reply_kv=reply_kv)
         return Generation(text, tuple(ids), finish, pre.logits, stats)
+
+    def _pages_for(self, prompt: TokenizedPrompt, params: GenerationParams) -> int:
+        """Pages a turn may fill: the prompt, its new tokens, the reply's closing tokens."""
+        tokens = min(prompt.num_tokens + params.max_new_tokens + REPLY_CLOSING, self.max_context)
+        return -(-tokens // self.config.page_size)
 
     def _commit_reply(
         self,
@@ -229,7 +254,9 @@ class Engine:
     def prefill(
         self, prompt: TokenizedPrompt, strategy: str | None = None
     ) -> tuple[SequenceKV, PrefillResult]:
-        """Prefill only; the caller owns the returned sequence and must `free()` it."""
+        """Prefill only; the caller owns the returned sequence and must `free()` it. Its pages
+        are taken as needed, outside `gate`: beside `generate` calls of other threads it may
+        find the pool short (`OutOfPagesError`)."""
         with self._lock, torch.inference_mode():
             seq = SequenceKV(self.ctx.pool)
             try:
@@ -265,10 +292,13 @@ class Engine:
         t0 = time.perf_counter()
         dense = DenseDecoder(self.step, seq, self._pool_tokens)
         greedy = params.temperature == 0
-        decoder = self.decode.decoder(self.model, seq, params.max_new_tokens, greedy, dense)
-        ids, finish = decode_loop(
-            decoder, pre.logits, position, params, max_pos, self.model.tokenizer, on_token
-        )
+        with self._lock, torch.inference_mode():
+            inner = self.decode.decoder(self.model, seq, params.max_new_tokens, greedy, dense)
+        decoder = LockedDecoder(inner, self._lock)
+        with torch.inference_mode():
+            ids, finish = decode_loop(
+                decoder, pre.logits, position, params, max_pos, self.model.tokenizer, on_token
+            )
         elapsed = time.perf_counter() - t0
         d = self.decode
         decode = DecodePart(

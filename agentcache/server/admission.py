@@ -1,11 +1,14 @@
-"""Requests take turns at the engine in arrival order, with a bounded line.
+"""Requests take turns at the engine in arrival order, `max_active` at a time, with a bounded
+line.
 
     take()  -> a Ticket, or QueueFull when `max_queued` requests wait already (-> 503)
-    turn    -> done when every ticket taken before it was released
-    release -> the next ticket's turn (a ticket released before its turn leaves the line)
+    turn    -> done when fewer than `max_active` tickets taken before it are still held
+    release -> the next waiting ticket's turn (a ticket released before its turn leaves the line)
 
 A plain lock hands the engine to whichever waiting thread the OS wakes; tickets keep the order
-requests came in, so a request waits for those before it only.
+requests came in, so a request waits for those before it only. The embedded engine interleaves
+the active turns token by token (`runtime/sharing.py`), so a short request is not held behind a
+long one; `max_active` = 1 serves requests one after the other.
 """
 
 from __future__ import annotations
@@ -37,31 +40,35 @@ class Ticket:
 class AdmissionLine:
     """One per app, used from its event loop only (no locks needed)."""
 
-    def __init__(self, max_queued: int) -> None:
-        if max_queued < 0:
-            raise ValueError("max_queued must be >= 0")
-        self.max_queued = max_queued
-        self._line: deque[asyncio.Future[None]] = deque()  # the first one is being served
+    def __init__(self, max_queued: int, max_active: int = 1) -> None:
+        if max_queued < 0 or max_active < 1:
+            raise ValueError("max_queued must be >= 0 and max_active >= 1")
+        self.max_queued, self.max_active = max_queued, max_active
+        self._line: deque[asyncio.Future[None]] = deque()  # the first max_active are served
+
+    @property
+    def active(self) -> int:
+        """Tickets being served (at the engine)."""
+        return min(len(self._line), self.max_active)
 
     @property
     def waiting(self) -> int:
-        return max(0, len(self._line) - 1)
+        return max(0, len(self._line) - self.max_active)
 
     @property
     def full(self) -> bool:
-        return bool(self._line) and self.waiting >= self.max_queued
+        return len(self._line) >= self.max_active and self.waiting >= self.max_queued
 
     def take(self) -> Ticket:
         if self.full:
             raise QueueFull
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._line.append(turn)
-        if len(self._line) == 1:
+        if len(self._line) <= self.max_active:
             turn.set_result(None)
         return Ticket(self, turn)
 
     def _leave(self, turn: asyncio.Future[None]) -> None:
-        served = bool(self._line) and self._line[0] is turn
         self._line.remove(turn)
-        if served and self._line:
-            self._line[0].set_result(None)
+        if len(self._line) >= self.max_active and not self._line[self.max_active - 1].done():
+            self._line[self.max_active - 1].set_result(None)

@@ -1,7 +1,8 @@
 """The ASGI app: /v1/chat/completions (JSON and SSE), /v1/models, /health, /metrics.
 
-Requests take turns at the engine in arrival order (admission.py), each generating in a worker
-thread that stops within a token when its client leaves or its deadline passes (turns.py).
+Requests take turns at the engine in arrival order, `max_active` at a time (admission.py), each
+generating in a worker thread that stops within a token when its client leaves or its deadline
+passes (turns.py); the embedded engine interleaves the active ones token by token.
 The engine is any `ServingEngine`: the embedded `Engine` or vLLM (`serve --backend vllm`).
 Layers in front of the routes (middleware.py): response counting, Host and API key checks,
 body size and JSON depth.
@@ -9,10 +10,13 @@ body size and JSON depth.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -53,14 +57,23 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         secret=config.conversation_secret,
     )  # fmt: skip
     chat = ChatEngine(engine, tracker)
-    metrics = ServerMetrics(engine.store_bytes)
+    line = AdmissionLine(config.max_queued, config.max_active)
+    metrics = ServerMetrics(engine.store_bytes, lambda: (line.active, line.waiting))
     docs = config.enable_docs
+    # a ticket is released once its worker has stopped, so max_active threads always suffice
+    workers = ThreadPoolExecutor(config.max_active, thread_name_prefix="agentcache-turn")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        workers.shutdown(wait=False, cancel_futures=True)
+
     app = FastAPI(
-        title="agentcache", version="0.1.0", docs_url="/docs" if docs else None,
+        title="agentcache", version="0.1.0", lifespan=lifespan, docs_url="/docs" if docs else None,
         redoc_url="/redoc" if docs else None, openapi_url="/openapi.json" if docs else None,
     )  # fmt: skip
     app.state.chat, app.state.metrics = chat, metrics
-    app.state.line = line = AdmissionLine(config.max_queued)
+    app.state.line = line
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(HTTPException, on_http_error)
@@ -97,7 +110,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
             raise api_error(e) from None
         if prepared.chat.conversation.rejected_token:
             metrics.rejected_tokens.inc()
-        turn = Turn(chat, line, prepared, config.request_timeout_s, threading.Event())
+        turn = Turn(chat, line, prepared, config.request_timeout_s, threading.Event(), workers)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
             if line.full:  # else the line is checked again when the stream starts

@@ -18,6 +18,7 @@ from agentcache.engines.vllm.config import FILL_MODES, REUSE_MODES  # no vLLM im
 from agentcache.errors import AgentCacheError, ConfigError
 from agentcache.server.config import (
     LOOPBACK_HOSTS,
+    MAX_ACTIVE,
     MiB,
     ServerConfig,
     ServerLimits,
@@ -97,6 +98,11 @@ def add_security(p: argparse.ArgumentParser) -> None:
                    help="a request's deadline, waiting included (default: 600)")  # fmt: skip
     p.add_argument("--max-queued", type=non_negative_int, default=64,
                    help="requests waiting for the engine; more get 503 (default: 64)")  # fmt: skip
+    p.add_argument("--max-active", type=positive_int, default=None,
+                   help="requests the engine runs at once, interleaved token by token, so a "
+                   f"short request is not held behind a long one (default: {MAX_ACTIVE} on the "
+                   "embedded backend; 1 on vllm, whose engine the backend drives one request "
+                   "at a time)")  # fmt: skip
     p.add_argument("--conversation-bytes", type=positive_int, default=64 * MiB,
                    help="memory for what the server remembers of conversations (default: "
                    "64 MiB; the least recently used are forgotten)")  # fmt: skip
@@ -122,6 +128,7 @@ def server_config(args: argparse.Namespace, model_name: str) -> ServerConfig:
     return ServerConfig(
         model_name, args.max_tokens, isolate_conversations=not args.share_history, limits=limits,
         request_timeout_s=args.request_timeout, max_queued=args.max_queued,
+        max_active=args.max_active or (1 if args.backend == "vllm" else MAX_ACTIVE),
         api_key_digests=frozenset(key_digest(k.strip()) for k in keys),
         allowed_hosts=allowed_hosts(args.host, args.allowed_host), enable_docs=args.enable_docs,
         conversation_secret=secret.encode() if secret else None,

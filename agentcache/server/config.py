@@ -7,6 +7,7 @@ import hashlib
 from dataclasses import dataclass, field, fields
 
 MiB = 1 << 20
+MAX_ACTIVE = 4  # requests the embedded engine runs at once, by default
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class ServerConfig:
     limits: ServerLimits = field(default_factory=ServerLimits)
     request_timeout_s: float = 600.0  # waiting in line + generating
     max_queued: int = 64  # requests waiting for the engine; more get 503
+    max_active: int = MAX_ACTIVE  # requests the engine runs at once, interleaved by token
     api_key_digests: frozenset[str] = frozenset()  # key_digest of each accepted key
     allowed_hosts: frozenset[str] | None = None  # Host names answered; None: any
     enable_docs: bool = False  # /docs, /redoc, /openapi.json
@@ -58,6 +60,8 @@ class ServerConfig:
             raise ValueError("request_timeout_s must be > 0")
         if self.max_queued < 0 or self.tracker_bytes < 1:
             raise ValueError("max_queued must be >= 0 and tracker_bytes >= 1")
+        if self.max_active < 1:
+            raise ValueError("max_active must be >= 1")
 
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")

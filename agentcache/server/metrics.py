@@ -14,11 +14,15 @@ STORE_TIER = "memory"
 
 
 class ServerMetrics:
-    """`store_bytes` gives the segment store's bytes per tier (`ServingEngine.store_bytes`);
-    it is read at each scrape."""
+    """`store_bytes` gives the segment store's bytes per tier (`ServingEngine.store_bytes`),
+    `line` the requests at the engine and waiting for it; both are read at each scrape."""
 
-    def __init__(self, store_bytes: Callable[[], dict[str, int]]) -> None:
-        self._store_bytes = store_bytes
+    def __init__(
+        self,
+        store_bytes: Callable[[], dict[str, int]],
+        line: Callable[[], tuple[int, int]] = lambda: (0, 0),
+    ) -> None:
+        self._store_bytes, self._line = store_bytes, line
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "agentcache_requests", "HTTP requests", ["endpoint", "status"], registry=r
@@ -62,6 +66,13 @@ class ServerMetrics:
             "agentcache_store_bytes", "bytes held by the segment store", ["tier"], registry=r
         )
 
+        self.active = Gauge(
+            "agentcache_requests_active", "requests at the engine (--max-active)", registry=r
+        )
+        self.waiting = Gauge(
+            "agentcache_requests_waiting", "requests waiting in line (--max-queued)", registry=r
+        )
+
     def record_turn(self, report: ReuseReport, completion_tokens: int, fallbacks: int) -> None:
         """A turn as its client's report tells it, with the engine's own fallback count (a
         report can leave fallbacks out: chat/diagnostics.py)."""
@@ -80,4 +91,7 @@ class ServerMetrics:
     def render(self) -> bytes:
         for tier, n in self._store_bytes().items():
             self.store_bytes.labels(tier).set(n)
+        active, waiting = self._line()
+        self.active.set(active)
+        self.waiting.set(waiting)
         return generate_latest(self.registry)

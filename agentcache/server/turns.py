@@ -4,7 +4,8 @@
                                         \\___ client gone / deadline: cancel event set ___/
 
 Generation stops within a token of the cancel event being set (`ChatEngine.run`); the ticket
-is released once the worker has stopped, so the next request never shares the engine.
+is released once the worker has stopped, so no more than the line's `max_active` requests are
+ever at the engine.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,10 +52,12 @@ class Turn:
     prepared: PreparedChat
     timeout_s: float
     cancel: threading.Event
+    workers: Executor  # one thread per active ticket (the line's max_active)
 
     def start(self, on_text: Callable[[str], None] | None = None) -> asyncio.Future[ChatResult]:
         loop = asyncio.get_running_loop()
-        return loop.run_in_executor(None, self.chat.run, self.prepared, on_text, self.cancel)
+        return loop.run_in_executor(self.workers, self.chat.run, self.prepared, on_text,
+                                    self.cancel)  # fmt: skip
 
 
 async def watch(fut: asyncio.Future[Any], request: Request | None, deadline: float,

@@ -112,6 +112,18 @@ def test_limits_and_turn_settings_come_from_flags() -> None:
     assert (config.request_timeout_s, config.max_queued, config.tracker_bytes) == (2.5, 0, 4096)
 
 
+def test_max_active_defaults_by_backend_and_rejects_zero(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parse = build_parser().parse_args
+    assert server_config(parse(["serve"]), "m").max_active == 4
+    assert server_config(parse(["serve", "--backend", "vllm"]), "m").max_active == 1
+    assert server_config(parse(["serve", "--max-active", "7"]), "m").max_active == 7
+    with pytest.raises(SystemExit):
+        parse(["serve", "--max-active", "0"])
+    assert "--max-active" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("path", ["/docs", "/redoc", "/openapi.json"])
 def test_docs_are_off_unless_enabled(path: str) -> None:
     with client() as c:

@@ -3,6 +3,7 @@ Each attack is run against a live server with a tiny model, as a client would ru
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -146,3 +147,36 @@ def test_a_cache_salt_separates_even_identical_prefixes(url: str) -> None:
     salted = post(url, again, token, cache_salt="tenant-b")
     assert statuses(salted)[0] == ("system", "computed", "new")
     assert salted.headers[HEADER] != token
+
+
+def test_conversations_at_the_engine_together_get_their_replies_alone(tiny: LoadedModel) -> None:
+    """Four clients converse at once (the engine interleaves their turns token by token), one
+    of them under a hostile system prompt: every reply equals the one its conversation gets on
+    a server of its own."""
+
+    def converse(url: str, i: int) -> list[str]:
+        system = HOSTILE_SYSTEM if i == 3 else f"{VICTIM_SYSTEM} You serve client {i}."
+        messages = sys_user(system, f"Client {i}: what will the weather be in Paris?")
+        token, replies = None, []
+        for turn in range(3):
+            r = post(url, messages, token, max_tokens=24)
+            token = r.headers[HEADER]
+            reply = r.json()["choices"][0]["message"]["content"]
+            replies.append(reply)
+            follow_up = {"role": "user", "content": f"Client {i}, turn {turn}: and after?"}
+            messages = [*messages, {"role": "assistant", "content": reply}, follow_up]
+        return replies
+
+    expected = []
+    for i in range(4):
+        with serve_in_thread(tiny_app(tiny)) as alone:
+            expected.append(converse(alone, i))
+    got: dict[int, list[str]] = {}
+    with serve_in_thread(tiny_app(tiny)) as shared:
+        threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, converse(shared, i)))
+                   for i in range(4)]  # fmt: skip
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    assert [got[i] for i in range(4)] == expected

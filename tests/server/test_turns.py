@@ -1,6 +1,7 @@
 """Turns at the engine: a request whose client leaves stops generating, a request past its
-deadline gets 504 and stops, a full line gets 503 with Retry-After, and tickets keep arrival
-order. The engine is scripted and slow (a token every few milliseconds), so how far a
+deadline gets 504 and stops, a full line gets 503 with Retry-After, tickets keep arrival
+order, and `max_active` requests are at the engine at once (a short one passes a long one).
+The engine is scripted and slow (a token every few milliseconds), so how far a
 generation got is counted in tokens, not timed."""
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def test_a_request_past_its_deadline_gets_504_and_stops() -> None:
 
 def test_a_full_line_answers_503_with_retry_after() -> None:
     engine = SlowEngine()
-    with serve_in_thread(app(engine, max_queued=0)) as url:  # type: ignore[arg-type]
+    with serve_in_thread(app(engine, max_queued=0, max_active=1)) as url:  # type: ignore[arg-type]
         long_body = {**BODY, "max_tokens": 200}
         post = lambda: httpx.post(f"{url}/v1/chat/completions", json=long_body, timeout=60)  # noqa: E731
         busy = threading.Thread(target=post)
@@ -118,6 +119,48 @@ def test_a_full_line_answers_503_with_retry_after() -> None:
         assert response.headers["retry-after"].isdigit()
         assert response.json()["error"]["code"] == "server_overloaded"
     assert engine.produced == [200]
+
+
+@pytest.mark.parametrize("max_active", [1, 2])
+def test_a_short_request_is_not_held_behind_a_long_one(max_active: int) -> None:
+    """With room for two requests at the engine, a short one finishes while a long one is still
+    generating; with one, it waits for the long one's end."""
+    engine = SlowEngine()
+    with serve_in_thread(app(engine, max_active=max_active)) as url:  # type: ignore[arg-type]
+        body = {**BODY, "max_tokens": 400}
+        post = lambda: httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)  # noqa: E731
+        long = threading.Thread(target=post)
+        long.start()
+        engine.started.wait(30)
+        during = httpx.get(f"{url}/metrics").text
+        r = httpx.post(f"{url}/v1/chat/completions", json={**BODY, "max_tokens": 2}, timeout=60)
+        finished_before = list(engine.produced)
+        long.join()
+    assert r.status_code == 200
+    assert finished_before == ([2] if max_active == 2 else [400, 2])
+    assert "agentcache_requests_active 1.0" in during
+    assert "agentcache_requests_waiting 0.0" in during
+
+
+def test_tickets_are_served_max_active_at_a_time() -> None:
+    async def run() -> None:
+        line = AdmissionLine(max_queued=2, max_active=2)
+        a, b, c, d = (line.take() for _ in range(4))
+        assert a.turn.done() and b.turn.done() and not c.turn.done()
+        assert (line.active, line.waiting) == (2, 2)
+        assert line.full
+        with pytest.raises(QueueFull):
+            line.take()
+        d.release()  # gave up waiting: leaves the line, nobody's turn changes
+        assert not c.turn.done() and line.waiting == 1 and not line.full
+        a.release()  # a served ticket leaves: the first waiting one is served
+        assert c.turn.done() and line.waiting == 0
+        e = line.take()
+        assert not e.turn.done()
+        c.release()
+        assert e.turn.done()
+
+    asyncio.run(run())
 
 
 def test_tickets_are_served_in_arrival_order() -> None:

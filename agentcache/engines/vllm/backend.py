@@ -62,7 +62,7 @@ class VLLMBackend:
     `tokenize()`, `generate()`), so `AgentSession` runs on it unchanged, and its serving
     surface (`tokenizer`, `max_context`, `model_id`, `store_bytes()`), so `agentcache serve`
     does. Requests are serialized by a lock (vLLM's engine is driven from one thread at a
-    time), as the embedded engine serializes them."""
+    time); the embedded engine interleaves them token by token instead."""
 
     def __init__(self, config: VLLMConfig | None = None, cache_dir: Path | None = None) -> None:
         self.config = config or VLLMConfig()

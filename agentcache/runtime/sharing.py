@@ -1,0 +1,119 @@
+"""How several threads share one engine: turns interleave token by token, in arrival order.
+
+    generate A: [admit] [prefill+commit] [step] . [step] . [step] ... [reply commit] [exit]
+    generate B:              [admit]  wait  [prefill+commit] [step] . [step] ... [exit]
+                                             <- the engine lock, handed over in arrival order ->
+
+`FairLock` is the engine's lock. Each unit of work (a prefill with its commit, one decode step,
+the reply's commit) holds it; a thread that comes back for its next step queues behind the
+threads already waiting, so running turns take steps in turn and a short request is not held
+behind a long one. Each unit computes exactly what it computes alone: only the order of units
+changes.
+
+`PageGate` admits a turn once the page pool can give it every page it will need (prompt,
+max_new_tokens, the reply's closing tokens), taken as one run of slots where the pool has one,
+so a running turn never finds the pool empty and its KV stays in few runs. Turns are admitted
+in arrival order; a turn that waits holds no lock. A turn that needs more than the whole pool
+runs when no other turn does (and then takes pages as it goes, as a lone turn always did).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from agentcache.kv.pool import PagePool, SequenceKV
+
+
+class FairLock:
+    """A reentrant lock handed to waiting threads in the order they asked for it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._owner: int | None = None
+        self._depth = 0
+        self._line: deque[int] = deque()
+
+    def acquire(self) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner == me:
+                self._depth += 1
+                return
+            self._line.append(me)
+            while self._owner is not None or self._line[0] != me:
+                self._cond.wait()
+            self._line.popleft()
+            self._owner, self._depth = me, 1
+
+    def release(self) -> None:
+        with self._cond:
+            if self._owner != threading.get_ident():
+                raise RuntimeError("FairLock released by a thread that does not hold it")
+            self._depth -= 1
+            if self._depth == 0:
+                self._owner = None
+                self._cond.notify_all()
+
+    @property
+    def waiting(self) -> int:
+        """Threads waiting for the lock."""
+        with self._cond:
+            return len(self._line)
+
+    def __enter__(self) -> FairLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class PageGate:
+    """Admits turns, in arrival order, once the pool can give each the pages it needs."""
+
+    def __init__(self, pool: PagePool, lock: FairLock) -> None:
+        self.pool, self._lock = pool, lock
+        self._cond = threading.Condition(threading.Lock())
+        self._line: deque[int] = deque()
+        self.running = 0  # turns admitted and not yet out
+        self.peak_running = 0
+        self.waited = 0  # turns that found the pool short and waited for pages
+
+    @contextmanager
+    def admit(self, pages: int) -> Iterator[SequenceKV]:
+        """A sequence holding `pages` pages (fewer only when they exceed the pool), freed on
+        exit; waits until no earlier turn waits and the pool has them free, or no turn runs."""
+        me = threading.get_ident()
+        seq = SequenceKV(self.pool)
+        with self._cond:
+            self._line.append(me)
+            counted = False
+            while True:
+                if self._line[0] == me and self._take(seq, pages):
+                    break
+                if self._line[0] == me and not counted:
+                    self.waited += 1
+                    counted = True
+                self._cond.wait()
+            self._line.popleft()
+            self.running += 1
+            self.peak_running = max(self.peak_running, self.running)
+            self._cond.notify_all()  # the next in line may fit too
+        try:
+            yield seq
+        finally:
+            with self._lock:
+                seq.free()
+            with self._cond:
+                self.running -= 1
+                self._cond.notify_all()
+
+    def _take(self, seq: SequenceKV, pages: int) -> bool:
+        with self._lock:
+            if self.pool.num_free >= pages or self.running == 0:
+                seq.reserve(pages)
+                return True
+            return False

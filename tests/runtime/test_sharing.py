@@ -1,0 +1,195 @@
+"""Threads sharing one engine: turns interleave token by token, in arrival order, each with the
+outputs it gets alone; a turn waits for pages rather than finding the pool empty mid-decode."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
+from agentcache.model.loading import LoadedModel
+from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
+from agentcache.runtime.engine import Engine, EngineConfig, Generation, GenerationParams
+from agentcache.runtime.sharing import FairLock
+
+WAIT_S = 30.0
+LONG = GenerationParams(max_new_tokens=40)
+SHORT = GenerationParams(max_new_tokens=4)
+
+
+def prompt(i: int, user: str = "list the files") -> SegmentedPrompt:
+    """Conversation `i`'s prompt; no two conversations share text (so none reuses another's)."""
+    return SegmentedPrompt([
+        Segment(SegmentKind.SYSTEM, f"You are agent number {i}. Answer briefly. " * 2, "sys",
+                "system"),
+        Segment(SegmentKind.UPDATE, f"{user} (conversation {i})", "new", "user"),
+    ])  # fmt: skip
+
+
+def alone(model: LoadedModel, p: SegmentedPrompt, params: GenerationParams) -> Generation:
+    return Engine(model, EngineConfig(kv_pages=128)).generate(p, params)
+
+
+def test_a_short_turn_runs_while_a_long_one_decodes(tiny: LoadedModel) -> None:
+    """The long turn waits, between two of its tokens, for the short one to finish: possible
+    only if the engine is not held for the long turn's whole generation."""
+    engine = Engine(tiny, EngineConfig(kv_pages=128))
+    short_done = threading.Event()
+    results: dict[str, Generation] = {}
+
+    def short() -> None:
+        results["short"] = engine.generate(prompt(1), SHORT)
+        short_done.set()
+
+    helper = threading.Thread(target=short)
+    seen: list[bool] = []
+
+    def on_token(token: int) -> None:
+        if not seen:
+            helper.start()
+            seen.append(short_done.wait(WAIT_S))
+
+    results["long"] = engine.generate(prompt(0), LONG, on_token=on_token)
+    helper.join()
+    assert seen == [True]
+    assert engine.gate.peak_running == 2
+    assert results["long"].token_ids == alone(tiny, prompt(0), LONG).token_ids
+    assert results["short"].token_ids == alone(tiny, prompt(1), SHORT).token_ids
+    assert engine.ctx.pool.num_free == engine.ctx.pool.config.num_pages
+
+
+@pytest.mark.parametrize("strategy", ["prefix", "rpdc"])
+def test_concurrent_conversations_get_their_solo_outputs(tiny: LoadedModel, strategy: str) -> None:
+    users = ("list the files", "open README.md", "summarise it")
+    params = GenerationParams(max_new_tokens=12)
+
+    def conversation(engine: Engine, i: int) -> list[tuple[int, ...]]:
+        history: list[Segment] = []
+        out = []
+        for t, user in enumerate(users):
+            p = prompt(i, user)
+            segs = [p.segments[0], *history, p.segments[1]]
+            gen = engine.generate(SegmentedPrompt(segs), params, strategy)
+            out.append(gen.token_ids)
+            history += [Segment(SegmentKind.FIXED, f"{user} ({i})", f"u{t}", "user"),
+                        Segment(SegmentKind.FIXED, gen.text, f"a{t}", "assistant")]  # fmt: skip
+        return out
+
+    solo = [conversation(Engine(tiny, EngineConfig(kv_pages=128)), i) for i in range(4)]
+    shared = Engine(tiny, EngineConfig(kv_pages=128))
+    got: dict[int, list[tuple[int, ...]]] = {}
+    threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, conversation(shared, i)))
+               for i in range(4)]  # fmt: skip
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert [got[i] for i in range(4)] == solo
+    assert shared.gate.peak_running >= 1
+    assert shared.ctx.pool.num_free == shared.ctx.pool.config.num_pages
+
+
+def test_a_turn_waits_for_pages_instead_of_running_out(tiny: LoadedModel) -> None:
+    """A pool that holds one turn's pages: the second turn waits for the first to finish."""
+    p0, p1 = prompt(0), prompt(1)
+    probe = Engine(tiny, EngineConfig(kv_pages=128))
+    pages = max(probe._pages_for(probe.tokenize(p), LONG) for p in (p0, p1))
+    engine = Engine(tiny, EngineConfig(kv_pages=pages + pages // 2))
+    results: dict[str, Generation] = {}
+    second = threading.Thread(target=lambda: results.__setitem__("1", engine.generate(p1, LONG)))
+    started: list[int] = []
+
+    def on_token(token: int) -> None:
+        if not started:
+            second.start()
+            started.append(1)
+            wait_until(lambda: engine.gate.waited == 1)  # it found the pool short
+
+    results["0"] = engine.generate(p0, LONG, on_token=on_token)
+    second.join()
+    assert engine.gate.peak_running == 1
+    assert results["0"].token_ids == alone(tiny, p0, LONG).token_ids
+    assert results["1"].token_ids == alone(tiny, p1, LONG).token_ids
+
+
+def test_a_stopped_turn_gives_its_pages_back(tiny: LoadedModel) -> None:
+    engine = Engine(tiny, EngineConfig(kv_pages=128))
+
+    def stop(token: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        engine.generate(prompt(0), LONG, on_token=stop)
+    assert engine.ctx.pool.num_free == 128 and engine.gate.running == 0
+    assert engine.generate(prompt(0), SHORT).token_ids == alone(tiny, prompt(0), SHORT).token_ids
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    done = threading.Event()
+    for _ in range(int(WAIT_S / 0.01)):
+        if condition():
+            return
+        done.wait(0.01)
+    raise AssertionError("condition not reached")
+
+
+def test_the_lock_goes_to_waiting_threads_in_arrival_order() -> None:
+    lock = FairLock()
+    order: list[int] = []
+    lock.acquire()
+    threads = []
+    for i in range(4):
+        th = threading.Thread(target=lambda i=i: (lock.acquire(), order.append(i), lock.release()))
+        th.start()
+        threads.append(th)
+        wait_until(lambda i=i: lock.waiting == i + 1)
+    lock.release()
+    for th in threads:
+        th.join()
+    assert order == [0, 1, 2, 3]
+
+
+def test_the_lock_is_reentrant_and_only_its_holder_releases_it() -> None:
+    lock = FairLock()
+    with lock, lock:
+        errors: list[BaseException] = []
+
+        def other() -> None:
+            try:
+                lock.release()
+            except RuntimeError as e:
+                errors.append(e)
+
+        th = threading.Thread(target=other)
+        th.start()
+        th.join()
+    assert len(errors) == 1 and "does not hold it" in str(errors[0])
+    with pytest.raises(RuntimeError):
+        lock.release()
+    got = threading.Event()
+    th = threading.Thread(target=lambda: (lock.acquire(), got.set(), lock.release()))
+    th.start()
+    th.join(WAIT_S)
+    assert got.is_set()  # released fully after two exits
+
+
+def test_pages_are_taken_as_one_run_where_the_pool_has_one() -> None:
+    pool = PagePool(PoolConfig(1, 1, 2, num_pages=10, page_size=4))
+    held = [pool.allocate(1)[0] for _ in range(10)]
+    pool.release([held[i] for i in (1, 3, 4, 6, 7, 8)])  # free: 1, 3-4, 6-8
+    assert pool.allocate_run(3) == [6, 7, 8]
+    assert pool.allocate_run(2) == [3, 4]
+    with pytest.raises(Exception, match="need 2 KV pages"):
+        pool.allocate_run(2)  # only page 1 is free
+    pool.release([held[i] for i in (0, 2, 5, 9)] + [3, 4])  # free: 0-5, 9 and page 1
+    seq = SequenceKV(pool)
+    seq.reserve(4)
+    seq.extend(13)  # 4 pages of 4 slots, all reserved ones
+    assert seq.table.pages == [0, 1, 2, 3] and seq.spans() == [(0, 13)]
+    assert pool.num_free == 3
+    seq.extend(4)  # past the reservation: taken on demand
+    assert len(seq.table.pages) == 5
+    seq.free()
+    assert pool.num_free == 7
