@@ -1,10 +1,16 @@
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
 import pytest
 import torch
 
 from agentcache.model.loading import LoadedModel
 from agentcache.testing import tiny_model
+
+T = TypeVar("T")
 
 
 @pytest.fixture(autouse=True)
@@ -57,3 +63,15 @@ def refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     err = capsys.readouterr().err
     assert "agentcache: error: " in err, err
     return err
+
+
+def at_once(work: Callable[[int], T], n: int) -> list[T]:
+    """`work(0)` .. `work(n - 1)`, each on its own thread, all started before any is joined;
+    their results in order."""
+    got: dict[int, T] = {}
+    threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, work(i))) for i in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return [got[i] for i in range(n)]

@@ -13,6 +13,7 @@ from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.runtime.engine import Engine, EngineConfig, Generation, GenerationParams
 from agentcache.runtime.sharing import FairLock
+from tests.conftest import at_once
 
 WAIT_S = 30.0
 LONG = GenerationParams(max_new_tokens=40)
@@ -79,14 +80,7 @@ def test_concurrent_conversations_get_their_solo_outputs(tiny: LoadedModel, stra
 
     solo = [conversation(Engine(tiny, EngineConfig(kv_pages=128)), i) for i in range(4)]
     shared = Engine(tiny, EngineConfig(kv_pages=128))
-    got: dict[int, list[tuple[int, ...]]] = {}
-    threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, conversation(shared, i)))
-               for i in range(4)]  # fmt: skip
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert [got[i] for i in range(4)] == solo
+    assert at_once(lambda i: conversation(shared, i), 4) == solo
     assert shared.gate.peak_running >= 1
     assert shared.ctx.pool.num_free == shared.ctx.pool.config.num_pages
 

@@ -3,7 +3,6 @@ Each attack is run against a live server with a tiny model, as a client would ru
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 
 from agentcache.model.loading import LoadedModel
 from agentcache.server.inprocess import serve_in_thread
+from tests.conftest import at_once
 from tests.server.conftest import MODEL, tiny_app
 
 URL = "/v1/chat/completions"
@@ -171,12 +171,5 @@ def test_conversations_at_the_engine_together_get_their_replies_alone(tiny: Load
     for i in range(4):
         with serve_in_thread(tiny_app(tiny)) as alone:
             expected.append(converse(alone, i))
-    got: dict[int, list[str]] = {}
     with serve_in_thread(tiny_app(tiny)) as shared:
-        threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, converse(shared, i)))
-                   for i in range(4)]  # fmt: skip
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-    assert [got[i] for i in range(4)] == expected
+        assert at_once(lambda i: converse(shared, i), 4) == expected
