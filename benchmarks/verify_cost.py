@@ -5,7 +5,8 @@ when the tokens it emits outweigh (K x sparse step + verify pass) / dense step. 
 times, as medians of `--repeats` calls on the same decoder state: the engine's dense step, a
 sparse step, the verify pass over K tokens, and the two parts of that pass: its attention (the
 K queries of each KV head over that head's full KV, a head at a time, as `SparseDecoder.verify`
-calls it) and the rest (projections, MLP and logits for K tokens, and for 1 token to compare).
+calls it: `last_tokens_attention`; and the masked attention it replaced, for comparison) and
+the rest (projections, MLP and logits for K tokens, and for 1 token to compare).
 
     python benchmarks/verify_cost.py WORKLOAD --context 8192 --num-prompts 2 --profile P --out DIR
 """
@@ -25,6 +26,7 @@ import torch
 from agentcache.bench.decode_prompts import load_texts, token_prompts
 from agentcache.decode.config import DecodeConfig
 from agentcache.decode.decoder import SparseDecoder
+from agentcache.decode.kernels import last_tokens_attention
 from agentcache.decode.setup import DecodeSetup
 from agentcache.model.llama import attention
 from agentcache.model.loading import LoadedModel, load_model
@@ -56,7 +58,7 @@ def rest_of_forward(model: LoadedModel, n: int, position: int) -> Callable[[], o
     return run
 
 
-def verify_attention(dec: SparseDecoder, n: int) -> Callable[[], object]:
+def verify_attention(dec: SparseDecoder, n: int, masked: bool) -> Callable[[], object]:
     f, c = dec.f, dec.f.config
     g = c.num_heads // c.num_kv_heads
     q = torch.randn(n, c.num_heads, c.head_dim)
@@ -65,7 +67,11 @@ def verify_attention(dec: SparseDecoder, n: int) -> Callable[[], object]:
         for layer in range(c.num_layers):
             for h in range(c.num_kv_heads):
                 keys, values = dec.kv.full_kv(layer, h)
-                attention(q[:, h * g : (h + 1) * g], keys[:, None], values[:, None], None, f.scale)
+                qh = q[:, h * g : (h + 1) * g]
+                if masked:
+                    attention(qh, keys[:, None], values[:, None], None, f.scale)
+                else:
+                    last_tokens_attention(qh, keys, values, f.scale)
 
     return run
 
@@ -93,7 +99,8 @@ def one_prompt(
         "dense_step_s": dense,
         "sparse_step_s": sparse,
         "verify_pass_s": verify,
-        "verify_attention_s": median_s(verify_attention(dec, k), repeats),
+        "verify_attention_s": median_s(verify_attention(dec, k, masked=False), repeats),
+        "verify_attention_masked_s": median_s(verify_attention(dec, k, masked=True), repeats),
         "forward_rest_k_tokens_s": median_s(rest_of_forward(model, k, position), repeats),
         "forward_rest_1_token_s": median_s(rest_of_forward(model, 1, position), repeats),
     }

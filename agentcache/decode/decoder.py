@@ -24,12 +24,12 @@ from torch import Tensor
 
 from agentcache.decode.base import Decoder
 from agentcache.decode.config import DecodeConfig
-from agentcache.decode.kernels import page_attention, top_p_pages
+from agentcache.decode.kernels import last_tokens_attention, page_attention, top_p_pages
 from agentcache.decode.minmax import MinMaxMeta
 from agentcache.decode.policies import HeadPlan
 from agentcache.decode.stats import DecodeStats
 from agentcache.decode.store import HeadPagedKV
-from agentcache.model.llama import LlamaForward, attention
+from agentcache.model.llama import LlamaForward
 
 
 def clamp_budget(budget: int, num_pages: int, recent: int) -> tuple[int, bool]:
@@ -202,7 +202,7 @@ class SparseDecoder(Decoder):
             for h in range(hkv):
                 keys, values = self.kv.full_kv(layer, h)
                 qh = q[:, h * g : (h + 1) * g]
-                parts.append(attention(qh, keys[:, None], values[:, None], None, f.scale))
+                parts.append(last_tokens_attention(qh, keys, values, f.scale))
             hidden = f.finish(layer, hidden, torch.cat(parts, dim=1))
             off = self.kv.offloaded_heads[layer]
             self._host_read += len(off) * self.kv.num_tokens * self.kv.page_bytes // self.page
