@@ -112,7 +112,7 @@ server() {
   # replies through the openai client against --strategy full, chat validation tool-use sessions
   $py benchmarks/server_fidelity.py --sessions chat-09,chat-11,chat-13,chat-15 --max-tokens 32 \
     --threads 1 --out docs/bench/server/fidelity-tool-use
-  # docs/server.md "Under load" (about 65 minutes): first one request at a time at the engine
+  # docs/server.md "Under load" (about 100 minutes): first one request at a time at the engine
   export AGENTCACHE_NUM_THREADS=1
   $py benchmarks/server_load.py --clients 8 --duration 60 --model tiny --max-active 1 \
     --out docs/bench/server/load-tiny-8x60
@@ -122,9 +122,9 @@ server() {
     --max-active 1 --out docs/bench/server/load-tiny-16x300-store32m
   $py benchmarks/server_load.py --clients 16 --duration 300 --think 1.0 --model tiny \
     --store-bytes 33554432 --max-active 1 --out docs/bench/server/load-tiny-16x300-think1
-  # then the engine interleaving requests (--max-active 4, the default) against one at a time,
-  # same settings, one after the other; and a 15-minute run for memory
-  for active in 4 1; do
+  # then the engine interleaving requests, 4 and 16 at once (16 is the default), against one
+  # at a time, same settings; a 15-minute run at 4 and a 30-minute run at 16 for memory
+  for active in 4 1 16; do
     $py benchmarks/server_load.py --clients 16 --duration 300 --think 1.0 --model tiny \
       --store-bytes 33554432 --conversation-bytes 8388608 --max-active $active \
       --out docs/bench/server/load-tiny-16x300-think1-active$active
@@ -132,6 +132,9 @@ server() {
   $py benchmarks/server_load.py --clients 16 --duration 900 --think 1.0 --model tiny \
     --store-bytes 33554432 --conversation-bytes 8388608 --max-active 4 \
     --out docs/bench/server/load-tiny-16x900-think1-active4
+  $py benchmarks/server_load.py --clients 16 --duration 1800 --think 1.0 --model tiny \
+    --store-bytes 33554432 --conversation-bytes 8388608 --max-active 16 \
+    --out docs/bench/server/load-tiny-16x1800-think1-active16
 }
 
 # docs/benchmarks.md "vLLM", docs/lab/vllm.md (vllm-staged alone about 2 hours)

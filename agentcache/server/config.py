@@ -7,7 +7,7 @@ import hashlib
 from dataclasses import dataclass, field, fields
 
 MiB = 1 << 20
-MAX_ACTIVE = 4  # requests the embedded engine runs at once, by default
+MAX_ACTIVE = 16  # requests the embedded engine runs at once, by default
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,7 @@ def test_max_active_defaults_by_backend_and_rejects_zero(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     parse = build_parser().parse_args
-    assert server_config(parse(["serve"]), "m").max_active == 4
+    assert server_config(parse(["serve"]), "m").max_active == 16
     assert server_config(parse(["serve", "--backend", "vllm"]), "m").max_active == 1
     assert server_config(parse(["serve", "--max-active", "7"]), "m").max_active == 7
     with pytest.raises(SystemExit):
