@@ -3,6 +3,7 @@
 Mechanism only: allocation, refcounts and slot arithmetic. Who evicts what is policy elsewhere.
 
     pool.keys[layer] : (num_pages * page_size, Hkv, Dh)   slot = page * page_size + offset
+                       (a view: stored head-major, so a head's run of slots is contiguous)
     BlockTable       : [page_0, page_1, ...] + num_tokens; token i lives in slot
                        pages[i // page_size] * page_size + i % page_size
     SequenceKV.spans : maximal runs [start, end) of consecutive slots holding the sequence,
@@ -51,9 +52,12 @@ class PagePool:
     def __init__(self, config: PoolConfig) -> None:
         c = config
         self.config = config
-        shape = (c.num_layers, c.num_pages * c.page_size, c.num_kv_heads, c.head_dim)
-        self.keys = torch.zeros(shape, dtype=c.dtype)
-        self.values = torch.zeros(shape, dtype=c.dtype)
+        # stored head-major, (L, Hkv, slots, Dh): a head's keys over a run of slots are one
+        # contiguous block, which decode attention reads in place; `keys` and `values` are
+        # (L, slots, Hkv, Dh) views of that storage, the layout every reader indexes
+        shape = (c.num_layers, c.num_kv_heads, c.num_pages * c.page_size, c.head_dim)
+        self.keys = torch.zeros(shape, dtype=c.dtype).transpose(1, 2)
+        self.values = torch.zeros(shape, dtype=c.dtype).transpose(1, 2)
         self._free: list[PageId] = [PageId(i) for i in range(c.num_pages - 1, -1, -1)]
         self._refcount = [0] * c.num_pages
         self.peak_pages_used = 0
