@@ -2,8 +2,9 @@
 
 A decode query attends every token of its sequence, in any order (softmax over a set), so the
 context needs no token-order copy. The sequence's slots form a few runs of consecutive pool
-slots (`SequenceKV.spans`); each run is a strided view of the pool layer, attended with
-SDPA's CPU flash kernel, and the runs' partial results are merged by their log-sum-exp:
+slots (`SequenceKV.spans`); each run is a view of the pool layer (stored head-major: each KV
+head's part of a run is one contiguous block), attended with SDPA's CPU flash kernel, and the
+runs' partial results are merged by their log-sum-exp:
 
     pool layer (N, Hkv, Dh)   [...... run 0 ......][.. other sequences ..][.. run 1 ..]
     view per run              (1, Hkv, n_r, Dh), no copy
