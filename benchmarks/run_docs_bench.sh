@@ -196,9 +196,18 @@ decode() {
     --new-tokens 32 --num-prompts 4 --needle-prompts 4 --profile $p \
     --policies dense,flexicache,flexicache:top_p=0.99,streaming,streaming:fraction=0.25:window=16 \
     --out $d/heads-ctx4096
-  # the cost of a verify pass in dense steps at 8k (docs/decode.md, "Where the 8k verified ...")
+  # the cost of a verify pass in dense steps at 8k (docs/decode.md, "Where the 8k verified ...");
+  # verify-cost-ctx8192 was the masked verify attention, verify-cost-lse-ctx8192 the current one
   $py benchmarks/verify_cost.py benchmarks/workloads/swe_agent.jsonl --context 8192 \
-    --num-prompts 2 --profile $p --out $d/verify-cost-ctx8192
+    --num-prompts 2 --profile $p --out $d/verify-cost-lse-ctx8192
+  # on a quiet machine: dense decode against transformers (dense-quiet was the slot-major pool,
+  # dense-headmajor the current one), then the 8k policies against the head-major dense decode
+  $ac bench-dense-decode --threads 1 --contexts 1024,4096,8192 --new-tokens 32 --num-prompts 4 \
+    --out $d/dense-headmajor
+  $ac bench-decode benchmarks/workloads/swe_agent.jsonl --threads 1 --context 8192 \
+    --new-tokens 32 --num-prompts 4 --needle-prompts 4 --profile $p \
+    --policies dense,flexicache,flexicache:verify=8,flexicache:budget=128,flexicache:budget=256 \
+    --out $d/headmajor-ctx8192
 }
 
 # docs/benchmarks.md "Tiered KV store", docs/lab/tiers.md
