@@ -208,6 +208,10 @@ decode() {
     --new-tokens 32 --num-prompts 4 --needle-prompts 4 --profile $p \
     --policies dense,flexicache,flexicache:verify=8,flexicache:budget=128,flexicache:budget=256 \
     --out $d/headmajor-ctx8192
+  $ac bench-decode benchmarks/workloads/swe_agent.jsonl --threads 1 --context 4096 \
+    --new-tokens 32 --num-prompts 4 --needle-prompts 4 --profile $p \
+    --policies dense,flexicache,flexicache:verify=8,flexicache:top_p=0.99,streaming,streaming:fraction=0.25:window=16 \
+    --out $d/headmajor-ctx4096
 }
 
 # docs/benchmarks.md "Tiered KV store", docs/lab/tiers.md
