@@ -43,6 +43,10 @@ def positive_float(text: str) -> float:
     return _number(text, float, lambda v: 0.0 < v < math.inf, "a finite number > 0")
 
 
+def non_negative_float(text: str) -> float:
+    return _number(text, float, lambda v: 0.0 <= v < math.inf, "a finite number >= 0")
+
+
 def fraction(text: str) -> float:
     return _number(text, float, lambda v: 0.0 <= v <= 1.0, "a number from 0 to 1")
 

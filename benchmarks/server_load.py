@@ -20,10 +20,12 @@ over time (in-process only), and the server's own counters. Writes results.json 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import random
 import re
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -135,9 +137,37 @@ def rss_bytes() -> int:
     return int(re.search(r"VmRSS:\s+(\d+) kB", text).group(1)) * 1024  # type: ignore[union-attr]
 
 
-def sample_memory(samples: list[tuple[float, int]], t0: float, stop: threading.Event) -> None:
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]  # fmt: skip
+
+
+def heap_bytes() -> tuple[int, int, int]:
+    """(bytes malloc has handed out, free bytes it holds, Python's allocated blocks): what
+    resident memory is made of, so a rise can be told apart from memory kept but unused."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallinfo2.restype = MallInfo2
+        info = libc.mallinfo2()
+        used, held = info.uordblks + info.hblkhd, info.fordblks
+    except (OSError, AttributeError):  # not glibc
+        used = held = -1
+    return used, held, sys.getallocatedblocks()
+
+
+Parts = Callable[[], dict[str, int]]  # the in-process server's bounded structures, by size
+
+
+def sample_memory(samples: list[tuple[float, int]], heap: list[tuple[float, int, int, int]],
+                  parts: list[dict[str, float]], inspect: Parts | None, t0: float,
+                  stop: threading.Event) -> None:  # fmt: skip
     while not stop.wait(2.0):
-        samples.append((round(time.monotonic() - t0, 1), rss_bytes()))
+        t = round(time.monotonic() - t0, 1)
+        samples.append((t, rss_bytes()))
+        heap.append((t, *heap_bytes()))
+        if inspect is not None:
+            parts.append({"t": t, **inspect()})
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -145,16 +175,22 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def run(args: argparse.Namespace, url: str, model: str, in_process: bool) -> dict[str, Any]:
+def run(args: argparse.Namespace, url: str, model: str, inspect: Parts | None) -> dict[str, Any]:
+    """`inspect`: the sizes of an in-process server's structures (None: a server elsewhere,
+    whose memory this process cannot see)."""
     solo = [ClientLog() for _ in range(args.clients)]
     for i in range(1, args.clients):  # client 0 abandons; the others run their script alone
         conversation(url, model, i, args.turns, i % 2 == 1, solo[i])
     load = [ClientLog() for _ in range(args.clients)]
     memory: list[tuple[float, int]] = []
+    heap: list[tuple[float, int, int, int]] = []
+    parts: list[dict[str, float]] = []
     t0 = time.monotonic()
     stop_at, stop = t0 + args.duration, threading.Event()
-    watcher = threading.Thread(target=sample_memory, args=(memory, t0, stop), daemon=True)
-    if in_process:
+    watcher = threading.Thread(
+        target=sample_memory, args=(memory, heap, parts, inspect, t0, stop), daemon=True
+    )
+    if inspect is not None:
         watcher.start()
 
     def loop(i: int) -> None:
@@ -170,14 +206,16 @@ def run(args: argparse.Namespace, url: str, model: str, in_process: bool) -> dic
     for t in threads:
         t.join()
     stop.set()
-    return summarize(args, solo, load, memory, httpx.get(f"{url}/metrics").text)
+    result = summarize(args, solo, load, memory, heap, httpx.get(f"{url}/metrics").text)
+    return result | {"server_parts": parts}
 
 
 KEPT = ("requests", "cancel", "store_bytes")  # the server counters a report keeps
 
 
 def summarize(args: argparse.Namespace, solo: list[ClientLog], load: list[ClientLog],
-              memory: list[tuple[float, int]], metrics: str) -> dict[str, Any]:  # fmt: skip
+              memory: list[tuple[float, int]], heap: list[tuple[float, int, int, int]],
+              metrics: str) -> dict[str, Any]:  # fmt: skip
     differing = compared = 0
     for alone, loaded in zip(solo[1:], load[1:], strict=True):
         for replies in loaded.replies:
@@ -189,6 +227,7 @@ def summarize(args: argparse.Namespace, solo: list[ClientLog], load: list[Client
     found = re.findall(r"^(agentcache_\S+) (\S+)$", metrics, re.M)
     counters = {k: float(v) for k, v in found if "_created" not in k}
     warm = [(t, b) for t, b in memory if t >= args.duration / 3]
+    warm_heap = [h for h in heap if h[0] >= args.duration / 3]
     return {
         "clients": args.clients, "duration_s": args.duration, "turns": args.turns,
         "max_active": args.max_active if not args.url else None,
@@ -200,6 +239,11 @@ def summarize(args: argparse.Namespace, solo: list[ClientLog], load: list[Client
         "rss_bytes": memory,
         "rss_after_warmup": [min(b for _, b in warm), max(b for _, b in warm)] if warm else None,
         "rss_slope_mib_per_min": slope_mib_per_min(warm) if len(warm) > 2 else None,
+        "heap": heap,  # (s, bytes malloc handed out, free bytes it holds, Python blocks)
+        "heap_slope_mib_per_min": {
+            "malloc_in_use": slope_mib_per_min([(h[0], h[1]) for h in warm_heap]),
+            "malloc_free_held": slope_mib_per_min([(h[0], h[2]) for h in warm_heap]),
+        } if len(warm_heap) > 2 and warm_heap[0][1] >= 0 else None,
         "think_s": args.think,
         "server_counters": {k: v for k, v in counters.items() if any(w in k for w in KEPT)},
         "per_client": [asdict(c) | {"replies": len(c.replies)} for c in load],
@@ -255,6 +299,15 @@ def report(result: dict[str, Any], command: str) -> str:
                   f"{hi / 2**20:.0f} MiB, least-squares slope "
                   f"{result['rss_slope_mib_per_min']:+.2f} MiB/min (samples every 2 s in "
                   "results.json)."]  # fmt: skip
+    if result.get("server_parts"):
+        last = result["server_parts"][-1]
+        lines += ["", "At the end: " + ", ".join(f"{k} {v:g}" for k, v in last.items() if k != "t")
+                  + " (every 2 s in results.json)."]  # fmt: skip
+    if result.get("heap_slope_mib_per_min"):
+        h = result["heap_slope_mib_per_min"]
+        lines += ["", f"Of it, over the same span: bytes malloc has handed out "
+                  f"{h['malloc_in_use']:+.2f} MiB/min, free bytes malloc holds "
+                  f"{h['malloc_free_held']:+.2f} MiB/min."]  # fmt: skip
     lines += ["", "Server counters:", ""]
     lines += [f"- `{k}` {v:g}" for k, v in result["server_counters"].items()]
     return "\n".join(lines) + "\n"
@@ -295,6 +348,12 @@ def main() -> None:
         default=4,
         help="in-process server: requests at the engine at once (1: one after the other)",
     )
+    p.add_argument(
+        "--trim-interval",
+        type=float,
+        default=10.0,
+        help="in-process server: seconds between returning freed heap memory (0: never)",
+    )
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     if args.think < 0:
@@ -308,13 +367,14 @@ def main() -> None:
         if urlparse(args.url).hostname not in LOOPBACK:
             p.error("--url must be a loopback address: this test floods the server it targets")
         model = args.served_model_name or httpx.get(f"{args.url}/v1/models").json()["data"][0]["id"]
-        result = run(args, args.url, model, in_process=False)
+        result = run(args, args.url, model, inspect=None)
     else:
-        server = in_process_server(
-            args.model, args.store_bytes, args.conversation_bytes, args.max_active
-        )
+        server, inspect = in_process_server(
+            args.model, args.store_bytes, args.conversation_bytes, args.max_active,
+            args.trim_interval,
+        )  # fmt: skip
         with server as url:
-            result = run(args, url, "load", in_process=True)
+            result = run(args, url, "load", inspect)
     command = "AGENTCACHE_NUM_THREADS=1 python benchmarks/server_load.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None
     )
@@ -324,8 +384,9 @@ def main() -> None:
 
 
 def in_process_server(
-    model_name: str, store_bytes: int, conversation_bytes: int, max_active: int
-) -> Any:
+    model_name: str, store_bytes: int, conversation_bytes: int, max_active: int,
+    trim_interval: float,
+) -> tuple[Any, Parts]:  # fmt: skip
     import os
 
     import torch
@@ -339,8 +400,22 @@ def in_process_server(
     torch.set_num_threads(int(os.environ.get("AGENTCACHE_NUM_THREADS", "1")))
     model = tiny_model() if model_name == "tiny" else load_model(model_name)
     engine = Engine(model, EngineConfig(kv_pages=1024, store_bytes=store_bytes))
-    config = ServerConfig("load", tracker_bytes=conversation_bytes, max_active=max_active)
-    return serve_in_thread(create_app(engine, config))
+    config = ServerConfig(
+        "load", tracker_bytes=conversation_bytes, max_active=max_active,
+        trim_interval_s=trim_interval,
+    )  # fmt: skip
+    app = create_app(engine, config)
+    tracker = app.state.chat.tracker.book
+    ledger = engine.store._ledger  # instrumentation: the store's record of evicted keys
+
+    def inspect() -> dict[str, int]:
+        return {
+            "store_bytes": engine.store.stats.bytes,
+            "tracker_bytes": tracker.nbytes, "conversations": len(tracker),
+            "evicted_keys_remembered": len(ledger._evicted),
+        }  # fmt: skip
+
+    return serve_in_thread(app), inspect
 
 
 if __name__ == "__main__":

@@ -187,7 +187,7 @@ class MissLedger:
     """Why a key misses: the entries held and those that left for space (the newest `memory`
     of them), by content id and owner. Not thread-safe: its store's lock guards it."""
 
-    def __init__(self, memory: int = 65536) -> None:
+    def __init__(self, memory: int = 8192) -> None:
         self.memory = memory  # how many evicted keys are remembered for miss diagnostics
         self._cids: dict[SegmentKey, str] = {}  # stored key -> its content id
         self._owners: dict[str, set[tuple[str, str]]] = {}  # content id -> (model, tokenizer)

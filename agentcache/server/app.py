@@ -40,6 +40,7 @@ from agentcache.server.errors import (
     on_http_error,
     on_validation_error,
 )
+from agentcache.server.heap import HeapTrimmer
 from agentcache.server.limits import check_request
 from agentcache.server.metrics import ServerMetrics
 from agentcache.server.middleware import BodyLimit, CountResponses, Gatekeeper
@@ -62,18 +63,23 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
     docs = config.enable_docs
     # a ticket is released once its worker has stopped, so max_active threads always suffice
     workers = ThreadPoolExecutor(config.max_active, thread_name_prefix="agentcache-turn")
+    trimmer = HeapTrimmer(config.trim_interval_s) if config.trim_interval_s > 0 else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if trimmer is not None:
+            trimmer.start()
         yield
         workers.shutdown(wait=False, cancel_futures=True)
+        if trimmer is not None:
+            trimmer.stop()
 
     app = FastAPI(
         title="agentcache", version="0.1.0", lifespan=lifespan, docs_url="/docs" if docs else None,
         redoc_url="/redoc" if docs else None, openapi_url="/openapi.json" if docs else None,
     )  # fmt: skip
     app.state.chat, app.state.metrics = chat, metrics
-    app.state.line = line
+    app.state.line, app.state.trimmer = line, trimmer
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(HTTPException, on_http_error)

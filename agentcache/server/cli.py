@@ -12,7 +12,13 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentcache.argtypes import non_negative_int, port_number, positive_float, positive_int
+from agentcache.argtypes import (
+    non_negative_float,
+    non_negative_int,
+    port_number,
+    positive_float,
+    positive_int,
+)
 from agentcache.backends import BACKENDS
 from agentcache.engines.vllm.config import FILL_MODES, REUSE_MODES  # no vLLM import
 from agentcache.errors import AgentCacheError, ConfigError
@@ -106,6 +112,10 @@ def add_security(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conversation-bytes", type=positive_int, default=64 * MiB,
                    help="memory for what the server remembers of conversations (default: "
                    "64 MiB; the least recently used are forgotten)")  # fmt: skip
+    p.add_argument("--trim-interval", type=non_negative_float, default=10.0, metavar="SECONDS",
+                   help="seconds between handing freed heap memory back to the system, so "
+                   "resident memory stays flat under load (glibc only; 0: never; "
+                   "default: 10)")  # fmt: skip
 
 
 def add_limits(p: argparse.ArgumentParser) -> None:
@@ -132,7 +142,7 @@ def server_config(args: argparse.Namespace, model_name: str) -> ServerConfig:
         api_key_digests=frozenset(key_digest(k.strip()) for k in keys),
         allowed_hosts=allowed_hosts(args.host, args.allowed_host), enable_docs=args.enable_docs,
         conversation_secret=secret.encode() if secret else None,
-        tracker_bytes=args.conversation_bytes,
+        tracker_bytes=args.conversation_bytes, trim_interval_s=args.trim_interval,
     )  # fmt: skip
 
 

@@ -50,6 +50,7 @@ class ServerConfig:
     enable_docs: bool = False  # /docs, /redoc, /openapi.json
     conversation_secret: bytes | None = None  # signs conversation tokens; None: per process
     tracker_bytes: int = 64 * MiB  # what the server remembers of conversations
+    trim_interval_s: float = 10.0  # seconds between returning freed heap memory (0: never)
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -62,6 +63,8 @@ class ServerConfig:
             raise ValueError("max_queued must be >= 0 and tracker_bytes >= 1")
         if self.max_active < 1:
             raise ValueError("max_active must be >= 1")
+        if not self.trim_interval_s >= 0:
+            raise ValueError("trim_interval_s must be >= 0")
 
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
