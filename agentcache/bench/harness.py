@@ -185,6 +185,8 @@ class BenchRunner:
                 "load_ms": s.load_s * 1e3,
                 "fallbacks": s.fallbacks,
                 "probe_skipped": s.probe_skipped,
+                "candidates": s.candidates,
+                "computed_anyway": s.computed_anyway,
                 "misses": [m.reason.value for m in s.misses],
                 "fast_tier_kv_bytes_peak": pool.peak_pages_used * pool.config.page_bytes,
                 "store_bytes_peak": engine.store.stats.peak_bytes,

@@ -56,6 +56,11 @@ class ReuseStats:
     # probe strategies: every candidate was computed because the budget covered them all, or
     # the probe's redo would have cost more than the few it left out (no ranking ran)
     probe_skipped: bool = False
+    # selective strategies: reused tokens whose KV is not exact here and not computed anyway
+    # (what a ranking chooses from), and the tokens computed anyway (update tokens, misses,
+    # boundary, last; an up-front ranker's picks among them): the budget's basis
+    candidates: int = 0
+    computed_anyway: int = 0
     compute_s: float = 0.0  # time inside the model's layer calls (TimedForward)
     # what the prefill spent besides computing tokens: lookup, loading, re-rotation,
     # assembling K/V, probe scoring and ranking (wall time less compute_s; set by `close`)

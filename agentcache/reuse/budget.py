@@ -5,6 +5,8 @@
     EpicCount(k)          EPIC's token count at k         a comparison with EPIC at its cost
 
 Spec options `ratio=`, `extra=` and `per_chunk=` parse into it (`SelectiveOptions.budget`).
+`cover=c` wraps any of them: when the candidates number at most c per always-computed token,
+the budget is all of them (the turn is exact, and costs at most 1 + c times a perfect cache).
 """
 
 from __future__ import annotations
@@ -54,7 +56,21 @@ class EpicCount:
         return epic_tokens(basis.runs, basis.pool, self.per_chunk)
 
 
-Budget = RatioOfReused | PerComputedToken | EpicCount
+@dataclass(frozen=True)
+class Covered:
+    """All candidates when they are few beside the tokens computed anyway, else `within`."""
+
+    within: RatioOfReused | PerComputedToken | EpicCount
+    cover: float
+
+    def tokens(self, basis: BudgetBasis) -> int:
+        pool = int(basis.pool.sum())
+        if pool <= self.cover * basis.computed:
+            return pool
+        return self.within.tokens(basis)
+
+
+Budget = RatioOfReused | PerComputedToken | EpicCount | Covered
 
 
 def epic_tokens(runs: list[ReusedRun], candidates: Tensor, k: int) -> int:

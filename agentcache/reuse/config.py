@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 
 from agentcache.errors import ConfigError
 from agentcache.reuse import ccpe  # noqa: F401  (registers the ccpe plan)
-from agentcache.reuse.budget import Budget, EpicCount, PerComputedToken, RatioOfReused
+from agentcache.reuse.budget import Budget, Covered, EpicCount, PerComputedToken, RatioOfReused
 from agentcache.reuse.options import OPTION_TYPES, check_choice
 from agentcache.reuse.positions import PLANS
 from agentcache.reuse.ranking import RANKERS, RankerConfig, TokenRanker
@@ -42,6 +42,9 @@ class SelectiveOptions:
     # recompute (the first per_chunk of every reused segment not at index 0 whose KV is not
     # exact), spent in the selection's order: a comparison with EPIC at its own token count
     per_chunk: int = 0
+    # when > 0: a turn whose candidates number at most `cover` per always-computed token
+    # computes them all (exact; the probe is skipped), whatever the budget above says
+    cover: float = 0.0
     fusion: str = "replace"  # recomputed K/V replace cached, or WCA's weighted fusion
     gate_every: int = 0  # WCA: every n layers, converged tokens leave the recompute set
     tau: float = 0.12  # WCA: 1 - CKSim < tau means converged
@@ -83,6 +86,8 @@ class SelectiveOptions:
             raise ConfigError(f"ratio must be in [0, 1], got {self.ratio:g}")
         if not self.extra >= 0.0:
             raise ConfigError(f"extra must be >= 0, got {self.extra:g}")
+        if not self.cover >= 0.0:
+            raise ConfigError(f"cover must be >= 0, got {self.cover:g}")
         if self.per_chunk < 0:
             raise ConfigError(f"per_chunk must be >= 0, got {self.per_chunk}")
         if sum(b > 0 for b in (self.ratio, self.extra, self.per_chunk)) > 1:
@@ -107,7 +112,7 @@ class SelectiveOptions:
                 f"({_PASS_OPTIONS[run]}); it needs {needs}; the {run} pass ranks with "
                 f"selection={' or '.join(where)}"
             )
-        has_budget = self.ratio > 0 or self.extra > 0 or self.per_chunk > 0
+        has_budget = self.ratio > 0 or self.extra > 0 or self.per_chunk > 0 or self.cover > 0
         if has_budget and run is None and not ranker.up_front:
             raise ConfigError(
                 "a budget (ratio, extra or per_chunk) needs a ranking to spend it: set "
@@ -139,11 +144,14 @@ class SelectiveOptions:
 
     @property
     def budget(self) -> Budget:
+        within: RatioOfReused | PerComputedToken | EpicCount
         if self.extra > 0:
-            return PerComputedToken(self.extra)
-        if self.per_chunk > 0:
-            return EpicCount(self.per_chunk)
-        return RatioOfReused(self.ratio)
+            within = PerComputedToken(self.extra)
+        elif self.per_chunk > 0:
+            within = EpicCount(self.per_chunk)
+        else:
+            within = RatioOfReused(self.ratio)
+        return Covered(within, self.cover) if self.cover > 0 else within
 
 
 _PASS_OPTIONS = {

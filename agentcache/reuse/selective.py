@@ -102,6 +102,8 @@ class SelectiveRecompute(ReuseStrategy):
         sel = select_up_front(self.options, prompt.num_tokens, runs)
         kv = self._load(ctx, seq, hits, positions, sel.reused)
         stats.reused_tokens = int(sel.reused.sum())
+        stats.candidates = int((sel.candidates & ~sel.base).sum())
+        stats.computed_anyway = int(sel.base.sum())
         ex = LayerExecutor(ctx, prompt, positions, stats, kv, self.options.fusion == "wca")
         logits = self._layers(ex, sel, runs)
         stats.load_overlap = kv.finish()

@@ -8,9 +8,10 @@ from dataclasses import replace
 import pytest
 import torch
 
+from agentcache.errors import ConfigError
 from agentcache.model.loading import LoadedModel
 from agentcache.reuse import StrategySpec
-from agentcache.reuse.budget import EpicCount, PerComputedToken, RatioOfReused
+from agentcache.reuse.budget import Covered, EpicCount, PerComputedToken, RatioOfReused
 from agentcache.reuse.config import SelectiveOptions
 from agentcache.reuse.positions import BoundedCounts, ModeStart, segment_key
 from agentcache.reuse.ranking.offset import by_offset
@@ -28,6 +29,8 @@ from tests.reuse.test_contract import agent_prompt
         ("rpdc:per_chunk=64", EpicCount(64)),
         ("cacheblend", RatioOfReused(0.15)),
         ("pic", RatioOfReused(0.0)),
+        ("rpdc:cover=0.5", Covered(PerComputedToken(0.2), 0.5)),
+        ("rpdc:ratio=0.3:cover=1", Covered(RatioOfReused(0.3), 1.0)),
     ],
 )
 def test_spec_budgets_parse_into_one_tagged_value(text: str, budget: object) -> None:
@@ -81,6 +84,26 @@ def test_the_mode_plan_keeps_at_most_its_bound_of_segments(tiny: LoadedModel, bo
         assert sum(h2_counts.values()) == 3
     else:  # sys, the least recently recorded, is forgotten each turn
         assert plan.starts.get(segment_key(sys)) is None
+
+
+@pytest.mark.parametrize(("cover", "covered"), [(0.0, False), (0.5, False), (1.5, True)])
+def test_cover_spends_every_candidate_only_when_they_are_few(cover: float, covered: bool) -> None:
+    """10 tokens computed anyway (0-4 and 19-23), 14 candidates (5-18): cover 1.5 allows up to
+    15, so all 14 are computed; 0.5 allows 5, so `extra`'s 0.2 x 10 = 2 stay the budget."""
+    runs = [ReusedRun(5, 7), ReusedRun(12, 7)]  # 14 reused tokens, context changed
+    o = SelectiveOptions(selection="offset", extra=0.2, cover=cover)
+    sel = select_up_front(o, 24, runs)
+    assert sel.budget == (14 if covered else 2)
+    assert int((sel.base[5:19]).sum()) == sel.budget
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [("rpdc:cover=-1", "cover must be >= 0"), ("pic:cover=1", "needs a ranking")],
+)
+def test_cover_refuses_what_it_cannot_spend(text: str, words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        StrategySpec.parse(text).build()
 
 
 @pytest.mark.parametrize("chunks", ["segment", "span"])
