@@ -67,6 +67,8 @@ class SelectiveRecompute(ReuseStrategy):
             )
         if ("ratio" in options or "per_chunk" in options) and "extra" not in options:
             options = {**options, "extra": 0.0}  # a budget given replaces a default `extra`
+        if {"ratio", "per_chunk", "extra"} & set(options) and "cover" not in options:
+            options = {**options, "cover": 0.0}  # ... and a default `cover` with it
         self.options = replace(self.defaults, **options)
         self.ranker = self.options.ranker()
         self.plan = PLANS.get(self.options.plan)()

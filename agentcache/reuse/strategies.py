@@ -7,7 +7,8 @@
 | cacheblend | every cached segment     | layer 0 all; top r=0.15 by layer-1 key deviation  |
 | cacheslide | every cached segment     | WCA: layer 0 all; top rho=0.26 fused, tau gating  |
 | rpdc       | exact prefix as is; rest | probe pass; 0.2 extra tokens per computed token,  |
-|            |                          | ranked by the attention of the last 128 computed  |
+|            |                          | ranked by the attention of the last 128 computed; |
+|            |                          | all of them when they number <= 1.5 per computed  |
 """
 
 from __future__ import annotations
@@ -55,9 +56,16 @@ class RPDC(SelectiveRecompute):
     compute anyway (update tokens, misses, the last), so TTFT stays within about 1.3x of a
     perfect cache's whatever the share of reused tokens (docs/benchmarks.md). `ratio=r`
     instead budgets a fraction r of the reused tokens (the earlier default was
-    `rpdc:ratio=0.3:probe_window=256`)."""
+    `rpdc:ratio=0.3:probe_window=256`).
+
+    Per turn, `cover=1.5` chooses exactness where it is cheap: when the reused tokens whose
+    context changed number at most 1.5 per token computed anyway, all of them are computed
+    (output equal to full recompute, no probe), so such a turn costs at most 2.5x a perfect
+    cache. The value is the smallest that brought greedy agreement to 0.9 on every agent
+    family's tuning sessions (docs/benchmarks.md); `cover=0` is the default before it."""
 
     name = "rpdc"
     defaults = SelectiveOptions(
-        probe_layers=10, probe_window=128, extra=0.2, exact_prefix=True, selection="attention"
-    )
+        probe_layers=10, probe_window=128, extra=0.2, cover=1.5, exact_prefix=True,
+        selection="attention",
+    )  # fmt: skip

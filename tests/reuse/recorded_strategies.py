@@ -4,7 +4,8 @@ generated ids, finish reasons, and how many prompt tokens each turn reused and r
 `python -m tests.reuse.recorded_strategies`, from the repository root, writes the record
 (`recorded_strategies.json`) that `test_recorded_strategies.py` holds the engine to; it was
 written before the segment store became an interface with the tiered and folder stores
-composed around it.
+composed around it. The `rpdc` entries were written again when its default gained `cover=1.5`
+(every strategy else unchanged; its replies now equal `full`'s on these turns).
 
 Layout per turn: [system][memory: update, its length changes][history: fixed, shifted][user],
 the shape where position-independent reuse differs from prefix reuse.

@@ -24,13 +24,16 @@ from tests.reuse.test_contract import agent_prompt
 @pytest.mark.parametrize(
     ("text", "budget"),
     [
-        ("rpdc", PerComputedToken(0.2)),
+        ("rpdc", Covered(PerComputedToken(0.2), 1.5)),
+        ("rpdc:cover=0", PerComputedToken(0.2)),
         ("rpdc:ratio=0.3", RatioOfReused(0.3)),
         ("rpdc:per_chunk=64", EpicCount(64)),
         ("cacheblend", RatioOfReused(0.15)),
         ("pic", RatioOfReused(0.0)),
         ("rpdc:cover=0.5", Covered(PerComputedToken(0.2), 0.5)),
         ("rpdc:ratio=0.3:cover=1", Covered(RatioOfReused(0.3), 1.0)),
+        ("rpdc:extra=0.5", PerComputedToken(0.5)),  # a budget given replaces cover too
+        ("rpdc:extra=0.5:cover=2", Covered(PerComputedToken(0.5), 2.0)),
     ],
 )
 def test_spec_budgets_parse_into_one_tagged_value(text: str, budget: object) -> None:
