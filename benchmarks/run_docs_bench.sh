@@ -17,6 +17,14 @@ W="reflexion memgpt swe_agent"
 
 # docs/benchmarks.md "Reuse strategies", docs/lab/reuse.md (about 5 hours)
 reuse() {
+  # rpdc's cover, chosen on tuning sessions -00..-03 (docs/bench/tune-cover/cover.md). `rpdc`
+  # there is rpdc without cover: run it again as rpdc:cover=0 and name that in the script
+  for w in $W; do
+    $ac bench "benchmarks/workloads/$w.jsonl" --split tune --sessions "$w-00,$w-01,$w-02,$w-03" \
+      --strategies full,prefix,rpdc:cover=0 --threads 1 --out "docs/bench/tune-cover/$w"
+  done
+  $py benchmarks/cover_choice.py docs/bench/tune-cover/{reflexion,memgpt,swe_agent} \
+    --uncovered rpdc:cover=0 --out docs/bench/tune-cover/cover.md
   # the agent families' validation halves (docs/benchmarks.md "Validation sessions")
   $ac bench benchmarks/workloads/reflexion.jsonl --split validate \
     --sessions reflexion-08,reflexion-09,reflexion-10,reflexion-11 \
@@ -135,6 +143,15 @@ server() {
   $py benchmarks/server_load.py --clients 16 --duration 1800 --think 1.0 --model tiny \
     --store-bytes 33554432 --conversation-bytes 8388608 --max-active 16 \
     --out docs/bench/server/load-tiny-16x1800-think1-active16
+  # (every run above was taken before the server trimmed its heap and before the store's record
+  # of evicted keys was cut to 8192; run now they trim every 10 s)
+  # memory with and without the heap trimmer, 10 minutes each, both at once (same contention)
+  for trim in 10 0; do
+    $py benchmarks/server_load.py --clients 16 --duration 600 --think 1.0 --model tiny \
+      --store-bytes 33554432 --conversation-bytes 8388608 --max-active 16 --trim-interval $trim \
+      --out docs/bench/server/load-tiny-16x600-think1-active16-trim$trim &
+  done
+  wait
 }
 
 # docs/benchmarks.md "vLLM", docs/lab/vllm.md (vllm-staged alone about 2 hours)
