@@ -6,8 +6,9 @@
 # `make bench-<area>` calls it; `make bench` runs every area (hours on 2 CPU cores: not run in
 # CI). Each area writes the folders under docs/bench/ its page links to. Afterwards,
 # `python benchmarks/check_figures.py` names every quoted figure the new files no longer match.
-# `rpdc` alone is the current default (extra=0.2, probe_window=128); runs that measured the
-# earlier default name it in full, `rpdc:ratio=0.3:probe_window=256`.
+# `rpdc` alone is the current default (extra=0.2, probe_window=128, cover=1.5); runs that
+# measured earlier defaults name them in full: `rpdc:cover=0` (runs before cover, where the
+# files say `rpdc`), `rpdc:ratio=0.3:probe_window=256` before that.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ac=.venv/bin/agentcache
@@ -30,12 +31,18 @@ reuse() {
     --sessions reflexion-08,reflexion-09,reflexion-10,reflexion-11 \
     --strategies full,prefix,pic,epic,cacheblend,cacheslide,default,rpdc:extra=0.5,transformers-prefix \
     --threads 1 --out docs/bench/validate-reflexion
+  # (that run was taken before rpdc's cover: its `rpdc` is today's rpdc:cover=0; the default
+  # with cover on the same turns, beside it)
+  $ac bench benchmarks/workloads/reflexion.jsonl --split validate \
+    --sessions reflexion-08,reflexion-09,reflexion-10,reflexion-11 \
+    --strategies full,default,rpdc:cover=0 --threads 1 --out docs/bench/validate-reflexion-cover
   for w in memgpt swe_agent; do
     $ac bench "benchmarks/workloads/$w.jsonl" --split validate --sessions "$w-08,$w-09,$w-10,$w-11" \
-      --strategies full,prefix,pic,epic,cacheblend,default,transformers-prefix --threads 1 \
-      --out "docs/bench/validate-$w"
+      --strategies full,prefix,pic,epic,cacheblend,default,rpdc:cover=0,transformers-prefix \
+      --threads 1 --out "docs/bench/validate-$w"
   done
   # the chat family's validation half, through the server's segmenter, with the transformers peer
+  # (taken before rpdc's cover, which does not act on these append-only turns)
   $ac bench benchmarks/workloads/chat.jsonl --split validate --sessions chat-08,chat-09,chat-10,chat-11 \
     --strategies full,prefix,pic,epic,cacheblend,default,transformers-prefix --threads 1 \
     --out docs/bench/validate-chat
