@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import random
 import re
@@ -143,17 +144,25 @@ class MallInfo2(ctypes.Structure):
         "fordblks", "keepcost")]  # fmt: skip
 
 
+@functools.cache
+def _mallinfo2() -> Callable[[], MallInfo2] | None:
+    """glibc's mallinfo2, looked up once (None: not glibc)."""
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    fn.restype = MallInfo2
+    return fn
+
+
 def heap_bytes() -> tuple[int, int, int]:
     """(bytes malloc has handed out, free bytes it holds, Python's allocated blocks): what
     resident memory is made of, so a rise can be told apart from memory kept but unused."""
-    try:
-        libc = ctypes.CDLL(None)
-        libc.mallinfo2.restype = MallInfo2
-        info = libc.mallinfo2()
-        used, held = info.uordblks + info.hblkhd, info.fordblks
-    except (OSError, AttributeError):  # not glibc
-        used = held = -1
-    return used, held, sys.getallocatedblocks()
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is None:
+        return -1, -1, sys.getallocatedblocks()
+    info = mallinfo2()
+    return info.uordblks + info.hblkhd, info.fordblks, sys.getallocatedblocks()
 
 
 Parts = Callable[[], dict[str, int]]  # the in-process server's bounded structures, by size

@@ -115,7 +115,7 @@ class SelectiveOptions:
         has_budget = self.ratio > 0 or self.extra > 0 or self.per_chunk > 0 or self.cover > 0
         if has_budget and run is None and not ranker.up_front:
             raise ConfigError(
-                "a budget (ratio, extra or per_chunk) needs a ranking to spend it: set "
+                "a budget (ratio, extra, per_chunk or cover) needs a ranking to spend it: set "
                 "selection=offset or span-offset (up front), selection=query (its own probe), "
                 "probe_layers or check_layer"
             )
