@@ -71,12 +71,30 @@ def with_peer_ratios(
 
 def cold(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per strategy, TTFT / `full`'s on each session's first turn (nothing to reuse yet): what
-    a new conversation pays for a strategy before it can reuse anything."""
+    a new conversation pays for a strategy before it can reuse anything. `added_median` /
+    `added_max`: its overhead less `full`'s on the same turn, as a share of `full`'s TTFT,
+    the same tax read without the noise of timing two whole prefills (absent for the peer,
+    which reports no overhead)."""
+    first = [r for r in records if r["turn"] == 0 and r["ttft_full_ms"] > 0]
+    full_overhead = {
+        (r.get("workload"), r.get("session")): r["overhead_ms"]
+        for r in first
+        if r["strategy"] == "full" and "overhead_ms" in r
+    }
     by: dict[str, list[float]] = {}
-    for r in records:
-        if r["turn"] == 0 and r["ttft_full_ms"] > 0:
-            by.setdefault(r["strategy"], []).append(r["ttft_ms"] / r["ttft_full_ms"])
-    return {s: {"median": _median(v), "max": max(v), "turns": len(v)} for s, v in by.items() if v}
+    added: dict[str, list[float]] = {}
+    for r in first:
+        by.setdefault(r["strategy"], []).append(r["ttft_ms"] / r["ttft_full_ms"])
+        base = full_overhead.get((r.get("workload"), r.get("session")))
+        if base is not None and "overhead_ms" in r:
+            tax = (r["overhead_ms"] - base) / r["ttft_full_ms"]
+            added.setdefault(r["strategy"], []).append(tax)
+    out: dict[str, dict[str, float]] = {}
+    for s, v in by.items():
+        out[s] = {"median": _median(v), "max": max(v), "turns": len(v)}
+        if added.get(s):
+            out[s] |= {"added_median": _median(added[s]), "added_max": max(added[s])}
+    return out
 
 
 KL_TIE = 1e-9  # KLs closer than this are equal (exact reuse measures ~1e-11 of float noise)
@@ -234,11 +252,22 @@ def _dominance_lines(summary: dict[str, dict[str, float]]) -> list[str]:
 def _cold_sentence(cold_turns: dict[str, dict[str, float]]) -> str:
     parts = [f"`{s}` {c['median']:.2f} (max {c['max']:.2f})" for s, c in cold_turns.items()]
     n = max(c["turns"] for c in cold_turns.values())
-    return (
+    text = (
         f"TTFT / `full`'s on each session's first turn, where nothing is cached (median of {n}): "
         + ", ".join(parts)
         + "."
     )
+    added = [
+        f"`{s}` {c['added_median']:+.2%} (max {c['added_max']:+.2%})"
+        for s, c in cold_turns.items()
+        if "added_median" in c and s != "full"
+    ]
+    if added:
+        text += (
+            " What each spends besides computing tokens, less `full`'s own on the same turn, as a"
+            " share of `full`'s TTFT (median, max): " + ", ".join(added) + "."
+        )
+    return text
 
 
 def plot(results: dict[str, Any], out: Path) -> None:

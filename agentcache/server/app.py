@@ -59,7 +59,10 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
     )  # fmt: skip
     chat = ChatEngine(engine, tracker)
     line = AdmissionLine(config.max_queued, config.max_active)
-    metrics = ServerMetrics(engine.store_bytes, lambda: (line.active, line.waiting))
+    book = tracker.book
+    metrics = ServerMetrics(
+        engine.store_bytes, lambda: (line.active, line.waiting), lambda: (book.nbytes, len(book))
+    )
     docs = config.enable_docs
     # a ticket is released once its worker has stopped, so max_active threads always suffice
     workers = ThreadPoolExecutor(config.max_active, thread_name_prefix="agentcache-turn")

@@ -32,6 +32,7 @@ from agentcache.server.config import (
     host_name,
     key_digest,
 )
+from agentcache.server.heap import limit_arenas
 
 if TYPE_CHECKING:
     from agentcache.backends import ServingEngine
@@ -116,6 +117,10 @@ def add_security(p: argparse.ArgumentParser) -> None:
                    help="seconds between handing freed heap memory back to the system, so "
                    "resident memory stays flat under load (glibc only; 0: never; "
                    "default: 10)")  # fmt: skip
+    p.add_argument("--malloc-arenas", type=non_negative_int, default=0, metavar="N",
+                   help="cap glibc's malloc arenas, which the worker threads otherwise each "
+                   "take, so memory freed by one turn is found by the next (glibc only; 0: "
+                   "glibc's default, 8 per core)")  # fmt: skip
 
 
 def add_limits(p: argparse.ArgumentParser) -> None:
@@ -181,6 +186,8 @@ def serve(args: argparse.Namespace, model: str | None, cache_dir: Path) -> int:
     if args.served_model_name == "":
         raise ConfigError("--served-model-name must not be empty")
     server_config(args, "check")  # bad flags fail before the model loads
+    if args.malloc_arenas:
+        limit_arenas(args.malloc_arenas)  # before any thread allocates
     # bound before the model loads (which can take minutes) and held until uvicorn serves on
     # it: a port in use fails at once, and no other process can take it meanwhile
     with bind_address(args.host, args.port) as sock:

@@ -5,24 +5,88 @@ its own malloc arena. Tensors freed at the end of a turn stay in those arenas as
 blocks, so under load resident memory creeps up although the bytes in use stay flat
 (`benchmarks/server_load.py` records both). `malloc_trim(0)` returns every arena's free
 pages; a `HeapTrimmer` calls it every `interval_s` seconds on a thread of its own.
-Elsewhere than glibc it does nothing (`available` is False).
+`limit_arenas(n)` caps the arenas threads get, so freed blocks are found again by the next
+turn, whichever thread runs it. `heap_usage()` and `resident_bytes()` say what the process
+holds (the server's /metrics reports them). Elsewhere than glibc or Linux these do nothing
+and report nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
+import re
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+M_ARENA_MAX = -8  # mallopt's parameter number (malloc.h)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]  # fmt: skip
+
+
+SIGNATURES = {  # glibc function -> (argument types, result type)
+    "malloc_trim": ([ctypes.c_size_t], ctypes.c_int),
+    "mallopt": ([ctypes.c_int, ctypes.c_int], ctypes.c_int),
+    "mallinfo2": ([], _MallInfo2),
+}
+
+
+@functools.cache
+def _libc() -> Any:
+    """glibc with the signatures above set (None: not glibc)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    for name, (args, result) in SIGNATURES.items():
+        if (fn := getattr(libc, name, None)) is not None:
+            fn.argtypes, fn.restype = args, result
+    return libc
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        fn = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
+    return getattr(_libc(), "malloc_trim", None)
+
+
+def limit_arenas(n: int) -> bool:
+    """Cap glibc's malloc arenas at `n` for the whole process (threads beyond share them);
+    effective for arenas not yet made, so call it before the worker threads start. False
+    where there is no glibc."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n!r}")
+    fn = getattr(_libc(), "mallopt", None)
+    return fn is not None and bool(fn(M_ARENA_MAX, n))
+
+
+class HeapUsage(NamedTuple):
+    in_use: int  # bytes malloc has handed out (arenas and mmapped blocks)
+    free_held: int  # free bytes it keeps in its arenas
+
+
+def heap_usage() -> HeapUsage | None:
+    """What malloc holds, from glibc's `mallinfo2` (None elsewhere)."""
+    fn = getattr(_libc(), "mallinfo2", None)
+    if fn is None:
         return None
-    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
-    return fn
+    info = fn()
+    return HeapUsage(info.uordblks + info.hblkhd, info.fordblks)
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory (Linux; None elsewhere)."""
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    found = re.search(r"VmRSS:\s+(\d+) kB", text)
+    return int(found.group(1)) * 1024 if found else None
 
 
 class HeapTrimmer:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from agentcache.chat.diagnostics import ReuseReport
+from agentcache.server.heap import heap_usage, resident_bytes
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # The embedded engine's store is one in-memory tier; the vLLM backend's is the shared folder.
@@ -15,14 +16,17 @@ STORE_TIER = "memory"
 
 class ServerMetrics:
     """`store_bytes` gives the segment store's bytes per tier (`ServingEngine.store_bytes`),
-    `line` the requests at the engine and waiting for it; both are read at each scrape."""
+    `line` the requests at the engine and waiting for it, `conversations` the tracker's
+    estimated bytes and conversations; all are read at each scrape, with the process's memory
+    (resident, and malloc's bytes in use and free but held, where the platform says)."""
 
     def __init__(
         self,
         store_bytes: Callable[[], dict[str, int]],
         line: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        conversations: Callable[[], tuple[int, int]] = lambda: (0, 0),
     ) -> None:
-        self._store_bytes, self._line = store_bytes, line
+        self._store_bytes, self._line, self._conversations = store_bytes, line, conversations
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "agentcache_requests", "HTTP requests", ["endpoint", "status"], registry=r
@@ -72,6 +76,21 @@ class ServerMetrics:
         self.waiting = Gauge(
             "agentcache_requests_waiting", "requests waiting in line (--max-queued)", registry=r
         )
+        self.conversation_bytes = Gauge(
+            "agentcache_conversation_bytes",
+            "estimated bytes the server remembers of conversations (--conversation-bytes)",
+            registry=r,
+        )
+        self.conversations = Gauge(
+            "agentcache_conversations", "conversations the server remembers", registry=r
+        )
+        self.resident_bytes = Gauge(
+            "agentcache_resident_bytes", "the server process's resident memory", registry=r
+        )
+        self.heap_bytes = Gauge(
+            "agentcache_heap_bytes", "malloc's bytes: in_use (handed out) and free_held (free "
+            "but kept by the process)", ["kind"], registry=r,
+        )  # fmt: skip
 
     def record_turn(self, report: ReuseReport, completion_tokens: int, fallbacks: int) -> None:
         """A turn as its client's report tells it, with the engine's own fallback count (a
@@ -94,4 +113,12 @@ class ServerMetrics:
         active, waiting = self._line()
         self.active.set(active)
         self.waiting.set(waiting)
+        nbytes, count = self._conversations()
+        self.conversation_bytes.set(nbytes)
+        self.conversations.set(count)
+        if (rss := resident_bytes()) is not None:
+            self.resident_bytes.set(rss)
+        if (heap := heap_usage()) is not None:
+            self.heap_bytes.labels("in_use").set(heap.in_use)
+            self.heap_bytes.labels("free_held").set(heap.free_held)
         return generate_latest(self.registry)

@@ -8,7 +8,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from agentcache.cli import build_parser
-from agentcache.server import ServerConfig, create_app
+from agentcache.server import ServerConfig, create_app, heap
 from agentcache.server.cli import server_config
 from agentcache.server.heap import HeapTrimmer
 from tests.server.test_serving_engine import ScriptedEngine
@@ -81,3 +81,77 @@ def test_trim_interval_comes_from_its_flag(capsys: pytest.CaptureFixture[str]) -
     assert "--trim-interval" in capsys.readouterr().err
     with pytest.raises(ValueError, match="trim_interval_s"):
         ServerConfig("m", trim_interval_s=-1.0)
+
+
+def test_limit_arenas_needs_at_least_one() -> None:
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        heap.limit_arenas(0)
+
+
+def test_limit_arenas_calls_mallopt_with_m_arena_max(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, int]] = []
+
+    class Libc:
+        def mallopt(self, param: int, value: int) -> int:
+            calls.append((param, value))
+            return 1
+
+    monkeypatch.setattr(heap, "_libc", lambda: Libc())
+    assert heap.limit_arenas(2) is True
+    assert calls == [(-8, 2)]  # M_ARENA_MAX in glibc's malloc.h
+    monkeypatch.setattr(heap, "_libc", lambda: None)  # not glibc
+    assert heap.limit_arenas(2) is False
+
+
+def test_heap_usage_and_resident_bytes_report_this_process() -> None:
+    rss = heap.resident_bytes()
+    usage = heap.heap_usage()
+    if rss is None or usage is None:
+        pytest.skip("not Linux with glibc: nothing to report")
+    assert rss > 10 * 2**20  # a Python process with torch imported
+    before = usage.in_use
+    block = bytearray(64 * 2**20)  # malloc hands these out (mmapped at this size)
+    assert heap.heap_usage().in_use >= before + 60 * 2**20  # type: ignore[union-attr]
+    del block
+    assert usage.free_held >= 0
+
+
+def test_metrics_report_the_servers_memory_and_conversations() -> None:
+    app = create_app(ScriptedEngine(), ServerConfig("scripted"))
+    with TestClient(app) as client:
+        body = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}
+        assert client.post("/v1/chat/completions", json=body).status_code == 200
+        text = client.get("/metrics").text
+    found = dict(line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("agentcache"))
+    assert float(found["agentcache_conversations"]) == 1.0
+    assert float(found["agentcache_conversation_bytes"]) > 0
+    if heap.resident_bytes() is not None:
+        assert float(found["agentcache_resident_bytes"]) > 10 * 2**20
+    if heap.heap_usage() is not None:
+        assert float(found['agentcache_heap_bytes{kind="in_use"}']) > 0
+        assert 'agentcache_heap_bytes{kind="free_held"}' in found
+
+
+def test_serve_caps_the_arenas_before_loading_the_model(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import agentcache.server.cli as serve_cli
+    from agentcache.cli import main
+    from agentcache.errors import ConfigError
+
+    order: list[str] = []
+    monkeypatch.setattr(serve_cli, "limit_arenas", lambda n: order.append(f"arenas {n}"))
+
+    def no_engine(*args: object) -> None:
+        order.append("engine")
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(serve_cli, "serving_engine", no_engine)
+    assert main(["serve", "--port", "0", "--malloc-arenas", "2"]) == 2
+    assert order == ["arenas 2", "engine"]
+    order.clear()
+    assert main(["serve", "--port", "0"]) == 2  # 0, the default: glibc's own arenas
+    assert order == ["engine"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--malloc-arenas", "-1"])
+    assert "--malloc-arenas" in capsys.readouterr().err
