@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentcache.bench.report import cold, dominated_by, peer_ratios, render_markdown
+from agentcache.bench.report import (
+    _cold_sentence,
+    cold,
+    dominated_by,
+    peer_ratios,
+    render_markdown,
+)
 
 
 def _row(ttft: float, compute: float, kl: float) -> dict[str, float]:
@@ -40,6 +46,26 @@ def test_cold_reads_first_turns_only() -> None:
     assert got["turns"] == 3
     assert got["median"] == 1.0
     assert got["max"] == 1.1
+
+
+def test_cold_reads_what_a_strategy_adds_against_fulls_overhead_on_the_same_turn() -> None:
+    def first(strategy: str, session: str, overhead: float) -> dict[str, Any]:
+        return _turn(strategy, 0, 100.0, 1000.0) | {
+            "workload": "w", "session": session, "overhead_ms": overhead,
+        }  # fmt: skip
+
+    records = [
+        first("full", "a", 40.0), first("full", "b", 10.0),
+        first("rpdc", "a", 50.0), first("rpdc", "b", 40.0),  # +10 and +30 ms on 1000 ms
+        first("pic", "a", 40.0),
+        _turn("transformers-prefix", 0, 100.0, 1000.0),  # the peer reports no overhead
+    ]  # fmt: skip
+    got = cold(records)
+    assert got["rpdc"]["added_median"] == 0.02 and got["rpdc"]["added_max"] == 0.03
+    assert got["pic"]["added_max"] == 0.0 and got["full"]["added_max"] == 0.0
+    assert "added_median" not in got["transformers-prefix"]
+    md = _cold_sentence(got)
+    assert "`rpdc` +2.00% (max +3.00%)" in md and "`full` +" not in md
 
 
 def test_report_names_the_dominated(tmp_path: Any) -> None:
