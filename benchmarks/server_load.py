@@ -10,26 +10,28 @@ Phases: (1) solo: each client's conversation (`--turns` turns, temperature 0, th
 header echoed) alone, in turn;
 (2) load: all clients loop over their conversations for `--duration` seconds, odd clients
 streaming, client 0 instead sends a long request (`--long-tokens`) every `--abandon-every`
-seconds and hangs up after 1 s (alternately streaming and not). The server is started in this
-process on a free loopback port (`--model tiny`, a seeded random model, or `default`), or is
-the one at `--url` (loopback only). Reported: errors, replies that differ from the solo run,
-p50/p99 latency of the agent requests under load against solo, the server's resident memory
-over time (in-process only), and the server's own counters. Writes results.json and report.md.
+seconds and hangs up after 1 s (alternately streaming and not). The server is started on a
+free loopback port (`--model tiny`, a seeded random model, or `default`) on a thread of this
+process (`--server thread`) or in a process of its own (`--server process`: its memory is then
+the server's alone), or is the one at `--url` (loopback only). Reported: errors, replies that
+differ from the solo run, p50/p99 latency of the agent requests under load against solo, the
+server's memory over time (resident, malloc's bytes in use and free, store and conversation
+tracker, from its /metrics every 2 s), and its own counters. Writes results.json and report.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import functools
+import contextlib
 import json
 import random
 import re
 import statistics
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,50 +135,28 @@ def abandoner(url: str, model: str, args: argparse.Namespace, stop_at: float,
         n += 1
 
 
-def rss_bytes() -> int:
-    text = Path("/proc/self/status").read_text()
-    return int(re.search(r"VmRSS:\s+(\d+) kB", text).group(1)) * 1024  # type: ignore[union-attr]
+MEMORY = {  # /metrics sample -> what a memory sample records
+    "agentcache_resident_bytes": "rss", 'agentcache_heap_bytes{kind="in_use"}': "in_use",
+    'agentcache_heap_bytes{kind="free_held"}': "free_held",
+    'agentcache_store_bytes{tier="memory"}': "store_bytes",
+    "agentcache_conversation_bytes": "tracker_bytes", "agentcache_conversations": "conversations",
+}  # fmt: skip
 
 
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-        "fordblks", "keepcost")]  # fmt: skip
+def scrape_memory(url: str) -> dict[str, float]:
+    """The server's memory as its /metrics tells it (resident, malloc's in use and free held,
+    the store's and the conversation tracker's bytes)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    found = dict(re.findall(r"^(agentcache_\S+) (\S+)$", text, re.M))
+    return {name: float(found[k]) for k, name in MEMORY.items() if k in found}
 
 
-@functools.cache
-def _mallinfo2() -> Callable[[], MallInfo2] | None:
-    """glibc's mallinfo2, looked up once (None: not glibc)."""
-    try:
-        fn = ctypes.CDLL(None).mallinfo2
-    except (OSError, AttributeError):
-        return None
-    fn.restype = MallInfo2
-    return fn
-
-
-def heap_bytes() -> tuple[int, int, int]:
-    """(bytes malloc has handed out, free bytes it holds, Python's allocated blocks): what
-    resident memory is made of, so a rise can be told apart from memory kept but unused."""
-    mallinfo2 = _mallinfo2()
-    if mallinfo2 is None:
-        return -1, -1, sys.getallocatedblocks()
-    info = mallinfo2()
-    return info.uordblks + info.hblkhd, info.fordblks, sys.getallocatedblocks()
-
-
-Parts = Callable[[], dict[str, int]]  # the in-process server's bounded structures, by size
-
-
-def sample_memory(samples: list[tuple[float, int]], heap: list[tuple[float, int, int, int]],
-                  parts: list[dict[str, float]], inspect: Parts | None, t0: float,
+def sample_memory(url: str, samples: list[dict[str, float]], t0: float,
                   stop: threading.Event) -> None:  # fmt: skip
     while not stop.wait(2.0):
-        t = round(time.monotonic() - t0, 1)
-        samples.append((t, rss_bytes()))
-        heap.append((t, *heap_bytes()))
-        if inspect is not None:
-            parts.append({"t": t, **inspect()})
+        # a scrape that times out under load is a missing sample, not an error
+        with contextlib.suppress(httpx.HTTPError):
+            samples.append({"t": round(time.monotonic() - t0, 1), **scrape_memory(url)})
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -184,23 +164,16 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def run(args: argparse.Namespace, url: str, model: str, inspect: Parts | None) -> dict[str, Any]:
-    """`inspect`: the sizes of an in-process server's structures (None: a server elsewhere,
-    whose memory this process cannot see)."""
+def run(args: argparse.Namespace, url: str, model: str) -> dict[str, Any]:
     solo = [ClientLog() for _ in range(args.clients)]
     for i in range(1, args.clients):  # client 0 abandons; the others run their script alone
         conversation(url, model, i, args.turns, i % 2 == 1, solo[i])
     load = [ClientLog() for _ in range(args.clients)]
-    memory: list[tuple[float, int]] = []
-    heap: list[tuple[float, int, int, int]] = []
-    parts: list[dict[str, float]] = []
+    memory: list[dict[str, float]] = []
     t0 = time.monotonic()
     stop_at, stop = t0 + args.duration, threading.Event()
-    watcher = threading.Thread(
-        target=sample_memory, args=(memory, heap, parts, inspect, t0, stop), daemon=True
-    )
-    if inspect is not None:
-        watcher.start()
+    watcher = threading.Thread(target=sample_memory, args=(url, memory, t0, stop), daemon=True)
+    watcher.start()
 
     def loop(i: int) -> None:
         rng = random.Random(i)  # each agent's tools take 0.5-1.5x --think seconds
@@ -215,16 +188,14 @@ def run(args: argparse.Namespace, url: str, model: str, inspect: Parts | None) -
     for t in threads:
         t.join()
     stop.set()
-    result = summarize(args, solo, load, memory, heap, httpx.get(f"{url}/metrics").text)
-    return result | {"server_parts": parts}
+    return summarize(args, solo, load, memory, httpx.get(f"{url}/metrics").text)
 
 
 KEPT = ("requests", "cancel", "store_bytes")  # the server counters a report keeps
 
 
 def summarize(args: argparse.Namespace, solo: list[ClientLog], load: list[ClientLog],
-              memory: list[tuple[float, int]], heap: list[tuple[float, int, int, int]],
-              metrics: str) -> dict[str, Any]:  # fmt: skip
+              memory: list[dict[str, float]], metrics: str) -> dict[str, Any]:  # fmt: skip
     differing = compared = 0
     for alone, loaded in zip(solo[1:], load[1:], strict=True):
         for replies in loaded.replies:
@@ -235,8 +206,13 @@ def summarize(args: argparse.Namespace, solo: list[ClientLog], load: list[Client
     load_lat = [x for c in load for x in c.latencies_s]
     found = re.findall(r"^(agentcache_\S+) (\S+)$", metrics, re.M)
     counters = {k: float(v) for k, v in found if "_created" not in k}
-    warm = [(t, b) for t, b in memory if t >= args.duration / 3]
-    warm_heap = [h for h in heap if h[0] >= args.duration / 3]
+    warm = [m for m in memory if m["t"] >= args.duration / 3 and "rss" in m]
+
+    def slope(key: str) -> float | None:
+        points = [(m["t"], m[key]) for m in warm if key in m]
+        return slope_mib_per_min(points) if len(points) > 2 else None
+
+    rss = [m["rss"] for m in warm]
     return {
         "clients": args.clients, "duration_s": args.duration, "turns": args.turns,
         "max_active": args.max_active if not args.url else None,
@@ -245,14 +221,15 @@ def summarize(args: argparse.Namespace, solo: list[ClientLog], load: list[Client
         "replies_compared": compared, "replies_differing": differing,
         "abandoned": load[0].abandoned, "long_finished_before_hang_up": load[0].finished_early,
         "latency_s": latencies(solo_lat, load_lat),
-        "rss_bytes": memory,
-        "rss_after_warmup": [min(b for _, b in warm), max(b for _, b in warm)] if warm else None,
-        "rss_slope_mib_per_min": slope_mib_per_min(warm) if len(warm) > 2 else None,
-        "heap": heap,  # (s, bytes malloc handed out, free bytes it holds, Python blocks)
+        "server": args.server if not args.url else "url",
+        "malloc_arenas": args.malloc_arenas if not args.url else None,
+        "memory": memory,  # every 2 s, from the server's /metrics
+        "rss_after_warmup": [min(rss), max(rss)] if rss else None,
+        "rss_slope_mib_per_min": slope("rss"),
         "heap_slope_mib_per_min": {
-            "malloc_in_use": slope_mib_per_min([(h[0], h[1]) for h in warm_heap]),
-            "malloc_free_held": slope_mib_per_min([(h[0], h[2]) for h in warm_heap]),
-        } if len(warm_heap) > 2 and warm_heap[0][1] >= 0 else None,
+            "malloc_in_use": slope("in_use"), "malloc_free_held": slope("free_held"),
+            "tracker": slope("tracker_bytes"),
+        },
         "think_s": args.think,
         "server_counters": {k: v for k, v in counters.items() if any(w in k for w in KEPT)},
         "per_client": [asdict(c) | {"replies": len(c.replies)} for c in load],
@@ -308,12 +285,12 @@ def report(result: dict[str, Any], command: str) -> str:
                   f"{hi / 2**20:.0f} MiB, least-squares slope "
                   f"{result['rss_slope_mib_per_min']:+.2f} MiB/min (samples every 2 s in "
                   "results.json)."]  # fmt: skip
-    if result.get("server_parts"):
-        last = result["server_parts"][-1]
+    if result.get("memory"):
+        last = result["memory"][-1]
         lines += ["", "At the end: " + ", ".join(f"{k} {v:g}" for k, v in last.items() if k != "t")
                   + " (every 2 s in results.json)."]  # fmt: skip
-    if result.get("heap_slope_mib_per_min"):
-        h = result["heap_slope_mib_per_min"]
+    h = result.get("heap_slope_mib_per_min") or {}
+    if h.get("malloc_in_use") is not None and h.get("malloc_free_held") is not None:
         lines += ["", f"Of it, over the same span: bytes malloc has handed out "
                   f"{h['malloc_in_use']:+.2f} MiB/min, free bytes malloc holds "
                   f"{h['malloc_free_held']:+.2f} MiB/min."]  # fmt: skip
@@ -363,8 +340,30 @@ def main() -> None:
         default=10.0,
         help="in-process server: seconds between returning freed heap memory (0: never)",
     )
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--server",
+        choices=("thread", "process"),
+        default="thread",
+        help="where the server runs without --url: a thread of this process (its memory then "
+        "includes the clients') or a process of its own",
+    )
+    p.add_argument(
+        "--malloc-arenas",
+        type=int,
+        default=0,
+        help="the server's malloc arenas, as serve --malloc-arenas (0: glibc's default)",
+    )
+    p.add_argument("--out", type=Path, required=False)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.child:  # the server of --server process: print its URL, serve until stdin closes
+        server = in_process_server(args)
+        with server as url:
+            print(url, flush=True)
+            sys.stdin.read()
+        return
+    if args.out is None:
+        p.error("--out is required")
     if args.think < 0:
         p.error("--think must be >= 0")
     if args.max_active < 1:
@@ -376,26 +375,44 @@ def main() -> None:
         if urlparse(args.url).hostname not in LOOPBACK:
             p.error("--url must be a loopback address: this test floods the server it targets")
         model = args.served_model_name or httpx.get(f"{args.url}/v1/models").json()["data"][0]["id"]
-        result = run(args, args.url, model, inspect=None)
+        result = run(args, args.url, model)
     else:
-        server, inspect = in_process_server(
-            args.model, args.store_bytes, args.conversation_bytes, args.max_active,
-            args.trim_interval,
-        )  # fmt: skip
-        with server as url:
-            result = run(args, url, "load", inspect)
+        with in_process_server(args) if args.server == "thread" else server_process(args) as url:
+            result = run(args, url, "load")
+    shown = {k: v for k, v in vars(args).items() if v is not None and k != "child"}
     command = "AGENTCACHE_NUM_THREADS=1 python benchmarks/server_load.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None
+        f"--{k.replace('_', '-')} {v}" for k, v in shown.items()
     )
     (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     (args.out / "report.md").write_text(report(result, command))
     print(report(result, command))
 
 
-def in_process_server(
-    model_name: str, store_bytes: int, conversation_bytes: int, max_active: int,
-    trim_interval: float,
-) -> tuple[Any, Parts]:  # fmt: skip
+@contextlib.contextmanager
+def server_process(args: argparse.Namespace) -> Iterator[str]:
+    """This script's server (--child) in a process of its own; yields its URL."""
+    argv = [sys.executable, __file__, "--child", "--model", args.model,
+            "--store-bytes", str(args.store_bytes), "--conversation-bytes",
+            str(args.conversation_bytes), "--max-active", str(args.max_active),
+            "--trim-interval", str(args.trim_interval),
+            "--malloc-arenas", str(args.malloc_arenas)]  # fmt: skip
+    child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        url = child.stdout.readline().strip()
+        if not url.startswith("http://"):
+            raise RuntimeError(f"the server process did not start (exit {child.poll()})")
+        yield url
+    finally:
+        child.stdin.close()
+        try:
+            child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
+def in_process_server(args: argparse.Namespace) -> Any:
+    """The server on a thread of this process (a context manager yielding its URL)."""
     import os
 
     import torch
@@ -403,28 +420,20 @@ def in_process_server(
     from agentcache.model.loading import load_model
     from agentcache.runtime.engine import Engine, EngineConfig
     from agentcache.server import ServerConfig, create_app
+    from agentcache.server.heap import limit_arenas
     from agentcache.server.inprocess import serve_in_thread
     from agentcache.testing import tiny_model
 
+    if args.malloc_arenas:
+        limit_arenas(args.malloc_arenas)  # as serve does, before any worker thread starts
     torch.set_num_threads(int(os.environ.get("AGENTCACHE_NUM_THREADS", "1")))
-    model = tiny_model() if model_name == "tiny" else load_model(model_name)
-    engine = Engine(model, EngineConfig(kv_pages=1024, store_bytes=store_bytes))
+    model = tiny_model() if args.model == "tiny" else load_model(args.model)
+    engine = Engine(model, EngineConfig(kv_pages=1024, store_bytes=args.store_bytes))
     config = ServerConfig(
-        "load", tracker_bytes=conversation_bytes, max_active=max_active,
-        trim_interval_s=trim_interval,
+        "load", tracker_bytes=args.conversation_bytes, max_active=args.max_active,
+        trim_interval_s=args.trim_interval,
     )  # fmt: skip
-    app = create_app(engine, config)
-    tracker = app.state.chat.tracker.book
-    ledger = engine.store._ledger  # instrumentation: the store's record of evicted keys
-
-    def inspect() -> dict[str, int]:
-        return {
-            "store_bytes": engine.store.stats.bytes,
-            "tracker_bytes": tracker.nbytes, "conversations": len(tracker),
-            "evicted_keys_remembered": len(ledger._evicted),
-        }  # fmt: skip
-
-    return serve_in_thread(app), inspect
+    return serve_in_thread(create_app(engine, config))
 
 
 if __name__ == "__main__":
