@@ -159,6 +159,14 @@ server() {
       --out docs/bench/server/load-tiny-16x600-think1-active16-trim$trim &
   done
   wait
+  # the server in a process of its own, glibc's arenas against 2 (serve's default since), 20
+  # minutes each, both at once: resident memory once the store and the tracker are full
+  for arenas in 0 2; do
+    $py benchmarks/server_load.py --clients 16 --duration 1200 --think 1.0 --model tiny \
+      --store-bytes 33554432 --conversation-bytes 8388608 --max-active 16 --server process \
+      --malloc-arenas $arenas --out docs/bench/server/load-tiny-16x1200-think1-active16-process-arenas$arenas &
+  done
+  wait
 }
 
 # docs/benchmarks.md "vLLM", docs/lab/vllm.md (vllm-staged alone about 2 hours)

@@ -206,13 +206,6 @@ def summarize(args: argparse.Namespace, solo: list[ClientLog], load: list[Client
     load_lat = [x for c in load for x in c.latencies_s]
     found = re.findall(r"^(agentcache_\S+) (\S+)$", metrics, re.M)
     counters = {k: float(v) for k, v in found if "_created" not in k}
-    warm = [m for m in memory if m["t"] >= args.duration / 3 and "rss" in m]
-
-    def slope(key: str) -> float | None:
-        points = [(m["t"], m[key]) for m in warm if key in m]
-        return slope_mib_per_min(points) if len(points) > 2 else None
-
-    rss = [m["rss"] for m in warm]
     return {
         "clients": args.clients, "duration_s": args.duration, "turns": args.turns,
         "max_active": args.max_active if not args.url else None,
@@ -223,16 +216,54 @@ def summarize(args: argparse.Namespace, solo: list[ClientLog], load: list[Client
         "latency_s": latencies(solo_lat, load_lat),
         "server": args.server if not args.url else "url",
         "malloc_arenas": args.malloc_arenas if not args.url else None,
+        "store_bytes_bound": args.store_bytes if not args.url else None,
+        "conversation_bytes_bound": args.conversation_bytes if not args.url else None,
         "memory": memory,  # every 2 s, from the server's /metrics
-        "rss_after_warmup": [min(rss), max(rss)] if rss else None,
-        "rss_slope_mib_per_min": slope("rss"),
-        "heap_slope_mib_per_min": {
-            "malloc_in_use": slope("in_use"), "malloc_free_held": slope("free_held"),
-            "tracker": slope("tracker_bytes"),
-        },
+        **memory_summary(memory, args.duration, args.store_bytes, args.conversation_bytes),
         "think_s": args.think,
         "server_counters": {k: v for k, v in counters.items() if any(w in k for w in KEPT)},
         "per_client": [asdict(c) | {"replies": len(c.replies)} for c in load],
+    }  # fmt: skip
+
+
+FULL_STORE, FULL_TRACKER = 0.95, 0.99  # shares of their bounds at which they count as full
+MIN_FULL_S = 60.0  # the least time after they fill that a run must cover to judge flatness
+
+
+def memory_summary(memory: list[dict[str, float]], duration: float, store_bytes: int,
+                   conversation_bytes: int) -> dict[str, Any]:  # fmt: skip
+    """Resident memory after the first third of the run, and after the store and the
+    conversation tracker first reach their bounds: ranges and least-squares slopes."""
+    warm = [m for m in memory if m["t"] >= duration / 3 and "rss" in m]
+
+    def slope(rows: list[dict[str, float]], key: str) -> float | None:
+        points = [(m["t"], m[key]) for m in rows if key in m]
+        return slope_mib_per_min(points) if len(points) > 2 else None
+
+    full_from = next(
+        (m["t"] for m in memory
+         if m.get("store_bytes", 0) >= FULL_STORE * store_bytes
+         and m.get("tracker_bytes", 0) >= FULL_TRACKER * conversation_bytes),
+        None,
+    )  # fmt: skip
+    full = [m for m in memory if full_from is not None and m["t"] >= full_from and "rss" in m]
+    judged = bool(full) and full[-1]["t"] - full[0]["t"] >= MIN_FULL_S
+    rss = [m["rss"] for m in warm]
+    return {
+        "rss_after_warmup": [min(rss), max(rss)] if rss else None,
+        "rss_slope_mib_per_min": slope(warm, "rss"),
+        "heap_slope_mib_per_min": {
+            "malloc_in_use": slope(warm, "in_use"), "malloc_free_held": slope(warm, "free_held"),
+            "tracker": slope(warm, "tracker_bytes"),
+        },
+        "bounds_full_from_s": full_from,
+        "after_bounds_full": {
+            "seconds": full[-1]["t"] - full[0]["t"], "samples": len(full),
+            "rss": [min(m["rss"] for m in full), max(m["rss"] for m in full)],
+            "rss_slope_mib_per_min": slope(full, "rss"),
+            "malloc_in_use_slope_mib_per_min": slope(full, "in_use"),
+            "malloc_free_held_slope_mib_per_min": slope(full, "free_held"),
+        } if judged else None,
     }  # fmt: skip
 
 
@@ -294,6 +325,17 @@ def report(result: dict[str, Any], command: str) -> str:
         lines += ["", f"Of it, over the same span: bytes malloc has handed out "
                   f"{h['malloc_in_use']:+.2f} MiB/min, free bytes malloc holds "
                   f"{h['malloc_free_held']:+.2f} MiB/min."]  # fmt: skip
+    full = result.get("after_bounds_full")
+    if full:
+        lo, hi = full["rss"]
+        lines += ["", f"Once the store and the conversation tracker were full (from "
+                  f"{result['bounds_full_from_s']:g} s, {full['seconds']:.0f} s of samples): "
+                  f"resident memory {lo / 2**20:.0f}-{hi / 2**20:.0f} MiB, slope "
+                  f"{full['rss_slope_mib_per_min']:+.2f} MiB/min."]  # fmt: skip
+        if full.get("malloc_in_use_slope_mib_per_min") is not None:
+            lines[-1] += (f" Malloc's bytes in use {full['malloc_in_use_slope_mib_per_min']:+.2f}"
+                          f" MiB/min, free held {full['malloc_free_held_slope_mib_per_min']:+.2f}"
+                          " MiB/min.")  # fmt: skip
     lines += ["", "Server counters:", ""]
     lines += [f"- `{k}` {v:g}" for k, v in result["server_counters"].items()]
     return "\n".join(lines) + "\n"
@@ -355,7 +397,13 @@ def main() -> None:
     )
     p.add_argument("--out", type=Path, required=False)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--rerender", type=Path, default=None, metavar="DIR",
+                   help="recompute a run's memory summary and report.md from its results.json "
+                   "(give the run's --store-bytes and --conversation-bytes)")  # fmt: skip
     args = p.parse_args()
+    if args.rerender is not None:
+        rerender(args.rerender, args.store_bytes, args.conversation_bytes)
+        return
     if args.child:  # the server of --server process: print its URL, serve until stdin closes
         server = in_process_server(args)
         with server as url:
@@ -386,6 +434,17 @@ def main() -> None:
     (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     (args.out / "report.md").write_text(report(result, command))
     print(report(result, command))
+
+
+def rerender(folder: Path, store_bytes: int, conversation_bytes: int) -> None:
+    results = json.loads((folder / "results.json").read_text())
+    results |= {"store_bytes_bound": store_bytes, "conversation_bytes_bound": conversation_bytes}
+    results |= memory_summary(results["memory"], results["duration_s"], store_bytes,
+                              conversation_bytes)  # fmt: skip
+    old = (folder / "report.md").read_text()
+    command = re.search(r"^Command: `(.*)`$", old, re.M).group(1)  # type: ignore[union-attr]
+    (folder / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (folder / "report.md").write_text(report(results, command))
 
 
 @contextlib.contextmanager

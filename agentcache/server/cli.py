@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from agentcache.backends import ServingEngine
 
 API_KEY_ENV = "AGENTCACHE_API_KEY"
+# glibc's malloc arenas serve uses: under 16 clients for 20 minutes, 2 held 29 MiB less freed
+# memory than glibc's own 16 (on 2 cores) and stayed flat, latency unchanged (docs/server.md)
+MALLOC_ARENAS = 2
 SECRET_ENV = "AGENTCACHE_CONVERSATION_SECRET"
 
 
@@ -117,10 +120,10 @@ def add_security(p: argparse.ArgumentParser) -> None:
                    help="seconds between handing freed heap memory back to the system, so "
                    "resident memory stays flat under load (glibc only; 0: never; "
                    "default: 10)")  # fmt: skip
-    p.add_argument("--malloc-arenas", type=non_negative_int, default=0, metavar="N",
+    p.add_argument("--malloc-arenas", type=non_negative_int, default=MALLOC_ARENAS, metavar="N",
                    help="cap glibc's malloc arenas, which the worker threads otherwise each "
-                   "take, so memory freed by one turn is found by the next (glibc only; 0: "
-                   "glibc's default, 8 per core)")  # fmt: skip
+                   "take, so memory freed by one turn is found by the next (glibc only; "
+                   f"default: {MALLOC_ARENAS}; 0: glibc's own, 8 per core)")  # fmt: skip
 
 
 def add_limits(p: argparse.ArgumentParser) -> None:

@@ -1,14 +1,14 @@
-"""Handing freed memory back to the system while the server runs.
+"""Keeping the server's heap from holding freed memory while it runs.
 
 Turns run on up to `max_active` worker threads, and glibc gives each thread that allocates
-its own malloc arena. Tensors freed at the end of a turn stay in those arenas as free
-blocks, so under load resident memory creeps up although the bytes in use stay flat
-(`benchmarks/server_load.py` records both). `malloc_trim(0)` returns every arena's free
-pages; a `HeapTrimmer` calls it every `interval_s` seconds on a thread of its own.
-`limit_arenas(n)` caps the arenas threads get, so freed blocks are found again by the next
-turn, whichever thread runs it. `heap_usage()` and `resident_bytes()` say what the process
-holds (the server's /metrics reports them). Elsewhere than glibc or Linux these do nothing
-and report nothing.
+its own malloc arena (up to 8 per core). Tensors freed at the end of a turn stay in those
+arenas as free blocks, so resident memory can sit above what is in use
+(`benchmarks/server_load.py` records both). `limit_arenas(n)` caps the arenas (serve:
+`--malloc-arenas`, 2 by default), so freed blocks are found again by the next turn,
+whichever thread runs it; `malloc_trim(0)` returns every arena's free pages, and a
+`HeapTrimmer` calls it every `interval_s` seconds on a thread of its own. `heap_usage()` and
+`resident_bytes()` say what the process holds (the server's /metrics reports them).
+Elsewhere than glibc or Linux these do nothing and report nothing.
 """
 
 from __future__ import annotations

@@ -147,10 +147,13 @@ def test_serve_caps_the_arenas_before_loading_the_model(
         raise ConfigError("stop here")
 
     monkeypatch.setattr(serve_cli, "serving_engine", no_engine)
-    assert main(["serve", "--port", "0", "--malloc-arenas", "2"]) == 2
-    assert order == ["arenas 2", "engine"]
+    assert main(["serve", "--port", "0", "--malloc-arenas", "4"]) == 2
+    assert order == ["arenas 4", "engine"]
     order.clear()
-    assert main(["serve", "--port", "0"]) == 2  # 0, the default: glibc's own arenas
+    assert main(["serve", "--port", "0"]) == 2
+    assert order == ["arenas 2", "engine"]  # the default
+    order.clear()
+    assert main(["serve", "--port", "0", "--malloc-arenas", "0"]) == 2  # glibc's own arenas
     assert order == ["engine"]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--malloc-arenas", "-1"])
