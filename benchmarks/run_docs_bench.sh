@@ -29,23 +29,27 @@ reuse() {
   # the agent families' validation halves (docs/benchmarks.md "Validation sessions")
   $ac bench benchmarks/workloads/reflexion.jsonl --split validate \
     --sessions reflexion-08,reflexion-09,reflexion-10,reflexion-11 \
-    --strategies full,prefix,pic,epic,cacheblend,cacheslide,default,rpdc:extra=0.5,transformers-prefix \
+    --strategies full,prefix,pic,epic,cacheblend,cacheslide,default,rpdc:cover=0,transformers-prefix \
     --threads 1 --out docs/bench/validate-reflexion
-  # (that run was taken before rpdc's cover: its `rpdc` is today's rpdc:cover=0; the default
-  # with cover on the same turns, beside it)
-  $ac bench benchmarks/workloads/reflexion.jsonl --split validate \
-    --sessions reflexion-08,reflexion-09,reflexion-10,reflexion-11 \
-    --strategies full,default,rpdc:cover=0 --threads 1 --out docs/bench/validate-reflexion-cover
   for w in memgpt swe_agent; do
     $ac bench "benchmarks/workloads/$w.jsonl" --split validate --sessions "$w-08,$w-09,$w-10,$w-11" \
       --strategies full,prefix,pic,epic,cacheblend,default,rpdc:cover=0,transformers-prefix \
       --threads 1 --out "docs/bench/validate-$w"
   done
   # the chat family's validation half, through the server's segmenter, with the transformers peer
-  # (taken before rpdc's cover, which does not act on these append-only turns)
   $ac bench benchmarks/workloads/chat.jsonl --split validate --sessions chat-08,chat-09,chat-10,chat-11 \
     --strategies full,prefix,pic,epic,cacheblend,default,transformers-prefix --threads 1 \
     --out docs/bench/validate-chat
+  # cold turns: the first turn of all 8 validation sessions of every family, every strategy
+  sessions=$(for w in reflexion memgpt swe_agent chat; do for i in 08 09 10 11 12 13 14 15; do
+    printf "%s-%s," $w $i; done; done)
+  $ac bench benchmarks/workloads/{reflexion,memgpt,swe_agent,chat}.jsonl --split validate \
+    --sessions "${sessions%,}" --max-turns 1 --new-tokens 4 \
+    --strategies full,prefix,promptcache,pic,epic,cacheblend,cacheslide,default,transformers-prefix \
+    --threads 1 --out docs/bench/cold
+  # the default against its targets (docs/benchmarks.md "Against the targets")
+  $py benchmarks/targets.py docs/bench/validate-{reflexion,memgpt,swe_agent,chat} \
+    --cold docs/bench/cold --out docs/bench/targets
   # every strategy, sessions -01 (shift) and -02 (swing), first 4 turns, 32 teacher-forced tokens
   for w in $W; do
     $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
