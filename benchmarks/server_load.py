@@ -362,13 +362,15 @@ def main() -> None:
         "--store-bytes",
         type=int,
         default=256 << 20,
-        help="in-process server: the segment store's bound (default 256 MiB)",
+        help="the server's segment store bound (default 256 MiB; with --url, the running "
+        "server's, which tells when its store is full)",
     )
     p.add_argument(
         "--conversation-bytes",
         type=int,
         default=64 << 20,
-        help="in-process server: what it remembers of conversations (default 64 MiB)",
+        help="what the server remembers of conversations (default 64 MiB; with --url, the "
+        "running server's --conversation-bytes)",
     )
     p.add_argument(
         "--max-active",
