@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agentcache.bench.report import cold as cold_turns
+from agentcache.bench.report import dominated_by
 
 GREEDY, FIRST = 0.9, 0.99  # the fidelity floor
 VS_PREFIX, VS_PEER, COLD = 0.8, 0.67, 1.03  # the speed targets
@@ -80,14 +81,7 @@ def family(results: dict[str, Any]) -> dict[str, Any]:
     d, prefix = strategies[name], strategies["prefix"]
     vs_prefix = d["ttft_ratio_vs_full"] / prefix["ttft_ratio_vs_full"]
     vs_peer = d.get("ttft_ratio_vs_peer")
-    dominated = [
-        o
-        for o, s in strategies.items()
-        if o != name
-        and s["ttft_ratio_vs_full"] <= d["ttft_ratio_vs_full"]
-        and s["recompute_fraction_mean"] <= d["recompute_fraction_mean"]
-        and s["tf_kl_mean"] < d["tf_kl_mean"] - 1e-9
-    ]
+    dominated = dominated_by(strategies)[name]
     floor = {o: s for o, s in strategies.items() if faithful(s) and o != PEER}
     best_prefix = min(floor, key=lambda o: floor[o]["ttft_ratio_vs_full"])
     best_peer = min(
