@@ -146,9 +146,13 @@ MEMORY = {  # /metrics sample -> what a memory sample records
 def scrape_memory(url: str) -> dict[str, float]:
     """The server's memory as its /metrics tells it (resident, malloc's in use and free held,
     the store's and the conversation tracker's bytes)."""
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    found = dict(re.findall(r"^(agentcache_\S+) (\S+)$", text, re.M))
-    return {name: float(found[k]) for k, name in MEMORY.items() if k in found}
+    found = metric_values(httpx.get(f"{url}/metrics", timeout=30).text)
+    return {name: found[k] for k, name in MEMORY.items() if k in found}
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """The agentcache samples of a /metrics page, by name with labels."""
+    return {k: float(v) for k, v in re.findall(r"^(agentcache_\S+) (\S+)$", text, re.M)}
 
 
 def sample_memory(url: str, samples: list[dict[str, float]], t0: float,
@@ -204,8 +208,7 @@ def summarize(args: argparse.Namespace, solo: list[ClientLog], load: list[Client
             differing += sum(a != b for a, b in zip(replies, expected, strict=True))
     solo_lat = [x for c in solo for x in c.latencies_s]
     load_lat = [x for c in load for x in c.latencies_s]
-    found = re.findall(r"^(agentcache_\S+) (\S+)$", metrics, re.M)
-    counters = {k: float(v) for k, v in found if "_created" not in k}
+    counters = {k: v for k, v in metric_values(metrics).items() if "_created" not in k}
     return {
         "clients": args.clients, "duration_s": args.duration, "turns": args.turns,
         "max_active": args.max_active if not args.url else None,
@@ -216,8 +219,8 @@ def summarize(args: argparse.Namespace, solo: list[ClientLog], load: list[Client
         "latency_s": latencies(solo_lat, load_lat),
         "server": args.server if not args.url else "url",
         "malloc_arenas": args.malloc_arenas if not args.url else None,
-        "store_bytes_bound": args.store_bytes if not args.url else None,
-        "conversation_bytes_bound": args.conversation_bytes if not args.url else None,
+        "store_bytes_bound": args.store_bytes,  # as given: memory_summary judges "full" by them
+        "conversation_bytes_bound": args.conversation_bytes,
         "memory": memory,  # every 2 s, from the server's /metrics
         **memory_summary(memory, args.duration, args.store_bytes, args.conversation_bytes),
         "think_s": args.think,
