@@ -49,7 +49,7 @@ import os
 import re
 import sys
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,7 @@ NUMBER = re.compile(r"^[-+]?(\d+(?:\.(\d+))?)(?:e([-+]?\d+))?$")
 KEY = re.compile(r"^\w+$")
 LEADING = re.compile(r"^[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 PAGES = ("README.md", "docs/*.md", "docs/lab/*.md")
+INDEX = "docs/bench/README.md"
 
 __all__ = ["Results", "quantile"]
 
@@ -81,11 +82,14 @@ class Checker:
     results: Results
     index: Index
     names: dict[str, Any]
+    quoted_by: dict[str, set[str]] = field(default_factory=dict)  # results file -> pages
 
     def run(self, expression: str) -> tuple[Any, Trace]:
         return self.results.evaluate(expression, self.names)
 
     def rules(self, doc: str, unit: str, trace: Trace, claim: bool = False) -> list[str]:
+        for f in trace.files:
+            self.quoted_by.setdefault(f, set()).add(doc)
         return problems(unit, trace, self.index, doc, claim)
 
     def text(self, doc: str) -> str:
@@ -308,6 +312,11 @@ def checker(manifest: Manifest, root: Path) -> Checker:
 
 def check(manifest_path: Path, root: Path) -> list[str]:
     """Every problem found, one line each, naming the doc and the figure."""
+    return checked(manifest_path, root)[0]
+
+
+def checked(manifest_path: Path, root: Path) -> tuple[list[str], Checker]:
+    """The problems found, and the checker (with what it read) that found them."""
     manifest = Manifest.read(manifest_path)
     c = checker(manifest, root)
     errors = []
@@ -317,7 +326,13 @@ def check(manifest_path: Path, root: Path) -> list[str]:
         errors += [f"{claim.doc}: claim ({claim.context!r}): {e}" for e in claim.check(c)]
     for table in manifest.tables:
         errors += [f"{table.doc}: {e}" for e in table.check(c)]
-    return errors + archive(root, c.index)
+    errors += archive(root, c.index)
+    if c.index.runs and (root / INDEX).is_file():
+        from figure_index import render_index
+
+        if (root / INDEX).read_text() != render_index(c.index, c.quoted_by):
+            errors.append(f"{INDEX} is out of date: python benchmarks/check_figures.py --index")
+    return errors, c
 
 
 def archive(root: Path, index: Index) -> list[str]:

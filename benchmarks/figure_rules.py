@@ -161,9 +161,11 @@ def problems(sentence: str, trace: Trace, index: Index, doc: str, claim: bool = 
     if DEFAULT.search(sentence) and specs and index.default not in specs.values():
         out.append(f"says 'default', but measured {_named(specs)}; today's default is "
                    f"{index.default}")  # fmt: skip
-    for split, words in SPLITS.items():
+    named = [split for split, words in SPLITS.items() if words.search(sentence)]
+    for split in named if len(named) == 1 else []:  # a sentence naming both contrasts them
         other = sorted({r.path for r in runs if r.split != split})
-        if words.search(sentence) and other:
+        if other:
+            words = SPLITS[split]
             out.append(f"says '{words.pattern[2:-2]}', but reads {', '.join(other)} "
                        f"(split: {', '.join(str(index.runs[o].split) for o in other)})")
     if doc == "README.md":
