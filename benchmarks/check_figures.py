@@ -169,7 +169,8 @@ class Table:
         return cls(raw["doc"], raw["after"], raw["row"], tuple(raw["columns"]))
 
     def rows(self, root: Path) -> list[list[str]]:
-        """The cells of every data row of the first table at or after the `after` line."""
+        """The cells of every data row of the first table at or after the `after` line (its
+        header row first)."""
         lines = (root / self.doc).read_text().splitlines()
         start = next((i for i, line in enumerate(lines) if self.after in line), None)
         if start is None:
@@ -180,7 +181,7 @@ class Table:
                 body.append([c.strip() for c in line.strip().strip("|").split("|")])
             elif body:
                 break
-        return body[2:]  # header and separator rows left out
+        return body[:1] + body[2:]  # the separator row left out
 
     def check(self, c: Checker) -> list[str]:
         where = f"table after {self.after!r}"
@@ -188,11 +189,12 @@ class Table:
             rows = self.rows(c.root)
         except (OSError, LookupError) as e:
             return [f"{where}: {e}"]
-        if not rows:
+        if len(rows) < 2:
             return [f"{where}: no table rows"]
-        return [f"{where}: {e}" for cells in rows for e in self.check_row(cells, c)]
+        head = "| " + " | ".join(rows[0]) + " |"
+        return [f"{where}: {e}" for cells in rows[1:] for e in self.check_row(cells, c, head)]
 
-    def check_row(self, cells: list[str], c: Checker) -> list[str]:
+    def check_row(self, cells: list[str], c: Checker, head: str = "") -> list[str]:
         if len(cells) != len(self.columns):
             return [
                 f"row {label(cells)!r} has {len(cells)} cells, the manifest {len(self.columns)}"
@@ -202,7 +204,7 @@ class Table:
         except Exception as e:  # any error in an expression is a failed check, named
             return [f"row {label(cells)!r}: cannot compute {self.row!r}: {type(e).__name__}: {e}"]
         errors = []
-        unit = "| " + " | ".join(cells) + " |"
+        unit = head + " " + "| " + " | ".join(cells) + " |"  # the header's words count too
         for cell, column in zip(cells, self.columns, strict=True):
             if column:
                 value = column if not KEY.match(column) else f"r[{column!r}]"

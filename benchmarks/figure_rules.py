@@ -44,7 +44,7 @@ RUNS = "docs/bench/runs.toml"
 BASELINES = frozenset({"full", "prefix", "transformers-prefix"})  # exact: nothing to resolve
 DEFAULT = re.compile(r"\bdefault\b", re.IGNORECASE)
 SPLITS = {"validate": re.compile(r"\bvalidation\b"), "tune": re.compile(r"\btuning\b")}
-ACROSS = re.compile(r"separate (runs|processes)|across runs|one after (the )?other", re.I)
+ACROSS = re.compile(r"separate (runs?|process(es)?)|across runs|one after (the )?other", re.I)
 OF_MEDIANS = re.compile(r"ratio of (the |two )?medians", re.IGNORECASE)
 STEADY = re.compile(r"steady[ -]state|without (the |its )?(decoder )?set-?up", re.IGNORECASE)
 EVERY = re.compile(r"\b(every|all)\b", re.IGNORECASE)
@@ -130,15 +130,16 @@ def merged(name: str, entry: dict[str, Any], own: dict[str, Any]) -> Run:
 
 
 def sentence_of(text: str, context: str) -> str:
-    """The unit of `text` a quoted `context` stands in: its table row, or the sentence(s) of
+    """The unit of `text` a quoted `context` stands in: its table row (after the table's
+    header), or the sentence(s) of
     its paragraph that the context overlaps ("" when the context is not in the text)."""
     want = " ".join(context.split())
     for block in re.split(r"\n\s*\n", text):
         lines = block.splitlines()
         rows = [ln for ln in lines if ln.lstrip().startswith("|")]
         for row in rows:
-            if want in " ".join(row.split()):
-                return " ".join(row.split())
+            if want in " ".join(row.split()):  # the header's words count too
+                return " ".join(rows[0].split()) + " " + " ".join(row.split())
         flat = " ".join(block.split())
         at = flat.find(want)
         if at < 0:

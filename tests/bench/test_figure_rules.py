@@ -238,5 +238,5 @@ def test_a_sentence_is_its_table_row_or_the_prose_sentences_it_overlaps() -> Non
     rules = load_script("figure_rules")
     text = "Intro. The default is fast: 2.5x here.\nIt wraps. Next one.\n\n| a | 1 |\n| b | 2 |\n"
     assert rules.sentence_of(text, "2.5x here. It") == "The default is fast: 2.5x here. It wraps."
-    assert rules.sentence_of(text, "| b | 2") == "| b | 2 |"
+    assert rules.sentence_of(text, "| b | 2") == "| a | 1 | | b | 2 |"
     assert rules.sentence_of(text, "absent") == ""
