@@ -117,7 +117,7 @@ class Results:
             self.trace.statistics.append("identical, empties counted")
         if any(isinstance(k, str) and "speed_ratio" in k for k in keys):
             self.trace.statistics.append("steady state")  # bench-decode's stored summaries
-        if len(keys) >= 2 and keys[0] in ("strategies", "by_case", "by_workload"):
+        if len(keys) >= 2 and keys[0] in ("strategies", "summary", "by_case", "by_workload"):
             label = keys[1] if keys[0] == "strategies" else keys[2] if len(keys) > 2 else None
             if isinstance(label, str):
                 self.trace.labels.append((path, label))

@@ -134,7 +134,7 @@ def sentence_of(text: str, context: str) -> str:
     header), or the sentence(s) of
     its paragraph that the context overlaps ("" when the context is not in the text)."""
     want = " ".join(context.split())
-    for block in re.split(r"\n\s*\n", text):
+    for block in re.split(r"\n\s*\n|\n(?=\s*[-*] )", text):  # paragraphs and list items
         lines = block.splitlines()
         rows = [ln for ln in lines if ln.lstrip().startswith("|")]
         for row in rows:
