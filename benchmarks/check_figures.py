@@ -65,6 +65,8 @@ NUMBER = re.compile(r"^[-+]?(\d+(?:\.(\d+))?)(?:e([-+]?\d+))?$")
 KEY = re.compile(r"^\w+$")
 LEADING = re.compile(r"^[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 PAGES = ("README.md", "docs/*.md", "docs/lab/*.md")
+# the pages an image may be shown by: those, and the reports inside the archive itself
+IMAGE_PAGES = (*PAGES, "docs/bench/**/*.md")
 INDEX = "docs/bench/README.md"
 
 __all__ = ["Results", "quantile"]
@@ -361,14 +363,14 @@ def archive(root: Path, index: Index) -> list[str]:
     return out
 
 
-def pages(root: Path) -> list[Path]:
-    return [p for pattern in PAGES for p in sorted(root.glob(pattern))]
+def pages(root: Path, patterns: tuple[str, ...] = PAGES) -> list[Path]:
+    return [p for pattern in patterns for p in sorted(root.glob(pattern))]
 
 
 def shown_images(root: Path) -> set[str]:
-    """Images linked from README.md, docs/*.md and docs/lab/*.md, as paths from the root."""
+    """Images linked from README.md, docs/**/*.md, as paths from the root."""
     out = set()
-    for page in pages(root):
+    for page in pages(root, IMAGE_PAGES):
         for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", page.read_text()):
             path = os.path.normpath(page.relative_to(root).parent / target)
             out.add(Path(path).as_posix())
