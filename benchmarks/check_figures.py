@@ -330,6 +330,7 @@ def checked(manifest_path: Path, root: Path) -> tuple[list[str], Checker]:
         errors += [f"{claim.doc}: claim ({claim.context!r}): {e}" for e in claim.check(c)]
     for table in manifest.tables:
         errors += [f"{table.doc}: {e}" for e in table.check(c)]
+    errors += undeclared(root, manifest)
     errors += archive(root, c.index)
     if c.index.runs and (root / INDEX).is_file():
         from figure_index import render_index
@@ -337,6 +338,53 @@ def checked(manifest_path: Path, root: Path) -> tuple[list[str], Checker]:
         if (root / INDEX).read_text() != render_index(c.index, c.quoted_by):
             errors.append(f"{INDEX} is out of date: python benchmarks/check_figures.py --index")
     return errors, c
+
+
+RATIO = re.compile(r"(?<![\w.`=/-])\d+(?:\.\d+)?(?:x|%)(?![\w`])")
+BOUND = re.compile(
+    r"(<=|>=|<|>|~|\btop|at most|at least|about|up to|under|over|above|below|\bnot|reaches)\s*$"
+)
+UNSTORED = re.compile(r"not reproduced|no stored results", re.IGNORECASE)
+CODE = re.compile(r"```.*?```|`[^`]*`", re.DOTALL)
+
+
+def undeclared(root: Path, manifest: Manifest) -> list[str]:
+    """Measured ratios and shares (`1.29x`, `97%`) on README.md and docs/*.md that no figure,
+    claim or checked table declares: each must be, or sit in a sentence saying it has no
+    stored results. A bound (`<= 0.8x`, `about 2x`) is a target or an estimate, not one."""
+    covered: dict[str, list[str]] = {}
+    for entry in [*manifest.figures, *manifest.claims]:
+        covered.setdefault(entry.doc, []).append(squash(entry.context))
+    for table in manifest.tables:
+        try:
+            rows = table.rows(root)
+        except (OSError, LookupError):
+            continue
+        covered.setdefault(table.doc, []).extend("| " + " | ".join(r) for r in rows[1:])
+    out = []
+    for page in pages(root, ("README.md", "docs/*.md")):
+        doc = page.relative_to(root).as_posix()
+        text = squash(page.read_text())
+        spans = [(i, i + len(c)) for c in covered.get(doc, []) for i in _finds(text, c)]
+        spans += [m.span() for m in CODE.finditer(text)]
+        for m in RATIO.finditer(text):
+            if any(a <= m.start() < b for a, b in spans) or BOUND.search(text[: m.start()]):
+                continue
+            if text[m.end() :].startswith(" target"):
+                continue
+            if UNSTORED.search(sentence_of(text, m.group(0) + text[m.end() : m.end() + 20])):
+                continue
+            out.append(f"{doc}: {m.group(0)} ('...{text[max(0, m.start() - 40) : m.end()]}'): "
+                       "a measured figure no entry declares")  # fmt: skip
+    return out
+
+
+def _finds(text: str, part: str) -> list[int]:
+    out, at = [], text.find(part)
+    while at >= 0:
+        out.append(at)
+        at = text.find(part, at + 1)
+    return out
 
 
 def archive(root: Path, index: Index) -> list[str]:
