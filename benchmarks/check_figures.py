@@ -55,8 +55,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # siblings, when loaded by path
 
-from figure_query import Results, Trace, quantile  # noqa: E402
-from figure_rules import RUNS, Index, load_index, problems, sentence_of  # noqa: E402
+from figure_query import Results, Trace, quantile
+from figure_rules import RUNS, Index, load_index, problems, sentence_of
 
 FIELDS = ("doc", "context", "figure", "value")
 TABLE_FIELDS = ("doc", "after", "row", "columns")
@@ -354,7 +354,8 @@ def undeclared(root: Path, manifest: Manifest) -> list[str]:
     stored results (its section says "not reproduced" or "no stored results"). A bound
     (`<= 0.8x`, `about 2x`) is a target or an estimate, not one."""
     covered: dict[str, list[str]] = {}
-    for entry in [*manifest.figures, *manifest.claims]:
+    entries: list[Figure | Claim] = [*manifest.figures, *manifest.claims]
+    for entry in entries:
         covered.setdefault(entry.doc, []).append(squash(entry.context))
     for table in manifest.tables:
         try:

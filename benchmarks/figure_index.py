@@ -27,6 +27,9 @@ differ from the stored command: the command column is what ran.
 """
 
 
+HEADER = "| file | what | split | command | commit | target | quoted by |"
+
+
 def row(run: Run, pages: set[str]) -> str:
     sessions = f"{len(run.sessions)} sessions" if run.sessions else ""
     split = " ".join(x for x in (run.split or "", sessions) if x) or "-"
@@ -46,8 +49,7 @@ def render_index(index: Index, quoted_by: dict[str, set[str]]) -> str:
     quoted = sum(1 for name in index.runs if quoted_by.get(name))
     lines = [HEAD, f"{len(index.runs)} files, {quoted} quoted by a page.", ""]
     for area, runs in sorted(by_area.items()):
-        lines += [f"## {area}", "", "| file | what | split | command | commit | target | quoted by |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [f"## {area}", "", HEADER, "|---" * 7 + "|"]
         lines += [row(r, quoted_by.get(r.path, set())) for r in runs]
         lines.append("")
     return "\n".join(lines)

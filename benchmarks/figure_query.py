@@ -233,7 +233,8 @@ class Results:
         return sum(xs) / len(xs)
 
     def names(self, paths: dict[str, Any]) -> dict[str, Any]:
-        helpers = ("get", "warm", "vs", "records", "ratio_of_medians", "decode_speed")
+        helpers: tuple[str, ...] = ("get", "warm", "vs", "records", "ratio_of_medians")
+        helpers += ("decode_speed",)
         helpers += ("replies", "identical", "compared", "empty", "every", "median", "q", "mean")
         return {
             **paths,

@@ -167,8 +167,10 @@ def problems(sentence: str, trace: Trace, index: Index, doc: str, claim: bool = 
         other = sorted({r.path for r in runs if r.split != split})
         if other:
             words = SPLITS[split]
-            out.append(f"says '{words.pattern[2:-2]}', but reads {', '.join(other)} "
-                       f"(split: {', '.join(str(index.runs[o].split) for o in other)})")
+            out.append(
+                f"says '{words.pattern[2:-2]}', but reads {', '.join(other)} "
+                f"(split: {', '.join(str(index.runs[o].split) for o in other)})"
+            )
     if doc == "README.md":
         out += _readme(runs, specs, index.default)
     if any(p == "across" for _, p in trace.pairings) and not ACROSS.search(sentence):

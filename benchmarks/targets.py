@@ -141,7 +141,8 @@ def render(families: dict[str, dict[str, Any]], cold: dict[str, Any] | None, cmd
         f"Command: `{cmd}`",
         "",
         f"Fidelity floor: greedy exact >= {GREEDY}, first token >= {FIRST}. Speed: TTFT <= "
-        f"{VS_PREFIX}x `prefix`'s and <= {VS_PEER}x the `{PEER}` peer's (median over warm turns of the per-turn ratio, "
+        f"{VS_PREFIX}x `prefix`'s and <= {VS_PEER}x the `{PEER}` peer's (median over warm turns "
+        "of the per-turn ratio, "
         f"within one run); cold turns <= {COLD}x `full`.",
         "",
         "| family | n warm | greedy exact | first token | dominated by | TTFT vs prefix | "

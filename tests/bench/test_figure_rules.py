@@ -159,7 +159,9 @@ def decode_run() -> dict[str, Any]:
 def test_a_decode_speed_without_its_set_up_must_say_so(cf: ModuleType, tmp_path: Path) -> None:
     d = bench(tmp_path, "decode", decode_run())
     page(tmp_path, "Sparse decode runs at 2.00x dense decode.")
-    stored = figure("at 2.00x dense", "2.00", f"get('{d}', 'policies', 'sparse', 'speed_ratio_median')")
+    stored = figure(
+        "at 2.00x dense", "2.00", f"get('{d}', 'policies', 'sparse', 'speed_ratio_median')"
+    )
     errors = cf.check(manifest(tmp_path, stored), tmp_path)
     assert len(errors) == 1 and "without the decoder's set-up" in errors[0]
     with_setup = figure("at 2.00x dense", "2.00", f"median(decode_speed('{d}', 'sparse'))")
@@ -172,7 +174,8 @@ def test_a_decode_speed_without_its_set_up_must_say_so(cf: ModuleType, tmp_path:
 
 
 def claim(context: str, holds: str) -> str:
-    return f"[[claim]]\ndoc = 'docs/page.md'\ncontext = {json.dumps(context)}\nholds = {json.dumps(holds)}\n"
+    where = f"[[claim]]\ndoc = 'docs/page.md'\ncontext = {json.dumps(context)}\n"
+    return where + f"holds = {json.dumps(holds)}\n"
 
 
 def test_every_prompt_means_every_prompt_not_the_median(cf: ModuleType, tmp_path: Path) -> None:
@@ -180,13 +183,19 @@ def test_every_prompt_means_every_prompt_not_the_median(cf: ModuleType, tmp_path
     d = bench(tmp_path, "dense", {"per_prompt": [{"agree": a} for a in agreement],
                                   "summary": {"agree_median": 1.0}})  # fmt: skip
     page(tmp_path, "Dense decode gives the same greedy tokens on every prompt.")
-    summary = claim("same greedy tokens on every prompt", f"get('{d}', 'summary', 'agree_median') == 1")
+    summary = claim(
+        "same greedy tokens on every prompt", f"get('{d}', 'summary', 'agree_median') == 1"
+    )
     errors = cf.check(manifest(tmp_path, summary), tmp_path)
     assert len(errors) == 1 and "says every/all, but is not every()" in errors[0]
     each = f"every([p['agree'] == 1 for p in get('{d}', 'per_prompt')])"
-    errors = cf.check(manifest(tmp_path, claim("same greedy tokens on every prompt", each)), tmp_path)
+    errors = cf.check(
+        manifest(tmp_path, claim("same greedy tokens on every prompt", each)), tmp_path
+    )
     assert len(errors) == 1 and "is False, not True" in errors[0]
-    bad = claim("same greedy tokens on every prompt", f"every(get('{d}', 'summary', 'agree_median'))")
+    bad = claim(
+        "same greedy tokens on every prompt", f"every(get('{d}', 'summary', 'agree_median'))"
+    )
     errors = cf.check(manifest(tmp_path, bad), tmp_path)
     assert len(errors) == 1 and "every() needs per-item values" in errors[0]
 
@@ -240,3 +249,33 @@ def test_a_sentence_is_its_table_row_or_the_prose_sentences_it_overlaps() -> Non
     assert rules.sentence_of(text, "2.5x here. It") == "The default is fast: 2.5x here. It wraps."
     assert rules.sentence_of(text, "| b | 2") == "| a | 1 | | b | 2 |"
     assert rules.sentence_of(text, "absent") == ""
+
+
+def test_a_measured_ratio_no_entry_declares_fails_unless_marked_or_a_bound(
+    cf: ModuleType, tmp_path: Path
+) -> None:
+    data = {"turns": turns({"rpdc": [40.0, 40.0], "full": [100.0, 100.0]})}
+    r = bench(tmp_path, "v", data, specs={"rpdc": TODAY}, split="validate")
+    declared = figure("reaches 2.50x", "2.50", f"median(vs('{r}', 'rpdc', 'full'))")
+    page(tmp_path, "It reaches 2.50x, and 1.7x on the other.\n\nThe target is <= 0.8x `prefix`.")
+    errors = cf.check(manifest(tmp_path, declared), tmp_path)
+    assert len(errors) == 1 and errors[0].startswith("docs/page.md: 1.7x ")
+    assert "a measured figure no entry declares" in errors[0]
+    page(
+        tmp_path,
+        "It reaches 2.50x.\n\n## Profile\n\nNot reproduced: no stored results. It took 1.7x.",
+    )
+    assert cf.check(manifest(tmp_path, declared), tmp_path) == []
+
+
+def test_the_listing_names_each_figures_runs_labels_and_sample(
+    cf: ModuleType, tmp_path: Path
+) -> None:
+    data = {"turns": turns({"rpdc": [40.0, 50.0, 20.0], "full": [100.0, 100.0, 100.0]})}
+    r = bench(tmp_path, "v", data, specs={"rpdc": TODAY}, split="validate")
+    page(tmp_path, "It reaches 2.50x.")
+    entry = figure("reaches 2.50x", "2.50", f"median(vs('{r}', 'rpdc', 'full'))")
+    lines = cf.listing(manifest(tmp_path, entry), tmp_path)
+    assert len(lines) == 1
+    assert f"rpdc={TODAY}" in lines[0] and "full=full" in lines[0] and "\twithin\t" in lines[0]
+    assert "median n=3 IQR 2.25-3.75" in lines[0]
