@@ -50,6 +50,9 @@ reuse() {
   # the default against its targets (docs/benchmarks.md "Against the targets")
   $py benchmarks/targets.py docs/bench/validate-{reflexion,memgpt,swe_agent,chat} \
     --cold docs/bench/cold --out docs/bench/targets
+  # docs/templates.md: the templated workload, one session per shipped template (a few minutes)
+  $ac bench benchmarks/workloads/templated.jsonl --strategies prefix,default \
+    --max-turns 2 --new-tokens 4 --threads 1 --out docs/bench/templated
   # every strategy, sessions -01 (shift) and -02 (swing), first 4 turns, 32 teacher-forced tokens
   for w in $W; do
     $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
