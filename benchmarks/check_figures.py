@@ -340,7 +340,7 @@ def checked(manifest_path: Path, root: Path) -> tuple[list[str], Checker]:
     return errors, c
 
 
-RATIO = re.compile(r"(?<![\w.`=/-])\d+(?:\.\d+)?(?:x|%)(?![\w`])")
+RATIO = re.compile(r"(?<![\w.`=/-])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?(?:x|%)(?![\w`])")
 BOUND = re.compile(
     r"(<=|>=|<|>|~|\btop|at most|at least|about|up to|under|over|above|below|\bnot|reaches)\s*$"
 )
