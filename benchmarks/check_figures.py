@@ -446,7 +446,7 @@ def listing(manifest_path: Path, root: Path) -> list[str]:
         except Exception as e:  # listed, not raised: the check names it
             out.append(f"{fig.doc}\t{fig.figure}\t{fig.value}\terror: {e}")
             continue
-        labels = sorted({f"{lb}={c.index.runs[f].spec(lb) if f in c.index.runs else '?'}"
+        labels = sorted({f"{lb}={(c.index.runs[f].spec(lb) if f in c.index.runs else None) or '?'}"
                          for f, lb in trace.labels})  # fmt: skip
         samples = "; ".join(
             f"{s.statistic} n={s.n}"

@@ -138,6 +138,8 @@ class Results:
         out = []
         for path in [paths] if isinstance(paths, str) else paths:
             self.trace.labels.append((path, label))
+            if "/" in field:  # a ratio to `full` or the limit timed on the same turn
+                self.trace.pairings.append((path, "within"))
             for r in self.records(path, **match):
                 if r.get("strategy", r.get("config")) == label:
                     out.append(self.field(r, field))
