@@ -42,10 +42,9 @@ def row(run: Run, pages: set[str]) -> str:
 
 
 def render_index(index: Index, quoted_by: dict[str, set[str]]) -> str:
-    by_area: dict[str, list[Run]] = defaultdict(list)
+    by_area: dict[str, list[Run]] = defaultdict(list)  # by the target that writes them
     for name, run in sorted(index.runs.items()):
-        parts = name.removeprefix("docs/bench/").split("/")
-        by_area[parts[0] if len(parts) > 2 else "(top level)"].append(run)
+        by_area[(run.regenerate or "no target").removeprefix("make ")].append(run)
     quoted = sum(1 for name in index.runs if quoted_by.get(name))
     lines = [HEAD, f"{len(index.runs)} files, {quoted} quoted by a page.", ""]
     for area, runs in sorted(by_area.items()):
