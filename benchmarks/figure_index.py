@@ -43,7 +43,7 @@ def row(run: Run, pages: set[str]) -> str:
 
 def render_index(index: Index, quoted_by: dict[str, set[str]]) -> str:
     by_area: dict[str, list[Run]] = defaultdict(list)  # by the target that writes them
-    for name, run in sorted(index.runs.items()):
+    for _, run in sorted(index.runs.items()):
         by_area[(run.regenerate or "no target").removeprefix("make ")].append(run)
     quoted = sum(1 for name in index.runs if quoted_by.get(name))
     lines = [HEAD, f"{len(index.runs)} files, {quoted} quoted by a page.", ""]
