@@ -279,3 +279,20 @@ def test_the_listing_names_each_figures_runs_labels_and_sample(
     assert len(lines) == 1
     assert f"rpdc={TODAY}" in lines[0] and "full=full" in lines[0] and "\twithin\t" in lines[0]
     assert "median n=3 IQR 2.25-3.75" in lines[0]
+
+
+def test_the_index_names_each_run_and_its_pages_and_fails_when_stale(
+    cf: ModuleType, tmp_path: Path
+) -> None:
+    data = {"turns": turns({"rpdc": [40.0, 40.0], "full": [100.0, 100.0]})}
+    r = bench(tmp_path, "v", data, specs={"rpdc": TODAY}, split="validate", what="a run")
+    page(tmp_path, "It reaches 2.50x.")
+    entry = figure("reaches 2.50x", "2.50", f"median(vs('{r}', 'rpdc', 'full'))")
+    (tmp_path / "docs" / "bench" / "README.md").write_text("stale\n")
+    errors = cf.check(manifest(tmp_path, entry), tmp_path)
+    assert errors == [
+        "docs/bench/README.md is out of date: python benchmarks/check_figures.py --index"
+    ]
+    index = load_script("figure_index").write_index(manifest(tmp_path, entry), tmp_path).read_text()
+    assert "| `v/results.json` | a run | validate |" in index and "| docs/page.md |" in index
+    assert cf.check(manifest(tmp_path, entry), tmp_path) == []
