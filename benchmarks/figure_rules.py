@@ -6,7 +6,8 @@ a results file records of itself (its `provenance`, or the older top-level `comm
 
     default = "rpdc:cover=1.5:..."    # today's default strategy, resolved (tests tie it to code)
 
-    [runs."docs/bench/validate-memgpt/results.json"]
+    [runs."docs/bench/validate-memgpt/results.json"]  # (a file with a `provenance` record
+                                      # needs no entry; one may still add `what`, `regenerate`)
     what = "reuse: memgpt validation sessions, every baseline and the default"
     stored = "185cd49 2026-12-03"     # the commit that stored the file (git), when the file
                                       # does not name the commit it was measured at
@@ -93,6 +94,11 @@ def load_index(root: Path, path: str = RUNS) -> Index:
         if unknown := set(entry) - RUN_KEYS:
             raise ValueError(f"{path}: run {name!r}: unknown keys {sorted(unknown)}")
         runs[name] = merged(name, entry, recorded(root / name))
+    for path in sorted((root / "docs" / "bench").rglob("results.json")):
+        name = path.relative_to(root).as_posix()
+        own = recorded(path)
+        if name not in runs and "provenance" in own:  # a file that describes itself
+            runs[name] = merged(name, {}, own)
     return Index(raw["default"], runs)
 
 
@@ -105,7 +111,8 @@ def recorded(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         return {}
     own = {k: data[k] for k in ("command", "split", "sessions") if k in data}
-    return own | data.get("provenance", {})
+    made = data.get("provenance")
+    return own | ({**made, "provenance": True} if isinstance(made, dict) else {})
 
 
 def merged(name: str, entry: dict[str, Any], own: dict[str, Any]) -> Run:

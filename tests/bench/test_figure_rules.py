@@ -296,3 +296,17 @@ def test_the_index_names_each_run_and_its_pages_and_fails_when_stale(
     index = load_script("figure_index").write_index(manifest(tmp_path, entry), tmp_path).read_text()
     assert "| `v/results.json` | a run | validate |" in index and "| docs/page.md |" in index
     assert cf.check(manifest(tmp_path, entry), tmp_path) == []
+
+
+def test_a_results_file_with_its_provenance_needs_no_index_entry(
+    cf: ModuleType, tmp_path: Path
+) -> None:
+    bench(tmp_path, "a", {"turns": []})
+    made = {"commit": "c" * 40, "command": "agentcache bench w.jsonl", "split": "validate",
+            "sessions": ["w-08"], "specs": {"rpdc": TODAY}}  # fmt: skip
+    own = tmp_path / "docs" / "bench" / "b" / "results.json"
+    own.parent.mkdir(parents=True)
+    own.write_text(json.dumps({"turns": [], "provenance": made}))
+    assert cf.check(manifest(tmp_path), tmp_path) == []
+    run = load_script("figure_rules").load_index(tmp_path).runs["docs/bench/b/results.json"]
+    assert (run.commit, run.split, run.spec("rpdc")) == ("c" * 40, "validate", TODAY)
