@@ -94,9 +94,9 @@ def load_index(root: Path, path: str = RUNS) -> Index:
         if unknown := set(entry) - RUN_KEYS:
             raise ValueError(f"{path}: run {name!r}: unknown keys {sorted(unknown)}")
         runs[name] = merged(name, entry, recorded(root / name))
-    for path in sorted((root / "docs" / "bench").rglob("results.json")):
-        name = path.relative_to(root).as_posix()
-        own = recorded(path)
+    for stored in sorted((root / "docs" / "bench").rglob("results.json")):
+        name = stored.relative_to(root).as_posix()
+        own = recorded(stored)
         if name not in runs and "provenance" in own:  # a file that describes itself
             runs[name] = merged(name, {}, own)
     return Index(raw["default"], runs)
