@@ -310,3 +310,14 @@ def test_a_results_file_with_its_provenance_needs_no_index_entry(
     assert cf.check(manifest(tmp_path), tmp_path) == []
     run = load_script("figure_rules").load_index(tmp_path).runs["docs/bench/b/results.json"]
     assert (run.commit, run.split, run.spec("rpdc")) == ("c" * 40, "validate", TODAY)
+
+
+def test_a_ratio_of_medians_from_two_runs_pairs_across_runs(cf: ModuleType, tmp_path: Path) -> None:
+    a = bench(tmp_path, "a", {"turns": turns({"rpdc": [40.0, 60.0]})}, specs={"rpdc": TODAY})
+    b = bench(tmp_path, "b", {"turns": turns({"epic": [100.0, 100.0]})})
+    value = f"ratio_of_medians(warm('{a}', 'rpdc', 'ttft_ms'), warm('{b}', 'epic', 'ttft_ms'))"
+    page(tmp_path, "`rpdc` takes 0.50x `epic`'s TTFT, the ratio of medians.")
+    errors = cf.check(manifest(tmp_path, figure("0.50x `epic`'s", "0.50", value)), tmp_path)
+    assert len(errors) == 1 and "measured in separate runs" in errors[0]
+    page(tmp_path, "`rpdc` takes 0.50x `epic`'s TTFT, the ratio of medians of separate runs.")
+    assert cf.check(manifest(tmp_path, figure("0.50x `epic`'s", "0.50", value)), tmp_path) == []
