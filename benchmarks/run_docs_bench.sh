@@ -50,6 +50,9 @@ reuse() {
   # the default against its targets (docs/benchmarks.md "Against the targets")
   $py benchmarks/targets.py docs/bench/validate-{reflexion,memgpt,swe_agent,chat} \
     --cold docs/bench/cold --out docs/bench/targets
+  # docs/templates.md: the templated workload, one session per shipped template (a few minutes)
+  $ac bench benchmarks/workloads/templated.jsonl --strategies prefix,default \
+    --max-turns 2 --new-tokens 4 --threads 1 --out docs/bench/templated
   # every strategy, sessions -01 (shift) and -02 (swing), first 4 turns, 32 teacher-forced tokens
   for w in $W; do
     $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
@@ -57,13 +60,15 @@ reuse() {
   done
   # the default against full recompute and pic on every session and turn (~40 min)
   for w in $W; do
-    $ac bench "benchmarks/workloads/$w.jsonl" --strategies full,pic,default --out "docs/bench/wide-$w"
+    $ac bench "benchmarks/workloads/$w.jsonl" --split tune --strategies full,pic,rpdc:cover=0 \
+      --out "docs/bench/wide-$w"
   done
   # the default with the probe shortcut on every swe_agent turn (~25 min)
-  $ac bench benchmarks/workloads/swe_agent.jsonl --strategies full,rpdc --out docs/bench/shortcut-swe_agent
+  $ac bench benchmarks/workloads/swe_agent.jsonl --split tune --strategies full,rpdc:cover=0 \
+    --out docs/bench/shortcut-swe_agent
   # larger budgets and epic on the same turns: greedy exact match against TTFT (~60 min)
   for w in $W; do
-    $ac bench "benchmarks/workloads/$w.jsonl" \
+    $ac bench "benchmarks/workloads/$w.jsonl" --split tune \
       --strategies full,rpdc:extra=0.5,rpdc:extra=1:probe_redo=true,epic --out "docs/bench/wide-budget-$w"
   done
   $py benchmarks/budget_curve.py docs/bench/wide-*/results.json --out docs/bench/wide-budget-curve
@@ -72,7 +77,7 @@ reuse() {
     --strategies pic,rpdc --out docs/bench/wide-reflexion/margins.md
   # budget/ablation sweep on one swing session, 16 tokens
   $ac bench benchmarks/workloads/reflexion.jsonl --sessions reflexion-02 --max-turns 4 \
-    --new-tokens 16 --sweep --strategies full,pic,cacheblend,epic,cacheslide,default \
+    --new-tokens 16 --sweep --strategies full,pic,cacheblend,epic,cacheslide,rpdc:cover=0 \
     --out docs/bench/sweep
   # boundary-token ablation of the earlier default (docs/lab/reuse.md, "Boundary tokens")
   old=rpdc:ratio=0.3:probe_window=256
@@ -182,16 +187,17 @@ vllm() {
   $vac bench "${slice[@]}" --threads 1 --out docs/bench/vllm-threads1
   $vac bench benchmarks/workloads/reflexion.jsonl benchmarks/workloads/swe_agent.jsonl \
     --sessions reflexion-00,reflexion-01,swe_agent-01 --max-turns 3 --backend vllm \
-    --strategies rpdc,pic --threads 1 --out docs/bench/vllm-current
+    --strategies rpdc:cover=0,pic --threads 1 --out docs/bench/vllm-current
   $vac bench benchmarks/workloads/memgpt.jsonl --sessions memgpt-01,memgpt-02 \
-    --max-turns 3 --backend vllm --strategies rpdc,pic --threads 1 --out docs/bench/vllm-memgpt
+    --max-turns 3 --backend vllm --strategies rpdc:cover=0,pic --threads 1 \
+    --out docs/bench/vllm-memgpt
   $vac bench benchmarks/workloads/reflexion.jsonl benchmarks/workloads/memgpt.jsonl \
-    benchmarks/workloads/swe_agent.jsonl --backend vllm --strategies pic,pic@vllm,rpdc \
-    --threads 1 --out docs/bench/vllm-staged
+    benchmarks/workloads/swe_agent.jsonl --split tune --backend vllm \
+    --strategies pic,pic@vllm,rpdc:cover=0 --threads 1 --out docs/bench/vllm-staged
   # the perfect cache's ceiling over prefix caching, every session (about an hour)
   $ac bench benchmarks/workloads/reflexion.jsonl benchmarks/workloads/memgpt.jsonl \
-    benchmarks/workloads/swe_agent.jsonl --strategies full,prefix,pic,default --new-tokens 1 \
-    --out docs/bench/ceiling/all
+    benchmarks/workloads/swe_agent.jsonl --split tune --strategies full,prefix,pic,rpdc:cover=0 \
+    --new-tokens 1 --out docs/bench/ceiling/all
   $py benchmarks/ceiling.py docs/bench/ceiling/all/results.json --out docs/bench/ceiling
 }
 

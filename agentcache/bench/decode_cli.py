@@ -21,6 +21,7 @@ from agentcache.argtypes import (
     output_folder,
     positive_int,
 )
+from agentcache.bench.provenance import provenance
 from agentcache.decode.config import DEFAULT_BUDGET_PAGES, DecodeConfig
 from agentcache.decode.minmax import GQA_COMBINES
 from agentcache.decode.profile import profile_filename, save_profile
@@ -58,6 +59,7 @@ def run_record() -> dict[str, Any]:
             "platform": platform.platform(),
             "torch": torch.__version__,
         },
+        "provenance": provenance(),
     }
 
 

@@ -81,17 +81,24 @@ def summarize(
 
 def _spread(per_prompt: list[dict[str, Any]], name: str) -> dict[str, Any]:
     """Median and range over prompts of the per-prompt speed ratio to dense (both timed on
-    the same prompt), the prompts decoded exactly as dense, and needles found."""
+    the same prompt), in steady state and with each decoder's set-up added to its steps, the
+    prompts decoded exactly as dense, and needles found."""
 
-    def speed(rec: dict[str, Any]) -> float:
-        return (len(rec["tokens"]) - 1) / sum(rec["step_s"])
+    def speed(rec: dict[str, Any], setup: bool = False) -> float:
+        return (len(rec["tokens"]) - 1) / (sum(rec["step_s"]) + (rec["setup_s"] if setup else 0))
 
     ratios = [speed(p["policies"][name]) / speed(p["policies"]["dense"]) for p in per_prompt]
+    with_setup = [
+        speed(p["policies"][name], True) / speed(p["policies"]["dense"], True) for p in per_prompt
+    ]
     recs = [p["policies"][name] for p in per_prompt]
     out: dict[str, Any] = {
         "speed_ratio_median": statistics.median(ratios),
         "speed_ratio_min": min(ratios),
         "speed_ratio_max": max(ratios),
+        "speed_with_setup_ratio_median": statistics.median(with_setup),
+        "speed_with_setup_ratio_min": min(with_setup),
+        "speed_with_setup_ratio_max": max(with_setup),
         "prompts": len(recs),
         "prompts_identical_to_dense": sum(r["greedy_agreement_with_dense"] == 1.0 for r in recs),
     }

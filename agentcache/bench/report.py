@@ -12,6 +12,7 @@ from typing import Any
 
 from agentcache.bench.metrics import _median, aggregate
 from agentcache.bench.peer import PEER
+from agentcache.bench.provenance import provenance, specs_of
 
 COLUMNS = (
     ("ttft_ratio_vs_full", "TTFT/full", "{:.3f}"),
@@ -144,6 +145,9 @@ def write_results(
         },
         "skipped_lines": problems,
         **meta,
+        "provenance": provenance(
+            specs_of(r["strategy"] for r in records), meta.get("split"), meta.get("sessions", ())
+        ),
         "turns": records,
     }
     (out / "results.json").write_text(json.dumps(results, indent=1, default=_json_default))

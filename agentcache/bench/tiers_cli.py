@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agentcache.argtypes import non_negative_int, output_folder, positive_int
 from agentcache.bench.cli import select
+from agentcache.bench.provenance import provenance
 from agentcache.bench.report import markdown_table
 from agentcache.bench.tiers import TierBenchConfig, run_policy
 from agentcache.bench.tiers_report import ratios, store_only_figure
@@ -136,6 +137,7 @@ def write_tier_results(
             "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "platform": platform.platform(), "torch": torch.__version__,
         },
+        "provenance": provenance(split=meta.get("split"), sessions=meta.get("sessions", ())),
     }  # fmt: skip
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "report.md").write_text(render(results))

@@ -81,6 +81,10 @@ def test_bench_end_to_end_on_tiny_model(tiny: LoadedModel, tmp_path: Path) -> No
     assert "| rpdc |" in (tmp_path / "out" / "report.md").read_text()
     assert all(0.0 < r["overhead_ms"] < r["ttft_ms"] for r in on_disk["turns"])
     assert "overhead ms" in (tmp_path / "out" / "report.md").read_text()
+    made = on_disk["provenance"]  # what the run measured, for the figures quoting it
+    assert made["specs"]["rpdc"].startswith("rpdc:cover=1.5:")
+    assert made["specs"]["rpdc:ratio=1.0"] != made["specs"]["rpdc"]
+    assert set(made) >= {"commit", "command", "date", "machine", "split", "sessions"}
 
 
 def test_bench_cope_runs_the_models_adapter_or_says_how_to_train_one(

@@ -83,6 +83,9 @@ def test_bench_decode_writes_every_metric(tiny: LoadedModel, tmp_path: Path) -> 
     assert dense["speed_ratio_median"] == 1.0 and dense["prompts_identical_to_dense"] == 3
     assert verified["prompts_identical_to_dense"] == 3
     assert flexi["speed_ratio_min"] <= flexi["speed_ratio_median"] <= flexi["speed_ratio_max"]
+    # a decoder's set-up counts against it: with it, no policy gains on dense
+    assert flexi["speed_with_setup_ratio_median"] <= flexi["speed_ratio_median"]
+    assert dense["speed_with_setup_ratio_median"] == 1.0
     assert flexi["teacher_forced_top1_min"] <= flexi["teacher_forced_top1_agreement"]
     assert flexi["needle_prompts_found"] in {"0/2", "1/2", "2/2"}
 

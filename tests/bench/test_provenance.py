@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import agentcache.reuse.strategies  # noqa: F401  (registers the strategies)
+from agentcache.bench.provenance import git_commit, provenance, resolved_spec, specs_of
+from agentcache.reuse.spec import StrategySpec
+
+
+def test_a_spec_resolves_to_every_option_its_strategy_sets() -> None:
+    rpdc = resolved_spec(StrategySpec.parse("rpdc"))
+    assert rpdc.startswith("rpdc:cover=1.5:")
+    assert "extra=0.2" in rpdc and "probe_layers=10" in rpdc and "selection=attention" in rpdc
+    assert resolved_spec(StrategySpec.parse("default")) == rpdc
+    assert resolved_spec(StrategySpec.parse("rpdc:cover=1.5")) == rpdc
+    assert "cover" not in resolved_spec(StrategySpec.parse("rpdc:cover=0"))
+    assert resolved_spec(StrategySpec.parse("epic")) == "epic:boundary_k=64"
+    assert resolved_spec(StrategySpec.parse("full")) == "full"
+
+
+def test_a_record_names_commit_command_date_machine_specs_and_sessions() -> None:
+    specs = specs_of(["full", "rpdc", "transformers-prefix", "rpdc"])
+    record = provenance(specs, "validate", ["memgpt-08"], argv=["bench", "w.jsonl"])
+    assert record["command"] == "agentcache bench w.jsonl"
+    assert record["split"] == "validate" and record["sessions"] == ["memgpt-08"]
+    assert list(record["specs"]) == ["full", "rpdc", "transformers-prefix"]
+    assert record["specs"]["transformers-prefix"] == "transformers-prefix"
+    assert {"cores", "torch_threads", "torch"} <= set(record["machine"])
+    assert record["date"].endswith("+00:00")
+
+
+def test_outside_a_checkout_the_commit_is_unknown_not_made_up(tmp_path: Path) -> None:
+    assert git_commit(tmp_path) == (None, None)
+    head, _ = git_commit()
+    assert head is not None and len(head) == 40
