@@ -11,7 +11,9 @@ import openai
 import pytest
 
 from agentcache.model.loading import LoadedModel
+from agentcache.runtime import loop as loop_module
 from agentcache.server.inprocess import serve_in_thread
+from agentcache.testing import scripted_sampler
 from tests.server.conftest import MODEL, tiny_app
 
 SYSTEM = "You are a build agent. Tools: ls, cat, grep, make. Reply with one command. " * 3
@@ -376,3 +378,40 @@ def test_tool_call_history_round_trips(server_url: str) -> None:
     assert (by_index[2]["kind"], by_index[2]["status"]) == ("fixed", "hit")
     assert (by_index[3]["kind"], by_index[3]["status"]) == ("fixed", "hit")
     assert (by_index[5]["kind"], by_index[5]["status"]) == ("fixed", "new")
+
+
+def test_a_memgpt_loop_through_the_openai_client_keeps_its_history(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Working memory in the system message, rewritten every turn; the client echoes nothing
+    but a `prompt_cache_key`. From the second turn on, >= 80% of the history's tokens are
+    cached; the key groups the `changed` label and separates nothing."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": ""}]
+    with serve_in_thread(tiny_app(tiny)) as url:
+        c = client(url)
+        for turn in range(4):
+            facts = " ".join(f"Fact {i}: the user likes topic {i * 3}." for i in range(turn + 1))
+            messages[0] = {"role": "system", "content": f"{SYSTEM}\nMemory: {facts}"}
+            messages.append({"role": "user", "content": f"{USERS[turn]}, please, in src/{turn}"})
+            reply = f"ls src/{turn}"  # scripted: it round-trips through text, as a model's does
+            monkeypatch.setattr(loop_module, "sample", scripted_sampler(reply))
+            r = c.chat.completions.create(
+                model=MODEL, messages=messages, temperature=0, max_tokens=16,  # type: ignore[arg-type]
+                extra_body={"prompt_cache_key": "agent-7"},
+            )  # fmt: skip
+            report = r.model_extra["agentcache"]  # type: ignore[index]
+            history = [s for s in report["segments"]
+                       if s["message_index"] not in (None, 0, len(messages) - 1)]  # fmt: skip
+            assert r.usage is not None and r.usage.prompt_tokens_details is not None
+            cached = r.usage.prompt_tokens_details.cached_tokens
+            if turn > 0:
+                assert cached >= 0.8 * sum(s["num_tokens"] for s in history), turn
+                assert {s["status"] for s in history} <= {"hit", "moved"}
+                assert report["segments"][0]["status"] == "changed"
+            messages.append({"role": "assistant", "content": r.choices[0].message.content})
+        again = c.chat.completions.create(
+            model=MODEL, messages=messages[:-1], temperature=0, max_tokens=4,  # type: ignore[arg-type]
+            extra_body={"prompt_cache_key": "another-key"},
+        )  # fmt: skip
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    assert again.usage.prompt_tokens_details.cached_tokens > 0  # a key is no boundary
