@@ -5,10 +5,12 @@ computed, besides what the strategy recomputes for fidelity (`refreshed`)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import torch
 
 from agentcache.chat.diagnostics import ReuseReport
 from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec
@@ -16,6 +18,7 @@ from agentcache.chat.runner import ChatEngine, ChatRequest, ChatResult
 from agentcache.model.loading import LoadedModel
 from agentcache.runtime import loop as loop_module
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
+from agentcache.runtime.stats import TokenReuse, TokenUse
 from agentcache.testing import scripted_sampler
 
 PARAMS = GenerationParams(max_new_tokens=48)
@@ -139,3 +142,19 @@ def test_the_token_split_adds_up_under_every_strategy(chat: Any, strategy: str) 
             assert rep.reused_tokens == 0
         elif strategy != "promptcache":  # it keys by absolute position: the memory moved all
             assert rep.reused_tokens > 0
+
+
+def test_the_token_split_of_a_prefill_matches_a_token_by_token_reference() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 7, 64):
+        reused, exact, dirty = (torch.rand(n, generator=gen) < 0.6 for _ in range(3))
+        runs = TokenReuse.of(n, reused, exact, dirty).runs
+        got = [use for s, e, use in runs for _ in range(s, e)]
+        expected = [
+            TokenUse.COMPUTED if not r else TokenUse.REFRESHED if d else
+            TokenUse.EXACT if x else TokenUse.MOVED
+            for r, x, d in zip(reused.tolist(), exact.tolist(), dirty.tolist(), strict=True)
+        ]  # fmt: skip
+        assert got == expected
+        assert all(a[2] != b[2] and a[1] == b[0] for a, b in itertools.pairwise(runs))
+    assert TokenReuse.of(3, None, None, None).runs == ((0, 3, TokenUse.COMPUTED),)
