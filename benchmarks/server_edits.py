@@ -132,7 +132,7 @@ def main() -> int:
     ours, prefix = Server([], log), Server(["--strategy", "prefix"], log)
     try:
         messages: list[dict[str, Any]] = [{"role": "system", "content": ""}]
-        turns = []
+        turns: list[dict[str, Any]] = []
         for t, user in enumerate(USER_TURNS):
             messages[0] = {"role": "system", "content": memory(t)}
             messages.append({"role": "user", "content": user})
@@ -141,7 +141,7 @@ def main() -> int:
             turns.append({"turn": t, "default": turn_row(a, len(messages)),
                           "prefix": turn_row(b, len(messages))})  # fmt: skip
             messages.append({"role": "assistant", "content": a["choices"][0]["message"]["content"]})
-        same = [{"role": "system", "content": INSTRUCTIONS * 4},
+        same: list[dict[str, Any]] = [{"role": "system", "content": INSTRUCTIONS * 4},
                 {"role": "user", "content": USER_TURNS[0]}]  # fmt: skip
         identical = [turn_row(ours.ask(same, 8), len(same)) for _ in range(3)]
     finally:
