@@ -12,7 +12,7 @@ from agentcache.cli import ModelCommand, build_parser, main
 from agentcache.decode.config import DecodeConfig
 from agentcache.engines.vllm import installed_vllm_version
 from agentcache.model.loading import LoadedModel
-from agentcache.server.cli import server_config, served_name
+from agentcache.server.cli import served_name, server_config
 from tests.conftest import no_model, usage_error
 
 
