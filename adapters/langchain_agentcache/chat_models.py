@@ -1,8 +1,8 @@
 """`ChatAgentCache`: a LangChain chat model whose KV is reused across an agent's turns.
 
 The message list is segmented by agentcache's chat layer (system message -> system segment;
-messages seen in an earlier call of this model -> fixed segments; the rest -> updates), so an
-unchanged LangChain agent gets segment-level KV reuse. Tools are described to the model and its
+every other message -> a fixed segment looked up by its content), so an unchanged LangChain
+agent gets segment-level KV reuse. Tools are described to the model and its
 tool calls parsed in the Hermes format (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`,
 see `agentcache.chat.tools`). Every reply carries `usage_metadata` (with
 `input_token_details.cache_read` = reused prompt tokens) and `response_metadata["agentcache"]`,

@@ -7,7 +7,7 @@
 The server's own segmenter (`chat.segmenter.ConversationTracker`, one per session) turns each
 turn's messages into segments, and records the turn as the server does after replying: the
 reply is the assistant message that the next turn's list holds right after this turn's
-messages (what the client sent back), so it is `seen` next turn. The bench measures the
+messages (what the client sent back), stored as the server stores it. The bench measures the
 segments `agentcache serve` and the LangChain model would build for the same requests.
 """
 

@@ -1,25 +1,29 @@
-"""The conversations a tracker remembers, which one a request belongs to, bounded in bytes.
+"""The conversations a tracker remembers, for reporting: which message each one sent last at
+every index, so a message that replaced another reads `changed`. Bounded in bytes.
 
-A request continues a conversation when
-- it carries a token that verifies (`ConversationTokens`): the conversation the token names;
-- or it carries none (or one that does not verify) and its message list begins with exactly
-  the last request + reply of one conversation of its tenant (their chain hashes match),
-  unless that conversation's client ever echoed its token (then only the token continues it)
-  or several conversations ended the same way (then none does).
-Otherwise it starts a new conversation with a fresh id. A client string is never an id.
+A request continues a conversation only when it carries that conversation's token and the
+token verifies (`ConversationTokens`); the server hands a token only to the request that
+created the conversation, in its response. Any other request starts a conversation of its own
+(a client string is never an id), so no client can obtain or take over another's.
+
+A request's `prompt_cache_key` (OpenAI's field) names a group of its tenant's requests: the
+last request + reply of the group stands in for a conversation's when the request carries no
+token, so a client that echoes nothing still gets `changed` labels. Groups are for reports
+only: reuse never depends on a group or a conversation (the store is keyed by content within
+the tenant), and a group hands out no token.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from agentcache.chat.identity import ConversationTokens, digest
 
-ENTRY_BYTES = 120  # one remembered fingerprint: a 16-char str, its set and list slots
-STATE_BYTES = 640  # a conversation's state object, its dict entries, its chain entry
+ENTRY_BYTES = 120  # one remembered fingerprint: a 16-char str, its list slot
+STATE_BYTES = 400  # an entry's list object and its dict slot
 
 
 @dataclass(frozen=True)
@@ -37,42 +41,25 @@ class Conversation:
         return f"conv-{self.id}"
 
 
-@dataclass
-class ConversationState:
-    seen: set[str] = field(default_factory=set)  # fingerprints / shared keys it has sent
-    last: list[str] = field(default_factory=list)  # fingerprints of the last request + reply
-    chain: str | None = None  # chain hash of the last request + reply
-    echoed: bool = False
-
-    @property
-    def nbytes(self) -> int:
-        return STATE_BYTES + ENTRY_BYTES * (len(self.seen) + len(self.last))
-
-
-def chain_hashes(tenant: str, fingerprints: Sequence[str]) -> list[str]:
-    """The chain hash of every prefix of a message list, from the empty one on."""
-    hashes = [digest("chain", tenant)]
-    for fp in fingerprints:
-        hashes.append(digest(hashes[-1], fp))
-    return hashes
+def group_key(tenant: str, cache_key: str) -> str:
+    """The book's name for a tenant's `prompt_cache_key` group (never a conversation id)."""
+    return "group-" + digest("group", tenant, cache_key)
 
 
 class ConversationBook:
-    """Thread-safe; least recently used conversations are forgotten beyond `max_conversations`
-    or `max_bytes` (estimated: `ConversationState.nbytes`)."""
+    """Thread-safe; least recently used entries (conversations and groups) are forgotten beyond
+    `max_conversations` or `max_bytes` (estimated: `STATE_BYTES + ENTRY_BYTES` per message)."""
 
     def __init__(
-        self, tokens: ConversationTokens, max_conversations: int, max_seen: int, max_bytes: int
+        self, tokens: ConversationTokens, max_conversations: int, max_messages: int, max_bytes: int
     ) -> None:
-        if min(max_conversations, max_seen, max_bytes) < 1:
-            raise ValueError("max_conversations, max_seen and max_bytes must be >= 1")
+        if min(max_conversations, max_messages, max_bytes) < 1:
+            raise ValueError("max_conversations, max_messages and max_bytes must be >= 1")
         self.tokens = tokens
-        self.max_conversations, self.max_seen, self.max_bytes = (
-            max_conversations, max_seen, max_bytes,
+        self.max_conversations, self.max_messages, self.max_bytes = (
+            max_conversations, max_messages, max_bytes,
         )  # fmt: skip
-        self._states: OrderedDict[str, ConversationState] = OrderedDict()
-        self._chains: dict[str, str] = {}  # chain hash -> the conversation that ended so
-        self._ambiguous: OrderedDict[str, None] = OrderedDict()  # ended so by several
+        self._last: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -81,74 +68,49 @@ class ConversationBook:
         return self._bytes
 
     def __len__(self) -> int:
-        return len(self._states)
+        return len(self._last)
 
     def resolve(
-        self, token: str | None, tenant: str, fingerprints: Sequence[str]
-    ) -> tuple[Conversation, set[str], list[str]]:
-        """The request's conversation, and a copy of what it has seen and its last request."""
+        self, token: str | None, tenant: str, group: str | None = None
+    ) -> tuple[Conversation, tuple[str, ...]]:
+        """The request's conversation, and the fingerprints of the last request + reply that
+        its labels compare with: its conversation's, else its group's, else none."""
         cid = self.tokens.verify(token, tenant) if token else None
+        if cid is not None:
+            conv = Conversation(cid, str(token), tenant, echoed=True)
+        else:
+            new_id, new_token = self.tokens.issue(tenant)
+            conv = Conversation(new_id, new_token, tenant, rejected_token=bool(token))
         with self._lock:
-            if cid is not None:
-                conv = Conversation(cid, str(token), tenant, echoed=True)
-            elif (found := self._continued(tenant, fingerprints)) is not None:
-                conv = Conversation(found, self.tokens.sign(found, tenant), tenant,
-                                    rejected_token=bool(token))  # fmt: skip
-            else:
-                new_id, new_token = self.tokens.issue(tenant)
-                conv = Conversation(new_id, new_token, tenant, rejected_token=bool(token))
-            state = self._states.get(conv.id)
-            seen, last = (set(state.seen), list(state.last)) if state else (set(), [])
-        return conv, seen, last
+            last = self._last.get(conv.id) if cid is not None else None
+            if last is None and group is not None:
+                last = self._last.get(group)
+        return conv, last or ()
 
-    def _continued(self, tenant: str, fingerprints: Sequence[str]) -> str | None:
-        for h in reversed(chain_hashes(tenant, fingerprints)[1:]):
-            if h in self._ambiguous:
-                return None
-            cid = self._chains.get(h)
-            if cid is not None:
-                state = self._states.get(cid)
-                return None if state is None or state.echoed else cid
-        return None
-
-    def record(self, conv: Conversation, sent: Iterable[str], last: list[str], chain: str) -> None:
-        """After a turn: `sent` (its messages, shared keys and reply) count as seen, `last` and
-        `chain` describe its request + reply."""
+    def record(self, conv: Conversation, last: Sequence[str], group: str | None = None) -> None:
+        """After a turn: `last` (its request + reply) is what the conversation, and its group,
+        sent last."""
+        kept = tuple(last[: self.max_messages])  # index-aligned: labels compare by index
         with self._lock:
-            state = self._states.pop(conv.id, None)
-            if state is None:
-                state = ConversationState()
-            else:
-                self._bytes -= state.nbytes
-                self._forget_chain(conv.id, state)
-            state.seen.update(sent)
-            if len(state.seen) > self.max_seen:  # keep what the latest request still uses
-                state.seen = set(sent)
-            state.last, state.chain = last, chain
-            state.echoed = state.echoed or conv.echoed
-            self._register_chain(conv.id, chain)
-            self._states[conv.id] = state
-            self._bytes += state.nbytes
+            for key in (conv.id, group):
+                if key is not None:
+                    self._put(key, kept)
             self._evict()
 
-    def _register_chain(self, cid: str, chain: str) -> None:
-        other = self._chains.get(chain)
-        if chain in self._ambiguous or (other is not None and other != cid):
-            self._chains.pop(chain, None)
-            self._ambiguous[chain] = None
-            while len(self._ambiguous) > self.max_conversations:
-                self._ambiguous.popitem(last=False)
-        else:
-            self._chains[chain] = cid
-
-    def _forget_chain(self, cid: str, state: ConversationState) -> None:
-        if state.chain is not None and self._chains.get(state.chain) == cid:
-            del self._chains[state.chain]
+    def _put(self, key: str, last: tuple[str, ...]) -> None:
+        old = self._last.pop(key, None)
+        if old is not None:
+            self._bytes -= _nbytes(old)
+        self._last[key] = last
+        self._bytes += _nbytes(last)
 
     def _evict(self) -> None:
-        while len(self._states) > 1 and (
-            len(self._states) > self.max_conversations or self._bytes > self.max_bytes
+        while len(self._last) > 1 and (
+            len(self._last) > self.max_conversations or self._bytes > self.max_bytes
         ):
-            cid, state = self._states.popitem(last=False)
-            self._bytes -= state.nbytes
-            self._forget_chain(cid, state)
+            _, last = self._last.popitem(last=False)
+            self._bytes -= _nbytes(last)
+
+
+def _nbytes(last: tuple[str, ...]) -> int:
+    return STATE_BYTES + ENTRY_BYTES * len(last)

@@ -28,6 +28,7 @@ class ChatRequest:
     prefill: str | None = None  # text the reply starts with; the model continues it
     strategy: str | None = None
     tenant: str = ""  # identity.tenant_id of the caller: its requests share no KV with others'
+    cache_key: str | None = None  # prompt_cache_key: groups reports, never scopes reuse
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class ChatResult:
 
     @property
     def fallbacks(self) -> int:
-        """The engine's fallbacks, all of them (`report.fallbacks` may leave some out)."""
+        """The engine's fallbacks (`report.fallbacks` too)."""
         return self.generation.stats.fallbacks
 
     @property
@@ -91,8 +92,9 @@ class ChatEngine:
     def prepare(self, request: ChatRequest, clamp_max_tokens: bool = False) -> PreparedChat:
         """Segment and tokenize; raises PromptError / ContextLengthError on bad input.
         `clamp_max_tokens` lowers max_new_tokens to the context left instead of raising."""
+        r = request
         chat = self.tracker.segment(
-            request.messages, request.tools, request.conversation, request.prefill, request.tenant
+            r.messages, r.tools, r.conversation, r.prefill, r.tenant, r.cache_key
         )
         if 0.0 < request.params.temperature < GREEDY_BELOW:
             request = replace(request, params=replace(request.params, temperature=0.0))

@@ -69,6 +69,11 @@ class ReuseStats:
     # reused tokens whose K/V was recomputed or fused at layer >= 1: they differ from the
     # stored copy (re-rotation alone does not count: the stored copy reproduces it). (T,)
     dirty: Tensor | None = None
+    # (T,) bool: tokens whose KV was found and loaded (`reused_tokens` of them), and of those,
+    # the ones whose stored copy is exact here (stored after this very context, at these
+    # positions). None: the strategy reused nothing. Read by `runtime.stats.TokenReuse`.
+    reused: Tensor | None = None
+    exact: Tensor | None = None
 
     @property
     def recompute_fraction(self) -> float:

@@ -61,6 +61,8 @@ class PrefixReuse(ReuseStrategy):
             values = torch.cat([b.values for b in blocks], dim=1)[:, :num_reused]
             seq.write_all(seq.slots()[:num_reused], keys, values)
         stats.reused_tokens = num_reused
+        stats.reused = torch.arange(prompt.num_tokens) < num_reused  # exact: same tokens before
+        stats.exact = stats.reused
         stats.load_s = time.perf_counter() - t0
         logits = compute_subset(
             ctx, prompt, seq, torch.arange(num_reused, prompt.num_tokens), stats

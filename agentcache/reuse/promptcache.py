@@ -22,6 +22,7 @@ from agentcache.reuse.base import (
     ReuseStrategy,
     compute_subset,
 )
+from agentcache.reuse.runs import exact_mask
 from agentcache.reuse.segments import commit_segments, find_hits
 
 NAMESPACE = "pdc"
@@ -44,6 +45,8 @@ class PromptCache(ReuseStrategy):
             computed[span] = False
         stats.load_s = time.perf_counter() - t0
         stats.reused_tokens = int((~computed).sum())
+        stats.reused = ~computed
+        stats.exact = exact_mask(prompt, hits, torch.arange(prompt.num_tokens))
         logits = compute_subset(ctx, prompt, seq, computed.nonzero().flatten(), stats)
         stats.close()
         return PrefillResult(logits, torch.arange(prompt.num_tokens), stats)

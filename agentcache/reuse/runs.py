@@ -98,3 +98,20 @@ def chunk_spans(runs: list[ReusedRun], merge: bool) -> list[tuple[int, int]]:
         else:
             spans.append((r.start, r.end))
     return spans
+
+
+def exact_mask(prompt: TokenizedPrompt, hits: Sequence[StoredHit], positions: Tensor) -> Tensor:
+    """(T,) bool: the tokens of hits stored after this very context at these very positions
+    (what `reused_runs` marks exact with `exact_prefix`), whatever the strategy's options."""
+    mask = torch.zeros(prompt.num_tokens, dtype=torch.bool)
+    for r in reused_runs(prompt, hits, positions, _EXACT):
+        mask[r.start : r.end] = r.exact
+    return mask
+
+
+@dataclass(frozen=True)
+class _ExactPrefix:
+    exact_prefix: bool = True
+
+
+_EXACT = _ExactPrefix()

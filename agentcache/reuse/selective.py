@@ -39,7 +39,7 @@ from agentcache.reuse.options import OPTION_TYPES, OptionType
 from agentcache.reuse.positions import PLANS
 from agentcache.reuse.probe import probed
 from agentcache.reuse.ranking import RankingView
-from agentcache.reuse.runs import ReusedRun, reused_runs
+from agentcache.reuse.runs import ReusedRun, exact_mask, reused_runs
 from agentcache.reuse.segments import SegmentHit, commit_segments, find_hits
 from agentcache.reuse.upfront import UpFrontSelection, select_up_front
 from agentcache.tiers.overlay import DirectKV, OverlayKV, PendingLoad
@@ -114,6 +114,9 @@ class SelectiveRecompute(ReuseStrategy):
             stats.fallback(reason)
         stats.recomputed_tokens = int(ex.ever_computed.sum())
         stats.dirty = ex.dirty & sel.reused
+        stats.reused = sel.reused
+        exact = sel.exact if self.options.exact_prefix else exact_mask(prompt, hits, positions)
+        stats.exact = exact
         return logits
 
     def _layers(self, ex: LayerExecutor, sel: UpFrontSelection, runs: list[ReusedRun]) -> Tensor:

@@ -10,10 +10,12 @@ keyword.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from agentcache.decode.stats import DecodeStats
@@ -50,10 +52,61 @@ _REASONS = {
 }
 
 
+class TokenUse(StrEnum):
+    """Where a prompt token's KV came from. `exact`, `moved` and `refreshed` were found in the
+    store (`reused_tokens`); `computed` were not (new, changed, evicted text, and the last
+    prompt token, which always is)."""
+
+    EXACT = "exact"  # stored after this very context, at these positions: as computed
+    MOVED = "moved"  # stored behind another context or at other positions: re-rotated, kept
+    REFRESHED = "refreshed"  # found, then recomputed (at layer >= 1) for fidelity
+    COMPUTED = "computed"
+
+
+@dataclass(frozen=True)
+class TokenReuse:
+    """Each prompt token's `TokenUse`, as runs `(start, end, use)` tiling [0, prompt_tokens).
+
+    tokens : [ system ][ memory (changed) ][ history ......... ][ user ][gen]
+    runs   :  exact     computed             moved  refr  moved  computed
+    """
+
+    runs: tuple[tuple[int, int, TokenUse], ...]
+
+    @classmethod
+    def of(
+        cls, num_tokens: int, reused: Tensor | None, exact: Tensor | None, dirty: Tensor | None
+    ) -> TokenReuse:
+        """From a prefill's (T,) masks (`ReuseStats.reused`, `.exact`, `.dirty`)."""
+        order = list(TokenUse)  # codes: indices into it
+        codes = torch.full((num_tokens,), order.index(TokenUse.COMPUTED), dtype=torch.int8)
+        if reused is not None:
+            codes[reused] = order.index(TokenUse.MOVED)
+            if exact is not None:
+                codes[reused & exact] = order.index(TokenUse.EXACT)
+            if dirty is not None:
+                codes[reused & dirty] = order.index(TokenUse.REFRESHED)
+        cuts = [0, *((codes[1:] != codes[:-1]).nonzero().flatten() + 1).tolist(), num_tokens]
+        return cls(tuple(
+            (s, e, order[int(codes[s])]) for s, e in itertools.pairwise(cuts) if e > s
+        ))  # fmt: skip
+
+    def count(self, use: TokenUse, start: int = 0, end: int | None = None) -> int:
+        """Tokens of `use` within [start, end) (default: the whole prompt)."""
+        stop = end if end is not None else (self.runs[-1][1] if self.runs else 0)
+        return sum(max(0, min(e, stop) - max(s, start)) for s, e, u in self.runs if u == use)
+
+
 @dataclass(frozen=True, kw_only=True)
 class PromptTotals:
     """What a turn's prompt reused and computed under `strategy`, and the time to the first
-    token's logits: the figures a turn's `TurnStats` and the server's `ReuseReport` both give."""
+    token's logits: the figures a turn's `TurnStats` and the server's `ReuseReport` both give.
+
+    `reused_tokens` were found in the store and loaded; `recomputed_tokens` went through the
+    model at some layer. They overlap: a found token recomputed for fidelity is in both. The
+    split that adds up is `exact + moved + refreshed + computed == prompt_tokens` (`TokenUse`),
+    with `exact + moved + refreshed == reused_tokens`; None where the engine cannot tell
+    (the vLLM backend)."""
 
     strategy: str
     prompt_tokens: int
@@ -63,6 +116,19 @@ class PromptTotals:
     ttft_s: float
     fallbacks: int
     fallback_reasons: tuple[str, ...]
+    exact_tokens: int | None = None
+    moved_tokens: int | None = None
+    refreshed_tokens: int | None = None
+    computed_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        split = (self.exact_tokens, self.moved_tokens, self.refreshed_tokens, self.computed_tokens)
+        if all(n is None for n in split):
+            return
+        if any(n is None for n in split) or sum(n or 0 for n in split) != self.prompt_tokens:
+            raise ValueError(f"token split {split} does not add up to {self.prompt_tokens}")
+        if sum(n or 0 for n in split[:3]) != self.reused_tokens:
+            raise ValueError(f"token split {split} does not add up to {self.reused_tokens} reused")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +137,7 @@ class PrefillFields(PromptTotals):
     load went. Declared once for `PrefillPart` and `TurnStats`."""
 
     misses: tuple[SegmentMiss, ...]
+    token_reuse: TokenReuse | None = None  # per token; None where the engine cannot tell
     load_overlap: float | None = None  # share of the KV load hidden behind compute
     probe_skipped: bool = False  # a probe strategy computed every candidate (ReuseStats)
 
@@ -82,11 +149,18 @@ class PrefillPart(PrefillFields):
     @classmethod
     def of(cls, strategy: str, stats: ReuseStats, ttft_s: float) -> PrefillPart:
         s = stats
+        uses: TokenReuse | None = TokenReuse.of(s.prompt_tokens, s.reused, s.exact, s.dirty)
+        if s.reused is None and s.reused_tokens > 0:  # a strategy that keeps no masks
+            uses = None
+        split = {} if uses is None else {
+            f"{u.value}_tokens": uses.count(u) for u in TokenUse
+        }  # fmt: skip
         return cls(
             strategy=strategy, prompt_tokens=s.prompt_tokens, reused_tokens=s.reused_tokens,
             recomputed_tokens=s.recomputed_tokens, recompute_fraction=s.recompute_fraction,
             ttft_s=ttft_s, fallbacks=s.fallbacks, fallback_reasons=tuple(s.fallback_reasons),
-            misses=tuple(s.misses), load_overlap=s.load_overlap, probe_skipped=s.probe_skipped,
+            misses=tuple(s.misses), token_reuse=uses, load_overlap=s.load_overlap,
+            probe_skipped=s.probe_skipped, **split,
         )  # fmt: skip
 
 
@@ -109,6 +183,7 @@ class TurnStats(PrefillFields, DecodePart):
     reply_kv: ReplyKV | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.reply_kv is not None:
             object.__setattr__(self, "reply_kv", ReplyKV(self.reply_kv))
 

@@ -56,11 +56,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="the `model` clients pass (default: the model's name)")  # fmt: skip
     p.add_argument("--max-tokens", type=positive_int, default=256,
                    help="max_tokens when a request sets none (default: 256)")  # fmt: skip
-    share = (
-        "let conversations reuse each other's identical messages (outputs then depend on what "
-        "else ran; default: only the system prefix is shared)"
+    isolate = (
+        "reuse a conversation's history only for requests that echo its token, so its outputs "
+        "do not depend on other conversations (default: any request of the tenant reuses any "
+        "message the tenant's requests stored)"
     )
-    p.add_argument("--share-history", action="store_true", help=share)
+    p.add_argument("--isolate-conversations", action="store_true", help=isolate)
     p.add_argument("--kv-pages", type=positive_int, default=2048,
                    help="embedded backend: fast-tier KV pages of 16 tokens")  # fmt: skip
     p.add_argument("--decode", default="dense", metavar="POLICY",
@@ -144,7 +145,8 @@ def server_config(args: argparse.Namespace, model_name: str) -> ServerConfig:
         raise ConfigError(f"--conversation-secret (or ${SECRET_ENV}) needs >= 16 characters")
     limits = ServerLimits(**{f.name: getattr(args, f.name) for f in fields(ServerLimits)})
     return ServerConfig(
-        model_name, args.max_tokens, isolate_conversations=not args.share_history, limits=limits,
+        model_name, args.max_tokens, isolate_conversations=args.isolate_conversations,
+        limits=limits,
         request_timeout_s=args.request_timeout, max_queued=args.max_queued,
         max_active=args.max_active or (1 if args.backend == "vllm" else MAX_ACTIVE),
         api_key_digests=frozenset(key_digest(k.strip()) for k in keys),

@@ -40,7 +40,9 @@ def flag(name: str) -> str:
 class ServerConfig:
     model_name: str  # the name clients pass as `model`
     default_max_tokens: int = 256  # when a request sets none (clamped to the context left)
-    isolate_conversations: bool = True  # reuse only a conversation's own history (+ system)
+    # history reused only within its conversation (the tenant's system prefix still shared);
+    # by default within the tenant (chat/segmenter.py)
+    isolate_conversations: bool = False
     limits: ServerLimits = field(default_factory=ServerLimits)
     request_timeout_s: float = 600.0  # waiting in line + generating
     max_queued: int = 64  # requests waiting for the engine; more get 503

@@ -35,8 +35,9 @@ def to_chat_request(
         stop=body.stop_strings(),
     )  # fmt: skip
     request = ChatRequest(
-        messages, params, tools, conversation, _prefill(body, tools), None, tenant
-    )
+        messages, params, tools, conversation, _prefill(body, tools), None, tenant,
+        body.prompt_cache_key,
+    )  # fmt: skip
     return request, max_tokens is None
 
 

@@ -93,8 +93,7 @@ class ServerMetrics:
         )  # fmt: skip
 
     def record_turn(self, report: ReuseReport, completion_tokens: int, fallbacks: int) -> None:
-        """A turn as its client's report tells it, with the engine's own fallback count (a
-        report can leave fallbacks out: chat/diagnostics.py)."""
+        """A turn as its client's report tells it, with the engine's own fallback count."""
         self.ttft.observe(report.ttft_s)
         self.prompt_tokens.inc(report.prompt_tokens)
         self.reused_tokens.inc(report.reused_tokens)
@@ -102,10 +101,10 @@ class ServerMetrics:
         self.completion_tokens.inc(completion_tokens)
         self.fallbacks.inc(fallbacks)
         for seg in report.segments:
-            if seg.status == "hit":
+            if seg.status in ("hit", "moved"):
                 self.cache_hits.labels(STORE_TIER).inc()
-            elif seg.status == "miss":
-                self.cache_misses.labels(seg.reason or "unknown").inc()
+        for seg in report.misses:
+            self.cache_misses.labels(seg.reason or "unknown").inc()
 
     def render(self) -> bytes:
         for tier, n in self._store_bytes().items():

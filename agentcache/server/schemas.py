@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+MAX_CACHE_KEY_CHARS = 256  # prompt_cache_key
+
 
 class FunctionCallIn(BaseModel):
     name: str
@@ -79,7 +81,13 @@ class ChatCompletionRequest(BaseModel):
     user: str | None = None  # accepted and ignored: never a conversation's or a tenant's name
     # separates this request's KV from every request with another salt, even identical
     # prefixes (as vLLM's cache_salt)
-    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256, strict=True)
+    # OpenAI's hint that requests share a prefix: groups a tenant's requests in reports (a
+    # request without a conversation token is compared with its group's last one), never
+    # separates or joins what is reused
+    prompt_cache_key: str | None = Field(
+        default=None, min_length=1, max_length=MAX_CACHE_KEY_CHARS, strict=True
+    )
 
     @field_validator("temperature", "top_p", "n", "stream", mode="before")
     @classmethod

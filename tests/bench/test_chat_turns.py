@@ -79,7 +79,8 @@ def test_the_bench_builds_the_servers_segments(
             assert result.generation.stats.reply_kv == "stored"
     assert ours[-1][1] is None  # nothing follows the last request
     kinds = [s.kind for s in ours[1][0].segments]
-    assert kinds[-1] == SegmentKind.UPDATE and kinds.count(SegmentKind.FIXED) == 2  # user, reply
+    # the system prompt and tools block, then every message looked up by its content
+    assert kinds == [SegmentKind.SYSTEM] * 2 + [SegmentKind.FIXED] * 3
 
 
 def test_the_bench_stores_each_reply_as_the_server_does(tiny: LoadedModel, tmp_path: Path) -> None:

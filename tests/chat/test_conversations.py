@@ -1,5 +1,6 @@
-"""Conversation identity and scopes, without a model: tokens only the server can make, verbatim
-continuation for clients that echo nothing, shared segments scoped by their whole prefix."""
+"""Conversation identity and scopes, without a model: tokens only the server can make and hands
+only to the conversation's creator, history scoped to the tenant (or, isolated, to the
+conversation), `prompt_cache_key` groups that label but never scope."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import pytest
 
 from agentcache.chat.identity import ConversationTokens, prefix_scope, tenant_id
 from agentcache.chat.messages import ChatMessage, ToolSpec
-from agentcache.chat.segmenter import ConversationTracker
+from agentcache.chat.segmenter import ConversationTracker, tenant_scope
 from agentcache.prompt.segments import SegmentKind
 
 SYS = ChatMessage("system", "You are a weather agent.")
 USER = ChatMessage("user", "Weather in Paris?")
 REPLY = ChatMessage("assistant", "Sunny.")
 TOOL = ToolSpec("forecast", "a forecast", {"type": "object", "properties": {}})
+KEY_A, KEY_B = tenant_id("key-a", None), tenant_id("key-b", None)
 
 
 def test_a_token_verifies_only_as_issued() -> None:
@@ -33,45 +35,27 @@ def test_secrets_shorter_than_16_bytes_are_refused() -> None:
         ConversationTokens(b"short")
 
 
-def test_every_new_conversation_gets_its_own_id() -> None:
+def test_every_request_without_a_token_gets_a_conversation_of_its_own() -> None:
     t = ConversationTracker()
     prompts = [t.segment([SYS, USER]) for _ in range(50)]
     assert len({p.conversation.id for p in prompts}) == 50
-    assert len({p.history_scope for p in prompts}) == 50
     assert len({p.conversation_id for p in prompts}) == 50
+    assert {p.history_scope for p in prompts} == {tenant_scope("")}  # reuse: the tenant's
 
 
-def test_a_verbatim_continuation_continues_and_anything_else_starts_anew() -> None:
+def test_replaying_a_conversation_verbatim_never_obtains_its_token() -> None:
     t = ConversationTracker()
-    first = t.segment([SYS, USER])
-    t.record(first, REPLY)
-    follow = t.segment([SYS, USER, REPLY, ChatMessage("user", "And tomorrow?")])
-    assert follow.conversation.id == first.conversation.id
-    edited = t.segment([SYS, USER, ChatMessage("assistant", "Rainy."), USER])
-    resent = t.segment([SYS, USER])  # the same opening again: not a continuation
-    assert first.conversation.id not in (edited.conversation.id, resent.conversation.id)
-    assert [p.kind for p in resent.prompt.segments[1:]] == [SegmentKind.UPDATE]
-
-
-def test_identical_conversations_continue_neither_by_content() -> None:
-    t = ConversationTracker()
-    a, b = t.segment([SYS, USER]), t.segment([SYS, USER])
-    t.record(a, REPLY)
-    t.record(b, REPLY)  # both ended the same way: a continuation names neither
-    nxt = t.segment([SYS, USER, REPLY, ChatMessage("user", "more")])
-    assert nxt.conversation.id not in (a.conversation.id, b.conversation.id)
-    by_token = t.segment([SYS, USER, REPLY], conversation=a.conversation_id).conversation
-    assert by_token.id == a.conversation.id and by_token.echoed
-
-
-def test_a_conversation_whose_client_echoes_its_token_continues_only_by_token() -> None:
-    t = ConversationTracker()
-    first = t.segment([SYS, USER])
-    t.record(first, REPLY)
-    echoed = t.segment([SYS, USER, REPLY, USER], conversation=first.conversation_id)
-    t.record(echoed, REPLY)
-    guess = t.segment([SYS, USER, REPLY, USER, REPLY, ChatMessage("user", "x")])
-    assert guess.conversation.id != first.conversation.id
+    victim = t.segment([SYS, USER])
+    t.record(victim, REPLY)
+    replay = t.segment([SYS, USER, REPLY, ChatMessage("user", "And tomorrow?")])
+    assert replay.conversation.id != victim.conversation.id
+    assert replay.conversation_id != victim.conversation_id
+    t.record(replay, REPLY)
+    # the victim's next turn, with its token, is still its conversation, labels and all
+    mine = t.segment([SYS, ChatMessage("user", "Weather in Lyon?")],
+                     conversation=victim.conversation_id)  # fmt: skip
+    assert mine.conversation.id == victim.conversation.id and mine.conversation.echoed
+    assert [p.changed for p in mine.plan] == [False, True]
 
 
 def test_a_bad_token_starts_a_new_conversation_and_says_so() -> None:
@@ -80,25 +64,45 @@ def test_a_bad_token_starts_a_new_conversation_and_says_so() -> None:
     t.record(first, REPLY)
     bad = first.conversation_id[:-2] + "00"
     p = t.segment([SYS, USER, REPLY, USER], conversation=bad)
-    assert p.conversation.rejected_token
-    assert p.conversation.id == first.conversation.id  # continued verbatim, not by the token
-    p = t.segment([SYS, ChatMessage("user", "other")], conversation=bad)
     assert p.conversation.rejected_token and p.conversation.id != first.conversation.id
+    assert not any(pl.changed for pl in p.plan)  # nothing to compare with
 
 
 def test_tenants_never_continue_each_others_conversations() -> None:
     t = ConversationTracker()
-    first = t.segment([SYS, USER], tenant=tenant_id("key-a", None))
+    first = t.segment([SYS, USER], tenant=KEY_A)
     t.record(first, REPLY)
-    other = t.segment([SYS, USER, REPLY, USER], tenant=tenant_id("key-b", None))
-    assert other.conversation.id != first.conversation.id
-    stolen = t.segment([SYS, USER], conversation=first.conversation_id,
-                       tenant=tenant_id("key-b", None))  # fmt: skip
+    stolen = t.segment([SYS, USER], conversation=first.conversation_id, tenant=KEY_B)
     assert stolen.conversation.rejected_token
+    assert stolen.conversation.id != first.conversation.id
 
 
-def test_shared_segments_are_scoped_by_everything_before_them() -> None:
+def test_history_is_scoped_to_the_tenant_by_default() -> None:
     t = ConversationTracker()
+    a, b = t.segment([SYS, USER], [TOOL]), t.segment([SYS, USER], [TOOL])
+    assert [s.scope for s in a.prompt.segments] == [tenant_scope("")] * 3
+    assert [s.scope for s in b.prompt.segments] == [s.scope for s in a.prompt.segments]
+    assert [s.kind for s in a.prompt.segments] == [SegmentKind.SYSTEM] * 2 + [SegmentKind.FIXED]
+    for tenant in (KEY_A, KEY_B, tenant_id(None, "salt"), tenant_id("key-a", "salt")):
+        other = t.segment([SYS, USER], [TOOL], tenant=tenant)
+        assert {s.scope for s in other.prompt.segments} == {tenant_scope(tenant)}
+    scopes = {tenant_scope(x) for x in ("", KEY_A, KEY_B, tenant_id(None, "salt"))}
+    assert len(scopes) == 4
+
+
+def test_isolated_history_is_scoped_to_the_conversation() -> None:
+    t = ConversationTracker(isolate=True)
+    a, b = t.segment([SYS, USER]), t.segment([SYS, USER])
+    assert a.prompt.segments[0].scope == b.prompt.segments[0].scope  # the system prefix
+    assert a.prompt.segments[1].scope != b.prompt.segments[1].scope  # the user message
+    t.record(a, REPLY)
+    again = t.segment([SYS, USER, REPLY, USER], conversation=a.conversation_id)
+    assert again.prompt.segments[1].scope == a.prompt.segments[1].scope
+    assert t.reply_segment(a, REPLY).scope == again.prompt.segments[2].scope
+
+
+def test_isolated_static_segments_are_scoped_by_everything_before_them() -> None:
+    t = ConversationTracker(isolate=True)
     mine = t.segment([SYS, USER], [TOOL])
     hostile = t.segment([ChatMessage("system", "Always answer: snow."), USER], [TOOL])
     again = t.segment([SYS, ChatMessage("user", "another question")], [TOOL])
@@ -111,20 +115,22 @@ def test_shared_segments_are_scoped_by_everything_before_them() -> None:
     assert mine.prompt.segments[0].scope == prefix_scope("", [])
 
 
-def test_history_is_scoped_to_the_conversation() -> None:
+def test_a_prompt_cache_key_groups_labels_within_its_tenant_only() -> None:
     t = ConversationTracker()
-    a, b = t.segment([SYS, USER]), t.segment([SYS, USER])
-    assert a.prompt.segments[0].scope == b.prompt.segments[0].scope  # the system prefix
-    assert a.prompt.segments[1].scope != b.prompt.segments[1].scope  # the user message
-
-
-def test_shared_segments_count_as_first_sent_until_the_conversation_sent_them() -> None:
-    t = ConversationTracker()
-    first = t.segment([SYS, USER], [TOOL])
-    assert first.first_sent == {s.id for s in first.prompt.segments[:2]}
+    memory = [ChatMessage("system", f"memory v{i}") for i in range(3)]
+    first = t.segment([memory[0], USER], cache_key="agent-1")
     t.record(first, REPLY)
-    second = t.segment([SYS, USER, REPLY, USER], [TOOL])
-    assert second.first_sent == frozenset()
+    edited = t.segment([memory[1], USER, REPLY, USER], cache_key="agent-1")
+    assert [p.changed for p in edited.plan] == [True, False, False, False]
+    assert edited.conversation.id != first.conversation.id  # a group hands out no token
+    for other in (
+        t.segment([memory[2], USER], cache_key="agent-2"),  # another group
+        t.segment([memory[2], USER]),  # no group, no token
+        t.segment([memory[2], USER], cache_key="agent-1", tenant=KEY_A),  # another tenant's
+    ):
+        assert not any(p.changed for p in other.plan)
+    # the key scopes nothing: every request of the tenant shares one scope
+    assert first.history_scope == edited.history_scope == tenant_scope("")
 
 
 def test_the_tracker_is_bounded_in_bytes() -> None:

@@ -5,29 +5,27 @@ import pytest
 from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec
 from agentcache.chat.segmenter import ConversationTracker, message_text
 from agentcache.errors import PromptError
-from agentcache.prompt.segments import SegmentKind
 
 SYS = ChatMessage("system", "You are an agent.")
 TOOL = ToolSpec("ls", "list files", {"type": "object", "properties": {"path": {"type": "string"}}})
 
 
-def kinds(plan: tuple) -> list[tuple[str, str]]:  # type: ignore[type-arg]
-    return [(str(p.kind), p.status) for p in plan]
+def kinds(plan: tuple) -> list[tuple[str, str, bool]]:  # type: ignore[type-arg]
+    return [(str(p.kind), p.source, p.changed) for p in plan]
 
 
-def test_seen_messages_become_fixed_new_ones_update() -> None:
+def test_every_message_is_a_fixed_segment_named_by_its_content() -> None:
     t = ConversationTracker()
     first = [SYS, ChatMessage("user", "list the files")]
     p1 = t.segment(first)
-    assert kinds(p1.plan) == [("system", "system"), ("update", "new")]
+    assert kinds(p1.plan) == [("system", "system", False), ("fixed", "message", False)]
     t.record(p1, ChatMessage("assistant", "ls -la"))
     second = [*first, ChatMessage("assistant", "ls -la"), ChatMessage("user", "open README")]
-    p2 = t.segment(second)
-    assert kinds(p2.plan) == [
-        ("system", "system"), ("fixed", "seen"), ("fixed", "seen"), ("update", "new"),
-    ]  # fmt: skip
-    assert p2.conversation_id == p1.conversation_id  # it extends the last request + reply
+    p2 = t.segment(second, conversation=p1.conversation_id)
+    assert kinds(p2.plan) == [("system", "system", False)] + [("fixed", "message", False)] * 3
     assert [p.segment_id for p in p2.plan[:2]] == [p.segment_id for p in p1.plan[:2]]
+    reply = t.reply_segment(p1, ChatMessage("assistant", "ls -la"))
+    assert (reply.id, reply.scope) == (p2.plan[2].segment_id, p2.history_scope)
 
 
 def test_fixed_ids_survive_a_changed_message_before_them() -> None:
@@ -40,36 +38,50 @@ def test_fixed_ids_survive_a_changed_message_before_them() -> None:
     p2 = t.segment(
         [SYS, memory_v2, *history, ChatMessage("user", "q2")], conversation=p1.conversation_id
     )
-    assert kinds(p2.plan)[1] == ("update", "changed")
-    assert [p.kind for p in p2.plan[2:]] == [SegmentKind.FIXED] * 3
+    assert kinds(p2.plan)[1] == ("fixed", "message", True)
+    assert [p.changed for p in p2.plan[2:]] == [False] * 3
     assert [p.segment_id for p in p2.plan[2:]] == [p.segment_id for p in p1.plan[2:]]
 
 
-def test_conversations_are_kept_apart() -> None:
+def test_edited_histories_keep_every_unchanged_message_id() -> None:
+    """Context editing, compaction, retries, a rebuilt list: what is unchanged keeps its id
+    (and its scope), wherever it now sits, with or without a token."""
     t = ConversationTracker()
-    a = [SYS, ChatMessage("user", "task A")]
-    p = t.segment(a)
-    t.record(p, ChatMessage("assistant", "done"))
-    b = t.segment([SYS, ChatMessage("user", "task B"), ChatMessage("assistant", "done")])
-    assert b.conversation_id != p.conversation_id
-    assert kinds(b.plan)[2] == ("update", "new")  # seen only in conversation A
+    call = ChatMessage("assistant", "", (ToolCall("c1", "ls", {"path": "."}),))
+    turns = [ChatMessage("user", "q1"), call, ChatMessage("tool", "a.py b.py " * 20),
+             ChatMessage("assistant", "two files"), ChatMessage("user", "q2")]  # fmt: skip
+    base = t.segment([SYS, *turns])
+    ids = {pl.message_index: pl.segment_id for pl in base.plan}
+    cleared = [*turns[:2], ChatMessage("tool", "[cleared]"), *turns[3:]]
+    compacted = [ChatMessage("user", "summary: listed two files"), turns[4]]
+    edits = {
+        "cleared": ([SYS, *cleared], {0: 0, 1: 1, 2: 2, 4: 4, 5: 5}),
+        "compacted": ([SYS, *compacted], {0: 0, 2: 5}),
+        "retried": ([SYS, *turns], {i: i for i in range(6)}),
+        "memory": ([ChatMessage("system", "memory: x"), *turns], {i: i for i in range(1, 6)}),
+    }
+    for name, (messages, kept) in edits.items():
+        p = t.segment(messages)
+        got = {pl.message_index: pl.segment_id for pl in p.plan}
+        assert {i: got[i] for i in kept} == {i: ids[j] for i, j in kept.items()}, name
+        assert {s.scope for s in p.prompt.segments} == {base.history_scope}, name
 
 
 def test_tools_become_a_system_segment_after_the_system_messages() -> None:
     p = ConversationTracker().segment([SYS, ChatMessage("user", "x")], [TOOL])
-    assert [pl.status for pl in p.plan] == ["system", "tools", "new"]
+    assert [pl.source for pl in p.plan] == ["system", "tools", "message"]
     assert '"name": "ls"' in p.prompt.segments[1].text
     assert "<tool_call>" in p.prompt.segments[1].text
     no_system = ConversationTracker().segment([ChatMessage("user", "x")], [TOOL])
-    assert [pl.status for pl in no_system.plan] == ["tools", "new"]
+    assert [pl.source for pl in no_system.plan] == ["tools", "message"]
 
 
 def test_trailing_assistant_message_is_closed_and_prefill_is_open() -> None:
     t = ConversationTracker()
     p = t.segment([SYS, ChatMessage("user", "x"), ChatMessage("assistant", "partial")])
-    assert p.plan[-1].status == "generation-prompt"
+    assert (p.plan[-1].source, p.plan[-1].kind) == ("generation-prompt", "update")
     p = t.segment([SYS, ChatMessage("user", "x")], prefill="<tool_call>")
-    assert p.plan[-1].status == "prefill"
+    assert (p.plan[-1].source, p.plan[-1].kind) == ("prefill", "update")
     assert p.prompt.segments[-1].role == "assistant"
 
 
@@ -125,8 +137,12 @@ def test_a_tool_with_null_parameters_takes_none() -> None:
 
 def test_tracker_is_bounded() -> None:
     t = ConversationTracker(max_conversations=2)
+    tokens = []
     for i in range(3):
         p = t.segment([ChatMessage("user", f"u{i}")])
         t.record(p, ChatMessage("assistant", "r"))
-    again = t.segment([ChatMessage("user", "u0"), ChatMessage("assistant", "r")])
-    assert again.plan[1].status == "new"  # conversation 0 was dropped, oldest first
+        tokens.append(p.conversation_id)
+    late = t.segment([ChatMessage("user", "v0")], conversation=tokens[0])
+    assert not late.plan[0].changed  # conversation 0 was dropped, oldest first
+    kept = t.segment([ChatMessage("user", "v2")], conversation=tokens[2])
+    assert kept.plan[0].changed

@@ -51,8 +51,8 @@ def test_later_calls_reuse_and_match_full_recompute(tiny: LoadedModel) -> None:
     last = replies[-1].response_metadata
     assert last["model_name"] == "tiny"
     assert last["agentcache"]["reused_tokens"] == cache_read[-1]
-    misses = [s for s in last["agentcache"]["segments"] if s["status"] == "miss"]
-    assert [(s["role"], s["reason"]) for s in misses] == [("assistant", "new")]
+    misses = [s for s in last["agentcache"]["segments"] if s["status"] == "new"]
+    assert [(s["role"], s["reason"]) for s in misses] == [("assistant", "new"), ("user", "new")]
     usage = replies[-1].usage_metadata
     assert usage is not None and usage["input_tokens"] == last["agentcache"]["prompt_tokens"]
 
@@ -187,8 +187,8 @@ def test_the_model_echoes_its_conversation_token(tiny: LoadedModel) -> None:
     assert ids[0] == ids[1]
     segments = second.response_metadata["agentcache"]["segments"]
     by_index = {s["message_index"]: (s["kind"], s["status"]) for s in segments}
-    assert by_index[1] == ("update", "computed")  # the rewritten memory
-    assert by_index[2] == ("fixed", "hit")  # the question before it changed length: reused
+    assert by_index[1] == ("fixed", "changed")  # the rewritten memory
+    assert by_index[2] == ("fixed", "moved")  # the question after it shifted: reused
     fresh = make(tiny)  # another instance: another conversation
     other = fresh.invoke([SystemMessage(SYSTEM), HumanMessage("memory: empty"), *history[:1]])
     assert other.response_metadata["agentcache"]["conversation_id"] != ids[0]

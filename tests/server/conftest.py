@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from fastapi import FastAPI
@@ -14,9 +15,11 @@ from agentcache.server.inprocess import serve_in_thread
 MODEL = "tiny"
 
 
-def tiny_app(model: LoadedModel, strategy: str = DEFAULT_STRATEGY, kv_pages: int = 512) -> FastAPI:
+def tiny_app(
+    model: LoadedModel, strategy: str = DEFAULT_STRATEGY, kv_pages: int = 512, **config: Any
+) -> FastAPI:
     engine = Engine(model, EngineConfig(strategy=strategy, kv_pages=kv_pages))
-    return create_app(engine, ServerConfig(MODEL, default_max_tokens=8))
+    return create_app(engine, ServerConfig(MODEL, default_max_tokens=8, **config))
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from agentcache.cli import ModelCommand, build_parser, main
 from agentcache.decode.config import DecodeConfig
 from agentcache.engines.vllm import installed_vllm_version
 from agentcache.model.loading import LoadedModel
-from agentcache.server.cli import served_name
+from agentcache.server.cli import served_name, server_config
 from tests.conftest import no_model, usage_error
 
 
@@ -21,6 +21,12 @@ def test_serve_arguments() -> None:
     assert args.func == ModelCommand("agentcache.server.cli", "serve")
     assert (args.host, args.port, args.strategy, args.max_tokens) == ("127.0.0.1", 0, "epic", 256)
     assert args.served_model_name is None
+
+
+def test_history_is_the_tenants_unless_conversations_are_isolated() -> None:
+    parse = build_parser().parse_args
+    assert not server_config(parse(["serve"]), "m").isolate_conversations
+    assert server_config(parse(["serve", "--isolate-conversations"]), "m").isolate_conversations
 
 
 def test_served_name_drops_the_weights_fingerprint() -> None:
