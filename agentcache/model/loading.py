@@ -16,7 +16,9 @@ from typing import Any
 import torch
 
 from agentcache.errors import CacheDirError, ModelLoadError
+from agentcache.model.attention import GLOBAL_ROTARY
 from agentcache.model.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from agentcache.model.families import family_for
 from agentcache.model.llama import LlamaForward, ModelWeights
 from agentcache.model.rope import RotaryEmbedding
 from agentcache.model.tokenizer import ChatFormat, HFTokenizer, TextTokenizer, chat_format_for
@@ -157,16 +159,27 @@ def from_hf(
     """Wrap an in-memory `transformers` causal LM (e.g. a tiny random one built in a test).
     `weights_id` names its weights (a folder's `weights_digest`); by default every byte of
     the model's tensors is hashed."""
-    config = ModelConfig.from_hf(hf_model.config)
     sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
-    weights = ModelWeights.from_state_dict(sd, config)
-    rope = RotaryEmbedding.from_hf_config(
-        hf_model.config, config.head_dim, config.max_position_embeddings
-    )
-    forward = LlamaForward(config, weights, rope)
+    forward = build_forward(hf_model.config, sd)
     vocab = getattr(tokenizer, "vocab", {})
     model_id = f"{name}#{weights_id or tensors_digest(sd)}"
     return LoadedModel(forward, tokenizer, chat_format_for(vocab), model_id)
+
+
+def build_forward(hf_config: Any, sd: Mapping[str, torch.Tensor]) -> LlamaForward:
+    """Our forward for a `transformers` config and its checkpoint's tensors, through the
+    config's model family (model/families/)."""
+    config = ModelConfig.from_hf(hf_config)
+    family = family_for(config.model_type)
+    structure = family.structure(hf_config)
+    weights = ModelWeights.from_state_dict(dict(sd), config, family, structure.norm_offset)
+    rotaries = {
+        name: RotaryEmbedding.from_parameters(
+            params, hf_config, config.head_dim, config.max_position_embeddings
+        )
+        for name, params in structure.rotaries.items()
+    }
+    return LlamaForward(config, weights, rotaries[GLOBAL_ROTARY], structure, rotaries, family)
 
 
 def tensors_digest(tensors: Mapping[str, torch.Tensor]) -> str:
