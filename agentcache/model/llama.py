@@ -26,7 +26,13 @@ from torch import Tensor
 
 from agentcache.model.attention import GLOBAL_ROTARY, AttentionSpec, LayerAttention, attention
 from agentcache.model.config import ModelConfig
-from agentcache.model.families.base import NORM_ROLES, ModelFamily, Structure, require
+from agentcache.model.families.base import (
+    NORM_ROLES,
+    ModelFamily,
+    Structure,
+    require,
+    require_strategy,
+)
 from agentcache.model.rope import LayerRotary, RotaryEmbedding
 
 __all__ = ["QKV", "ForwardOutput", "LayerWeights", "LlamaForward", "ModelWeights", "attention",
@@ -169,6 +175,10 @@ class LlamaForward:
     def require(self, feature: str) -> None:
         """Raise `ConfigError` naming the family and `feature` if it cannot serve it."""
         require(self.family, self.limits(), feature, self.config.model_type)
+
+    def require_strategy(self, strategy: str) -> None:
+        """Raise `ConfigError` if reuse strategy `strategy` cannot run exactly on this model."""
+        require_strategy(self.family, self.limits(), strategy, self.config.model_type)
 
     def attend(
         self,

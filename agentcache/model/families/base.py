@@ -33,6 +33,9 @@ SEGMENT_REUSE = "segment reuse (re-rotating cached segments: pic, epic, cacheble
 SPARSE_DECODE = "sparse decode (decode policies other than dense)"
 VLLM_REROTATION = "the vLLM connector's re-rotation"
 FEATURES = (SEGMENT_REUSE, SPARSE_DECODE, VLLM_REROTATION)
+# reuse strategies that never move a cached key to a new position: exact for every family
+# (prefix: the same tokens at the same positions; promptcache: a segment only where it was)
+POSITION_KEEPING_STRATEGIES = frozenset({"full", "prefix", "promptcache"})
 
 # LayerWeights roles -> the Llama checkpoint's tensor names (after "model.layers.{i}.")
 LLAMA_NAMES: dict[str, str] = {
@@ -120,6 +123,19 @@ def require(family: ModelFamily, limits: Mapping[str, str], feature: str, model_
         raise ConfigError(
             f"{family.name} family ({model_type}) does not support {feature} yet: {limits[feature]}"
         )
+
+
+def require_strategy(
+    family: ModelFamily, limits: Mapping[str, str], strategy: str, model_type: str
+) -> None:
+    """Raise `ConfigError` if reuse strategy `strategy` needs a feature the model lacks."""
+    if strategy in POSITION_KEEPING_STRATEGIES or SEGMENT_REUSE not in limits:
+        return
+    keeping = ", ".join(sorted(POSITION_KEEPING_STRATEGIES))
+    raise ConfigError(
+        f"{family.name} family ({model_type}) does not support strategy {strategy!r} yet: "
+        f"it needs {SEGMENT_REUSE}, and {limits[SEGMENT_REUSE]}; use one of {keeping}"
+    )
 
 
 def layer_windows(hf: Any) -> list[int | None]:
