@@ -105,3 +105,12 @@ def test_a_folder_without_a_tokenizer_is_refused_naming_it(tmp_path: Path) -> No
         (folder / f).unlink()
     with pytest.raises(ModelLoadError, match=f"{folder} has no tokenizer"):
         load_folder(folder)
+
+
+def test_gemma_chat_markup_names_the_assistant_model() -> None:
+    from agentcache.model.tokenizer import GEMMA, chat_format_for
+
+    assert chat_format_for({"<start_of_turn>": 1}) is GEMMA
+    assert GEMMA.wrap("user", "hi") == "<start_of_turn>user\nhi<end_of_turn>\n"
+    assert GEMMA.wrap("system", "be brief") == "<start_of_turn>user\nbe brief<end_of_turn>\n"
+    assert GEMMA.generation_prompt() == "<start_of_turn>model\n"
