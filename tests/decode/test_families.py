@@ -4,16 +4,19 @@ window, on fragmented pages (several slot runs) and through both decode paths.""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
 import torch
 
 from agentcache.decode.config import DecodeConfig
+from agentcache.decode.decoder import SparseDecoder
 from agentcache.decode.dense import dense_step, reference_step, window_spans
 from agentcache.decode.setup import DecodeSetup
 from agentcache.errors import ConfigError
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
+from agentcache.model.families.base import SPARSE_DECODE
 from agentcache.model.loading import LoadedModel, from_hf
 from agentcache.model.tokenizer import ByteTokenizer
 from agentcache.testing import TINY_FAMILY_CONFIGS, tiny_family_hf_model
@@ -74,3 +77,22 @@ def test_sparse_decode_of_a_windowed_family_is_refused_at_configuration(
             DecodeSetup.resolve(model, config)
     else:
         assert DecodeSetup.resolve(model, config).plan.sparse
+
+
+def test_sparse_decode_with_every_page_matches_transformers(pair: tuple[Any, LoadedModel]) -> None:
+    """Sparse decode (quest) with a budget over every page is dense decode, on every family
+    that supports it (the reference: transformers' logits on the whole sequence)."""
+    hf, model = pair
+    if SPARSE_DECODE in model.forward.limits():
+        pytest.skip(f"{model.forward.family.name} refuses sparse decode (tested above)")
+    ids = torch.randint(0, 256, (TOTAL,), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        want = hf(ids[None]).logits[0]
+    config = DecodeConfig("quest", budget_pages=10_000)
+    plan = DecodeSetup.resolve(model, config).plan
+    out = model.forward.forward(ids[:PROMPT])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the budget is clamped to the pages there are
+        dec = SparseDecoder(model.forward, plan, config, out.keys, out.values, TOTAL)
+    got = torch.stack([dec.step(int(t), PROMPT + i) for i, t in enumerate(ids[PROMPT:])])
+    assert (got - want[PROMPT:]).abs().max().item() <= 1e-4
