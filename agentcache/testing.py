@@ -79,6 +79,9 @@ TINY_FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
                "rope_parameters": {
                    "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+    "phi3": {"model_type": "phi3", "sliding_window": 24, "pad_token_id": 0, "bos_token_id": None,
+             "eos_token_id": None, "rope_parameters": {
+                 "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
 }  # fmt: skip
 
 

@@ -32,6 +32,7 @@ def role_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         "wq": (q, d), "wk": (kv, d), "wv": (kv, d), "wo": (d, q),
         "bq": (q,), "bk": (kv,), "bv": (kv,), "q_norm": (dh,), "k_norm": (dh,),
         "w_gate": (i, d), "w_up": (i, d), "w_down": (d, i),
+        "wqkv": (q + 2 * kv, d), "w_gate_up": (2 * i, d),  # fused (Phi-3)
     }  # fmt: skip
 
 

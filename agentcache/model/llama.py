@@ -93,7 +93,7 @@ class ModelWeights:
 
         layers = []
         for i in range(config.num_layers):
-            tensors: dict[str, Any] = fam.layer_tensors(sd, i)
+            tensors: dict[str, Any] = fam.layer_tensors(sd, i, config)
             for role in NORM_ROLES & tensors.keys():
                 tensors[role] = norm(tensors[role])
             layers.append(LayerWeights(**tensors))

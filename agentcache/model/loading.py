@@ -206,6 +206,13 @@ def build_forward(hf_config: Any, sd: Mapping[str, torch.Tensor]) -> LlamaForwar
         )
         for name, params in structure.rotaries.items()
     }
+    rotated = int(config.head_dim * structure.rotary_share)
+    for name, rope in rotaries.items():
+        if 2 * len(rope.inv_freq) != rotated:  # the family's declared share vs its rope params
+            raise ModelLoadError(
+                f"{family.name} family: rotary {name!r} rotates {2 * len(rope.inv_freq)} of "
+                f"{config.head_dim} head dims, the structure declares {rotated}"
+            )
     return LlamaForward(config, weights, rotaries[GLOBAL_ROTARY], structure, rotaries, family)
 
 

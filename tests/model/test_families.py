@@ -32,7 +32,7 @@ def _ids(n: int, seed: int = 2) -> torch.Tensor:
 
 
 def test_every_family_is_registered_and_found_by_model_type() -> None:
-    assert set(FAMILIES.names()) >= {"llama", "qwen3", "smollm3", "gemma3"}
+    assert set(FAMILIES.names()) >= {"llama", "qwen3", "smollm3", "gemma3", "phi3"}
     for variant, cfg in TINY_FAMILY_CONFIGS.items():
         assert cfg["model_type"] in model_types(), variant
     assert family_for("mistral").name == "llama"
@@ -126,6 +126,7 @@ def test_partial_rotary_moves_only_the_rotated_share() -> None:
         ("mistral", {SEGMENT_REUSE, SPARSE_DECODE}),
         ("smollm3", {SEGMENT_REUSE, VLLM_REROTATION}),
         ("gemma3", {SEGMENT_REUSE, SPARSE_DECODE, VLLM_REROTATION}),
+        ("phi3", {SEGMENT_REUSE, SPARSE_DECODE}),
     ],
 )
 def test_what_a_family_cannot_do_is_refused_naming_family_and_feature(

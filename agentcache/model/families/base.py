@@ -8,7 +8,7 @@ module here plus its `@FAMILIES.register` line in `families/__init__.py`.
 Contract of `ModelFamily`:
 - `structure(hf)` reads the config only; it raises `ModelLoadError` naming the family and the
   option for a configuration it cannot run exactly (never runs it approximately);
-- `layer_tensors(sd, layer)` returns the role -> tensor map of one layer, fp32, without
+- `layer_tensors(sd, layer, config)` returns the role -> tensor map of one layer, fp32, without
   mutating `sd`; a missing tensor is a `KeyError` with its name (the loader reports the file);
 - `limits(structure)` maps each feature of `FEATURES` the family cannot serve with this
   structure to the reason; `require` turns a limit into a `ConfigError` at configuration time.
@@ -19,7 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor
@@ -57,6 +57,17 @@ NORM_ROLES = frozenset({"input_norm", "post_norm", "q_norm", "k_norm", "attn_out
                         "ff_out_norm"})  # fmt: skip
 
 
+class Heads(Protocol):
+    """The sizes a family reads to split fused tensors (a `ModelConfig`)."""
+
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class Structure:
     """What a model's forward does beyond Llama's (the defaults are Llama's)."""
@@ -91,7 +102,9 @@ class ModelFamily(ABC):
     @abstractmethod
     def structure(self, hf: Any) -> Structure: ...
 
-    def layer_tensors(self, sd: Mapping[str, Tensor], layer: int) -> dict[str, Tensor | None]:
+    def layer_tensors(
+        self, sd: Mapping[str, Tensor], layer: int, config: Heads
+    ) -> dict[str, Tensor | None]:
         p = f"model.layers.{layer}."
         out: dict[str, Tensor | None] = {}
         for role, name in self.names.items():
