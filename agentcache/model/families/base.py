@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -81,7 +81,6 @@ class Structure:
     final_softcap: float | None = None  # logits <- c * tanh(logits / c)
     activation: str = "silu"  # MLP gate activation: silu, gelu_tanh
     rotary_share: float = 1.0  # share of each head's dims rotated (the rest pass through)
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         used = {r for r in self.attention.rotaries if r is not None}
@@ -184,7 +183,9 @@ def llama_like(
         LayerAttention(window=w, rotary=rotary(i)) for i, w in enumerate(layer_windows(hf))
     )
     spec = AttentionSpec(scale=head_dim**-0.5, layers=layers)
-    return Structure(attention=spec, rotaries={GLOBAL_ROTARY: plain_rope(hf)}, **kw)
+    rope = plain_rope(hf)
+    kw.setdefault("rotary_share", float(rope.get("partial_rotary_factor", 1.0)))
+    return Structure(attention=spec, rotaries={GLOBAL_ROTARY: rope}, **kw)
 
 
 FAMILIES: Registry[ModelFamily] = Registry("model family")

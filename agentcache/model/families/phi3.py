@@ -30,7 +30,7 @@ class Phi3Family(ModelFamily):
         rope = hf.rope_parameters or {}
         if rope.get("rope_type", "default") != "default":
             raise self.refuse(f"rope_type {rope['rope_type']!r}", "its frequencies vary by length")
-        return llama_like(hf, rotary_share=float(rope.get("partial_rotary_factor", 1.0)))
+        return llama_like(hf)  # partial_rotary_factor: the rotated share
 
     def layer_tensors(
         self, sd: Mapping[str, Tensor], layer: int, config: Heads
