@@ -4,10 +4,12 @@ Each round runs one process per tree, in alternating order, on the same prompt: 
 forward of `--prompt` tokens and `--steps` dense decode steps over the page pool (`dense_step`,
 the engine's decode). Each process reports the median of `--repeats` timings and saves its
 logits, so the trees are compared for identical outputs (bit for bit) and speed (ratio of
-medians per round). Usage:
+medians per round). Each tree is a snapshot of one commit, so edits made while it runs do not
+leak in. Usage:
 
-    python benchmarks/family_seam_speed.py --base /tmp/base --new . \\
-        --out docs/bench/model/family_seam_speed.json
+    for c in BASE NEW; do mkdir -p /tmp/$c && git archive $c agentcache | tar -x -C /tmp/$c; done
+    python benchmarks/family_seam_speed.py --base /tmp/BASE --new /tmp/NEW \\
+        --note "BASE -> NEW" --out docs/bench/model/family_seam_speed.json
 """
 
 from __future__ import annotations
@@ -58,8 +60,7 @@ json.dump({"forward_s": statistics.median(fwd_s), "decode_s": statistics.median(
 
 
 def run(tree: Path, args: argparse.Namespace, out: Path) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": f"{tree}:{tree}/templates:{tree}/adapters",
-           "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
     argv = [sys.executable, "-c", CHILD, str(args.prompt), str(args.steps), str(args.repeats)]
     subprocess.run([*argv, str(out)], env=env, check=True, cwd=tree)
     return dict(json.loads(out.read_text()))
@@ -73,6 +74,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--note", default="", help="what the trees are (their commits)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     import torch
