@@ -44,3 +44,26 @@ def test_key_moving_strategies_are_refused_naming_the_family(variant: str) -> No
     engine = Engine(model, EngineConfig(strategy="prefix"))
     with pytest.raises(ConfigError, match=f"{family} family .* strategy 'epic'"):
         engine.strategy("epic")
+
+
+@pytest.mark.parametrize("variant", ["llama3", "qwen2", "qwen3"])
+@pytest.mark.parametrize("strategy", ["pic", "epic", "cacheblend", "cacheslide", "rpdc"])
+def test_families_with_segment_reuse_reuse_an_unchanged_prompt_exactly(
+    variant: str, strategy: str
+) -> None:
+    """Reuse with nothing changed equals full recompute, on every family serving it."""
+    model = from_hf(tiny_family_hf_model(variant, seed=9), ByteTokenizer(), variant)
+    params = GenerationParams(max_new_tokens=8)
+    prompt = SegmentedPrompt(
+        [
+            Segment(SegmentKind.SYSTEM, SYSTEM),
+            Segment(SegmentKind.FIXED, "a reflection kept across turns", "r1"),
+            Segment(SegmentKind.UPDATE, "the latest observation"),
+        ]
+    )
+    want = Engine(model, EngineConfig(strategy="full")).generate(prompt, params, commit=False)
+    engine = Engine(model, EngineConfig(strategy=strategy))
+    engine.generate(prompt, params)
+    got = engine.generate(prompt, params)
+    assert got.stats.reused_tokens > 0
+    assert got.token_ids == want.token_ids
