@@ -69,6 +69,8 @@ TINY_FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
     "qwen2": {"model_type": "qwen2"},
+    "qwen2-window": {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 24,
+                     "max_window_layers": 2},  # layers 2, 3 slide; 0, 1 attend globally
     "qwen3": {"model_type": "qwen3"},
     "mistral": {"model_type": "mistral", "sliding_window": 24},
     "smollm3": {"model_type": "smollm3", "pad_token_id": 0, "bos_token_id": None,

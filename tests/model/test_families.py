@@ -97,6 +97,11 @@ def test_nope_layers_keep_their_keys_and_rotated_layers_move() -> None:
     assert not torch.allclose(moved[0], keys[0])
 
 
+def test_qwen2_windows_only_the_layers_past_max_window_layers() -> None:
+    f = from_hf(tiny_family_hf_model("qwen2-window"), ByteTokenizer(), "q").forward
+    assert [la.window for la in f.spec.layers] == [None, None, 24, 24]
+
+
 def test_gemma3_layers_rotate_with_their_own_bases() -> None:
     f = from_hf(tiny_family_hf_model("gemma3"), ByteTokenizer(), "g").forward
     local, global_ = f.rotary.layers[0], f.rotary.layers[1]
@@ -122,6 +127,7 @@ def test_partial_rotary_moves_only_the_rotated_share() -> None:
     [
         ("llama3", set()),
         ("qwen2", set()),
+        ("qwen2-window", {SEGMENT_REUSE, SPARSE_DECODE}),
         ("qwen3", set()),
         ("mistral", {SEGMENT_REUSE, SPARSE_DECODE}),
         ("smollm3", {SEGMENT_REUSE, VLLM_REROTATION}),
