@@ -61,3 +61,56 @@ def scripted_sampler(text: str) -> Callable[..., int]:
         return queue.pop(0)
 
     return sample
+
+
+TINY_FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
+    # one tiny config per registered family and variant, built with transformers' own classes
+    "llama3": {"model_type": "llama", "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+    "qwen2": {"model_type": "qwen2"},
+    "qwen2-window": {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 24,
+                     "max_window_layers": 2},  # layers 2, 3 slide; 0, 1 attend globally
+    "qwen3": {"model_type": "qwen3"},
+    "mistral": {"model_type": "mistral", "sliding_window": 24},
+    "smollm3": {"model_type": "smollm3", "pad_token_id": 0, "bos_token_id": None,
+                "eos_token_id": None},
+    "gemma3": {"model_type": "gemma3_text", "sliding_window": 24, "query_pre_attn_scalar": 24,
+               "final_logit_softcapping": 30.0, "layer_types": [
+                   "sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+               "rope_parameters": {
+                   "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                   "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+    "phi3": {"model_type": "phi3", "sliding_window": 24, "pad_token_id": 0, "bos_token_id": None,
+             "eos_token_id": None, "rope_parameters": {
+                 "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+}  # fmt: skip
+
+
+def tiny_family_hf_model(variant: str, seed: int = 0) -> Any:
+    """A seeded random `transformers` model of `TINY_FAMILY_CONFIGS[variant]`: 4 layers, 4 query
+    and 2 KV heads of 16 dims, a 260-token byte vocabulary, norms and biases randomised too
+    (so a skipped q/k norm shows)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kw = dict(TINY_FAMILY_CONFIGS[variant])
+    config = AutoConfig.for_model(
+        kw.pop("model_type"),
+        vocab_size=260, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=512, tie_word_embeddings=False, **kw,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.15)
+            else:
+                p.add_(torch.randn_like(p) * 0.2)
+    return model.eval()
+
+
+def tiny_family_model(variant: str, seed: int = 0) -> LoadedModel:
+    hf = tiny_family_hf_model(variant, seed)
+    return from_hf(hf, ByteTokenizer(), f"tiny-{variant}")

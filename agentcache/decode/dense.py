@@ -11,7 +11,11 @@ runs' partial results are merged by their log-sum-exp:
     out = sum_r softmax_r(lse_r) * out_r
 
 One run (a sequence on consecutive pages) is the usual case; pages handed out in descending
-order make two runs until the newest page fills.
+order make two runs until the newest page fills. A sliding-window layer (W) reads only the runs
+of the sequence's last W tokens:
+
+    tokens   [0 ........ n-W-1][n-W ............ n-1]
+    slots    not read          runs of these slots (`window_spans`)
 
 `DenseDecoder` is the engine's dense decoder over its page pool.
 
@@ -22,6 +26,7 @@ on token order or adds terms (`attend` overridden, e.g. CoPE) decode through it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -60,6 +65,25 @@ def reads_in_place(forward: LlamaForward) -> bool:
     return type(forward).attend is LlamaForward.attend
 
 
+def window_spans(seq: SequenceKV, window: int) -> list[tuple[int, int]]:
+    """Runs [start, end) of consecutive pool slots holding the sequence's last `window` tokens."""
+    slots = seq.slots()[-window:]
+    cuts = ((torch.diff(slots) != 1).nonzero().flatten() + 1).tolist()
+    bounds = [0, *cuts, len(slots)]
+    return [(int(slots[a]), int(slots[b - 1]) + 1) for a, b in itertools.pairwise(bounds)]
+
+
+def layer_spans(forward: LlamaForward, seq: SequenceKV) -> list[list[tuple[int, int]]]:
+    """The slot runs each layer's decode query reads: all of `seq`, or its window's."""
+    spans = seq.spans()
+    windows = [la.window for la in forward.spec.layers]
+    if not forward.spec.windowed:
+        return [spans] * len(windows)
+    n = seq.num_tokens
+    runs = {w: window_spans(seq, w) for w in set(windows) if w is not None and w < n}
+    return [spans if w is None else runs.get(w, spans) for w in windows]
+
+
 def dense_step(forward: LlamaForward, seq: SequenceKV, token: int, position: int) -> Tensor:
     """Append `token` at `position` to `seq` and return the logits after it (V,), reading the
     context in place. Only for forwards where `reads_in_place` holds."""
@@ -67,11 +91,11 @@ def dense_step(forward: LlamaForward, seq: SequenceKV, token: int, position: int
     slot = seq.extend(1)
     pos = torch.tensor([position])
     hidden = f.embed(torch.tensor([token]))
-    spans = seq.spans()
+    spans = layer_spans(f, seq)
     for layer in range(f.config.num_layers):
         q, k, v = f.project(layer, hidden, pos)
         seq.write(layer, slot, k, v)
-        attn = paged_attention(q, pool.keys[layer], pool.values[layer], spans, f.scale)
+        attn = paged_attention(q, pool.keys[layer], pool.values[layer], spans[layer], f.scale)
         hidden = f.finish(layer, hidden, attn)
     return f.logits(hidden)[0]
 

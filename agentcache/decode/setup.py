@@ -16,6 +16,7 @@ from agentcache.decode.profile import HeadProfile, load_profile, profile_filenam
 from agentcache.decode.verified import VerifiedDecoder
 from agentcache.errors import ProfileError
 from agentcache.kv.pool import SequenceKV
+from agentcache.model.families.base import SPARSE_DECODE
 from agentcache.model.loading import LoadedModel, default_cache_dir
 
 
@@ -37,6 +38,8 @@ class DecodeSetup:
     def resolve(cls, model: LoadedModel, config: DecodeConfig) -> DecodeSetup:
         c = model.config
         policy = DECODE_POLICIES.get(config.policy)(**config.policy_options)
+        if policy.name != "dense":  # a family that cannot decode sparsely is refused up front
+            model.forward.require(SPARSE_DECODE)
         profile: HeadProfile | None = None
         if policy.needs_profile:
             path = profile_path(config, model.model_id)

@@ -1,1 +1,2 @@
-"""The model: a Llama-family forward with explicit positions, RoPE and CoPE, and loading."""
+"""The model: one forward for every registered family (families/), with explicit positions,
+the attention spec, RoPE (+ per-layer re-rotation), CoPE, and loading."""

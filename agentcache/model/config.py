@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentcache.errors import ModelLoadError
+from agentcache.model.families import model_types
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+SUPPORTED_MODEL_TYPES = model_types()  # every registered family's (model/families/)
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: Any) -> ModelConfig:
-        """Build from a `transformers` PretrainedConfig (v5 `rope_parameters` layout)."""
+        """Build from a `transformers` PretrainedConfig (v5 `rope_parameters` layout; a family
+        with several rotaries keeps them by layer kind, as its config does)."""
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         rope = dict(getattr(hf, "rope_parameters", None) or {})
         rope.setdefault("rope_type", "default")

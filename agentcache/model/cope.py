@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from agentcache.errors import ConfigError
 from agentcache.model.llama import LlamaForward
 from agentcache.model.rope import RotaryEmbedding
 
@@ -147,8 +148,13 @@ class CoPEForward(LlamaForward):
             raise ValueError(
                 f"adapter has {len(adapter.layers)} layers, model {base.config.num_layers}"
             )
+        if base.structure.attention.windowed or not base.structure.uniform_rotary:
+            raise ConfigError(
+                f"{base.family.name} family: CoPE adapters need every layer to attend globally "
+                "and rotate alike (no sliding windows, NoPE layers or per-layer RoPE bases)"
+            )
         rope = base.rope if adapter.config.keep_rope else NoRotation(base.rope)
-        super().__init__(base.config, base.weights, rope)
+        super().__init__(base.config, base.weights, rope, base.structure, family=base.family)
         self.base = base
         self.adapter = adapter
 

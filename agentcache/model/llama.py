@@ -1,25 +1,47 @@
-"""A compact Llama-family forward pass (Llama, Qwen2, Mistral) with a layer-by-layer API.
+"""A compact forward pass for every registered model family, with a layer-by-layer API.
 
 Reuse needs per-layer control: compute any subset of tokens at a layer, against K/V the caller
 supplies, at arbitrary position ids. Shapes: T = tokens computed now, S = context tokens
 attended over, D = hidden size, H/Hkv = query/KV heads, Dh = head dim.
 
-    hidden (T, D) --rmsnorm--> q (T, H, Dh), k/v (T, Hkv, Dh)   [project]
-    q attends causally over context K/V (S, Hkv, Dh)           [attend]
-    hidden += o_proj(attn); hidden += mlp(rmsnorm(hidden))
+    hidden (T, D) [* embed_scale]                                       [embed]
+    hidden --rmsnorm--> q (T, H, Dh), k/v (T, Hkv, Dh) [--q/k norm--] --rotary(l)--> [project]
+    q attends over context K/V (S, Hkv, Dh): causal, [sliding window W]  [attend]
+    hidden += [norm](o_proj(attn)); hidden += [norm](mlp(rmsnorm(hidden)))  [finish]
+    logits = lm_head(rmsnorm(hidden)) [soft-capped]                     [logits]
+
+The bracketed steps are what a family's `Structure` (model/families/) switches on; Llama runs
+none of them. `attention.AttentionSpec` says per layer which window and rotary apply.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from agentcache.model.attention import GLOBAL_ROTARY, AttentionSpec, LayerAttention, attention
 from agentcache.model.config import ModelConfig
-from agentcache.model.rope import RotaryEmbedding
+from agentcache.model.families.base import (
+    NORM_ROLES,
+    ModelFamily,
+    Structure,
+    require,
+    require_strategy,
+)
+from agentcache.model.rope import LayerRotary, RotaryEmbedding
+
+__all__ = ["QKV", "ForwardOutput", "LayerWeights", "LlamaForward", "ModelWeights", "attention",
+           "rms_norm"]  # fmt: skip
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "silu": F.silu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
 
 
 @dataclass(frozen=True)
@@ -36,6 +58,10 @@ class LayerWeights:
     w_gate: Tensor  # (I, D)
     w_up: Tensor  # (I, D)
     w_down: Tensor  # (D, I)
+    q_norm: Tensor | None = None  # (Dh,) per-head norm of q before RoPE (Qwen3, Gemma 3)
+    k_norm: Tensor | None = None  # (Dh,)
+    attn_out_norm: Tensor | None = None  # (D,) norm of the attention output (Gemma 3)
+    ff_out_norm: Tensor | None = None  # (D,) norm of the MLP output (Gemma 3)
 
 
 @dataclass(frozen=True)
@@ -46,35 +72,34 @@ class ModelWeights:
     lm_head: Tensor  # (V, D)
 
     @classmethod
-    def from_state_dict(cls, sd: dict[str, Tensor], config: ModelConfig) -> ModelWeights:
+    def from_state_dict(
+        cls,
+        sd: dict[str, Tensor],
+        config: ModelConfig,
+        family: ModelFamily | None = None,
+        norm_offset: float = 0.0,
+    ) -> ModelWeights:
+        """Weights in fp32 from a checkpoint's tensors named as `family` (default: Llama)
+        declares; `norm_offset` is folded into every RMSNorm weight (Gemma's 1 + w)."""
+        from agentcache.model.families.llama import LlamaFamily
+
+        fam = family or LlamaFamily()
+
         def get(name: str) -> Tensor:
             return sd[name].to(torch.float32).contiguous()
 
-        def maybe(name: str) -> Tensor | None:
-            return get(name) if name in sd else None
+        def norm(w: Tensor) -> Tensor:
+            return w + norm_offset if norm_offset else w
 
         layers = []
         for i in range(config.num_layers):
-            p = f"model.layers.{i}."
-            layers.append(
-                LayerWeights(
-                    input_norm=get(p + "input_layernorm.weight"),
-                    wq=get(p + "self_attn.q_proj.weight"),
-                    wk=get(p + "self_attn.k_proj.weight"),
-                    wv=get(p + "self_attn.v_proj.weight"),
-                    wo=get(p + "self_attn.o_proj.weight"),
-                    bq=maybe(p + "self_attn.q_proj.bias"),
-                    bk=maybe(p + "self_attn.k_proj.bias"),
-                    bv=maybe(p + "self_attn.v_proj.bias"),
-                    post_norm=get(p + "post_attention_layernorm.weight"),
-                    w_gate=get(p + "mlp.gate_proj.weight"),
-                    w_up=get(p + "mlp.up_proj.weight"),
-                    w_down=get(p + "mlp.down_proj.weight"),
-                )
-            )
+            tensors: dict[str, Any] = fam.layer_tensors(sd, i, config)
+            for role in NORM_ROLES & tensors.keys():
+                tensors[role] = norm(tensors[role])
+            layers.append(LayerWeights(**tensors))
         embed = get("model.embed_tokens.weight")
         lm_head = embed if "lm_head.weight" not in sd else get("lm_head.weight")
-        return cls(embed, tuple(layers), get("model.norm.weight"), lm_head)
+        return cls(embed, tuple(layers), norm(get("model.norm.weight")), lm_head)
 
 
 class QKV(NamedTuple):
@@ -84,33 +109,76 @@ class QKV(NamedTuple):
 
 
 class LlamaForward:
-    """Stateless forward: every method reads weights and its arguments, mutates nothing."""
+    """Stateless forward: every method reads weights and its arguments, mutates nothing.
 
-    def __init__(self, config: ModelConfig, weights: ModelWeights, rope: RotaryEmbedding) -> None:
+    `rope` rotates the layers whose `LayerAttention.rotary` is "global"; `rotaries` holds any
+    other kind a family uses (Gemma 3's "local"). Without `structure`, the model is Llama."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: ModelWeights,
+        rope: RotaryEmbedding,
+        structure: Structure | None = None,
+        rotaries: Mapping[str, RotaryEmbedding] | None = None,
+        family: ModelFamily | None = None,
+    ) -> None:
+        from agentcache.model.families.llama import LlamaFamily
+
         self.config = config
+        self.family: ModelFamily = family or LlamaFamily()
         self.weights = weights
         self.rope = rope
-        self.scale = config.head_dim**-0.5
+        self.structure = structure or _llama_structure(config)
+        self.spec = self.structure.attention
+        self.scale = self.spec.scale
+        kinds = {**(rotaries or {}), GLOBAL_ROTARY: rope}
+        self.rotary = LayerRotary([None if r is None else kinds[r] for r in self.spec.rotaries])
+        s = self.structure
+        self._embed_scale = None if s.embed_scale is None else torch.tensor(s.embed_scale)
+        self._act = ACTIVATIONS[s.activation]
 
     def embed(self, ids: Tensor) -> Tensor:
         """(T,) token ids -> (T, D) hidden states."""
-        return self.weights.embed[ids]
+        hidden = self.weights.embed[ids]
+        if self._embed_scale is not None:  # Gemma: sqrt(D), as an fp32 scalar
+            hidden = hidden * self._embed_scale.to(hidden.dtype)
+        return hidden
 
     def project(self, layer: int, hidden: Tensor, positions: Tensor) -> QKV:
-        """Q/K/V of `hidden` (T, D) at `positions` (T,), RoPE applied to q and k."""
+        """Q/K/V of `hidden` (T, D) at `positions` (T,), RoPE applied to q and k (not on a
+        NoPE layer)."""
         w = self.weights.layers[layer]
         c = self.config
         x = rms_norm(hidden, w.input_norm, c.rms_norm_eps)
         q = self.linear(layer, "q", x, w.wq, w.bq).view(-1, c.num_heads, c.head_dim)
         k = self.linear(layer, "k", x, w.wk, w.bk).view(-1, c.num_kv_heads, c.head_dim)
         v = self.linear(layer, "v", x, w.wv, w.bv).view(-1, c.num_kv_heads, c.head_dim)
-        return QKV(self.rope.apply(q, positions), self.rope.apply(k, positions), v)
+        if w.q_norm is not None and w.k_norm is not None:  # per head, before RoPE
+            q = rms_norm(q, w.q_norm, c.rms_norm_eps)
+            k = rms_norm(k, w.k_norm, c.rms_norm_eps)
+        rope = self.rotary.layers[layer]
+        if rope is None:
+            return QKV(q, k, v)
+        return QKV(rope.apply(q, positions), rope.apply(k, positions), v)
 
     def linear(
         self, layer: int, target: str, x: Tensor, weight: Tensor, bias: Tensor | None = None
     ) -> Tensor:
         """Attention projection `target` (q, k, v or o) of `layer`; variants add adapters here."""
         return F.linear(x, weight, bias)
+
+    def limits(self) -> dict[str, str]:
+        """Features this model cannot serve yet -> why (`families.base.FEATURES`)."""
+        return self.family.limits(self.structure)
+
+    def require(self, feature: str) -> None:
+        """Raise `ConfigError` naming the family and `feature` if it cannot serve it."""
+        require(self.family, self.limits(), feature, self.config.model_type)
+
+    def require_strategy(self, strategy: str) -> None:
+        """Raise `ConfigError` if reuse strategy `strategy` cannot run exactly on this model."""
+        require_strategy(self.family, self.limits(), strategy, self.config.model_type)
 
     def attend(
         self,
@@ -123,24 +191,34 @@ class LlamaForward:
     ) -> Tensor:
         """Finish `layer` for the T tokens in `hidden` given context K/V (S, Hkv, Dh).
 
-        `query_index` (T,) holds each query's index in the context: it sees keys 0..index.
-        None means the queries are the last T context tokens in order (plain causal).
-        Returns the layer's output hidden states (T, D).
+        `query_index` (T,) holds each query's index in the context: it sees keys 0..index
+        (on a sliding-window layer, only the last W of them). None means the queries are the
+        last T context tokens in order (plain causal). Returns the layer's output (T, D).
         """
-        attn = attention(q, keys, values, query_index, self.scale)  # (T, H*Dh)
+        window = self.spec.layers[layer].window
+        attn = attention(q, keys, values, query_index, self.scale, window)  # (T, H*Dh)
         return self.finish(layer, hidden, attn)
 
     def finish(self, layer: int, hidden: Tensor, attn: Tensor) -> Tensor:
         """Output projection and MLP of `layer` given its attention output `attn` (T, H*Dh)."""
         w = self.weights.layers[layer]
-        hidden = hidden + self.linear(layer, "o", attn, w.wo)
-        x = rms_norm(hidden, w.post_norm, self.config.rms_norm_eps)
-        return hidden + F.linear(F.silu(F.linear(x, w.w_gate)) * F.linear(x, w.w_up), w.w_down)
+        eps = self.config.rms_norm_eps
+        out = self.linear(layer, "o", attn, w.wo)
+        if w.attn_out_norm is not None:
+            out = rms_norm(out, w.attn_out_norm, eps)
+        hidden = hidden + out
+        x = rms_norm(hidden, w.post_norm, eps)
+        mlp = F.linear(self._act(F.linear(x, w.w_gate)) * F.linear(x, w.w_up), w.w_down)
+        if w.ff_out_norm is not None:
+            mlp = rms_norm(mlp, w.ff_out_norm, eps)
+        return hidden + mlp
 
     def logits(self, hidden: Tensor) -> Tensor:
         """(T, D) last-layer hidden -> (T, V) logits."""
         x = rms_norm(hidden, self.weights.final_norm, self.config.rms_norm_eps)
-        return F.linear(x, self.weights.lm_head)
+        logits = F.linear(x, self.weights.lm_head)
+        cap = self.structure.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def forward(self, ids: Tensor, positions: Tensor | None = None) -> ForwardOutput:
         """Reference dense forward of a whole sequence; returns logits and every layer's K/V."""
@@ -156,6 +234,13 @@ class LlamaForward:
         return ForwardOutput(self.logits(hidden), torch.stack(keys), torch.stack(values))
 
 
+def _llama_structure(config: ModelConfig) -> Structure:
+    """Llama's structure from our config alone (forwards built without a family)."""
+    layers = tuple(LayerAttention() for _ in range(config.num_layers))
+    spec = AttentionSpec(scale=config.head_dim**-0.5, layers=layers)
+    return Structure(attention=spec, rotaries={GLOBAL_ROTARY: dict(config.rope_parameters)})
+
+
 class ForwardOutput(NamedTuple):
     logits: Tensor  # (T, V)
     keys: Tensor  # (L, T, Hkv, Dh)
@@ -166,25 +251,3 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     x32 = x.to(torch.float32)
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
-
-
-def attention(
-    q: Tensor, keys: Tensor, values: Tensor, query_index: Tensor | None, scale: float
-) -> Tensor:
-    """Grouped-query attention. q (T, H, Dh), keys/values (S, Hkv, Dh) -> (T, H*Dh)."""
-    t, s = q.shape[0], keys.shape[0]
-    qh = q.transpose(0, 1).unsqueeze(0)  # (1, H, T, Dh)
-    kh = keys.transpose(0, 1).unsqueeze(0)  # (1, Hkv, S, Dh)
-    vh = values.transpose(0, 1).unsqueeze(0)
-    if query_index is None and t == s:
-        out = F.scaled_dot_product_attention(
-            qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True
-        )
-    else:
-        if query_index is None:
-            query_index = torch.arange(s - t, s)
-        mask = torch.arange(s)[None, :] <= query_index[:, None]  # (T, S)
-        out = F.scaled_dot_product_attention(
-            qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True
-        )
-    return out[0].transpose(0, 1).reshape(t, -1)

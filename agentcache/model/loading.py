@@ -16,7 +16,10 @@ from typing import Any
 import torch
 
 from agentcache.errors import CacheDirError, ModelLoadError
+from agentcache.model.attention import GLOBAL_ROTARY
+from agentcache.model.checkpoint import read_safetensors
 from agentcache.model.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from agentcache.model.families import family_for
 from agentcache.model.llama import LlamaForward, ModelWeights
 from agentcache.model.rope import RotaryEmbedding
 from agentcache.model.tokenizer import ChatFormat, HFTokenizer, TextTokenizer, chat_format_for
@@ -117,7 +120,9 @@ def model_folder(name_or_path: str | Path | None = None, cache_dir: Path | None 
 
 
 def load_folder(folder: Path, name: str | None = None) -> LoadedModel:
-    """Load a Hugging Face checkpoint folder of the Llama / Qwen2 / Mistral families."""
+    """Load a Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer files) of
+    any registered family (model/families/), its tensors read and checked by
+    `checkpoint.read_safetensors`."""
     config_file = folder / "config.json"
     if folder.exists() and not folder.is_dir():
         raise ModelLoadError(f"model folder {folder} is a file; give the checkpoint's folder")
@@ -137,18 +142,39 @@ def load_folder(folder: Path, name: str | None = None) -> LoadedModel:
     model_type = raw.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelLoadError(
-            f"{folder}: model_type {model_type!r} is not supported; "
+            f"{config_file}: model_type {model_type!r} is not supported; "
             f"agentcache runs {', '.join(SUPPORTED_MODEL_TYPES)} checkpoints"
         )
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig
 
     try:
-        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-        tok = AutoTokenizer.from_pretrained(folder)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"could not load {folder}: {e}") from e
+        hf_config = AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError, TypeError) as e:
+        raise ModelLoadError(f"{config_file} is not a valid {model_type} config: {e}") from e
+    config = ModelConfig.from_hf(hf_config)
+    sd = read_safetensors(folder, config, family_for(config.model_type))
+    forward = build_forward(hf_config, sd)
     label = name or folder.name
-    return from_hf(hf, HFTokenizer(tok, label), label, weights_digest(folder))
+    tok = HFTokenizer(load_tokenizer(folder), label)
+    return _loaded(forward, tok, f"{label}#{weights_digest(folder)}")
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def load_tokenizer(folder: Path) -> Any:
+    """The folder's `transformers` tokenizer; a folder with none is named in the error."""
+    if not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        raise ModelLoadError(
+            f"{folder} has no tokenizer: expected one of {', '.join(TOKENIZER_FILES)} "
+            "(save it beside the weights with tokenizer.save_pretrained)"
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError, TypeError) as e:
+        raise ModelLoadError(f"could not load the tokenizer in {folder}: {e}") from e
 
 
 def from_hf(
@@ -157,16 +183,37 @@ def from_hf(
     """Wrap an in-memory `transformers` causal LM (e.g. a tiny random one built in a test).
     `weights_id` names its weights (a folder's `weights_digest`); by default every byte of
     the model's tensors is hashed."""
-    config = ModelConfig.from_hf(hf_model.config)
     sd = {k: v.detach() for k, v in hf_model.state_dict().items()}
-    weights = ModelWeights.from_state_dict(sd, config)
-    rope = RotaryEmbedding.from_hf_config(
-        hf_model.config, config.head_dim, config.max_position_embeddings
-    )
-    forward = LlamaForward(config, weights, rope)
+    forward = build_forward(hf_model.config, sd)
+    return _loaded(forward, tokenizer, f"{name}#{weights_id or tensors_digest(sd)}")
+
+
+def _loaded(forward: LlamaForward, tokenizer: TextTokenizer, model_id: str) -> LoadedModel:
     vocab = getattr(tokenizer, "vocab", {})
-    model_id = f"{name}#{weights_id or tensors_digest(sd)}"
     return LoadedModel(forward, tokenizer, chat_format_for(vocab), model_id)
+
+
+def build_forward(hf_config: Any, sd: Mapping[str, torch.Tensor]) -> LlamaForward:
+    """Our forward for a `transformers` config and its checkpoint's tensors, through the
+    config's model family (model/families/)."""
+    config = ModelConfig.from_hf(hf_config)
+    family = family_for(config.model_type)
+    structure = family.structure(hf_config)
+    weights = ModelWeights.from_state_dict(dict(sd), config, family, structure.norm_offset)
+    rotaries = {
+        name: RotaryEmbedding.from_parameters(
+            params, hf_config, config.head_dim, config.max_position_embeddings
+        )
+        for name, params in structure.rotaries.items()
+    }
+    rotated = int(config.head_dim * structure.rotary_share)
+    for name, rope in rotaries.items():
+        if 2 * len(rope.inv_freq) != rotated:  # the family's declared share vs its rope params
+            raise ModelLoadError(
+                f"{family.name} family: rotary {name!r} rotates {2 * len(rope.inv_freq)} of "
+                f"{config.head_dim} head dims, the structure declares {rotated}"
+            )
+    return LlamaForward(config, weights, rotaries[GLOBAL_ROTARY], structure, rotaries, family)
 
 
 def tensors_digest(tensors: Mapping[str, torch.Tensor]) -> str:

@@ -30,7 +30,7 @@ class HFTokenizer:
         blob = backend.to_str() if backend is not None else repr(sorted(tok.get_vocab().items()))
         self.tokenizer_id = f"{name}#{hashlib.blake2b(blob.encode(), digest_size=6).hexdigest()}"
         eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-        for special in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+        for special in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>"):
             tid = tok.convert_tokens_to_ids(special)
             if isinstance(tid, int) and tid != tok.unk_token_id:
                 eos.add(tid)
@@ -68,16 +68,25 @@ class ChatFormat:
     name: str
     start: str  # with {role}
     end: str
+    renames: tuple[tuple[str, str], ...] = ()  # role -> the name the model was trained on
+
+    def role(self, role: str) -> str:
+        return dict(self.renames).get(role, role)
 
     def wrap(self, role: str, text: str, open_: bool = False) -> str:
-        return self.start.format(role=role) + text + ("" if open_ else self.end)
+        return self.start.format(role=self.role(role)) + text + ("" if open_ else self.end)
 
     def generation_prompt(self) -> str:
-        return self.start.format(role="assistant")
+        return self.start.format(role=self.role("assistant"))
 
 
 CHATML = ChatFormat("chatml", "<|im_start|>{role}\n", "<|im_end|>\n")
 LLAMA3 = ChatFormat("llama3", "<|start_header_id|>{role}<|end_header_id|>\n\n", "<|eot_id|>")
+# Gemma has no system role: a system message is a user turn of its own
+GEMMA = ChatFormat(
+    "gemma", "<start_of_turn>{role}\n", "<end_of_turn>\n",
+    (("assistant", "model"), ("system", "user")),
+)  # fmt: skip
 PLAIN = ChatFormat("plain", "{role}: ", "\n")
 
 
@@ -86,4 +95,6 @@ def chat_format_for(vocab: dict[str, int]) -> ChatFormat:
         return CHATML
     if "<|start_header_id|>" in vocab:
         return LLAMA3
+    if "<start_of_turn>" in vocab:
+        return GEMMA
     return PLAIN

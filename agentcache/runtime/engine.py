@@ -80,6 +80,7 @@ class Engine:
             self.config.tiers is not None and self.config.tiers.decoupled_load,
         )
         self._strategies: dict[str, ReuseStrategy] = {}
+        model.forward.require_strategy(self.config.strategy)  # the model family's limits
         self.decode = DecodeSetup.resolve(model, self.config.decode)
         self.gathered_steps = 0  # dense decode steps that copied the context (Engine.step)
         self._lock = FairLock()
@@ -129,6 +130,7 @@ class Engine:
     def strategy(self, name: str | None = None) -> ReuseStrategy:
         name = name or self.config.strategy
         if name not in self._strategies:
+            self.model.forward.require_strategy(name)
             options = self.config.strategy_options.get(name, {})
             self._strategies[name] = STRATEGIES.get(name)(**options)
         return self._strategies[name]

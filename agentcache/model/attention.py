@@ -1,0 +1,90 @@
+"""The attention spec: what every layer's attention is, read by prefill, decode and rankers.
+
+A family declares, per layer, whether queries see every earlier key (global) or only the last W
+(a sliding window), and which rotary rotates its q/k (none: a NoPE layer). The spec holds those
+with the softmax scale, so the forward, the paged decoders and the reuse rankers compute the
+same attention from one declaration instead of each reading the model's config.
+
+Sliding window W (transformers' `sliding_window_overlay`): query i sees keys j with
+
+    i - W < j <= i            (its own key and the W - 1 before it)
+
+counted in context indices, not positions: with position plans that leave gaps the window is
+still the last W tokens of the sequence, as in the model's own cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+GLOBAL_ROTARY = "global"  # the rotary of full-attention layers; Gemma 3 adds "local"
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    window: int | None = None  # sliding window W; None: global
+    rotary: str | None = GLOBAL_ROTARY  # key into the model's rotaries; None: NoPE (no rotation)
+
+    def __post_init__(self) -> None:
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"sliding window must be >= 1 token, got {self.window}")
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    scale: float  # softmax scale: head_dim ** -0.5, or query_pre_attn_scalar ** -0.5 (Gemma 3)
+    layers: tuple[LayerAttention, ...]
+
+    def window(self, layer: int) -> int | None:
+        return self.layers[layer].window
+
+    @property
+    def windowed(self) -> bool:
+        """Whether any layer attends through a sliding window."""
+        return any(la.window is not None for la in self.layers)
+
+    @property
+    def rotaries(self) -> tuple[str | None, ...]:
+        return tuple(la.rotary for la in self.layers)
+
+
+def causal_mask(query_index: Tensor, s: int, window: int | None) -> Tensor:
+    """(T, S) bool: query t sees key j iff j <= query_index[t] (and, windowed, j > index - W)."""
+    keys = torch.arange(s)[None, :]
+    mask = keys <= query_index[:, None]
+    if window is not None:
+        mask &= keys > query_index[:, None] - window
+    return mask
+
+
+def attention(
+    q: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    query_index: Tensor | None,
+    scale: float,
+    window: int | None = None,
+) -> Tensor:
+    """Grouped-query attention. q (T, H, Dh), keys/values (S, Hkv, Dh) -> (T, H*Dh).
+
+    `query_index` (T,) is each query's index in the context; None: the last T in order."""
+    t, s = q.shape[0], keys.shape[0]
+    qh = q.transpose(0, 1).unsqueeze(0)  # (1, H, T, Dh)
+    kh = keys.transpose(0, 1).unsqueeze(0)  # (1, Hkv, S, Dh)
+    vh = values.transpose(0, 1).unsqueeze(0)
+    if query_index is None and t == s and (window is None or window >= s):
+        out = F.scaled_dot_product_attention(
+            qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True
+        )
+    else:
+        if query_index is None:
+            query_index = torch.arange(s - t, s)
+        mask = causal_mask(query_index, s, window)  # (T, S)
+        out = F.scaled_dot_product_attention(
+            qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True
+        )
+    return out[0].transpose(0, 1).reshape(t, -1)
