@@ -11,8 +11,9 @@ from agentcache.bench.planner_report import Rates, calibration, family_rows, pla
 
 
 def rec(strategy: str, turn: int, ttft: float, greedy: float = 1.0, **kw: Any) -> dict[str, Any]:
-    return {"session": "s", "workload": "w", "turn": turn, "strategy": strategy, "ttft_ms": ttft,
-            "greedy_exact_match": greedy, "first_token_agreement": 1.0, "tf_kl": 1e-5} | kw  # fmt: skip
+    base = {"session": "s", "workload": "w", "turn": turn, "strategy": strategy}
+    return base | {"ttft_ms": ttft, "greedy_exact_match": greedy, "first_token_agreement": 1.0,
+                   "tf_kl": 1e-5} | kw  # fmt: skip
 
 
 def test_oracle_is_the_fastest_fixed_strategy_meeting_the_floor() -> None:
