@@ -32,7 +32,10 @@ def main() -> None:
     workloads = [Path(f"benchmarks/workloads/{f}.jsonl") for f in FAMILIES]
     rows, dropped = rows_from_runs(model, runs, workloads, "validate")
     text = (
-        f"{__doc__.splitlines()[0]}\n\nRuns: {', '.join(str(r) for r, _ in runs)}; "
+        "# Plan predictor calibration on validation sessions\n\n"
+        "Predicted (conservative) against measured KL of the fixed plans' stored runs, per "
+        "family and plan; covered: share of turns whose measured KL is at most the "
+        f"prediction.\n\nRuns: {', '.join(str(r) for r, _ in runs)}; "
         f"{len(rows)} plan-turns ({dropped} dropped: prompt length differs from the workload "
         f"file's). Margin: the {predictor.quantile:g} quantile of tuning residuals.\n\n"
         + render(calibrate(predictor, rows))

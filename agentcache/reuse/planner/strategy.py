@@ -134,8 +134,8 @@ class PlannedReuse(ReuseStrategy):
 
         try:
             hits: list[StoredHit] = list(self.history.hits(prompt, held))
-        except Unknown as e:
-            return self._exact_only(), str(e)
+        except Unknown as e:  # an exact floor needed no prediction: not a fallback
+            return self._exact_only(), None if floor.name == EXACT_FLOOR.name else str(e)
         prefix = self._prefix_tokens(ctx, prompt, held) if PREFIX in self.plans else 0
         signals = [plan_signals(CANDIDATES[n], self.strategies[n], prompt, hits, prefix)
                    for n in self.plans]  # fmt: skip
