@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 from agentcache.bench.planner_data import PlanRow
 from agentcache.bench.report import markdown_table
+from agentcache.reuse.planner.candidates import PlanSignals
+from agentcache.reuse.planner.choice import Floor, choose
 from agentcache.reuse.planner.predictor import Predictor
+from agentcache.reuse.planner.strategy import estimate
 
 MEASURES = (("kl_first_token", "first"), ("tf_kl", "tf"))
 
@@ -48,3 +51,42 @@ def render(cal: list[dict[str, Any]]) -> str:
         [c["family"], c["plan"], c["measure"], str(c["turns"]), f"{c['covered']:.2f}",
          f"{c['log10']:.2f}", f"{c['measured_median']:.1e}", f"{c['predicted_median']:.1e}"]
         for c in cal]) + "\n"  # fmt: skip
+
+
+def replay_choices(
+    p: Predictor, rows: list[PlanRow], floor: Floor, min_gain: float
+) -> list[dict[str, Any]]:
+    """The planner's choice on each stored turn, judged by the stored record of the plan it
+    chose (a replay: the turn's TTFT is that run's, planning time not included). A turn whose
+    choice has no record in the run (`exact`, which no stored run measured) takes prefix's
+    record, exact like it; such turns are counted."""
+    turns: dict[tuple[str, str, int], dict[str, PlanRow]] = defaultdict(dict)
+    for r in rows:
+        turns[(r.family, r.session, r.turn)][r.plan] = r
+    by_family: dict[str, list[tuple[str, dict[str, Any], bool]]] = defaultdict(list)
+    for (family, _, _), plans in sorted(turns.items()):
+        estimates = [estimate(r.signals, p) for r in plans.values()]
+        estimates.append(estimate(_exact_signals(plans), p))
+        chosen = choose(estimates, floor, min_gain)
+        stand_in = chosen.plan not in plans
+        row = plans["prefix" if stand_in else chosen.plan]
+        by_family[family].append((chosen.plan, row.record, stand_in))
+    out = []
+    for family, picks in sorted(by_family.items()):
+        recs = [rec for _, rec, _ in picks]
+        out.append({
+            "family": family, "turns": len(picks),
+            "plans": dict(Counter(plan for plan, _, _ in picks).most_common()),
+            "stand_ins": sum(s for _, _, s in picks),
+            "greedy": statistics.fmean(r["greedy_exact_match"] for r in recs),
+            "first": statistics.fmean(r["first_token_agreement"] for r in recs),
+            "vs_full": statistics.median(r["ttft_ms"] / r["ttft_full_ms"] for r in recs),
+        })  # fmt: skip
+    return out
+
+
+def _exact_signals(plans: dict[str, PlanRow]) -> PlanSignals:
+    """The `exact` plan's signals on a turn, from any selective plan's: all changed computed."""
+    s = next(r.signals for r in plans.values() if r.plan != "prefix")
+    computed = s.computed + s.left
+    return PlanSignals("exact", s.prompt_tokens, computed, s.loaded, s.changed, 0, s.shift, False)

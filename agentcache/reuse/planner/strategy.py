@@ -143,7 +143,7 @@ class PlannedReuse(ReuseStrategy):
         why = None
         if p is None and floor.name != EXACT_FLOOR.name and not nothing_stored:
             why = f"no plan predictor for model {m.model_id}"
-        return [_estimate(s, p) for s in signals], why
+        return [estimate(s, p) for s in signals], why
 
     def _exact_only(self) -> list[Estimate]:
         """Estimates of the always-exact plans, with nothing known of the store but that the
@@ -170,7 +170,7 @@ class PlannedReuse(ReuseStrategy):
             self.history.record(prompt, positions)
 
 
-def _estimate(s: PlanSignals, p: Predictor | None) -> Estimate:
+def estimate(s: PlanSignals, p: Predictor | None) -> Estimate:
     """Predicted cost and KL of one plan; without a predictor, compute share as its cost and
     no KL (only its exactness can be used)."""
     if p is None:
