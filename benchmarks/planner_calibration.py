@@ -78,9 +78,8 @@ def replay_table(predictor: Predictor, rows: list[PlanRow], runs: list[tuple[Pat
         "Each warm turn's choice (fidelity=high, balanced) judged by the stored record of the "
         "chosen plan's strategy in the same run; `exact` choices, which no stored run "
         "measured, take prefix's record (exact too; TTFT may differ): counted as stand-ins. "
-        "Planning time is not in these TTFTs. A replay, not a run: the live run is in report.md.\n\n"
-        + markdown_table(head, body)
-        + "\n"
+        "Planning time is not in these TTFTs. A replay, not a run: the live run is in "
+        "report.md.\n\n" + markdown_table(head, body) + "\n"
     )
 
 
