@@ -66,7 +66,9 @@ def replay_choices(
     by_family: dict[str, list[tuple[str, dict[str, Any], bool]]] = defaultdict(list)
     for (family, _, _), plans in sorted(turns.items()):
         estimates = [estimate(r.signals, p) for r in plans.values()]
-        estimates.append(estimate(_exact_signals(plans), p))
+        exact = _exact_signals(plans)
+        if exact is not None:
+            estimates.append(estimate(exact, p))
         chosen = choose(estimates, floor, min_gain)
         stand_in = chosen.plan not in plans
         row = plans["prefix" if stand_in else chosen.plan]
@@ -85,8 +87,11 @@ def replay_choices(
     return out
 
 
-def _exact_signals(plans: dict[str, PlanRow]) -> PlanSignals:
-    """The `exact` plan's signals on a turn, from any selective plan's: all changed computed."""
-    s = next(r.signals for r in plans.values() if r.plan != "prefix")
+def _exact_signals(plans: dict[str, PlanRow]) -> PlanSignals | None:
+    """The `exact` plan's signals on a turn, from any selective plan's: all changed computed
+    (None without one)."""
+    s = next((r.signals for r in plans.values() if r.plan not in ("prefix", "full")), None)
+    if s is None:
+        return None
     computed = s.computed + s.left
     return PlanSignals("exact", s.prompt_tokens, computed, s.loaded, s.changed, 0, s.shift, False)
