@@ -119,3 +119,16 @@ def test_another_models_predictor_fails_before_model_work(
 def test_options_from_python_are_checked() -> None:
     with pytest.raises(ConfigError, match="fidelity must be one of"):
         PlannedReuse(fidelity="perfect")
+
+
+def test_commit_stores_what_every_plan_reads(tiny: LoadedModel) -> None:
+    """After a turn, the next one's `prefix` plan finds its blocks and the selective plans
+    their segments: the estimates say so before any model call."""
+    e = engine(tiny, fidelity="exact")
+    _prefill(e, UPDATES[0])
+    stats = _prefill(e, UPDATES[0])  # nothing changed
+    assert stats.plan is not None
+    considered = {x.plan: x for x in stats.plan.considered}
+    full_cost = considered["full"].cost
+    assert considered["prefix"].cost < full_cost and considered["exact"].cost < full_cost
+    assert all(x.exact for x in considered.values())  # nothing changed: every plan is exact
