@@ -28,6 +28,7 @@ from agentcache.prompt.reply import close_reply
 from agentcache.prompt.segments import Segment, SegmentKind
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse.base import PrefillResult, ReuseStats, compute_subset
+from agentcache.reuse.planner import plan_fields
 from agentcache.reuse.spec import StrategySpec
 from agentcache.runtime.engine import Engine, EngineConfig
 
@@ -192,6 +193,7 @@ class BenchRunner:
                 "store_bytes_peak": engine.store.stats.peak_bytes,
                 "cksim_by_layer": cksim_by_layer(ref_keys, keys),
             }
+            | plan_fields(s)
             | fidelity(ref_logits, ref_tokens, logits)
         )
 

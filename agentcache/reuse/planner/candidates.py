@@ -1,0 +1,149 @@
+"""The plans a turn may take, each an existing strategy run through its public interface,
+and what each would do on this turn, known before any layer runs (`PlanSignals`).
+
+| plan   | runs                                     | exact | what it leaves to the cache        |
+|--------|------------------------------------------|-------|------------------------------------|
+| exact  | pic, every changed-context token computed| yes   | segments whose context is unchanged|
+| prefix | prefix (16-token blocks)                 | yes   | the longest unchanged token prefix |
+| full   | full                                     | yes   | nothing                            |
+| epic   | epic, exact segments kept                | no    | all but the first 64 of each chunk |
+| pic    | pic                                      | no    | every reused token                 |
+| probe  | rpdc without cover (0.2 per computed)    | no    | reused tokens the probe ranks low  |
+| probe5 | rpdc:extra=0.5                           | no    | ... at 0.5 per computed token      |
+
+A non-exact plan becomes exact on a turn where it leaves no changed-context token out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import cast
+
+import torch
+from torch import Tensor
+
+from agentcache.errors import ConfigError
+from agentcache.prompt.tokenize import TokenizedPrompt
+from agentcache.reuse.base import ReuseStrategy
+from agentcache.reuse.runs import StoredHit, reused_runs
+from agentcache.reuse.selective import SelectiveRecompute
+from agentcache.reuse.spec import StrategySpec
+from agentcache.reuse.upfront import select_up_front
+
+FULL, PREFIX, EXACT = "full", "prefix", "exact"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    spec: str  # the strategy it runs
+    always_exact: bool = False
+
+    def build(self) -> ReuseStrategy:
+        return StrategySpec.parse(self.spec).build()
+
+
+CANDIDATES: dict[str, Candidate] = {
+    c.name: c
+    for c in (
+        # exact plans first: at equal cost the earlier wins, and `exact` reports misses
+        Candidate(EXACT, "pic:exact_prefix=true:selection=offset:ratio=1", always_exact=True),
+        Candidate(PREFIX, "prefix", always_exact=True),
+        Candidate(FULL, "full", always_exact=True),
+        Candidate("epic", "epic:exact_prefix=true"),
+        Candidate("pic", "pic"),
+        Candidate("probe", "rpdc:cover=0"),
+        Candidate("probe5", "rpdc:extra=0.5"),
+    )
+}
+DEFAULT_PLANS = tuple(CANDIDATES)
+
+
+def check_plans(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Registered plan names, an exact one among them (a turn that cannot be predicted, or
+    an exact floor, needs one)."""
+    unknown = [n for n in names if n not in CANDIDATES]
+    if unknown:
+        raise ConfigError(f"unknown plans {unknown}; known: {sorted(CANDIDATES)}")
+    if not names:
+        raise ConfigError("plans: name at least one plan")
+    if not any(CANDIDATES[n].always_exact for n in names):
+        raise ConfigError(f"plans {list(names)} hold no exact plan (full, prefix or exact)")
+    return names
+
+
+@dataclass(frozen=True)
+class PlanSignals:
+    """What a plan would do on this turn, from where reused tokens sit and where their
+    stored copies were computed (no KV, no model call)."""
+
+    plan: str
+    prompt_tokens: int
+    computed: int  # tokens computed through every layer
+    loaded: int  # reused tokens loaded from the store
+    changed: int  # reused tokens whose context or position changed since they were stored
+    left: int  # of them, the tokens the plan leaves uncomputed
+    shift: float  # mean |position shift| of the changed tokens
+    probe: bool  # a probe pass runs (and ranks)
+
+    @property
+    def exact(self) -> bool:
+        return self.left == 0
+
+    @property
+    def compute_fraction(self) -> float:
+        return self.computed / max(1, self.prompt_tokens)
+
+    @property
+    def loaded_fraction(self) -> float:
+        return self.loaded / max(1, self.prompt_tokens)
+
+
+def plan_signals(
+    c: Candidate, strategy: ReuseStrategy, prompt: TokenizedPrompt, hits: list[StoredHit],
+    prefix_tokens: int,
+) -> PlanSignals:  # fmt: skip
+    """`prefix_tokens`: the tokens `prefix` would reuse (its matching blocks)."""
+    t = prompt.num_tokens
+    if c.name == FULL:
+        return PlanSignals(c.name, t, t, 0, 0, 0, 0.0, False)
+    if c.name == PREFIX:
+        return PlanSignals(c.name, t, t - prefix_tokens, prefix_tokens, 0, 0, 0.0, False)
+    return _selective(c.name, cast(SelectiveRecompute, strategy), prompt, hits)
+
+
+def _selective(
+    name: str, s: SelectiveRecompute, prompt: TokenizedPrompt, hits: list[StoredHit]
+) -> PlanSignals:
+    t, o = prompt.num_tokens, s.options
+    natural = torch.arange(t)
+    sel = select_up_front(o, t, reused_runs(prompt, hits, natural, o))
+    truly = reused_runs(prompt, hits, natural, replace(o, exact_prefix=True))
+    changed = sel.reused & ~select_up_front(replace(o, exact_prefix=True), t, truly).exact
+    pool = sel.candidates & ~sel.base
+    computed, left_mask, probe = sel.base, changed & ~sel.base, False
+    if o.evidence_pass is not None and bool(pool.any()):
+        budget = min(int(pool.sum()), sel.budget)
+        if budget >= int(pool.sum()) and o.probe_shortcut:
+            computed, left_mask = sel.base | pool, changed & ~(sel.base | pool)
+        else:  # the probe picks `budget` of the pool: left are the changed it cannot reach
+            probe = True
+            left = max(0, int((changed & ~sel.base).sum()) - budget)
+            return PlanSignals(name, t, int(sel.base.sum()) + budget, int(sel.reused.sum()),
+                               int(changed.sum()), left, _shift(hits, changed), probe)  # fmt: skip
+    return PlanSignals(name, t, int(computed.sum()), int(sel.reused.sum()), int(changed.sum()),
+                       int(left_mask.sum()), _shift(hits, changed), probe)  # fmt: skip
+
+
+def _shift(hits: list[StoredHit], changed: Tensor) -> float:
+    """Mean |new position - stored position| over the changed tokens (0 when none)."""
+    total, n = 0.0, 0
+    for h in hits:
+        old = h.stored_positions
+        mask = changed[h.start : h.start + h.num_tokens]
+        if old is None or not bool(mask.any()):
+            continue
+        new = torch.arange(h.start, h.start + h.num_tokens)
+        total += float((new - old[: h.num_tokens]).abs()[mask].sum())
+        n += int(mask.sum())
+    return total / n if n else 0.0

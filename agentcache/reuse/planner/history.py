@@ -1,0 +1,91 @@
+"""What the planner knows of the store before any lookup: the metadata of the segments it
+committed (positions, preceding context), and whether the store still holds each.
+
+The plan is made from metadata alone so that planning moves no store counter: the chosen
+plan's own lookup is the turn's one lookup. A stored segment the planner did not commit
+(another strategy wrote it into a shared store) has unknown metadata: the turn cannot be
+predicted (`Unknown`), and the planner falls back to an exact plan.
+
+    commit : content id -> (positions (n,), context id)     bounded, least recently used out
+    plan   : REUSABLE segment, in store and known  -> PlannedHit
+                               in store, not known -> Unknown
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from agentcache.kv.store import segment_content_id
+from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment
+from agentcache.reuse.segments import REUSABLE, context_ids, reusable_tokens
+
+MAX_SEGMENTS = 4096
+
+# (content id) -> whether the store holds it, moving no counter (`contains_content`)
+StoreProbe = Callable[[str], bool]
+
+
+@dataclass(frozen=True)
+class StoredMeta:
+    positions: Tensor  # (n,) positions the stored copy was encoded at
+    context_id: str  # chained id of the tokens before it when it was stored
+
+
+@dataclass(frozen=True)
+class PlannedHit:
+    """A stored segment as the plan sees it (the `StoredHit` protocol of reuse/runs.py)."""
+
+    segment: TokenizedSegment
+    num_tokens: int
+    stored_context: str | None
+    stored_positions: Tensor | None
+
+    @property
+    def start(self) -> int:
+        return self.segment.start
+
+
+class Unknown(Exception):
+    """A segment is in the store but the planner does not know where it was computed."""
+
+
+class PlanHistory:
+    def __init__(self, max_segments: int = MAX_SEGMENTS) -> None:
+        self.max_segments = max_segments
+        self._meta: OrderedDict[str, StoredMeta] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._meta)
+
+    def record(self, prompt: TokenizedPrompt, positions: Tensor) -> None:
+        """The segments of a committed prompt (the first copy is kept, as the store keeps)."""
+        for seg, context in zip(prompt.segments, context_ids(prompt), strict=True):
+            cid = segment_content_id(seg.ids, seg.segment.scope)
+            if cid in self._meta:
+                self._meta.move_to_end(cid)
+                continue
+            self._meta[cid] = StoredMeta(positions[seg.start : seg.end].clone(), context)
+            while len(self._meta) > self.max_segments:
+                self._meta.popitem(last=False)
+
+    def hits(self, prompt: TokenizedPrompt, stored: StoreProbe) -> list[PlannedHit]:
+        """The prompt's reusable segments the store holds, with their metadata; `Unknown`
+        when one is held that this history never recorded."""
+        hits = []
+        for seg in prompt.segments:
+            if seg.kind not in REUSABLE:
+                continue
+            cid = segment_content_id(seg.ids, seg.segment.scope)
+            if not stored(cid):
+                continue
+            meta = self._meta.get(cid)
+            if meta is None:
+                raise Unknown(f"segment {seg.segment.id or seg.start} was stored by another")
+            n = reusable_tokens(prompt, seg)
+            if n > 0:
+                hits.append(PlannedHit(seg, n, meta.context_id, meta.positions))
+        return hits

@@ -1,0 +1,151 @@
+"""The fidelity predictor and cost model, as one small versioned file per model.
+
+Per plan, two log-linear fits (first-token KL and teacher-forced KL against `full`):
+
+    log10(KL + 1e-7) = w . [1, log1p(left), log1p(shift), left / T] + margin
+
+`left`, `shift` and `T` are the plan's `PlanSignals`; `margin` is a high quantile of the
+fit's residuals on the tuning turns, so a prediction is an upper bound on most turns rather
+than a mean. A plan that leaves no changed token out is exact: KL 0, no fit needed.
+
+Cost, as a fraction of `full`'s TTFT on the same turn (one linear fit over every plan):
+
+    cost = compute * computed/T + load * loaded/T + probe * [probe pass] + base[plan kind]
+
+The file names the model it was fitted on and the format version; a file of another version
+is refused when read, one of another model before the first prefill's model work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentcache.errors import ConfigError
+from agentcache.reuse.planner.candidates import CANDIDATES, PlanSignals
+
+FORMAT = "agentcache-plan-predictor"
+VERSION = 1
+EPS = 1e-7
+SHIPPED = Path(__file__).parent / "data"
+
+
+def features(s: PlanSignals) -> list[float]:
+    return [1.0, math.log1p(s.left), math.log1p(s.shift), s.left / max(1, s.prompt_tokens)]
+
+
+@dataclass(frozen=True)
+class KLFit:
+    coef: tuple[float, ...]  # one per `features` entry
+    margin: float  # added in log10 space: the residual quantile of the fit
+
+    def predict(self, s: PlanSignals) -> float:
+        if s.exact:
+            return 0.0
+        y = sum(w * x for w, x in zip(self.coef, features(s), strict=True)) + self.margin
+        return max(0.0, 10.0 ** min(y, 2.0) - EPS)
+
+
+@dataclass(frozen=True)
+class PlanFit:
+    first: KLFit
+    tf: KLFit
+    turns: int  # tuning turns it was fitted on
+
+
+@dataclass(frozen=True)
+class CostFit:
+    compute: float
+    load: float
+    probe: float
+    base: dict[str, float]  # per plan: what the linear terms leave (lookup, assembly)
+
+    def predict(self, s: PlanSignals) -> float:
+        return (
+            self.compute * s.compute_fraction
+            + self.load * s.loaded_fraction
+            + (self.probe if s.probe else 0.0)
+            + self.base.get(s.plan, 0.0)
+        )
+
+
+@dataclass(frozen=True)
+class FloorBound:
+    first: float  # bound on first-token KL
+    tf: float  # bound on teacher-forced KL
+
+
+@dataclass(frozen=True)
+class Predictor:
+    model_id: str
+    plans: dict[str, PlanFit]
+    cost: CostFit
+    floors: dict[str, FloorBound]  # "high", "balanced": KL bounds chosen on tuning turns
+    quantile: float
+    fitted_on: dict[str, Any] = field(default_factory=dict)  # sessions, runs, commit
+    version: int = VERSION
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, **asdict(self)}, indent=1, sort_keys=True) + "\n"
+
+    def save(self, path: Path) -> None:
+        path.write_text(self.to_json())
+
+    def check_model(self, model_id: str) -> None:
+        if model_id != self.model_id:
+            raise ConfigError(
+                f"plan predictor was fitted on model {self.model_id!r}, not {model_id!r}: "
+                "fit one for this model (benchmarks/planner_fit.py) or leave predictor unset"
+            )
+
+
+def load_predictor(path: Path) -> Predictor:
+    """Read and check a predictor file: format, version, plans, floors."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"plan predictor {path}: cannot read it ({e})") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise ConfigError(f"plan predictor {path}: not a {FORMAT} file")
+    if raw.get("version") != VERSION:
+        raise ConfigError(
+            f"plan predictor {path}: version {raw.get('version')!r}, this agentcache reads "
+            f"version {VERSION}"
+        )
+    try:
+        return _parse(raw)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"plan predictor {path}: malformed ({e!r})") from None
+
+
+def _parse(raw: dict[str, Any]) -> Predictor:
+    plans = {}
+    for name, p in raw["plans"].items():
+        if name not in CANDIDATES:
+            raise ValueError(f"unknown plan {name!r}; known: {sorted(CANDIDATES)}")
+        plans[name] = PlanFit(_kl(p["first"]), _kl(p["tf"]), int(p["turns"]))
+    c = raw["cost"]
+    cost = CostFit(float(c["compute"]), float(c["load"]), float(c["probe"]),
+                   {str(k): float(v) for k, v in c["base"].items()})  # fmt: skip
+    floors = {k: FloorBound(float(v["first"]), float(v["tf"])) for k, v in raw["floors"].items()}
+    return Predictor(str(raw["model_id"]), plans, cost, floors, float(raw["quantile"]),
+                     dict(raw.get("fitted_on", {})), int(raw["version"]))  # fmt: skip
+
+
+def _kl(raw: dict[str, Any]) -> KLFit:
+    coef = tuple(float(x) for x in raw["coef"])
+    if len(coef) != 4 or not all(math.isfinite(x) for x in coef):
+        raise ValueError(f"coef must be 4 finite numbers, got {raw['coef']!r}")
+    return KLFit(coef, float(raw["margin"]))
+
+
+def shipped_predictor(model_id: str) -> Predictor | None:
+    """The predictor shipped for `model_id`, None when there is none."""
+    for path in sorted(SHIPPED.glob("*.json")):
+        p = load_predictor(path)
+        if p.model_id == model_id:
+            return p
+    return None

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Regenerates docs/bench/planner/: the plan predictor fitted on tuning sessions' stored runs,
+# its calibration on stored validation runs, and the planner against fixed strategies on
+# validation sessions (interleaved per turn in one run per family).
+#
+#   bash benchmarks/planner_bench.sh            # fit + calibration (seconds) and runs (minutes)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ac=.venv/bin/agentcache
+py=.venv/bin/python
+out=docs/bench/planner
+
+$py benchmarks/planner_fit.py --out agentcache/reuse/planner/data/smollm2-135m-instruct.json
+$py benchmarks/planner_calibration.py --out "$out/calibration.md"
+runs=()
+for w in ${PLANNER_FAMILIES:-reflexion}; do
+  n=$(printf '%s-08,%s-09' "$w" "$w")
+  $ac bench "benchmarks/workloads/$w.jsonl" --split validate --sessions "$n" --max-turns 4 \
+    --new-tokens 16 --strategies full,prefix,default,epic:exact_prefix=true,plan --threads 1 \
+    --out "$out/validate-$w"
+  runs+=("$out/validate-$w")
+done
+$py benchmarks/planner_report.py "${runs[@]}" --out "$out/report.md"

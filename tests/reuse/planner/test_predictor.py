@@ -1,0 +1,94 @@
+"""The predictor file: round trip, and the errors a wrong file gives before model work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentcache.errors import ConfigError
+from agentcache.reuse.planner.candidates import PlanSignals
+from agentcache.reuse.planner.predictor import (
+    SHIPPED,
+    Predictor,
+    load_predictor,
+    shipped_predictor,
+)
+from agentcache.reuse.spec import StrategySpec
+from tests.reuse.planner.conftest import predictor_for
+
+
+def test_round_trip(tmp_path: Path, tiny_predictor: Predictor) -> None:
+    path = tmp_path / "p.json"
+    tiny_predictor.save(path)
+    assert load_predictor(path) == tiny_predictor
+
+
+def test_prediction_is_monotone_in_the_margin_and_zero_when_exact() -> None:
+    p = predictor_for("m", kl_log10=-4.0)
+    s = PlanSignals("pic", 1000, 100, 900, 500, 500, 12.0, False)
+    assert p.plans["pic"].tf.predict(s) == pytest.approx(1e-4 - 1e-7)
+    exact = PlanSignals("pic", 1000, 100, 900, 500, 0, 12.0, False)
+    assert p.plans["pic"].tf.predict(exact) == 0.0
+
+
+def test_another_version_is_refused(tmp_path: Path, tiny_predictor: Predictor) -> None:
+    raw = json.loads(tiny_predictor.to_json()) | {"version": 99}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match="version 99"):
+        load_predictor(path)
+    with pytest.raises(ConfigError, match="version 99"):  # from a spec, before any model
+        StrategySpec.parse(f"plan:predictor={path}")
+
+
+def test_an_unknown_plan_in_the_file_is_refused(tmp_path: Path, tiny_predictor: Predictor) -> None:
+    raw = json.loads(tiny_predictor.to_json())
+    raw["plans"]["warp"] = raw["plans"]["pic"]
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match="unknown plan 'warp'"):
+        load_predictor(path)
+
+
+def test_not_a_predictor_file(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    path.write_text("{}")
+    with pytest.raises(ConfigError, match="not a agentcache-plan-predictor file"):
+        load_predictor(path)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_predictor(tmp_path / "missing.json")
+
+
+def test_another_models_file_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="fitted on model 'other'"):
+        predictor_for("other").check_model("tiny-llama#0")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("plan:fidelity=perfect", "fidelity must be one of exact, high, balanced"),
+        ("plan:kl=3", "kl must be in"),
+        ("plan:kl=-0.1", "kl must be in"),
+        ("plan:plans=exact+warp", "unknown plans \\['warp'\\]"),
+        ("plan:plans=epic+pic", "hold no exact plan"),
+        ("plan:min_gain=1.5", "min_gain must be in"),
+        ("plan:speed=max", "unknown options \\['speed'\\]"),
+    ],
+)
+def test_bad_options_fail_at_parse(spec: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        StrategySpec.parse(spec)
+
+
+def test_the_shipped_predictor_reads_and_names_its_model() -> None:
+    files = sorted(SHIPPED.glob("*.json"))
+    assert files
+    for f in files:
+        p = load_predictor(f)
+        assert shipped_predictor(p.model_id) == p
+        assert p.fitted_on["split"] == "tune"
+        assert {"high", "balanced"} <= set(p.floors)
+    assert shipped_predictor("tiny-llama") is None
