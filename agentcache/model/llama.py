@@ -20,6 +20,7 @@ from torch import Tensor
 
 from agentcache.model.config import ModelConfig
 from agentcache.model.rope import RotaryEmbedding
+from agentcache.model.run_attention import blocked_attention, runs_attention
 
 
 @dataclass(frozen=True)
@@ -171,20 +172,18 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def attention(
     q: Tensor, keys: Tensor, values: Tensor, query_index: Tensor | None, scale: float
 ) -> Tensor:
-    """Grouped-query attention. q (T, H, Dh), keys/values (S, Hkv, Dh) -> (T, H*Dh)."""
+    """Grouped-query attention. q (T, H, Dh), keys/values (S, Hkv, Dh) -> (T, H*Dh).
+    `query_index` (T,) is strictly increasing (each query's index in the context)."""
     t, s = q.shape[0], keys.shape[0]
-    qh = q.transpose(0, 1).unsqueeze(0)  # (1, H, T, Dh)
-    kh = keys.transpose(0, 1).unsqueeze(0)  # (1, Hkv, S, Dh)
-    vh = values.transpose(0, 1).unsqueeze(0)
     if query_index is None and t == s:
+        qh = q.transpose(0, 1).unsqueeze(0)  # (1, H, T, Dh)
+        kh = keys.transpose(0, 1).unsqueeze(0)  # (1, Hkv, S, Dh)
+        vh = values.transpose(0, 1).unsqueeze(0)
         out = F.scaled_dot_product_attention(
             qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True
         )
-    else:
-        if query_index is None:
-            query_index = torch.arange(s - t, s)
-        mask = torch.arange(s)[None, :] <= query_index[:, None]  # (T, S)
-        out = F.scaled_dot_product_attention(
-            qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True
-        )
-    return out[0].transpose(0, 1).reshape(t, -1)
+        return out[0].transpose(0, 1).reshape(t, -1)
+    if query_index is None:
+        query_index = torch.arange(s - t, s)
+    fast = runs_attention(q, keys, values, query_index, scale)  # few query runs: causal
+    return fast if fast is not None else blocked_attention(q, keys, values, query_index, scale)
