@@ -152,19 +152,22 @@ def requests(size: int, n: int, model: LoadedModel, tools: list[ToolSpec]) -> It
         yield req("no-reuse", i, [system(stamp + 1 + i), q], block)
     stamp += n + 1
     first = [system(stamp), ChatMessage("user", QUESTIONS[0])]
-    yield req("setup", 0, first, block, ("system+tools", "system"))
+    yield req("setup", 0, first, block, ("system+tools", "system", "history"))
     for i in range(n):
         yield req("system+tools", i, [system(stamp), ChatMessage("user", QUESTIONS[i + 2])], block)
     for i in range(n):  # the same system prompt, another tools block each time
         other = tools_of(model, tools, 7 * (i + 1), int(size * 0.9))
         yield req("system", i, [system(stamp), ChatMessage("user", QUESTIONS[i + 1])], other)
-    for case, new_stamp in (("history", False), ("history-stamp", True)):
-        stamp += 1
-        msgs = [ChatMessage("user", QUESTIONS[5])]
-        yield req("setup", 0, [system(stamp), *msgs], block, (case,))
-        for i in range(n):
-            msgs += step(i)
-            yield req(case, i, [system(stamp + (i + 1) * new_stamp), *msgs], block)
+    msgs = first[1:]
+    for i in range(n):  # the setup's conversation continued
+        msgs += step(i)
+        yield req("history", i, [system(stamp), *msgs], block)
+    stamp += 1
+    msgs = [ChatMessage("user", QUESTIONS[5])]
+    yield req("setup", 1, [system(stamp), *msgs], block, ("history-stamp",))
+    for i in range(n):  # continued, each request with a new stamp
+        msgs += step(i)
+        yield req("history-stamp", i, [system(stamp + i + 1), *msgs], block)
 
 
 def run_request(path: str, engine: Engine, tracker: ConversationTracker, r: Request) -> TurnStats:
