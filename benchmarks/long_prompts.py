@@ -50,7 +50,7 @@ from agentcache.chat.tools import render_tools
 from agentcache.model.loading import LoadedModel, load_model
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams, TurnStats
 
-CASES = ("no-reuse", "system+tools", "system", "history", "history-stamp")
+CASES = ("no-reuse", "system+tools", "history", "system", "history-stamp")
 STRATEGIES = "full,prefix,promptcache,pic,epic,cacheblend,cacheslide,rpdc"
 BFCL_TYPES = {"dict": "object", "float": "number", "tuple": "array"}
 ONE = GenerationParams(max_new_tokens=1)
@@ -155,13 +155,13 @@ def requests(size: int, n: int, model: LoadedModel, tools: list[ToolSpec]) -> It
     yield req("setup", 0, first, block, ("system+tools", "system", "history"))
     for i in range(n):
         yield req("system+tools", i, [system(stamp), ChatMessage("user", QUESTIONS[i + 2])], block)
-    for i in range(n):  # the same system prompt, another tools block each time
-        other = tools_of(model, tools, 7 * (i + 1), int(size * 0.9))
-        yield req("system", i, [system(stamp), ChatMessage("user", QUESTIONS[i + 1])], other)
     msgs = first[1:]
     for i in range(n):  # the setup's conversation continued
         msgs += step(i)
         yield req("history", i, [system(stamp), *msgs], block)
+    for i in range(n):  # the same system prompt, another tools block each time
+        other = tools_of(model, tools, 7 * (i + 1), int(size * 0.9))
+        yield req("system", i, [system(stamp), ChatMessage("user", QUESTIONS[i + 1])], other)
     stamp += 1
     msgs = [ChatMessage("user", QUESTIONS[5])]
     yield req("setup", 1, [system(stamp), *msgs], block, ("history-stamp",))
