@@ -243,6 +243,22 @@ def report(results: dict[str, Any]) -> str:
             f"| {s['size']} | {s['case']} | {s['path']} | {s['strategy']} | {s['n']} "
             f"| {s['ttft_ms_median']:.0f} | {_fmt(s, 'vs_full')} | {_fmt(s, 'vs_prefix')} |"
         )
+    lines += [
+        "",
+        "The work each request did (counted, not timed):",
+        "",
+        "| size | case | # | path | strategy | tokens | TTFT ms | model calls | loaded | computed "
+        "| exact | guarded | plan / full cost |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results["rows"]:
+        cost = "-" if r["plan_cost"] is None else f"{r['plan_cost'] / r['full_cost']:.3f}"
+        lines.append(
+            f"| {r['size']} | {r['case']} | {r['request']} | {r['path']} | {r['strategy']} "
+            f"| {r['prompt_tokens']} | {r['ttft_ms']:.0f} | {r['model_calls']} "
+            f"| {r['loaded_tokens']} | {r['recomputed_tokens']} | {r['exact']} | {r['guarded']} "
+            f"| {cost} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -256,17 +272,23 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="4000:2,8000:1", help="size:requests per case, ...")
     p.add_argument("--strategies", default=STRATEGIES, help="engine path (full first)")
-    p.add_argument("--server-strategies", default="full,prefix,rpdc", help="server path")
+    p.add_argument("--server-strategies", default="full,prefix,rpdc", help='"": no server path')
     p.add_argument("--cases", default=",".join(CASES), help="of " + ",".join(CASES))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--render", action="store_true", help="rewrite OUT/report.md from its results")
     a = p.parse_args(argv)
+    if a.render:
+        results = json.loads((a.out / "results.json").read_text())
+        (a.out / "report.md").write_text(report(results))
+        return
     torch.set_num_threads(a.threads)
     cases = a.cases.split(",")
     if unknown := set(cases) - set(CASES):
         p.error(f"unknown cases {sorted(unknown)}; known: {', '.join(CASES)}")
     sizes = [(int(s), int(n)) for s, n in (x.split(":") for x in a.sizes.split(","))]
     paths = {"engine": a.strategies.split(","), "server": a.server_strategies.split(",")}
+    paths = {path: labels for path, labels in paths.items() if labels != [""]}  # "": no path
     model = load_model()
     tools = bfcl_tools()
     engines = {
