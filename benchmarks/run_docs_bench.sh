@@ -127,6 +127,18 @@ reuse() {
   # agentcache's full prefill against transformers' forward pass (about 20 minutes)
   $py benchmarks/full_baseline.py benchmarks/workloads/reflexion.jsonl \
     benchmarks/workloads/memgpt.jsonl benchmarks/workloads/swe_agent.jsonl --out docs/bench/full-baseline
+  # long prompts (4k tokens, mostly a tools block): misses and hits against full and prefix,
+  # engine and server path (about 1 hour on a busy 2-core machine; every strategy and 8k
+  # prompts with --strategies and --sizes 4000:2,8000:1 where time allows)
+  local lp="env HF_HUB_OFFLINE=1 PYTHONPATH=.:templates:adapters $py benchmarks/long_prompts.py"
+  # (the stored run of this one was stopped after its no-reuse request)
+  $lp --sizes 4000:1 --cases no-reuse,system+tools,history,system --strategies full,prefix,rpdc \
+    --server-strategies full,prefix,rpdc --threads 1 --out docs/bench/long-prompts
+  $lp --sizes 4000:1 --cases system+tools,history --strategies prefix,rpdc \
+    --server-strategies prefix,rpdc --threads 1 --out docs/bench/long-prompts/hits
+  $lp --sizes 4000:2 --cases no-reuse,system+tools,history,system,history-stamp \
+    --strategies full,prefix,rpdc --server-strategies "" --threads 1 \
+    --out docs/bench/long-prompts/engine-4k
 }
 
 # docs/benchmarks.md "The OpenAI-compatible server", docs/lab/server.md (about 5 minutes)

@@ -186,6 +186,9 @@ class BenchRunner:
                 "load_ms": s.load_s * 1e3,
                 "fallbacks": s.fallbacks,
                 "probe_skipped": s.probe_skipped,
+                "guarded": s.guarded,  # the plan cost more than recomputing: full's ran
+                "model_calls": s.model_calls,
+                "loaded_tokens": s.loaded_tokens,
                 "candidates": s.candidates,
                 "computed_anyway": s.computed_anyway,
                 "misses": [m.reason.value for m in s.misses],

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from agentcache.model.run_attention import blocked_attention, runs_attention
+
 GLOBAL_ROTARY = "global"  # the rotary of full-attention layers; Gemma 3 adds "local"
 
 
@@ -71,20 +73,28 @@ def attention(
 ) -> Tensor:
     """Grouped-query attention. q (T, H, Dh), keys/values (S, Hkv, Dh) -> (T, H*Dh).
 
-    `query_index` (T,) is each query's index in the context; None: the last T in order."""
+    `query_index` (T,) is each query's index in the context, strictly increasing; None: the
+    last T in order. A global layer whose queries are not the whole context takes the
+    run-split path (model/run_attention.py: causal cost, not every (T, S) pair); a windowed
+    one the masked reference."""
     t, s = q.shape[0], keys.shape[0]
+    if query_index is None and t == s and (window is None or window >= s):
+        return _sdpa(q, keys, values, None, scale)
+    if query_index is None:
+        query_index = torch.arange(s - t, s)
+    if window is not None:
+        return _sdpa(q, keys, values, causal_mask(query_index, s, window), scale)
+    fast = runs_attention(q, keys, values, query_index, scale)  # few query runs: causal
+    return fast if fast is not None else blocked_attention(q, keys, values, query_index, scale)
+
+
+def _sdpa(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """One SDPA call: causal without `mask`, else under the (T, S) bool `mask`."""
+    t = q.shape[0]
     qh = q.transpose(0, 1).unsqueeze(0)  # (1, H, T, Dh)
     kh = keys.transpose(0, 1).unsqueeze(0)  # (1, Hkv, S, Dh)
     vh = values.transpose(0, 1).unsqueeze(0)
-    if query_index is None and t == s and (window is None or window >= s):
-        out = F.scaled_dot_product_attention(
-            qh, kh, vh, is_causal=True, scale=scale, enable_gqa=True
-        )
-    else:
-        if query_index is None:
-            query_index = torch.arange(s - t, s)
-        mask = causal_mask(query_index, s, window)  # (T, S)
-        out = F.scaled_dot_product_attention(
-            qh, kh, vh, attn_mask=mask, scale=scale, enable_gqa=True
-        )
+    out = F.scaled_dot_product_attention(
+        qh, kh, vh, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
+    )
     return out[0].transpose(0, 1).reshape(t, -1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import torch
@@ -17,6 +17,7 @@ from agentcache.model.llama import QKV
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.registry import Registry
+from agentcache.reuse.guard import CostModel, GuardDecision, PlanCost, full_cost, guard
 from agentcache.reuse.layers import TimedForward, run_layers
 from agentcache.reuse.options import OptionType
 
@@ -29,6 +30,9 @@ class ReuseContext:
     store: SegmentStore
     pool: PagePool
     decoupled_load: bool = False  # SLIDE: land cached KV layer by layer on a loader thread
+    # a plan predicted to cost more than full recompute is not taken (reuse/guard.py);
+    # False takes every plan (the mechanics of a strategy, measured as they are)
+    cost_guard: bool = True
 
 
 @dataclass(frozen=True)
@@ -56,12 +60,19 @@ class ReuseStats:
     # probe strategies: every candidate was computed because the budget covered them all, or
     # the probe's redo would have cost more than the few it left out (no ranking ran)
     probe_skipped: bool = False
+    # selective strategies: every reused token whose KV is not exact was computed through
+    # every layer, decided up front (the output is full recompute's, up to rounding)
+    exact_plan: bool = False
     # selective strategies: reused tokens whose KV is not exact here and not computed anyway
     # (what a ranking chooses from), and the tokens computed anyway (update tokens, misses,
     # boundary, last; an up-front ranker's picks among them): the budget's basis
     candidates: int = 0
     computed_anyway: int = 0
     compute_s: float = 0.0  # time inside the model's layer calls (TimedForward)
+    model_calls: int = 0  # calls into the model: embed, per-layer project/attend, logits
+    loaded_tokens: int = 0  # tokens whose cached K/V was written into the sequence
+    # the cost guard's decision on the plan (reuse/guard.py); None: no plan beside `full`'s
+    guard: GuardDecision | None = None
     # what the prefill spent besides computing tokens: lookup, loading, re-rotation,
     # assembling K/V, probe scoring and ranking (wall time less compute_s; set by `close`)
     overhead_s: float = 0.0
@@ -82,6 +93,11 @@ class ReuseStats:
     def close(self) -> None:
         """The prefill is done: its overhead is the time since `started` not spent computing."""
         self.overhead_s = max(0.0, time.perf_counter() - self.started - self.compute_s)
+
+    @property
+    def guarded(self) -> bool:
+        """The plan was predicted to cost more than full recompute, which ran instead."""
+        return self.guard is not None and not self.guard.taken
 
     def fallback(self, reason: str) -> None:
         self.fallbacks += 1
@@ -141,6 +157,17 @@ class ReuseStrategy(ABC):
     ) -> None:
         """Store KV for later turns. Default: nothing."""
         return None
+
+
+def guarded(ctx: ReuseContext, num_tokens: int, plan: PlanCost, stats: ReuseStats) -> bool:
+    """Record the guard's decision on `plan` in `stats`; True when the plan must not run
+    (`ctx.cost_guard` and it is predicted to cost more than full recompute)."""
+    c = ctx.model.config
+    decision = guard(plan, full_cost(num_tokens, c.num_layers), CostModel.of(c))
+    if not ctx.cost_guard:
+        decision = replace(decision, taken=True)
+    stats.guard = decision
+    return not decision.taken
 
 
 def compute_subset(

@@ -23,9 +23,10 @@ from agentcache.model.rope import RotaryEmbedding
 
 
 class ComputeClock(Protocol):
-    """Where model-call time adds up (`ReuseStats`)."""
+    """Where model-call time and count add up (`ReuseStats`)."""
 
     compute_s: float
+    model_calls: int
 
 
 P = ParamSpec("P")
@@ -35,7 +36,8 @@ ContextKV = Callable[[int, QKV], tuple[Tensor, Tensor]]
 
 
 class TimedForward:
-    """`LlamaForward`'s layer API, adding the time of every call to `stats.compute_s`."""
+    """`LlamaForward`'s layer API, adding the time of every call to `stats.compute_s` and
+    counting it in `stats.model_calls`."""
 
     def __init__(self, forward: LlamaForward, stats: ComputeClock) -> None:
         self.inner = forward
@@ -50,6 +52,7 @@ class TimedForward:
             return fn(*args, **kwargs)
         finally:
             self.stats.compute_s += time.perf_counter() - t0
+            self.stats.model_calls += 1
 
     def embed(self, ids: Tensor) -> Tensor:
         return self._timed(self.inner.embed, ids)

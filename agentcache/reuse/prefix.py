@@ -26,7 +26,9 @@ from agentcache.reuse.base import (
     ReuseStats,
     ReuseStrategy,
     compute_subset,
+    guarded,
 )
+from agentcache.reuse.guard import computed_cost, loaded
 
 ROOT = "prefix-root"
 
@@ -56,17 +58,20 @@ class PrefixReuse(ReuseStrategy):
         seq.extend(prompt.num_tokens)
         # the last prompt token is always computed: it produces the first output token
         num_reused = min(len(blocks) * ctx.pool.config.page_size, prompt.num_tokens - 1)
+        computed = torch.arange(num_reused, prompt.num_tokens)
+        layers = ctx.model.config.num_layers
+        plan = computed_cost(computed, prompt.num_tokens, layers) + loaded(num_reused)
+        if num_reused > 0 and guarded(ctx, prompt.num_tokens, plan, stats):
+            num_reused, computed = 0, torch.arange(prompt.num_tokens)
         if num_reused > 0:
             keys = torch.cat([b.keys for b in blocks], dim=1)[:, :num_reused]
             values = torch.cat([b.values for b in blocks], dim=1)[:, :num_reused]
             seq.write_all(seq.slots()[:num_reused], keys, values)
-        stats.reused_tokens = num_reused
+        stats.reused_tokens = stats.loaded_tokens = num_reused
         stats.reused = torch.arange(prompt.num_tokens) < num_reused  # exact: same tokens before
         stats.exact = stats.reused
         stats.load_s = time.perf_counter() - t0
-        logits = compute_subset(
-            ctx, prompt, seq, torch.arange(num_reused, prompt.num_tokens), stats
-        )
+        logits = compute_subset(ctx, prompt, seq, computed, stats)
         stats.close()
         return PrefillResult(logits, torch.arange(prompt.num_tokens), stats)
 

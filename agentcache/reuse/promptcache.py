@@ -21,7 +21,9 @@ from agentcache.reuse.base import (
     ReuseStats,
     ReuseStrategy,
     compute_subset,
+    guarded,
 )
+from agentcache.reuse.guard import computed_cost, loaded
 from agentcache.reuse.runs import exact_mask
 from agentcache.reuse.segments import commit_segments, find_hits
 
@@ -40,11 +42,16 @@ class PromptCache(ReuseStrategy):
         slots = seq.slots()
         computed = torch.ones(prompt.num_tokens, dtype=torch.bool)
         for h in hits:
+            computed[h.start : h.end] = False
+        idx, n = computed.nonzero().flatten(), int((~computed).sum())
+        plan = computed_cost(idx, prompt.num_tokens, ctx.model.config.num_layers) + loaded(n)
+        if hits and guarded(ctx, prompt.num_tokens, plan, stats):
+            hits, computed[:] = [], True
+        for h in hits:
             span = slice(h.start, h.end)
             seq.write_all(slots[span], h.kv.keys[:, : h.num_tokens], h.kv.values[:, : h.num_tokens])
-            computed[span] = False
         stats.load_s = time.perf_counter() - t0
-        stats.reused_tokens = int((~computed).sum())
+        stats.reused_tokens = stats.loaded_tokens = int((~computed).sum())
         stats.reused = ~computed
         stats.exact = exact_mask(prompt, hits, torch.arange(prompt.num_tokens))
         logits = compute_subset(ctx, prompt, seq, computed.nonzero().flatten(), stats)

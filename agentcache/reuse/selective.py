@@ -31,13 +31,15 @@ from agentcache.reuse.base import (
     ReuseStats,
     ReuseStrategy,
     compute_subset,
+    guarded,
 )
 from agentcache.reuse.check import checked
 from agentcache.reuse.config import SelectiveOptions
 from agentcache.reuse.executor import LayerExecutor, top
 from agentcache.reuse.options import OPTION_TYPES, OptionType
+from agentcache.reuse.plan_cost import selective_cost
 from agentcache.reuse.positions import PLANS
-from agentcache.reuse.probe import probed
+from agentcache.reuse.probe import probed, select_all
 from agentcache.reuse.ranking import RankingView
 from agentcache.reuse.runs import ReusedRun, exact_mask, reused_runs
 from agentcache.reuse.segments import SegmentHit, commit_segments, find_hits
@@ -58,6 +60,9 @@ class SelectiveRecompute(ReuseStrategy):
     """Base of the position-independent strategies; subclasses set `defaults`."""
 
     defaults: ClassVar[SelectiveOptions] = SelectiveOptions()
+    # tokens computed through every layer before anything reads their K/V are not loaded;
+    # False loads every reused token (the reference path the fast one is tested against)
+    skip_computed_loads: ClassVar[bool] = True
 
     def __init__(self, **options: Any) -> None:
         known = {f.name for f in fields(SelectiveOptions)}
@@ -102,12 +107,28 @@ class SelectiveRecompute(ReuseStrategy):
     ) -> Tensor:  # fmt: skip
         runs = reused_runs(prompt, hits, positions, self.options)
         sel = select_up_front(self.options, prompt.num_tokens, runs)
-        kv = self._load(ctx, seq, hits, positions, sel.reused)
+        computed = self._computed_up_front(sel, ctx.model.config.num_layers)
+        # tokens computed through every layer before any read: loading them is wasted work
+        skip = computed if computed is not None and self.skip_computed_loads else None
+        load = sel.reused if skip is None else sel.reused & ~skip
+        num_layers = ctx.model.config.num_layers
+        cost = selective_cost(self.options, sel, computed, int(load.sum()), num_layers)
+        if guarded(ctx, prompt.num_tokens, cost, stats):  # `full`'s prefill is cheaper
+            return compute_subset(ctx, prompt, seq, torch.arange(prompt.num_tokens), stats)
+        kv = self._load(ctx, seq, hits, positions, load)
         stats.reused_tokens = int(sel.reused.sum())
+        stats.loaded_tokens = int(load.sum())
         stats.candidates = int((sel.candidates & ~sel.base).sum())
         stats.computed_anyway = int(sel.base.sum())
+        stats.exact_plan = computed is not None and not bool((sel.candidates & ~computed).any())
+        # the probe would only have ranked tokens computed anyway (`probed` skips it alike)
+        probing = self.options.evidence_pass == "probe" and bool(sel.candidates.any())
+        stats.probe_skipped = computed is not None and probing
         ex = LayerExecutor(ctx, prompt, positions, stats, kv, self.options.fusion == "wca")
-        logits = self._layers(ex, sel, runs)
+        if computed is not None:
+            logits = ex.plain(computed.nonzero().flatten())
+        else:
+            logits = self._layers(ex, sel, runs)
         stats.load_overlap = kv.finish()
         stats.load_s = kv.load_s  # decoupled: the loader thread's time, hidden or not
         for reason in kv.fallbacks:
@@ -119,38 +140,67 @@ class SelectiveRecompute(ReuseStrategy):
         stats.exact = exact
         return logits
 
-    def _layers(self, ex: LayerExecutor, sel: UpFrontSelection, runs: list[ReusedRun]) -> Tensor:
-        """Dispatch to the pass that gathers the ranker's evidence (none: the base alone)."""
+    def _computed_up_front(self, sel: UpFrontSelection, num_layers: int) -> Tensor | None:
+        """(T,) the tokens the prefill runs through every layer, when known before any layer
+        runs: the base when no ranking pass runs, base and every candidate when the probe
+        would only rank tokens computed anyway (`probe_shortcut`); None: a pass decides."""
         run = self.options.evidence_pass if bool(sel.candidates.any()) else None
+        if run is None:
+            return sel.base.clone()
+        o = self.options
+        if run != "probe" or not o.probe_shortcut:
+            return None
+        probe = min(o.probe_layers, num_layers // 2)
+        q_idx = sel.base.nonzero().flatten()
+        cand = (sel.candidates & ~sel.base).nonzero().flatten()
+        budget = min(len(cand), sel.budget)
+        if not select_all(o.probe_redo, q_idx, cand, budget, probe, num_layers):
+            return None
+        return sel.base | sel.candidates
+
+    def _layers(self, ex: LayerExecutor, sel: UpFrontSelection, runs: list[ReusedRun]) -> Tensor:
+        """Dispatch to the pass that gathers the ranker's evidence."""
+        run = self.options.evidence_pass
         if run == "check":
             return checked(ex, sel, runs, self.ranker, self.options)
         if run == "probe":
             return probed(ex, sel, runs, self.ranker, self.options)
-        if run == "own":
-            cand = (sel.candidates & ~sel.base).nonzero().flatten()
-            view = RankingView(cand, len(ex.ids), runs, sel.base, prefill=ex)
-            picked = top(cand, self.ranker.scores(view), sel.budget)
-            return ex.plain((sel.base.clone().index_fill_(0, picked, True)).nonzero().flatten())
-        return ex.plain(sel.base.nonzero().flatten())
+        assert run == "own"
+        cand = (sel.candidates & ~sel.base).nonzero().flatten()
+        view = RankingView(cand, len(ex.ids), runs, sel.base, prefill=ex)
+        picked = top(cand, self.ranker.scores(view), sel.budget)
+        return ex.plain((sel.base.clone().index_fill_(0, picked, True)).nonzero().flatten())
 
     def _load(
         self, ctx: ReuseContext, seq: SequenceKV, hits: list[SegmentHit], positions: Tensor,
-        reused: Tensor,
+        load: Tensor,
     ) -> DirectKV:  # fmt: skip
-        """The cached K/V of every hit, re-rotated to `positions`: landed in place, or (SLIDE
-        decoupled load) landing layer by layer on a loader thread."""
+        """The cached K/V of the hits' tokens in mask `load`, re-rotated to `positions`:
+        landed in place, or (SLIDE decoupled load) landing layer by layer on a loader thread.
+
+            hit    : [ h.start ...................... h.end )
+            load   :   ####     ##########                    one PendingLoad per run of ##
+        """
         slots, loads = seq.slots(), []
         for h in hits:
-            span = slice(h.start, h.end)
-            old, new = h.kv.positions[: h.num_tokens], positions[span]
-            keys, values = h.kv.keys[:, : h.num_tokens], h.kv.values[:, : h.num_tokens]
-            loads.append(PendingLoad(slots[span], keys, values, old, new))
+            for a, b in _runs(load[h.start : h.end]):
+                span, rows = slice(h.start + a, h.start + b), slice(a, b)
+                old, new = h.kv.positions[rows], positions[span]
+                keys, values = h.kv.keys[:, rows], h.kv.values[:, rows]
+                loads.append(PendingLoad(slots[span], keys, values, old, new))
         rope = ctx.model.forward.rope
         if ctx.decoupled_load:
-            return OverlayKV(seq, loads, rope, reused)
+            return OverlayKV(seq, loads, rope, load)
         return DirectKV.landed(seq, loads, rope)
 
     def commit(
         self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV, positions: Tensor
     ) -> None:
         commit_segments(ctx, prompt, seq, positions)
+
+
+def _runs(mask: Tensor) -> list[tuple[int, int]]:
+    """(start, end) of every run of True in `mask` (n,)."""
+    padded = torch.cat([torch.zeros(1), mask.float(), torch.zeros(1)])
+    edges = padded.diff().nonzero().flatten().tolist()
+    return list(zip(edges[::2], edges[1::2], strict=True))

@@ -24,6 +24,9 @@ class EngineConfig:
     strategy_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     decode: DecodeConfig = field(default_factory=DecodeConfig)  # decode policy (default dense)
     tiers: TierConfig | None = None  # None: one MemorySegmentStore of store_bytes
+    # a reuse plan predicted to cost more than full recompute runs `full`'s prefill instead
+    # (counted: TurnStats.guarded); False takes every plan as the strategy makes it
+    cost_guard: bool = True
 
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones

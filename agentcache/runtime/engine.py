@@ -78,6 +78,7 @@ class Engine:
             store or self._new_store(pool_config),
             PagePool(pool_config),
             self.config.tiers is not None and self.config.tiers.decoupled_load,
+            self.config.cost_guard,
         )
         self._strategies: dict[str, ReuseStrategy] = {}
         model.forward.require_strategy(self.config.strategy)  # the model family's limits

@@ -140,6 +140,16 @@ class PrefillFields(PromptTotals):
     token_reuse: TokenReuse | None = None  # per token; None where the engine cannot tell
     load_overlap: float | None = None  # share of the KV load hidden behind compute
     probe_skipped: bool = False  # a probe strategy computed every candidate (ReuseStats)
+    # the work counted, not timed: calls into the model, tokens whose cached K/V was loaded
+    model_calls: int = 0
+    loaded_tokens: int = 0
+    exact_plan: bool = False  # a selective plan computed every reused token whose context changed
+    # the cost guard (reuse/guard.py): the plan's predicted cost and full recompute's, in
+    # token-layers of dense compute (None: no plan beside full's), and whether the plan was
+    # not taken because it cost more (then `full`'s prefill ran)
+    plan_cost: float | None = None
+    full_cost: float | None = None
+    guarded: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,6 +171,9 @@ class PrefillPart(PrefillFields):
             ttft_s=ttft_s, fallbacks=s.fallbacks, fallback_reasons=tuple(s.fallback_reasons),
             misses=tuple(s.misses), token_reuse=uses, load_overlap=s.load_overlap,
             probe_skipped=s.probe_skipped, **split,
+            model_calls=s.model_calls, loaded_tokens=s.loaded_tokens, exact_plan=s.exact_plan,
+            plan_cost=None if s.guard is None else s.guard.plan_units,
+            full_cost=None if s.guard is None else s.guard.full_units, guarded=s.guarded,
         )  # fmt: skip
 
 
