@@ -112,10 +112,10 @@ def _edit(
 
 
 def _compact(base: list[Message], cur: list[Message]) -> tuple[str, tuple[int, ...]]:
-    """A span base[i:j] (two messages or more) replaced by the one message cur[i]; the rest of
-    base follows it verbatim, then what the turn appends."""
+    """A span base[i:j] (two messages or more, after the leading system messages) replaced by
+    the one message cur[i]; the rest of base follows it verbatim, then what the turn appends."""
     i = next((k for k, (a, b) in enumerate(zip(base, cur, strict=False)) if a != b), None)
-    if i is None or _is_system(cur[i]):
+    if i is None or i < _n_leading(base) or _is_system(cur[i]):
         return "", ()
     n = len(base)
     for j in range(i + 2, n + 1):

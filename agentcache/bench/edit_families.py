@@ -17,7 +17,8 @@ and their results, in order; request s holds `body[:points[s]]` and its reply is
                              or edit (first sent with an under-specified phrasing, then edited)
     chat-fork       fork     a user request handed to a subagent that shares the system prompt
                              and tools: fork (with the parent's history) or delegate (with the
-                             parent's two newest tool exchanges, moved to the front)
+                             parent's two newest tool exchanges, moved to the front); the
+                             parent resumes with the subagent's report as the tool result
 
 A family returns None when the conversation cannot carry its edit (too few calls, no
 under-specified phrasing, no request with two calls to delegate).
@@ -282,8 +283,9 @@ def fork(conv: ToolConversation, mode: str) -> list[Request] | None:
     ]
     out.append(Request((sys, *body[: u + 1]), tools, delegation))
     out += sub
-    after = [s for s in range(calls[-1] + 1, len(conv.points))]
     parent = (*body[: u + 1], delegation, result, *body[end:])
+    out.append(Request((sys, *parent[: u + 3]), tools, None))  # the parent reads the report
+    after = range(calls[-1] + 1, len(conv.points))
     shift = end - (u + 3)  # the delegated calls and results, less the delegation and its result
     out += [
         Request((sys, *parent[: conv.points[s] - shift]), tools, parent[conv.points[s] - shift])
