@@ -67,6 +67,8 @@ def classify(turns: Sequence[dict[str, Any]]) -> list[TurnEdit]:
 def check_edits(session: dict[str, Any]) -> list[TurnEdit]:
     """The session's edits, each of a kind it allows; PromptError naming the first that is not."""
     allowed = session.get("edits", [])
+    if not isinstance(allowed, list) or not all(isinstance(k, str) for k in allowed):
+        raise PromptError(f"{session.get('name')}: 'edits' must be a list of edit kinds")
     unknown = sorted(set(allowed) - set(EDIT_KINDS))
     if unknown:
         raise PromptError(

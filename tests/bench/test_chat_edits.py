@@ -3,12 +3,15 @@ and a session may only make the edits it declares."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentcache.bench.chat_edits import check_edits, classify
+from agentcache.bench.workload import load_workload
 from agentcache.errors import PromptError
 
 SYS = {"role": "system", "content": "You are a tool-using assistant."}
@@ -117,3 +120,22 @@ def test_the_reply_is_read_as_the_bench_reads_it() -> None:
     turns = [turn(SYS, U1, reply=A2), turn(SYS, U1, A1, T1, U2)]  # not the reply it names
     with pytest.raises(PromptError, match="turn 1"):
         classify(turns)
+
+
+def test_the_bench_skips_a_session_that_makes_an_undeclared_edit(tmp_path: Path) -> None:
+    cleared = T1 | {"content": "[cleared]"}
+    turns = [turn(SYS, U1, A1, T1, U2), turn(SYS, U1, A1, cleared, U2, A2, T2)]
+    lines = [{"name": "ok", "edits": ["clear"], "turns": turns},
+             {"name": "bad", "edits": ["system"], "turns": turns},
+             {"name": "typo", "edits": "clear", "turns": turns},
+             {"name": "undeclared", "turns": turns}]  # fmt: skip
+    path = tmp_path / "w.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    loaded = load_workload(path)
+    # without `edits` a session is not checked: files of one's own keep running as before
+    assert [s.name for s in loaded.sessions] == ["ok", "undeclared"]
+    assert loaded.problems == (
+        f"{path}:2: bad: turn 1 (main) is a clear edit; the session allows start, append, "
+        "system; skipped",
+        f"{path}:3: typo: 'edits' must be a list of edit kinds; skipped",
+    )
