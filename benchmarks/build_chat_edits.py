@@ -178,7 +178,7 @@ def build_family(
             mode = spec.modes[k % len(spec.modes)]
             idx = len(sessions)
             for case in pick(family, pool, offset):
-                if case.cid in used or (requests := spec.build(case.conversation, mode)) is None:
+                if case.cid in used or (requests := spec.make(case.conversation, mode)) is None:
                     continue
                 sess = session(family, idx, split, case, mode, requests)
                 if problem(sess, count) is None:

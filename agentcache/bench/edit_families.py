@@ -90,6 +90,12 @@ class Family:
     modes: tuple[str, ...]  # its cases, alternating between sessions
     build: Build
 
+    def make(self, conv: ToolConversation, mode: str) -> list[Request] | None:
+        """The family's requests in `mode` (None: the conversation cannot carry them)."""
+        if mode not in self.modes:
+            raise ValueError(f"unknown case {mode!r}; expected one of {', '.join(self.modes)}")
+        return self.build(conv, mode)
+
 
 def _system(text: str) -> Message:
     return {"role": "system", "content": text}

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 MAX_NEW_TOKENS = 32
+CASES = ("swing", "shift")
 Segment = dict[str, str]
 
 
@@ -116,6 +117,10 @@ def _block(texts: _Texts, name: str, t: int, words: int) -> str:
 def generate_session(
     seed: int, name: str, split: str, pool: TextPool, case: str, turns: int = 6
 ) -> dict[str, Any]:
+    if case not in CASES:
+        raise ValueError(f"unknown case {case!r}; expected one of {', '.join(CASES)}")
+    if turns < 1:
+        raise ValueError(f"turns must be at least 1, got {turns}")
     rng = random.Random(seed)
     s = draw_structure(rng, case, turns)
     texts = _Texts(pool, rng)
@@ -174,8 +179,10 @@ def _changed(
     texts: _Texts, rng: random.Random, s: Structure, j: int, t: int, text: str, words: int
 ) -> tuple[str, int]:
     """A head block's next text: redrawn at a new size (swing) or one line appended (shift)."""
-    if s.case == "swing":
-        words = max(20, min(600, words + rng.choice((-1, 1)) * rng.randint(180, 400)))
+    if s.case == "swing":  # 180-400 words up or down, within 20-600: the side with room
+        step = rng.randint(180, 400)
+        up = rng.random() < 0.5 if 20 + step <= words <= 600 - step else words < 310
+        words = min(600, words + step) if up else max(20, words - step)
         return _block(texts, f"context {j}", t, words), words
     line = texts.words("actions", rng.randint(3, 12))
     return f"{text}\n- step {t + 1}: {line}", words

@@ -55,7 +55,7 @@ def conversation(calls_per_request: tuple[int, ...] = (2, 1, 3, 2)) -> ToolConve
 
 
 def session(family: str, mode: str, conv: ToolConversation) -> dict[str, Any]:
-    requests = FAMILIES[family].build(conv, mode)
+    requests = FAMILIES[family].make(conv, mode)
     assert requests is not None
     return {
         "name": family,
@@ -123,4 +123,9 @@ def test_fork_runs_the_subagent_between_the_parents_turns() -> None:
 
 @pytest.mark.parametrize(("family", "mode"), CASES)
 def test_a_conversation_too_short_for_a_family_gives_none(family: str, mode: str) -> None:
-    assert FAMILIES[family].build(conversation((1, 1, 1)), mode) is None
+    assert FAMILIES[family].make(conversation((1, 1, 1)), mode) is None
+
+
+def test_an_unknown_case_is_an_error() -> None:
+    with pytest.raises(ValueError, match="unknown case 'daily'; expected one of memory, clock"):
+        FAMILIES["chat-sysprompt"].make(conversation(), "daily")
