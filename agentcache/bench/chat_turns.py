@@ -7,7 +7,9 @@
 The server's own segmenter (`chat.segmenter.ConversationTracker`, one per session) turns each
 turn's messages into segments, and records the turn as the server does after replying: the
 reply is the assistant message that the next turn's list holds right after this turn's
-messages (what the client sent back), stored as the server stores it. The bench measures the
+messages (what the client sent back), stored as the server stores it. A turn whose next request
+is not its continuation (a retry drops the reply, a subagent's request comes in between) names
+its reply in `"reply"` (an assistant message, or null for none). The bench measures the
 segments `agentcache serve` and the LangChain model would build for the same requests.
 """
 
@@ -44,7 +46,7 @@ def chat_turns(turns: Sequence[Any]) -> list[tuple[SegmentedPrompt, Segment | No
         except PromptError as e:
             raise PromptError(f"turn {i}: {e}") from e
         following = requests[i + 1][0] if i + 1 < len(requests) else ()
-        reply = _reply(messages, following)
+        reply = _given_reply(turns[i], i) if "reply" in turns[i] else _reply(messages, following)
         tracker.record(chat, reply)
         out.append((chat.prompt, tracker.reply_segment(chat, reply) if reply else None))
     return out
@@ -55,6 +57,19 @@ def _reply(messages: Sequence[ChatMessage], following: Sequence[ChatMessage]) ->
     if len(following) > len(messages) and following[len(messages)].role == "assistant":
         return following[len(messages)]
     return None
+
+
+def _given_reply(turn: dict[str, Any], index: int) -> ChatMessage | None:
+    raw = turn["reply"]
+    if raw is None:
+        return None
+    try:
+        (reply,) = _items([raw], "reply", ChatMessage.from_openai)
+    except PromptError as e:
+        raise PromptError(f"turn {index}: {e}") from e
+    if reply.role != "assistant":
+        raise PromptError(f"turn {index}: 'reply' must be an assistant message, got {reply.role!r}")
+    return reply
 
 
 def _request(turn: Any, index: int) -> Request:

@@ -3,12 +3,14 @@
 A session gives each turn's segments, or names a shipped template and gives each turn's inputs
 (docs/templates.md); session-level `inputs` are defaults under every turn's; or gives each
 turn's OpenAI-style `messages` (+ `tools`), which the server's segmenter turns into segments
-(bench/chat_turns.py). `split` reserves a session for tuning (`tune`) or reporting
-(`validate`); a session without one is a validation session: nothing was tuned on it.
+(bench/chat_turns.py); a chat session that lists the edits its requests make (`edits`,
+bench/chat_edits.py) must make no other. `split` reserves a session for tuning (`tune`) or
+reporting (`validate`); a session without one is a validation session: nothing was tuned on it.
 
 A bad line (invalid or too deeply nested JSON, unknown segment kind or template, inputs the
-template rejects, messages the segmenter rejects, missing fields) is reported with its line
-number and skipped; the rest of the file still runs. A file with no valid session is an error.
+template rejects, messages the segmenter rejects, an undeclared edit, missing fields) is
+reported with its line number and skipped; the rest of the file still runs. A file with no
+valid session is an error.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agentcache.bench.chat_edits import check_edits
 from agentcache.bench.chat_turns import chat_turns, is_chat
 from agentcache.errors import AgentCacheError, PromptError
 from agentcache.prompt.registry import load_template
@@ -58,6 +61,8 @@ def parse_session(obj: Any, default_name: str, workload: str) -> Session:
         raise PromptError("a session needs a non-empty 'turns' list")
     if is_chat(obj["turns"]):
         prompts = chat_turns(obj["turns"])
+        if "edits" in obj:  # the session declares how its requests may differ
+            check_edits(obj)
     else:
         prompts = _segment_turns(obj["turns"], _template(obj), obj.get("inputs", {}))
     turns = [

@@ -4,6 +4,7 @@ reply's KV as the server does, and skips (with the line number) what the segment
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +16,7 @@ from agentcache.bench.chat_turns import chat_turns
 from agentcache.bench.harness import BenchRunner, parse_specs
 from agentcache.bench.workload import Session, load_workload
 from agentcache.chat import ChatEngine, ChatMessage, ChatRequest, ToolSpec
+from agentcache.errors import PromptError
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentKind
 from agentcache.runtime import loop as loop_module
@@ -145,3 +147,30 @@ def test_messages_the_segmenter_rejects_skip_the_line(
     assert [s.name for s in loaded.sessions] == ["ok"]
     assert len(loaded.problems) == 1 and loaded.problems[0].startswith(f"{path}:2: ")
     assert needle in loaded.problems[0] and loaded.problems[0].endswith("; skipped")
+
+
+def test_a_turn_that_names_its_reply_records_that_reply() -> None:
+    # a retry: the first request's reply was dropped, the second is the same request again
+    turns = chat_session()
+    dropped = [{**turns[1], "reply": None}, turns[1], turns[2]]
+    prompts = chat_turns(dropped)
+    assert prompts[0][1] is None and prompts[1][1] is not None
+    # a subagent's request between a request and its continuation: the reply is named
+    sub = {"messages": [SYSTEM, {"role": "user", "content": "List docs."}], "tools": [TOOL]}
+    named = [{**turns[0], "reply": MESSAGES[2]}, sub, turns[1]]
+    got, want = chat_turns(named)[0][1], chat_turns(turns)[0][1]
+    assert got is not None and want is not None
+    assert replace(got, scope=None) == replace(want, scope=None)  # scopes: random conversation ids
+    assert chat_turns([turns[0], sub, turns[1]])[0][1] is None  # read from the next request
+
+
+@pytest.mark.parametrize(
+    ("reply", "needle"),
+    [
+        ({"role": "user", "content": "hi"}, "turn 0: 'reply' must be an assistant message"),
+        ("hi", "turn 0: reply[0] must be an object, got str"),
+    ],
+)
+def test_a_reply_that_is_not_an_assistant_message_is_an_error(reply: Any, needle: str) -> None:
+    with pytest.raises(PromptError, match=re.escape(needle)):
+        chat_turns([{**chat_session()[0], "reply": reply}])
