@@ -13,6 +13,9 @@ from agentcache.errors import AgentCacheError, ContextLengthError, OutOfPagesErr
 from agentcache.server.schemas import field_names
 
 FIELDS = field_names()
+ENDPOINTS = (
+    "/v1/chat/completions", "/v1/responses", "/v1/models", "/health", "/metrics",
+)  # fmt: skip
 
 
 class APIError(Exception):
@@ -103,6 +106,10 @@ async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 400 and exc.__cause__ is not None:  # e.g. bytes that are not UTF-8
         err = APIError(400, f"request body is not valid JSON: {exc.__cause__}", "invalid_json")
+    elif exc.status_code == 404:
+        served = ", ".join(ENDPOINTS)
+        err = APIError(404, f"{exc.detail}: {request.method} {request.url.path[:200]}; this "
+                       f"server serves {served}", "not_found")  # fmt: skip
     else:
         err = APIError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}")
     return JSONResponse(err.body(), status_code=err.status, headers=exc.headers)
