@@ -10,9 +10,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from agentcache.errors import AgentCacheError, ContextLengthError, OutOfPagesError, PromptError
+from agentcache.server.responses_schema import ResponsesRequest
 from agentcache.server.schemas import field_names
 
-FIELDS = field_names()
+FIELDS = field_names() | field_names(ResponsesRequest)
 ENDPOINTS = (
     "/v1/chat/completions", "/v1/responses", "/v1/models", "/health", "/metrics",
 )  # fmt: skip
@@ -72,7 +73,9 @@ def _param(error: Any) -> list[str]:
     return [str(p) for p in error.get("loc", ()) if isinstance(p, int) or p in FIELDS]
 
 
-def validation_error(exc: RequestValidationError, content_type: str | None = None) -> APIError:
+def validation_error(
+    exc: RequestValidationError, content_type: str | None = None, url_path: str = ""
+) -> APIError:
     """Name the first offending field; invalid JSON gets its own message."""
     errors = exc.errors()
     first = errors[0] if errors else {}
@@ -81,7 +84,8 @@ def validation_error(exc: RequestValidationError, content_type: str | None = Non
         return APIError(400, f"request body is not valid JSON: {detail}".rstrip(": "),
                         "invalid_json")  # fmt: skip
     if tuple(first.get("loc", ())) == ("body",):  # no body, or not an object
-        msg = "request body must be a JSON object with 'model' and 'messages'"
+        needs = "input" if url_path.endswith("/responses") else "messages"
+        msg = f"request body must be a JSON object with 'model' and {needs!r}"
         if content_type and "json" not in content_type:
             msg += f", sent as Content-Type: application/json (got {content_type})"
         return APIError(400, msg, "invalid_value")
@@ -98,7 +102,8 @@ def validation_error(exc: RequestValidationError, content_type: str | None = Non
 
 async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return error_response(validation_error(exc, request.headers.get("content-type")))
+    err = validation_error(exc, request.headers.get("content-type"), request.url.path)
+    return error_response(err)
 
 
 async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
