@@ -168,7 +168,10 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         try:
             prepared = await run_in_threadpool(chat.prepare, req, clamp)
         except AgentCacheError as e:
-            raise api_error(e) from None
+            err = api_error(e)
+            if err.param == "max_tokens":  # this API's name for it
+                err.param = "max_output_tokens"
+            raise err from None
         if prepared.chat.conversation.rejected_token:
             metrics.rejected_tokens.inc()
         turn = Turn(chat, line, prepared, config.request_timeout_s, threading.Event(), workers)
