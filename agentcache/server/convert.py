@@ -24,6 +24,7 @@ def to_chat_request(
     except PromptError as e:
         raise APIError(400, str(e), "invalid_value", "messages") from None
     check_format(body.response_format, "response_format")
+    check_no_reasoning(body.reasoning_effort, "reasoning_effort")
     tools = _tools(body)
     if body.tool_choice is not None and body.tool_choice != "none" and not tools:
         raise APIError(400, "tool_choice needs tools", "invalid_value", "tool_choice")
@@ -54,6 +55,14 @@ def check_format(fmt: dict[str, Any] | None, param: str) -> None:
                        "validate the reply", "unsupported_value", param)  # fmt: skip
     raise APIError(400, f"{param}: unknown type {str(kind)[:80]!r} (expected 'text', "
                    "'json_schema' or 'json_object')", "invalid_value", param)  # fmt: skip
+
+
+def check_no_reasoning(value: Any, param: str) -> None:
+    """A reasoning setting changes what a reasoning model replies; a model without reasoning
+    cannot honour it, so it is refused rather than ignored."""
+    if value is not None:
+        raise APIError(400, f"{param}: the served model does not reason; leave {param} out",
+                       "unsupported_value", param)  # fmt: skip
 
 
 def _tools(body: ChatCompletionRequest) -> tuple[ToolSpec, ...]:

@@ -25,7 +25,7 @@ from agentcache.chat.tools import forced_call_prefix
 from agentcache.errors import PromptError
 from agentcache.runtime.engine import GenerationParams
 from agentcache.server.config import ServerLimits
-from agentcache.server.convert import check_format
+from agentcache.server.convert import check_format, check_no_reasoning
 from agentcache.server.errors import APIError
 from agentcache.server.limits import check_arguments, limit_error
 from agentcache.server.responses_schema import NamedTool, ResponsesRequest
@@ -169,6 +169,7 @@ def to_chat_request(
     """The chat request, the conversation to store (history and input, no instructions) and
     whether max_output_tokens was left to the server."""
     check_format(body.text.format if body.text else None, "text.format")
+    check_no_reasoning(body.reasoning, "reasoning")
     turn = (*history, *input_messages(body, limits))
     head = (ChatMessage("system", body.instructions),) if body.instructions else ()
     messages = (*head, *turn)

@@ -38,6 +38,7 @@ class ResponsesRequest(BaseModel):
     previous_response_id: str | None = Field(default=None, min_length=1, max_length=128)
     text: TextConfig | None = None
     parallel_tool_calls: bool | None = Field(default=None, strict=True)
+    reasoning: Any = None  # a 400 when set: the served models do not reason
     metadata: dict[str, str] | None = None  # echoed, no effect on the reply
     user: str | None = None  # accepted and ignored, as on chat completions
 

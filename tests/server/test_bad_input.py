@@ -228,6 +228,8 @@ CASES: list[tuple[str, dict[str, Any], int, str, str | None, str]] = [
     ("response-format-object", {"response_format": {"type": "json_object"}}, 400,
      "unsupported_value",
      "response_format", "does not support yet"),
+    ("reasoning-effort", {"reasoning_effort": "high"}, 400, "unsupported_value",
+     "reasoning_effort", "does not reason"),
     ("response-format-unknown", {"response_format": {"type": "yaml"}}, 400, V,
      "response_format", "'yaml'"),
 ]  # fmt: skip

@@ -102,6 +102,7 @@ CASES: list[tuple[str, dict[str, Any], int, str, str | None, str]] = [
      "text.format", "does not support yet"),
     ("text-format-unknown", {"text": {"format": {"type": "yaml"}}}, 400, V, "text.format",
      "'yaml'"),
+    ("reasoning", {"reasoning": {"effort": "low"}}, 400, U, "reasoning", "does not reason"),
     ("too-many-items", {"input": [{"role": "user", "content": "x"}] * 17}, 400, L, "input",
      "--max-messages 16"),
     ("too-much-content", {"input": "x" * 2001}, 400, L, "input", "--max-content-chars 2000"),
