@@ -80,7 +80,7 @@ def test_the_stream_is_the_responses_event_sequence(server_url: str) -> None:
     assert [e.sequence_number for e in events] == list(range(len(events)))
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas == whole.output_text
-    last = events[-1].response  # type: ignore[union-attr]
+    last = events[-1].response
     assert last.output_text == whole.output_text and last.usage is not None
 
 
@@ -97,13 +97,36 @@ def test_function_calls_round_trip(server_url: str, monkeypatch: pytest.MonkeyPa
     kinds = [e.type for e in events]
     assert "response.function_call_arguments.delta" in kinds and kinds[-1] == "response.completed"
     done = [e for e in events if e.type == "response.function_call_arguments.done"]
-    assert [e.arguments for e in done] == ['{"path": "src"}']  # type: ignore[union-attr]
+    assert [e.arguments for e in done] == ['{"path": "src"}']
     monkeypatch.setattr(loop_module, "sample", scripted_sampler("done"))
     follow: Any = [{"type": "function_call_output", "call_id": calls[0].call_id, "output": "a b"}]
     nxt = c.responses.create(model=MODEL, input=follow, previous_response_id=r.id,
                              tools=[LS], max_output_tokens=8)  # fmt: skip
     assert nxt.output_text == "done"
     assert nxt.usage is not None and nxt.usage.input_tokens_details.cached_tokens > 0
+
+
+def responses_loop(url: str, turns: int = 4) -> list[Any]:
+    """An agent on the Responses API: each step sends only its new input."""
+    c, replies, previous = client(url), [], None
+    for turn in range(turns):
+        r = c.responses.create(model=MODEL, instructions=SYSTEM, input=f"step {turn}: go on",
+                               previous_response_id=previous, temperature=0,
+                               max_output_tokens=8)  # fmt: skip
+        replies.append(r)
+        previous = r.id
+    return replies
+
+
+def test_a_responses_conversation_reuses_and_matches_full(tiny: LoadedModel) -> None:
+    with serve_in_thread(tiny_app(tiny)) as url:
+        reused = responses_loop(url)
+    with serve_in_thread(tiny_app(tiny, "full")) as url:
+        full = responses_loop(url)
+    assert [r.output_text for r in reused] == [r.output_text for r in full]
+    cached = [r.usage.input_tokens_details.cached_tokens for r in reused]
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:])
+    assert all(r.usage.input_tokens_details.cached_tokens == 0 for r in full)
 
 
 def test_another_tenants_response_id_is_not_found(tiny: LoadedModel) -> None:
