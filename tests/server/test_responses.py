@@ -153,3 +153,4 @@ def test_the_store_is_bounded_and_expires() -> None:
     assert not store.put("big", "t", (ChatMessage("user", "x" * 500),), "c")
     now[0] = 11.0
     assert store.get("c", "t") is None and len(store) == 0 and store.nbytes == 0
+    assert not ResponseStore(0, 400, 10).put("a", "t", m, "c")  # --stored-responses 0
