@@ -170,6 +170,8 @@ def to_chat_request(
     whether max_output_tokens was left to the server."""
     check_format(body.text.format if body.text else None, "text.format")
     check_no_reasoning(body.reasoning, "reasoning")
+    if body.user is not None and len(body.user) > limits.max_user_chars:
+        raise limit_error(limits, "max_user_chars", f"user of {len(body.user)} characters", "user")
     turn = (*history, *input_messages(body, limits))
     head = (ChatMessage("system", body.instructions),) if body.instructions else ()
     messages = (*head, *turn)

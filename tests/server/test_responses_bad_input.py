@@ -103,6 +103,8 @@ CASES: list[tuple[str, dict[str, Any], int, str, str | None, str]] = [
     ("text-format-unknown", {"text": {"format": {"type": "yaml"}}}, 400, V, "text.format",
      "'yaml'"),
     ("reasoning", {"reasoning": {"effort": "low"}}, 400, U, "reasoning", "does not reason"),
+    ("user-too-long", {"user": "u" * 65}, 400, L, "user", "--max-user-chars 64"),
+    ("metadata-number-value", {"metadata": {"k": 1}}, 400, V, "metadata", "valid string"),
     ("too-many-items", {"input": [{"role": "user", "content": "x"}] * 17}, 400, L, "input",
      "--max-messages 16"),
     ("too-much-content", {"input": "x" * 2001}, 400, L, "input", "--max-content-chars 2000"),
