@@ -87,6 +87,8 @@ def _tool_call_from_openai(d: Mapping[str, Any]) -> ToolCall:
         args = json.loads(raw) if isinstance(raw, str) else raw
     except json.JSONDecodeError as e:
         raise PromptError(f"tool call arguments are not valid JSON: {e}") from None
+    except RecursionError:  # the server bounds the depth first (server/limits.py)
+        raise PromptError("tool call arguments are nested too deeply") from None
     if not isinstance(args, Mapping):
         raise PromptError("tool call arguments must be a JSON object")
     if "name" not in fn:

@@ -15,7 +15,9 @@ and a tool call is a JSON object inside tags, one per call:
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-An unterminated last block (generation stopped inside it) is parsed if its JSON is complete.
+An unterminated last block (generation stopped inside it) is parsed if its JSON is complete;
+when it is not and no block before it was a valid call, the whole text is the reply's content
+(a reply cut by max_tokens inside a call keeps its text, with finish reason "length").
 """
 
 from __future__ import annotations
@@ -97,4 +99,6 @@ def parse_tool_calls(text: str) -> ParsedReply:
             invalid.append(InvalidToolCall(body, f"{type(e).__name__}: {e}"))
             continue
         calls.append(ToolCall(call_id(text, i), name, args))
+    if not calls and text.rfind(TOOL_CALL_OPEN) > text.rfind(TOOL_CALL_CLOSE):
+        return ParsedReply(text, (), tuple(invalid))
     return ParsedReply(text[:start].rstrip(), tuple(calls), tuple(invalid))

@@ -36,9 +36,17 @@ class HFTokenizer:
                 eos.add(tid)
         self.eos_token_ids = frozenset(eos)
         self.vocab = tok.get_vocab()
+        # spellings the tokenizer turns into control ids wherever they occur in text
+        self.control_texts = frozenset(
+            t.content for t in tok.added_tokens_decoder.values() if t.special
+        )
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False))
+
+    def encode_text(self, text: str) -> list[int]:
+        """`text` as plain text: a control token's spelling in it gives ordinary ids."""
+        return list(self._tok.encode(text, add_special_tokens=False, split_special_tokens=True))
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=True))

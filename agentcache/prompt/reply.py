@@ -16,7 +16,7 @@ from agentcache.prompt.tokenize import (
     GENERATION_PROMPT_ID,
     TokenizedPrompt,
     TokenizedSegment,
-    render_segment,
+    encode_segment,
 )
 
 
@@ -28,6 +28,6 @@ def close_reply(
     head = prompt.segments[-1]
     if head.segment.id != GENERATION_PROMPT_ID:
         return None
-    closed = tuple(tokenizer.encode(render_segment(reply, chat, is_last=False)))
+    closed = tuple(encode_segment(reply, tokenizer, chat, is_last=False))
     segments = (*prompt.segments[:-1], TokenizedSegment(reply, closed, head.start))
     return TokenizedPrompt(segments, prompt.ids[: head.start] + closed)

@@ -42,6 +42,24 @@ def render_segment(seg: Segment, chat: ChatFormat, is_last: bool) -> str:
     return chat.wrap(seg.role, seg.text, open_=is_last and seg.role == "assistant")
 
 
+def encode_segment(
+    seg: Segment, tokenizer: TextTokenizer, chat: ChatFormat, is_last: bool
+) -> list[int]:
+    """A chat message's text never yields the chat format's control tokens: written in a
+    message, `<|im_end|>\n<|im_start|>system` would close the turn and open a system one.
+    Text without a control token's spelling is encoded with its markup in one piece (the ids
+    of every ordinary prompt stay as they were); text with one is encoded apart from the
+    markup, as plain text (`encode_text`). Segments without a role are raw prompt text."""
+    rendered = render_segment(seg, chat, is_last)
+    controls: frozenset[str] = getattr(tokenizer, "control_texts", frozenset())
+    if seg.role is None or not any(c in seg.text for c in controls):
+        return tokenizer.encode(rendered)
+    open_ = is_last and seg.role == "assistant"
+    start, end = chat.start.format(role=seg.role), "" if open_ else chat.end
+    text_ids = tokenizer.encode_text(seg.text)  # type: ignore[attr-defined]
+    return [*tokenizer.encode(start), *text_ids, *(tokenizer.encode(end) if end else ())]
+
+
 def tokenize_prompt(
     prompt: SegmentedPrompt,
     tokenizer: TextTokenizer,
@@ -59,7 +77,7 @@ def tokenize_prompt(
     out: list[TokenizedSegment] = []
     ids: list[int] = []
     for i, seg in enumerate(segs):
-        seg_ids = tuple(tokenizer.encode(render_segment(seg, chat, i == len(segs) - 1)))
+        seg_ids = tuple(encode_segment(seg, tokenizer, chat, i == len(segs) - 1))
         out.append(TokenizedSegment(seg, seg_ids, len(ids)))
         ids.extend(seg_ids)
     if not ids:

@@ -1,4 +1,5 @@
-"""The ASGI app: /v1/chat/completions (JSON and SSE), /v1/models, /health, /metrics.
+"""The ASGI app: /v1/chat/completions and /v1/responses (JSON and SSE), /v1/models, /health,
+/metrics.
 
 Requests take turns at the engine in arrival order, `max_active` at a time (admission.py), each
 generating in a worker thread that stops within a token when its client leaves or its deadline
@@ -44,8 +45,12 @@ from agentcache.server.heap import HeapTrimmer
 from agentcache.server.limits import check_request
 from agentcache.server.metrics import ServerMetrics
 from agentcache.server.middleware import BodyLimit, CountResponses, Gatekeeper
+from agentcache.server.response_store import ResponseStore
+from agentcache.server.responses import ResponseIds, ResponsesEmitter, response_body
+from agentcache.server.responses import to_chat_request as responses_request
+from agentcache.server.responses_schema import ResponsesRequest
 from agentcache.server.schemas import ChatCompletionRequest
-from agentcache.server.turns import Turn, complete, overloaded, stream
+from agentcache.server.turns import ChatEmitter, Turn, complete, overloaded, stream
 
 CONVERSATION_HEADER = "X-Agentcache-Conversation"
 CLIENT_GONE = 499  # the status recorded (and sent to no one) when the client left
@@ -64,6 +69,8 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         engine.store_bytes, lambda: (line.active, line.waiting), lambda: (book.nbytes, len(book))
     )
     docs = config.enable_docs
+    stored = ResponseStore(config.max_stored_responses, config.stored_response_bytes,
+                           config.stored_response_ttl_s)  # fmt: skip
     # a ticket is released once its worker has stopped, so max_active threads always suffice
     workers = ThreadPoolExecutor(config.max_active, thread_name_prefix="agentcache-turn")
     trimmer = HeapTrimmer(config.trim_interval_s) if config.trim_interval_s > 0 else None
@@ -82,7 +89,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         redoc_url="/redoc" if docs else None, openapi_url="/openapi.json" if docs else None,
     )  # fmt: skip
     app.state.chat, app.state.metrics = chat, metrics
-    app.state.line, app.state.trimmer = line, trimmer
+    app.state.line, app.state.trimmer, app.state.responses = line, trimmer, stored
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(HTTPException, on_http_error)
@@ -104,11 +111,14 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         card = {"id": config.model_name, "object": "model", "created": 0, "owned_by": "agentcache"}
         return {"object": "list", "data": [card]}
 
+    def check_model(model: str) -> None:
+        if model != config.model_name:
+            raise APIError(404, f"model {model[:200]!r} not found; this server serves "
+                           f"{config.model_name!r}", "model_not_found", "model")  # fmt: skip
+
     @app.post("/v1/chat/completions", response_model=None)
     async def completions(body: ChatCompletionRequest, request: Request) -> Response:
-        if body.model != config.model_name:
-            raise APIError(404, f"model {body.model[:200]!r} not found; this server serves "
-                           f"{config.model_name!r}", "model_not_found", "model")  # fmt: skip
+        check_model(body.model)
         check_request(body, config.limits)
         tenant = tenant_id(getattr(request.state, "key_digest", None), body.cache_salt)
         token = request.headers.get(CONVERSATION_HEADER)
@@ -127,7 +137,8 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             send = functools.partial(chunk, rid, created, body.model)
             return StreamingResponse(
-                stream(turn, metrics, send, include_usage), media_type="text/event-stream",
+                stream(turn, metrics, ChatEmitter(send, include_usage)),
+                media_type="text/event-stream",
                 headers={CONVERSATION_HEADER: prepared.chat.conversation_id},
             )  # fmt: skip
         result = await complete(turn, request)
@@ -137,5 +148,55 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         metrics.record_turn(result.report, result.completion_tokens, result.fallbacks)
         body_out = completion_body(result, rid, created, body.model)
         return JSONResponse(body_out, headers=reuse_headers(result))
+
+    @app.post("/v1/responses", response_model=None)
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        check_model(body.model)
+        tenant = tenant_id(getattr(request.state, "key_digest", None), None)
+        history: tuple[Any, ...] = ()
+        token = request.headers.get(CONVERSATION_HEADER)
+        if body.previous_response_id is not None:
+            previous = stored.get(body.previous_response_id, tenant)
+            if previous is None:
+                raise APIError(404, f"previous_response_id {body.previous_response_id[:128]!r} "
+                               "not found (never stored, expired, or evicted)", "not_found",
+                               "previous_response_id")  # fmt: skip
+            history, token = previous.messages, previous.conversation
+        req, turn_messages, clamp = responses_request(
+            body, history, token, tenant, config.default_max_tokens, config.limits
+        )
+        try:
+            prepared = await run_in_threadpool(chat.prepare, req, clamp)
+        except AgentCacheError as e:
+            err = api_error(e)
+            if err.param == "max_tokens":  # this API's name for it
+                err.param = "max_output_tokens"
+            raise err from None
+        if prepared.chat.conversation.rejected_token:
+            metrics.rejected_tokens.inc()
+        turn = Turn(chat, line, prepared, config.request_timeout_s, threading.Event(), workers)
+        ids, created = ResponseIds(), int(time.time())
+
+        def keep(result: Any) -> None:
+            if body.store:
+                messages = (*turn_messages, result.message())
+                stored.put(ids.rid, tenant, messages, result.report.conversation_id)
+
+        if body.stream:
+            if line.full:
+                raise overloaded(line)
+            return StreamingResponse(
+                stream(turn, metrics, ResponsesEmitter(body, ids, created, keep)),
+                media_type="text/event-stream",
+                headers={CONVERSATION_HEADER: prepared.chat.conversation_id},
+            )  # fmt: skip
+        result = await complete(turn, request)
+        if result is None:
+            metrics.cancelled.inc()
+            return Response(status_code=CLIENT_GONE)
+        metrics.record_turn(result.report, result.completion_tokens, result.fallbacks)
+        keep(result)
+        return JSONResponse(response_body(body, ids, created, result),
+                            headers=reuse_headers(result))  # fmt: skip
 
     return app

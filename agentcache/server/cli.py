@@ -117,6 +117,14 @@ def add_security(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conversation-bytes", type=positive_int, default=64 * MiB,
                    help="memory for what the server remembers of conversations (default: "
                    "64 MiB; the least recently used are forgotten)")  # fmt: skip
+    p.add_argument("--stored-responses", type=non_negative_int, default=4096, metavar="N",
+                   help="/v1/responses kept for previous_response_id (default: 4096; 0: none; "
+                   "the oldest are forgotten)")  # fmt: skip
+    p.add_argument("--stored-response-bytes", type=positive_int, default=64 * MiB,
+                   help="memory for stored responses' messages (default: 64 MiB)")  # fmt: skip
+    p.add_argument("--stored-response-ttl", type=positive_float, default=3600.0,
+                   metavar="SECONDS", help="how long a stored response is kept (default: "
+                   "3600)")  # fmt: skip
     p.add_argument("--trim-interval", type=non_negative_float, default=10.0, metavar="SECONDS",
                    help="seconds between handing freed heap memory back to the system, so "
                    "resident memory stays flat under load (glibc only; 0: never; "
@@ -153,6 +161,9 @@ def server_config(args: argparse.Namespace, model_name: str) -> ServerConfig:
         allowed_hosts=allowed_hosts(args.host, args.allowed_host), enable_docs=args.enable_docs,
         conversation_secret=secret.encode() if secret else None,
         tracker_bytes=args.conversation_bytes, trim_interval_s=args.trim_interval,
+        max_stored_responses=args.stored_responses,
+        stored_response_bytes=args.stored_response_bytes,
+        stored_response_ttl_s=args.stored_response_ttl,
     )  # fmt: skip
 
 

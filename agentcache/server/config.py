@@ -52,6 +52,10 @@ class ServerConfig:
     enable_docs: bool = False  # /docs, /redoc, /openapi.json
     conversation_secret: bytes | None = None  # signs conversation tokens; None: per process
     tracker_bytes: int = 64 * MiB  # what the server remembers of conversations
+    # /v1/responses kept for previous_response_id (response_store.py): entries, bytes, seconds
+    max_stored_responses: int = 4096
+    stored_response_bytes: int = 64 * MiB
+    stored_response_ttl_s: float = 3600.0
     trim_interval_s: float = 10.0  # seconds between returning freed heap memory (0: never)
 
     def __post_init__(self) -> None:

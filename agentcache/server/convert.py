@@ -23,6 +23,8 @@ def to_chat_request(
         messages = tuple(ChatMessage.from_openai(m.model_dump()) for m in body.messages)
     except PromptError as e:
         raise APIError(400, str(e), "invalid_value", "messages") from None
+    check_format(body.response_format, "response_format")
+    check_no_reasoning(body.reasoning_effort, "reasoning_effort")
     tools = _tools(body)
     if body.tool_choice is not None and body.tool_choice != "none" and not tools:
         raise APIError(400, "tool_choice needs tools", "invalid_value", "tool_choice")
@@ -39,6 +41,28 @@ def to_chat_request(
         body.prompt_cache_key,
     )  # fmt: skip
     return request, max_tokens is None
+
+
+def check_format(fmt: dict[str, Any] | None, param: str) -> None:
+    """Only plain text replies: a JSON format asked for and not enforced would come back as
+    prose a client then fails to parse, so it is refused rather than ignored."""
+    kind = None if fmt is None else fmt.get("type")
+    if kind is None or kind == "text":
+        return
+    if kind in ("json_schema", "json_object"):
+        raise APIError(400, f"{param} type {kind!r} needs constrained decoding, which this "
+                       "server does not support yet; ask for the format in the prompt and "
+                       "validate the reply", "unsupported_value", param)  # fmt: skip
+    raise APIError(400, f"{param}: unknown type {str(kind)[:80]!r} (expected 'text', "
+                   "'json_schema' or 'json_object')", "invalid_value", param)  # fmt: skip
+
+
+def check_no_reasoning(value: Any, param: str) -> None:
+    """A reasoning setting changes what a reasoning model replies; a model without reasoning
+    cannot honour it, so it is refused rather than ignored."""
+    if value is not None:
+        raise APIError(400, f"{param}: the served model does not reason; leave {param} out",
+                       "unsupported_value", param)  # fmt: skip
 
 
 def _tools(body: ChatCompletionRequest) -> tuple[ToolSpec, ...]:

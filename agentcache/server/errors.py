@@ -10,9 +10,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from agentcache.errors import AgentCacheError, ContextLengthError, OutOfPagesError, PromptError
+from agentcache.server.responses_schema import ResponsesRequest
 from agentcache.server.schemas import field_names
 
-FIELDS = field_names()
+FIELDS = field_names() | field_names(ResponsesRequest)
+ENDPOINTS = (
+    "/v1/chat/completions", "/v1/responses", "/v1/models", "/health", "/metrics",
+)  # fmt: skip
 
 
 class APIError(Exception):
@@ -69,7 +73,9 @@ def _param(error: Any) -> list[str]:
     return [str(p) for p in error.get("loc", ()) if isinstance(p, int) or p in FIELDS]
 
 
-def validation_error(exc: RequestValidationError, content_type: str | None = None) -> APIError:
+def validation_error(
+    exc: RequestValidationError, content_type: str | None = None, url_path: str = ""
+) -> APIError:
     """Name the first offending field; invalid JSON gets its own message."""
     errors = exc.errors()
     first = errors[0] if errors else {}
@@ -78,7 +84,8 @@ def validation_error(exc: RequestValidationError, content_type: str | None = Non
         return APIError(400, f"request body is not valid JSON: {detail}".rstrip(": "),
                         "invalid_json")  # fmt: skip
     if tuple(first.get("loc", ())) == ("body",):  # no body, or not an object
-        msg = "request body must be a JSON object with 'model' and 'messages'"
+        needs = "input" if url_path.endswith("/responses") else "messages"
+        msg = f"request body must be a JSON object with 'model' and {needs!r}"
         if content_type and "json" not in content_type:
             msg += f", sent as Content-Type: application/json (got {content_type})"
         return APIError(400, msg, "invalid_value")
@@ -95,7 +102,8 @@ def validation_error(exc: RequestValidationError, content_type: str | None = Non
 
 async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return error_response(validation_error(exc, request.headers.get("content-type")))
+    err = validation_error(exc, request.headers.get("content-type"), request.url.path)
+    return error_response(err)
 
 
 async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -103,6 +111,10 @@ async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 400 and exc.__cause__ is not None:  # e.g. bytes that are not UTF-8
         err = APIError(400, f"request body is not valid JSON: {exc.__cause__}", "invalid_json")
+    elif exc.status_code == 404:
+        served = ", ".join(ENDPOINTS)
+        err = APIError(404, f"{exc.detail}: {request.method} {request.url.path[:200]}; this "
+                       f"server serves {served}", "not_found")  # fmt: skip
     else:
         err = APIError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}")
     return JSONResponse(err.body(), status_code=err.status, headers=exc.headers)

@@ -35,10 +35,24 @@ def check_request(body: ChatCompletionRequest, limits: ServerLimits) -> None:
             raise limit_error(limits, "max_stop_chars", what, "stop")
     if body.user is not None and len(body.user) > limits.max_user_chars:
         raise limit_error(limits, "max_user_chars", f"user of {len(body.user)} characters", "user")
+    for i, m in enumerate(body.messages):
+        for j, call in enumerate(m.tool_calls or ()):
+            check_arguments(call.function.arguments, limits, f"messages.{i}.tool_calls.{j}"
+                            ".function.arguments")  # fmt: skip
     chars = content_chars(body)
     if chars > limits.max_content_chars:
         what = f"{chars} characters of message content"
         raise limit_error(limits, "max_content_chars", what, "messages")
+
+
+def check_arguments(arguments: object, limits: ServerLimits, param: str) -> None:
+    """Arguments sent as a JSON string are JSON inside JSON: the body's depth check never saw
+    their nesting, so it is bounded here, before anything parses them."""
+    if isinstance(arguments, str) and json_depth(arguments.encode(), limits.max_depth) > (
+        limits.max_depth
+    ):
+        what = "the JSON nesting depth of tool call arguments"
+        raise limit_error(limits, "max_depth", what, param)
 
 
 def content_chars(body: ChatCompletionRequest) -> int:

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from agentcache.server.config import ServerLimits, host_name, key_digest
-from agentcache.server.errors import APIError, internal_error
+from agentcache.server.errors import ENDPOINTS, APIError, internal_error
 from agentcache.server.limits import json_depth, limit_error
 from agentcache.server.metrics import ServerMetrics
 
@@ -27,7 +27,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/models", "/health", "/metrics")
 OPEN_PATHS = frozenset({"/health"})
 log = logging.getLogger("agentcache.server")
 

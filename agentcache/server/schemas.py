@@ -78,6 +78,8 @@ class ChatCompletionRequest(BaseModel):
     n: int = Field(default=1, ge=1, le=1, strict=True)
     stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
+    response_format: dict[str, Any] | None = None  # only {"type": "text"} (convert.py)
+    reasoning_effort: Any = None  # a 400 when set: the served models do not reason
     user: str | None = None  # accepted and ignored: never a conversation's or a tenant's name
     # separates this request's KV from every request with another salt, even identical
     # prefixes (as vLLM's cache_salt)

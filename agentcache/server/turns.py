@@ -15,7 +15,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 
@@ -121,11 +121,22 @@ async def complete(turn: Turn, request: Request) -> ChatResult | None:
         raise api_error(e) from None
 
 
-async def stream(turn: Turn, metrics: ServerMetrics, send: Callable[..., str],
-                 include_usage: bool) -> AsyncIterator[str]:  # fmt: skip
-    """SSE events of one turn (`send(delta, finish, **extra)` makes a chunk): the role, content
-    pieces, tool calls, the finish chunk (with the `agentcache` report), optionally usage, then
-    [DONE]. An error after the first event is an `error` event (the status line is out)."""
+class Emitter(Protocol):
+    """The SSE events of one API's stream."""
+
+    def start(self) -> Iterator[str]: ...
+
+    def text(self, piece: str) -> Iterator[str]: ...
+
+    def finish(self, result: ChatResult) -> Iterator[str]: ...
+
+    def error(self, err: APIError) -> str: ...
+
+
+async def stream(turn: Turn, metrics: ServerMetrics, emit: Emitter) -> AsyncIterator[str]:
+    """SSE events of one turn: `emit`'s opening events, its events for each content piece and
+    for the finished result. An error after the first event is `emit.error` (the status line
+    is out)."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     worker: asyncio.Future[ChatResult] | None = None
@@ -136,18 +147,19 @@ async def stream(turn: Turn, metrics: ServerMetrics, send: Callable[..., str],
     def done(fut: asyncio.Future[ChatResult]) -> None:
         queue.put_nowait(("done", fut))
 
-    yield send({"role": "assistant", "content": ""}, None)
+    for event in emit.start():
+        yield event
     try:
         ticket = turn.line.take()
     except QueueFull:
-        yield sse(overloaded(turn.line).body())
+        yield emit.error(overloaded(turn.line))
         return
     deadline = loop.time() + turn.timeout_s
     answered = False  # the stream ran to its end (a reply or an error event)
     try:
         if await watch(ticket.turn, None, deadline, turn.cancel) is not None:
             answered = True
-            yield sse(timed_out(turn.timeout_s).body())
+            yield emit.error(timed_out(turn.timeout_s))
             return
         worker = turn.start(on_text)
         worker.add_done_callback(done)
@@ -157,22 +169,26 @@ async def stream(turn: Turn, metrics: ServerMetrics, send: Callable[..., str],
             except TimeoutError:
                 turn.cancel.set()
                 answered = True
-                yield sse(timed_out(turn.timeout_s).body())
+                yield emit.error(timed_out(turn.timeout_s))
                 return
             if kind == "text":
                 if item:
-                    yield send({"content": item}, None)
+                    for event in emit.text(item):
+                        yield event
                 continue
             answered = True
             try:
                 result: ChatResult = item.result()
             except AgentCacheError as e:
-                yield sse(api_error(e).body())
+                yield emit.error(api_error(e))
                 return
             except Exception as e:  # a bug: reported in the stream, then counted as a 500
-                yield sse(internal_error(e).body())
+                yield emit.error(internal_error(e))
                 raise
-            for event in last_events(result, metrics, send, include_usage):
+            metrics.record_turn(result.report, result.completion_tokens, result.fallbacks)
+            if result.stream_mismatch:
+                metrics.stream_mismatches.inc()
+            for event in emit.finish(result):
                 yield event
             return
     finally:
@@ -182,15 +198,28 @@ async def stream(turn: Turn, metrics: ServerMetrics, send: Callable[..., str],
         release_when_done(worker, ticket.release)
 
 
-def last_events(result: ChatResult, metrics: ServerMetrics, send: Callable[..., str],
-                include_usage: bool) -> Iterator[str]:  # fmt: skip
-    """A finished stream's tool calls, finish chunk, usage and [DONE]; the turn is counted."""
-    metrics.record_turn(result.report, result.completion_tokens, result.fallbacks)
-    if result.stream_mismatch:
-        metrics.stream_mismatches.inc()
-    if result.tool_calls:
-        yield send({"tool_calls": message_body(result)["tool_calls"]}, None)
-    yield send({}, result.finish_reason, agentcache=result.report.to_dict())
-    if include_usage:
-        yield send(None, usage=usage_body(result))
-    yield "data: [DONE]\n\n"
+@dataclass(frozen=True)
+class ChatEmitter:
+    """Chat completion chunks (`send(delta, finish, **extra)` makes one): the role, content
+    pieces, tool calls, the finish chunk (with the `agentcache` report), optionally usage,
+    then [DONE]."""
+
+    send: Callable[..., str]
+    include_usage: bool
+
+    def start(self) -> Iterator[str]:
+        yield self.send({"role": "assistant", "content": ""}, None)
+
+    def text(self, piece: str) -> Iterator[str]:
+        yield self.send({"content": piece}, None)
+
+    def finish(self, result: ChatResult) -> Iterator[str]:
+        if result.tool_calls:
+            yield self.send({"tool_calls": message_body(result)["tool_calls"]}, None)
+        yield self.send({}, result.finish_reason, agentcache=result.report.to_dict())
+        if self.include_usage:
+            yield self.send(None, usage=usage_body(result))
+        yield "data: [DONE]\n\n"
+
+    def error(self, err: APIError) -> str:
+        return sse(err.body())

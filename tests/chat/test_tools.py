@@ -35,6 +35,13 @@ def test_malformed_calls_are_reported_invalid(body: str) -> None:
     assert r.invalid_tool_calls[0].text == body
 
 
+def test_a_call_cut_inside_its_json_keeps_its_text() -> None:
+    text = forced_call_prefix("ls") + '{"path": "sr'
+    r = parse_tool_calls("Looking. " + text)
+    assert r.content == "Looking. " + text and r.tool_calls == ()
+    assert len(r.invalid_tool_calls) == 1
+
+
 def test_no_call_is_all_content() -> None:
     assert parse_tool_calls("plain answer ").content == "plain answer "
 

@@ -217,6 +217,21 @@ CASES: list[tuple[str, dict[str, Any], int, str, str | None, str]] = [
     ("deep-content-part", {"messages": [{"role": "user", "content": [nested(40)]}]}, 400, L,
      None, "--max-depth 32"),
     ("deep-unknown-field", {"metadata": nested(33)}, 400, L, None, "--max-depth 32"),
+    # arguments as a JSON string: JSON inside JSON, which the body's depth check cannot see
+    *[(f"deep-string-arguments-{n}", {"messages": [call(name="f", arguments=deep_json(n))]},
+       400, L, "messages.0.tool_calls.0.function.arguments", "--max-depth 32")
+      for n in (33, 900, 2500)],
+    # fields that would change what the reply is: refused, not ignored
+    ("response-format-schema", {"response_format": {"type": "json_schema", "json_schema": {
+     "name": "x", "schema": {"type": "object"}}}}, 400, "unsupported_value", "response_format",
+     "constrained decoding"),
+    ("response-format-object", {"response_format": {"type": "json_object"}}, 400,
+     "unsupported_value",
+     "response_format", "does not support yet"),
+    ("reasoning-effort", {"reasoning_effort": "high"}, 400, "unsupported_value",
+     "reasoning_effort", "does not reason"),
+    ("response-format-unknown", {"response_format": {"type": "yaml"}}, 400, V,
+     "response_format", "'yaml'"),
 ]  # fmt: skip
 
 RAW: list[tuple[str, bytes, str, int, str, str]] = [
@@ -282,6 +297,21 @@ def test_a_bad_body_is_named(
 ) -> None:
     r = client.post(URL, content=content, headers={"content-type": content_type})
     check_error(r, status, code, needle)
+
+
+def test_string_arguments_within_the_depth_limit_are_served(client: TestClient) -> None:
+    body = {**GOOD, "messages": [call(name="f", arguments=deep_json(20)), USER]}
+    assert client.post(URL, json=body).status_code == 200
+
+
+def test_response_format_text_is_accepted(client: TestClient) -> None:
+    assert client.post(URL, json={**GOOD, "response_format": {"type": "text"}}).status_code == 200
+
+
+def test_an_unknown_path_lists_the_endpoints(client: TestClient) -> None:
+    r = client.post("/v1/completion", json=GOOD)
+    err = check_error(r, 404, "not_found", "/v1/chat/completions")
+    assert "/v1/responses" in err["message"] and "/v1/completion" in err["message"]
 
 
 def test_the_suite_is_broad_and_the_server_still_serves(client: TestClient) -> None:

@@ -29,6 +29,18 @@ def test_history_is_the_tenants_unless_conversations_are_isolated() -> None:
     assert server_config(parse(["serve", "--isolate-conversations"]), "m").isolate_conversations
 
 
+def test_stored_response_bounds_are_flags() -> None:
+    parse = build_parser().parse_args
+    default = server_config(parse(["serve"]), "m")
+    assert (default.max_stored_responses, default.stored_response_ttl_s) == (4096, 3600.0)
+    argv = ["serve", "--stored-responses", "0", "--stored-response-bytes", "1024",
+            "--stored-response-ttl", "60"]  # fmt: skip
+    c = server_config(parse(argv), "m")
+    assert (c.max_stored_responses, c.stored_response_bytes, c.stored_response_ttl_s) == (
+        0, 1024, 60.0,
+    )  # fmt: skip
+
+
 def test_served_name_drops_the_weights_fingerprint() -> None:
     assert served_name("smollm2-135m-instruct#1a2b3c") == "smollm2-135m-instruct"
     assert served_name("plain") == "plain"
