@@ -50,6 +50,21 @@ class StoredHit(Protocol):
     def stored_positions(self) -> Tensor | None: ...
 
 
+@dataclass(frozen=True)
+class PlannedHit:
+    """A stored segment as a plan sees it, from its metadata and without its KV (a `StoredHit`
+    for plans made before any load: the planner's, vLLM's staged prefill)."""
+
+    segment: TokenizedSegment
+    num_tokens: int
+    stored_context: str | None
+    stored_positions: Tensor | None
+
+    @property
+    def start(self) -> int:
+        return self.segment.start
+
+
 class ExactPrefixOption(Protocol):
     @property
     def exact_prefix(self) -> bool: ...

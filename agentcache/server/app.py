@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException
 
 from agentcache.backends import ServingEngine
 from agentcache.chat.identity import tenant_id
-from agentcache.chat.runner import ChatEngine
+from agentcache.chat.runner import ChatEngine, ChatResult
 from agentcache.chat.segmenter import ConversationTracker
 from agentcache.errors import AgentCacheError
 from agentcache.server.admission import AdmissionLine
@@ -50,7 +50,14 @@ from agentcache.server.responses import ResponseIds, ResponsesEmitter, response_
 from agentcache.server.responses import to_chat_request as responses_request
 from agentcache.server.responses_schema import ResponsesRequest
 from agentcache.server.schemas import ChatCompletionRequest
-from agentcache.server.turns import ChatEmitter, Turn, complete, overloaded, stream
+from agentcache.server.turns import (
+    ChatEmitter,
+    Emitter,
+    Turn,
+    complete,
+    overloaded,
+    stream,
+)
 
 CONVERSATION_HEADER = "X-Agentcache-Conversation"
 CLIENT_GONE = 499  # the status recorded (and sent to no one) when the client left
@@ -116,6 +123,25 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
             raise APIError(404, f"model {model[:200]!r} not found; this server serves "
                            f"{config.model_name!r}", "model_not_found", "model")  # fmt: skip
 
+    def streamed(turn: Turn, emitter: Emitter) -> Response:
+        """The turn as server-sent events, each written by `emitter` (the API's shape)."""
+        if line.full:  # else the line is checked again when the stream starts
+            raise overloaded(line)
+        return StreamingResponse(
+            stream(turn, metrics, emitter),
+            media_type="text/event-stream",
+            headers={CONVERSATION_HEADER: turn.prepared.chat.conversation_id},
+        )
+
+    async def finished(turn: Turn, request: Request) -> ChatResult | None:
+        """The turn's result, counted in the metrics; None when its client left."""
+        result = await complete(turn, request)
+        if result is None:
+            metrics.cancelled.inc()
+        else:
+            metrics.record_turn(result.report, result.completion_tokens, result.fallbacks)
+        return result
+
     @app.post("/v1/chat/completions", response_model=None)
     async def completions(body: ChatCompletionRequest, request: Request) -> Response:
         check_model(body.model)
@@ -132,20 +158,12 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         turn = Turn(chat, line, prepared, config.request_timeout_s, threading.Event(), workers)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
-            if line.full:  # else the line is checked again when the stream starts
-                raise overloaded(line)
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             send = functools.partial(chunk, rid, created, body.model)
-            return StreamingResponse(
-                stream(turn, metrics, ChatEmitter(send, include_usage)),
-                media_type="text/event-stream",
-                headers={CONVERSATION_HEADER: prepared.chat.conversation_id},
-            )  # fmt: skip
-        result = await complete(turn, request)
+            return streamed(turn, ChatEmitter(send, include_usage))
+        result = await finished(turn, request)
         if result is None:
-            metrics.cancelled.inc()
             return Response(status_code=CLIENT_GONE)
-        metrics.record_turn(result.report, result.completion_tokens, result.fallbacks)
         body_out = completion_body(result, rid, created, body.model)
         return JSONResponse(body_out, headers=reuse_headers(result))
 
@@ -183,18 +201,10 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
                 stored.put(ids.rid, tenant, messages, result.report.conversation_id)
 
         if body.stream:
-            if line.full:
-                raise overloaded(line)
-            return StreamingResponse(
-                stream(turn, metrics, ResponsesEmitter(body, ids, created, keep)),
-                media_type="text/event-stream",
-                headers={CONVERSATION_HEADER: prepared.chat.conversation_id},
-            )  # fmt: skip
-        result = await complete(turn, request)
+            return streamed(turn, ResponsesEmitter(body, ids, created, keep))
+        result = await finished(turn, request)
         if result is None:
-            metrics.cancelled.inc()
             return Response(status_code=CLIENT_GONE)
-        metrics.record_turn(result.report, result.completion_tokens, result.fallbacks)
         keep(result)
         return JSONResponse(response_body(body, ids, created, result),
                             headers=reuse_headers(result))  # fmt: skip

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field, replace
 from typing import cast
 
 import torch
-from torch import Tensor
 
 from agentcache.engines.vllm.storage import StoredMeta
 from agentcache.errors import ConfigError
 from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment
+from agentcache.reuse.runs import PlannedHit
 from agentcache.reuse.segments import REUSABLE, reusable_tokens
 from agentcache.reuse.selective import (
     ReusedRun,
@@ -108,20 +108,6 @@ def plan_stages(
         prompt_len = runs[j + 1][0] if j + 1 < len(runs) else len(computed)
         stages.append(Stage(prompt_len, run))
     return StagePlan(tuple(stages), tuple(mask), requested)
-
-
-@dataclass(frozen=True)
-class PlannedHit:
-    """A stored segment as a plan sees it: from its metadata, without its KV."""
-
-    segment: TokenizedSegment
-    num_tokens: int
-    stored_context: str | None
-    stored_positions: Tensor | None
-
-    @property
-    def start(self) -> int:
-        return self.segment.start
 
 
 def staged_strategy(spec: StrategySpec) -> SelectiveRecompute:

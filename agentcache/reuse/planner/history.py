@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from agentcache.kv.store import segment_content_id
-from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment
+from agentcache.prompt.tokenize import TokenizedPrompt
+from agentcache.reuse.runs import PlannedHit
 from agentcache.reuse.segments import REUSABLE, context_ids, reusable_tokens
 
 MAX_SEGMENTS = 4096
@@ -33,20 +34,6 @@ StoreProbe = Callable[[str], bool]
 class StoredMeta:
     positions: Tensor  # (n,) positions the stored copy was encoded at
     context_id: str  # chained id of the tokens before it when it was stored
-
-
-@dataclass(frozen=True)
-class PlannedHit:
-    """A stored segment as the plan sees it (the `StoredHit` protocol of reuse/runs.py)."""
-
-    segment: TokenizedSegment
-    num_tokens: int
-    stored_context: str | None
-    stored_positions: Tensor | None
-
-    @property
-    def start(self) -> int:
-        return self.segment.start
 
 
 class Unknown(Exception):
