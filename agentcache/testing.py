@@ -98,7 +98,7 @@ def tiny_family_hf_model(variant: str, seed: int = 0) -> Any:
         kw.pop("model_type"),
         vocab_size=260, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        max_position_embeddings=512, tie_word_embeddings=False, **kw,
+        max_position_embeddings=1024, tie_word_embeddings=False, **kw,
     )  # fmt: skip
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
