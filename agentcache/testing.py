@@ -87,13 +87,13 @@ TINY_FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-def tiny_family_hf_model(variant: str, seed: int = 0) -> Any:
+def tiny_family_hf_model(variant: str, seed: int = 0, **overrides: Any) -> Any:
     """A seeded random `transformers` model of `TINY_FAMILY_CONFIGS[variant]`: 4 layers, 4 query
     and 2 KV heads of 16 dims, a 260-token byte vocabulary, norms and biases randomised too
     (so a skipped q/k norm shows)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    kw = dict(TINY_FAMILY_CONFIGS[variant])
+    kw = {**TINY_FAMILY_CONFIGS[variant], **overrides}
     config = AutoConfig.for_model(
         kw.pop("model_type"),
         vocab_size=260, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
