@@ -84,6 +84,8 @@ TINY_FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "phi3": {"model_type": "phi3", "sliding_window": 24, "pad_token_id": 0, "bos_token_id": None,
              "eos_token_id": None, "rope_parameters": {
                  "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+    "ministral": {"model_type": "ministral", "sliding_window": 24, "layer_types": [
+        "sliding_attention", "full_attention", "sliding_attention", "full_attention"]},
 }  # fmt: skip
 
 
