@@ -10,6 +10,7 @@ import torch
 
 from agentcache.model.loading import from_hf
 from agentcache.model.tokenizer import ByteTokenizer
+from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.runtime import Engine, EngineConfig, GenerationParams
 from agentcache.testing import tiny_family_hf_model
 from tests.reuse.test_contract import agent_prompt
@@ -48,11 +49,11 @@ def test_moved_first_layer_keys_equal_keys_computed_at_the_new_positions(variant
     assert diff <= 1e-4 * want.abs().max().item()
 
 
-def _stored_positions(first: object, now: object) -> torch.Tensor:
+def _stored_positions(first: TokenizedPrompt, now: TokenizedPrompt) -> torch.Tensor:
     """Each token's position in the first turn, by segment (a segment keeps its offsets)."""
-    before = {s.segment.id: s.start for s in first.segments}  # type: ignore[attr-defined]
-    out = torch.full((now.num_tokens,), -1)  # type: ignore[attr-defined]
-    for s in now.segments:  # type: ignore[attr-defined]
+    before = {s.segment.id: s.start for s in first.segments}
+    out = torch.full((now.num_tokens,), -1)
+    for s in now.segments:
         if s.segment.id in before:
             out[s.start : s.end] = torch.arange(len(s.ids)) + before[s.segment.id]
     return out

@@ -7,8 +7,8 @@ import pytest
 
 from agentcache.model.families.base import SPARSE_DECODE
 from agentcache.model.loading import LoadedModel
-from agentcache.testing import TINY_FAMILY_CONFIGS, tiny_family_model
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
+from agentcache.testing import TINY_FAMILY_CONFIGS, tiny_family_model
 from tests.decode.conftest import TEXT, profile_file  # noqa: F401  (fixtures)
 
 SPARSE_VARIANTS = [
