@@ -84,21 +84,23 @@ TINY_FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "phi3": {"model_type": "phi3", "sliding_window": 24, "pad_token_id": 0, "bos_token_id": None,
              "eos_token_id": None, "rope_parameters": {
                  "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+    "ministral": {"model_type": "ministral", "sliding_window": 24, "layer_types": [
+        "sliding_attention", "full_attention", "sliding_attention", "full_attention"]},
 }  # fmt: skip
 
 
-def tiny_family_hf_model(variant: str, seed: int = 0) -> Any:
+def tiny_family_hf_model(variant: str, seed: int = 0, **overrides: Any) -> Any:
     """A seeded random `transformers` model of `TINY_FAMILY_CONFIGS[variant]`: 4 layers, 4 query
     and 2 KV heads of 16 dims, a 260-token byte vocabulary, norms and biases randomised too
     (so a skipped q/k norm shows)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    kw = dict(TINY_FAMILY_CONFIGS[variant])
+    kw = {**TINY_FAMILY_CONFIGS[variant], **overrides}
     config = AutoConfig.for_model(
         kw.pop("model_type"),
         vocab_size=260, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        max_position_embeddings=512, tie_word_embeddings=False, **kw,
+        max_position_embeddings=1024, tie_word_embeddings=False, **kw,
     )  # fmt: skip
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

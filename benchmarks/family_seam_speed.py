@@ -79,6 +79,9 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
+    from agentcache.bench.provenance import provenance
+
+    load_start = os.getloadavg()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
@@ -96,11 +99,15 @@ def main() -> None:
         k: {"median_ratio": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
         for k, v in ratios.items()
     }
-    report = {"args": {k: str(v) for k, v in vars(args).items()}, "rounds": rows,
+    record = {**provenance(), "command": "python " + " ".join(sys.argv)}
+    load = {"start": list(load_start), "end": list(os.getloadavg())}  # 1, 5, 15 min
+    report = {"provenance": record, "load_average": load,
+              "args": {k: str(v) for k, v in vars(args).items()}, "rounds": rows,
               "new_over_base": summary, "identical": all(r["identical"] for r in rows)}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({"new_over_base": summary, "identical": report["identical"]}, indent=2))
+    print(json.dumps({"new_over_base": summary, "identical": report["identical"], "load": load},
+                     indent=2))  # fmt: skip
 
 
 if __name__ == "__main__":

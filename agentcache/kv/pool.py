@@ -143,6 +143,9 @@ class SequenceKV:
         self.table = BlockTable(pool.config.page_size)
         self._slots = torch.empty(0, dtype=torch.int64)
         self._spans: list[tuple[int, int]] = []
+        # (T,) bool: tokens some layer holds no K/V for (a sliding-window layer's reused KV
+        # no query reads, not loaded: reuse/windowed.py); nothing stores them. None: none
+        self.holes: Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -218,3 +221,4 @@ class SequenceKV:
         self.table = BlockTable(self.pool.config.page_size)
         self._slots = torch.empty(0, dtype=torch.int64)
         self._spans = []
+        self.holes = None

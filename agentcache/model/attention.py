@@ -54,9 +54,14 @@ class AttentionSpec:
         return tuple(la.rotary for la in self.layers)
 
 
-def causal_mask(query_index: Tensor, s: int, window: int | None) -> Tensor:
-    """(T, S) bool: query t sees key j iff j <= query_index[t] (and, windowed, j > index - W)."""
-    keys = torch.arange(s)[None, :]
+def causal_mask(
+    query_index: Tensor, s: int, window: int | None, key_index: Tensor | None = None
+) -> Tensor:
+    """(T, S) bool: query t sees key j iff j <= query_index[t] (and, windowed, j > index - W).
+
+    `key_index` (S,): the keys' own indices when they are a subset of the context (a probe
+    over some tokens): both sides are then counted in context indices, not rows."""
+    keys = (torch.arange(s) if key_index is None else key_index)[None, :]
     mask = keys <= query_index[:, None]
     if window is not None:
         mask &= keys > query_index[:, None] - window
@@ -86,6 +91,12 @@ def attention(
         return _sdpa(q, keys, values, causal_mask(query_index, s, window), scale)
     fast = runs_attention(q, keys, values, query_index, scale)  # few query runs: causal
     return fast if fast is not None else blocked_attention(q, keys, values, query_index, scale)
+
+
+def masked_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """Grouped-query attention under an explicit (T, S) bool `mask` (from `causal_mask`, for
+    a context that is a subset of the sequence). q (T, H, Dh), keys/values (S, Hkv, Dh)."""
+    return _sdpa(q, keys, values, mask, scale)
 
 
 def _sdpa(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None, scale: float) -> Tensor:

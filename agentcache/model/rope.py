@@ -135,6 +135,10 @@ class LayerRotary:
 
     def __init__(self, layers: Sequence[RotaryEmbedding | None]) -> None:
         self.layers = tuple(layers)
+        kinds = {id(r): r for r in self.layers}
+        # one rotary on every layer (most models): all layers move in one call, no copy first
+        only = next(iter(kinds.values())) if len(kinds) == 1 else None
+        self._uniform: RotaryEmbedding | None = only
 
     def rerotate_layer(
         self, layer: int, k: Tensor, old_positions: Tensor, new_positions: Tensor
@@ -145,6 +149,8 @@ class LayerRotary:
 
     def rerotate(self, keys: Tensor, old_positions: Tensor, new_positions: Tensor) -> Tensor:
         """Move every layer's keys (L, T, Hkv, Dh); layers sharing a rotary move in one call."""
+        if self._uniform is not None:
+            return self._uniform.rerotate(keys, old_positions, new_positions)
         out = keys.clone()
         for rope in {id(r): r for r in self.layers if r is not None}.values():
             idx = [i for i, r in enumerate(self.layers) if r is rope]

@@ -41,7 +41,7 @@ def checked(
     cached_k = ex.kv.cached(c, torch.arange(len(ex.ids)))[0]
     cand = (sel.candidates & ~sel.base).nonzero().flatten()
     deviation = (k[torch.searchsorted(all_idx, cand)] - cached_k[cand]).pow(2).sum(dim=(1, 2))
-    paid = _paid(ex, sel.base, all_idx, q, k, cached_k) if ATTENTION in ranker.reads else None
+    paid = _paid(ex, c, sel.base, all_idx, q, k, cached_k) if ATTENTION in ranker.reads else None
     view = RankingView(cand, len(ex.ids), runs, sel.base, deviation=deviation, attention=paid)
     selected, ranked = _positive_top(cand, ranker.scores(view), sel.budget, len(ex.ids))
     q_idx = (sel.base | selected).nonzero().flatten()
@@ -67,15 +67,17 @@ def checked(
 
 
 def _paid(
-    ex: LayerExecutor, base: Tensor, all_idx: Tensor, q: Tensor, k_fresh: Tensor, cached_k: Tensor
-) -> Tensor:
+    ex: LayerExecutor, layer: int, base: Tensor, all_idx: Tensor, q: Tensor, k_fresh: Tensor,
+    cached_k: Tensor,
+) -> Tensor:  # fmt: skip
     """Mean attention (over heads and the base queries) paid to each token at the check
     layer, with fresh keys where computed. (T,)"""
     keys = cached_k.clone()
     keys[all_idx] = k_fresh
     base_idx = base.nonzero().flatten()
     q_base = q[torch.searchsorted(all_idx, base_idx)]  # (B, H, Dh)
-    return attention_probs(q_base, base_idx, keys, ex.f.scale).mean(dim=(0, 1))
+    window = ex.f.spec.window(layer)  # the check layer's own mask: a ranker sees its attention
+    return attention_probs(q_base, base_idx, keys, ex.f.scale, window).mean(dim=(0, 1))
 
 
 def _positive_top(

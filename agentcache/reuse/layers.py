@@ -17,9 +17,10 @@ from typing import ParamSpec, Protocol, TypeVar
 
 from torch import Tensor
 
+from agentcache.model.attention import AttentionSpec, causal_mask, masked_attention
 from agentcache.model.config import ModelConfig
 from agentcache.model.llama import QKV, LlamaForward
-from agentcache.model.rope import RotaryEmbedding
+from agentcache.model.rope import LayerRotary
 
 
 class ComputeClock(Protocol):
@@ -43,7 +44,8 @@ class TimedForward:
         self.inner = forward
         self.stats = stats
         self.config: ModelConfig = forward.config
-        self.rope: RotaryEmbedding = forward.rope
+        self.rotary: LayerRotary = forward.rotary
+        self.spec: AttentionSpec = forward.spec
         self.scale = forward.scale
 
     def _timed(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
@@ -65,6 +67,21 @@ class TimedForward:
         query_index: Tensor | None,
     ) -> Tensor:  # fmt: skip
         return self._timed(self.inner.attend, layer, hidden, q, keys, values, query_index)
+
+    def attend_masked(
+        self, layer: int, hidden: Tensor, q: Tensor, keys: Tensor, values: Tensor,
+        query_index: Tensor, key_index: Tensor,
+    ) -> Tensor:  # fmt: skip
+        """`attend` over a context that is a subset of the prompt: `query_index` (T,) and
+        `key_index` (S,) are prompt indices, so the layer's window counts prompt tokens."""
+        mask = causal_mask(query_index, len(key_index), self.spec.window(layer), key_index)
+        return self._timed(self._attend_masked, layer, hidden, q, keys, values, mask)
+
+    def _attend_masked(
+        self, layer: int, hidden: Tensor, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor
+    ) -> Tensor:
+        attn = masked_attention(q, keys, values, mask, self.scale)
+        return self.inner.finish(layer, hidden, attn)
 
     def logits(self, hidden: Tensor) -> Tensor:
         return self._timed(self.inner.logits, hidden)

@@ -94,6 +94,8 @@ class PrefixReuse(ReuseStrategy):
             if ctx.store.contains_content(m.model_id, m.tokenizer.tokenizer_id, cid):
                 continue
             span = slice(i * block, (i + 1) * block)
+            if seq.holes is not None and bool(seq.holes[span].any()):
+                continue  # a sliding-window layer holds no K/V for some of its tokens
             keys, values = seq.gather_all(span)
             kv = StoredKV(
                 keys, values, positions[span].clone(), m.model_id, m.tokenizer.tokenizer_id

@@ -69,7 +69,8 @@ def _probe(ex: LayerExecutor, q_idx: Tensor, probe: int, window: int) -> tuple[T
         keys, values = ex.kv.gather(layer)
         if layer >= 1:
             ex.dirty[q_idx] = True
-            score.add_(attention_received(qkv.q[-len(w_idx) :], w_idx, keys, ex.f.scale))
+            q_w, window = qkv.q[-len(w_idx) :], ex.f.spec.window(layer)
+            score.add_(attention_received(q_w, w_idx, keys, ex.f.scale, window))
         return keys, values
 
     positions = ex.positions[q_idx]

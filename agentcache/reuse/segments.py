@@ -106,6 +106,8 @@ def commit_segments(
         if ctx.store.contains_content(m.model_id, m.tokenizer.tokenizer_id, cid):
             continue
         span = slice(seg.start, seg.end)
+        if seq.holes is not None and bool(seq.holes[span].any()):
+            continue  # a sliding-window layer holds no K/V for some of its tokens
         keys, values = seq.gather_all(span)
         kv = StoredKV(
             keys, values, positions[span].clone(), m.model_id, m.tokenizer.tokenizer_id, context

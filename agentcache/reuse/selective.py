@@ -44,6 +44,7 @@ from agentcache.reuse.ranking import RankingView
 from agentcache.reuse.runs import ReusedRun, exact_mask, reused_runs
 from agentcache.reuse.segments import SegmentHit, commit_segments, find_hits
 from agentcache.reuse.upfront import UpFrontSelection, select_up_front
+from agentcache.reuse.windowed import layer_loads
 from agentcache.tiers.overlay import DirectKV, OverlayKV, PendingLoad
 
 __all__ = [
@@ -63,6 +64,9 @@ class SelectiveRecompute(ReuseStrategy):
     # tokens computed through every layer before anything reads their K/V are not loaded;
     # False loads every reused token (the reference path the fast one is tested against)
     skip_computed_loads: ClassVar[bool] = True
+    # a sliding-window layer loads only the reused rows a query may read; False loads every
+    # row on every layer (the reference path)
+    skip_window_loads: ClassVar[bool] = True
 
     def __init__(self, **options: Any) -> None:
         known = {f.name for f in fields(SelectiveOptions)}
@@ -112,12 +116,14 @@ class SelectiveRecompute(ReuseStrategy):
         skip = computed if computed is not None and self.skip_computed_loads else None
         load = sel.reused if skip is None else sel.reused & ~skip
         num_layers = ctx.model.config.num_layers
-        cost = selective_cost(self.options, sel, computed, int(load.sum()), num_layers)
+        rows = self._layer_loads(ctx, sel, computed, load)
+        num_loaded = int(load.sum()) if rows is None else round(int(rows.sum()) / num_layers)
+        cost = selective_cost(self.options, sel, computed, num_loaded, num_layers)
         if guarded(ctx, prompt.num_tokens, cost, stats):  # `full`'s prefill is cheaper
             return compute_subset(ctx, prompt, seq, torch.arange(prompt.num_tokens), stats)
-        kv = self._load(ctx, seq, hits, positions, load)
+        kv = self._load(ctx, seq, hits, positions, load, rows)
         stats.reused_tokens = int(sel.reused.sum())
-        stats.loaded_tokens = int(load.sum())
+        stats.loaded_tokens = num_loaded
         stats.candidates = int((sel.candidates & ~sel.base).sum())
         stats.computed_anyway = int(sel.base.sum())
         stats.exact_plan = computed is not None and not bool((sel.candidates & ~computed).any())
@@ -139,6 +145,21 @@ class SelectiveRecompute(ReuseStrategy):
         exact = sel.exact if self.options.exact_prefix else exact_mask(prompt, hits, positions)
         stats.exact = exact
         return logits
+
+    def _layer_loads(
+        self, ctx: ReuseContext, sel: UpFrontSelection, computed: Tensor | None, load: Tensor
+    ) -> Tensor | None:
+        """(L, T) the rows of `load` each layer lands (a sliding-window layer: those a query
+        may read, reuse/windowed.py); None: all of them on every layer."""
+        if not self.skip_window_loads:
+            return None
+        if computed is not None:
+            reach = computed
+        elif self.options.evidence_pass == "check":  # layers before it run every inexact token
+            reach = ~sel.exact
+        else:
+            reach = sel.base | sel.candidates
+        return layer_loads(ctx.model.forward.spec, load, reach)
 
     def _computed_up_front(self, sel: UpFrontSelection, num_layers: int) -> Tensor | None:
         """(T,) the tokens the prefill runs through every layer, when known before any layer
@@ -173,10 +194,11 @@ class SelectiveRecompute(ReuseStrategy):
 
     def _load(
         self, ctx: ReuseContext, seq: SequenceKV, hits: list[SegmentHit], positions: Tensor,
-        load: Tensor,
+        load: Tensor, layer_rows: Tensor | None,
     ) -> DirectKV:  # fmt: skip
-        """The cached K/V of the hits' tokens in mask `load`, re-rotated to `positions`:
-        landed in place, or (SLIDE decoupled load) landing layer by layer on a loader thread.
+        """The cached K/V of the hits' tokens in mask `load`, re-rotated to `positions` (each
+        layer by its own rotary; a sliding-window layer only its `layer_rows` (L, T)): landed
+        in place, or (SLIDE decoupled load) landing layer by layer on a loader thread.
 
             hit    : [ h.start ...................... h.end )
             load   :   ####     ##########                    one PendingLoad per run of ##
@@ -187,11 +209,14 @@ class SelectiveRecompute(ReuseStrategy):
                 span, rows = slice(h.start + a, h.start + b), slice(a, b)
                 old, new = h.kv.positions[rows], positions[span]
                 keys, values = h.kv.keys[:, rows], h.kv.values[:, rows]
-                loads.append(PendingLoad(slots[span], keys, values, old, new))
-        rope = ctx.model.forward.rope
+                lr = None if layer_rows is None else layer_rows[:, span]
+                loads.append(PendingLoad(slots[span], keys, values, old, new, lr))
+        if layer_rows is not None:  # rows no layer query reads stay empty: never stored
+            seq.holes = load & ~layer_rows.all(dim=0)
+        rotary = ctx.model.forward.rotary  # each layer's own: NoPE layers' keys stay put
         if ctx.decoupled_load:
-            return OverlayKV(seq, loads, rope, load)
-        return DirectKV.landed(seq, loads, rope)
+            return OverlayKV(seq, loads, rotary, load)
+        return DirectKV.landed(seq, loads, rotary)
 
     def commit(
         self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV, positions: Tensor

@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from agentcache.errors import OutOfPagesError
-from agentcache.kv.pool import PageId, SequenceKV
-from agentcache.model.rope import RotaryEmbedding
+from agentcache.kv.pool import PageId, PagePool, SequenceKV
+from agentcache.model.rope import LayerRotary
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,31 @@ class PendingLoad:
     values: Tensor  # (L, n, Hkv, Dh)
     old: Tensor  # (n,)
     new: Tensor  # (n,)
+    # (L, n) bool: the rows each layer lands (a sliding-window layer only those a query
+    # reads: reuse/windowed.py); None: every row on every layer
+    rows: Tensor | None = None
 
-    def layer_keys(self, rope: RotaryEmbedding, layer: int | slice) -> Tensor:
-        keys = self.keys[layer]
-        return keys if torch.equal(self.old, self.new) else rope.rerotate(keys, self.old, self.new)
+    def layer_keys(self, rotary: LayerRotary, layer: int | None = None) -> Tensor:
+        """Keys of `layer` (n, Hkv, Dh), or of every layer (L, n, Hkv, Dh), moved to `new` by
+        each layer's own rotary (a NoPE layer's as they are)."""
+        if torch.equal(self.old, self.new):
+            return self.keys if layer is None else self.keys[layer]
+        if layer is None:
+            return rotary.rerotate(self.keys, self.old, self.new)
+        return rotary.rerotate_layer(layer, self.keys[layer], self.old, self.new)
+
+    def land(self, pool: PagePool, rotary: LayerRotary, layer: int) -> None:
+        """Write `layer`'s rows (those it lands) into the pool, keys moved."""
+        if self.rows is None or bool(self.rows[layer].all()):
+            pool.keys[layer].index_copy_(0, self.slots, self.layer_keys(rotary, layer))
+            pool.values[layer].index_copy_(0, self.slots, self.values[layer])
+            return
+        m = self.rows[layer]
+        keys = self.keys[layer][m]
+        if not torch.equal(self.old, self.new):
+            keys = rotary.rerotate_layer(layer, keys, self.old[m], self.new[m])
+        pool.keys[layer].index_copy_(0, self.slots[m], keys)
+        pool.values[layer].index_copy_(0, self.slots[m], self.values[layer][m])
 
 
 class DirectKV:
@@ -51,11 +72,15 @@ class DirectKV:
         self.fallbacks: list[str] = []
 
     @classmethod
-    def landed(cls, seq: SequenceKV, loads: list[PendingLoad], rope: RotaryEmbedding) -> DirectKV:
+    def landed(cls, seq: SequenceKV, loads: list[PendingLoad], rotary: LayerRotary) -> DirectKV:
         """Every load landed in place (re-rotated), timed in `load_s`."""
         t0 = time.perf_counter()
         for ld in loads:
-            seq.write_all(ld.slots, ld.layer_keys(rope, slice(None)), ld.values)
+            if ld.rows is None:  # every layer, all rows: one call
+                seq.write_all(ld.slots, ld.layer_keys(rotary), ld.values)
+                continue
+            for layer in range(len(ld.rows)):
+                ld.land(seq.pool, rotary, layer)
         kv = cls(seq)
         kv.load_s = time.perf_counter() - t0
         return kv
@@ -78,7 +103,7 @@ class DirectKV:
 
 class OverlayKV(DirectKV):
     def __init__(
-        self, seq: SequenceKV, loads: list[PendingLoad], rope: RotaryEmbedding, loaded: Tensor
+        self, seq: SequenceKV, loads: list[PendingLoad], rotary: LayerRotary, loaded: Tensor
     ) -> None:
         super().__init__(seq)
         pool = seq.pool
@@ -92,18 +117,17 @@ class OverlayKV(DirectKV):
         self._inplace = False
         self._ready = [threading.Event() for _ in range(self.num_layers)]
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._load, args=(loads, rope), daemon=True)
+        self._thread = threading.Thread(target=self._load, args=(loads, rotary), daemon=True)
         self._thread.start()
 
-    def _load(self, loads: list[PendingLoad], rope: RotaryEmbedding) -> None:
+    def _load(self, loads: list[PendingLoad], rotary: LayerRotary) -> None:
         pool = self.seq.pool
         try:
             with torch.inference_mode():
                 for layer in range(self.num_layers):
                     t0 = time.perf_counter()
                     for ld in loads:
-                        pool.keys[layer].index_copy_(0, ld.slots, ld.layer_keys(rope, layer))
-                        pool.values[layer].index_copy_(0, ld.slots, ld.values[layer])
+                        ld.land(pool, rotary, layer)
                     self.load_s += time.perf_counter() - t0
                     self._ready[layer].set()
         except BaseException as e:  # surfaced on the compute thread at its next wait

@@ -33,7 +33,7 @@ from agentcache.engines.vllm.request import RequestSpec
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
 from agentcache.kv.store import SegmentStore, StoredKV, segment_content_id
 from agentcache.model.loading import LoadedModel
-from agentcache.model.rope import RotaryEmbedding
+from agentcache.model.rope import LayerRotary, RotaryEmbedding
 from agentcache.reuse.base import ReuseContext, ReuseStats, ReuseStrategy
 from agentcache.reuse.segments import context_ids
 from agentcache.reuse.spec import StrategySpec
@@ -214,7 +214,11 @@ class StoredRunLoader:
     the run's tokens have now. Nothing is computed here (vLLM computes the rest)."""
 
     def __init__(
-        self, store: SegmentStore, model_id: str, tokenizer_id: str, rope: RotaryEmbedding
+        self,
+        store: SegmentStore,
+        model_id: str,
+        tokenizer_id: str,
+        rope: RotaryEmbedding | LayerRotary,  # one for every layer, or each layer's own
     ) -> None:
         self.store = store
         self.model_id = model_id

@@ -6,6 +6,7 @@ from agentcache.errors import ModelLoadError
 from agentcache.model.families.base import FAMILIES, ModelFamily
 from agentcache.model.families.gemma3 import Gemma3Family
 from agentcache.model.families.llama import LlamaFamily
+from agentcache.model.families.ministral import MinistralFamily
 from agentcache.model.families.phi3 import Phi3Family
 from agentcache.model.families.qwen3 import Qwen3Family
 from agentcache.model.families.smollm3 import SmolLM3Family
@@ -15,6 +16,7 @@ FAMILIES.register("qwen3")(Qwen3Family)
 FAMILIES.register("smollm3")(SmolLM3Family)
 FAMILIES.register("gemma3")(Gemma3Family)
 FAMILIES.register("phi3")(Phi3Family)
+FAMILIES.register("ministral")(MinistralFamily)
 
 
 def model_types() -> tuple[str, ...]:

@@ -117,12 +117,14 @@ class ModelFamily(ABC):
         """Features this model cannot serve yet -> why (derived from its structure)."""
         out = {}
         if s.attention.windowed:
-            out[SEGMENT_REUSE] = "reused KV outside a sliding window is not yet skipped"
             out[SPARSE_DECODE] = "page selection does not yet honour sliding windows"
+            out[VLLM_REROTATION] = (
+                "a sliding-window layer's reused KV outside every window is not loaded, and "
+                "the connector writes every layer's KV of a span into vLLM's pages"
+            )
         if not s.uniform_rotary:
             why = "its layers rotate keys differently (NoPE layers or per-layer RoPE bases)"
-            out[SEGMENT_REUSE] = why + "; the strategies re-rotate every layer alike"
-            out[VLLM_REROTATION] = why
+            out[VLLM_REROTATION] = why + "; the connector moves every layer's keys alike"
         return out
 
     def refuse(self, option: str, why: str) -> ModelLoadError:

@@ -7,6 +7,9 @@ over every layer of a cheap probe that runs only those last tokens.
               out of its context. Nothing is written: the prefill proper starts afterwards.
     score_i : sum over layers of (max over the window, mean over heads) attention paid to i
 
+On a sliding-window layer each window token sees the reused tokens within W prompt tokens
+of it (counted in prompt indices, not in the probe's rows).
+
 Cost: W token-layers per layer (counted), where the check and probe passes run all new tokens.
 """
 
@@ -15,8 +18,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from agentcache.model.llama import QKV
-from agentcache.reuse.layers import run_layers
 from agentcache.reuse.ranking.base import MODEL, RANKERS, RankingView, TokenRanker
 from agentcache.reuse.ranking.probs import attention_received
 
@@ -35,16 +36,21 @@ class QueryAttention(TokenRanker):
         ctx_idx = seen.nonzero().flatten()  # (S,) the probe's context, in prompt order
         rows = torch.searchsorted(ctx_idx, window)  # the window's rows in it
         score = torch.zeros(len(ctx_idx))
-
-        def context(layer: int, qkv: QKV) -> tuple[Tensor, Tensor]:
+        f = p.f
+        hidden = f.embed(p.ids[window])
+        for layer in range(f.config.num_layers):
+            qkv = f.project(layer, hidden, p.positions[window])
             keys, values = (x[ctx_idx] for x in p.kv.gather(layer))  # copies: kv untouched
             keys[rows], values[rows] = qkv.k, qkv.v
-            score.add_(attention_received(qkv.q, rows, keys, p.f.scale))
-            return keys, values
-
-        layers = range(p.f.config.num_layers)
-        run_layers(p.f, layers, p.f.embed(p.ids[window]), p.positions[window], rows, context)
-        p.stats.token_layers_computed += len(window) * len(layers)
+            w = f.spec.window(layer)
+            if w is None:  # causal over the rows: the same order as prompt indices
+                score.add_(attention_received(qkv.q, rows, keys, f.scale))
+                hidden = f.attend(layer, hidden, qkv.q, keys, values, rows)
+                continue
+            # a sliding window counts prompt tokens, and the rows skip some: mask by index
+            score.add_(attention_received(qkv.q, window, keys, f.scale, w, ctx_idx))
+            hidden = f.attend_masked(layer, hidden, qkv.q, keys, values, window, ctx_idx)
+        p.stats.token_layers_computed += len(window) * f.config.num_layers
         full = torch.zeros(view.num_tokens)
         full[ctx_idx] = score
         return full[view.candidates]
