@@ -12,6 +12,11 @@ out=docs/bench/planner
 
 $py benchmarks/planner_fit.py --out agentcache/reuse/planner/data/smollm2-135m-instruct.json
 $py benchmarks/planner_calibration.py --out "$out/calibration.md"
+$py benchmarks/planner_signals.py --out "$out/signals.md"
+# tuning data beyond the agent families: the approximate plans on generated sessions
+$ac bench benchmarks/workloads/generated.jsonl --split tune --sessions generated-00,generated-01 \
+  --max-turns 3 --new-tokens 8 --strategies pic,epic:exact_prefix=true,rpdc:cover=0,rpdc:extra=0.5 \
+  --threads 1 --out "$out/tune-generated"
 runs=()
 for w in ${PLANNER_FAMILIES:-reflexion}; do
   n=$(printf '%s-08,%s-09' "$w" "$w")
