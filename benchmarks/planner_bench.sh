@@ -20,8 +20,11 @@ $ac bench benchmarks/workloads/generated.jsonl --split tune --sessions generated
 runs=()
 for w in ${PLANNER_FAMILIES:-reflexion}; do
   n=$(printf '%s-08,%s-09' "$w" "$w")
-  $ac bench "benchmarks/workloads/$w.jsonl" --split validate --sessions "$n" --max-turns 4 \
-    --new-tokens 16 --strategies full,prefix,default,epic:exact_prefix=true,plan --threads 1 \
+  # reflexion was measured with --max-turns 4 --new-tokens 16, memgpt with 3 and 8
+  turns=4 tokens=16
+  [ "$w" = memgpt ] && turns=3 tokens=8
+  $ac bench "benchmarks/workloads/$w.jsonl" --split validate --sessions "$n" --max-turns $turns \
+    --new-tokens $tokens --strategies full,prefix,default,epic:exact_prefix=true,plan --threads 1 \
     --out "$out/validate-$w"
   runs+=("$out/validate-$w")
 done
