@@ -12,11 +12,19 @@ out=docs/bench/planner
 
 $py benchmarks/planner_fit.py --out agentcache/reuse/planner/data/smollm2-135m-instruct.json
 $py benchmarks/planner_calibration.py --out "$out/calibration.md"
+$py benchmarks/planner_signals.py --out "$out/signals.md"
+# tuning data beyond the agent families: the approximate plans on generated sessions
+$ac bench benchmarks/workloads/generated.jsonl --split tune --sessions generated-00,generated-01 \
+  --max-turns 3 --new-tokens 8 --strategies pic,epic:exact_prefix=true,rpdc:cover=0,rpdc:extra=0.5 \
+  --threads 1 --out "$out/tune-generated"
 runs=()
 for w in ${PLANNER_FAMILIES:-reflexion}; do
   n=$(printf '%s-08,%s-09' "$w" "$w")
-  $ac bench "benchmarks/workloads/$w.jsonl" --split validate --sessions "$n" --max-turns 4 \
-    --new-tokens 16 --strategies full,prefix,default,epic:exact_prefix=true,plan --threads 1 \
+  # reflexion was measured with --max-turns 4 --new-tokens 16, memgpt with 3 and 8
+  turns=4 tokens=16
+  [ "$w" = memgpt ] && turns=3 tokens=8
+  $ac bench "benchmarks/workloads/$w.jsonl" --split validate --sessions "$n" --max-turns $turns \
+    --new-tokens $tokens --strategies full,prefix,default,epic:exact_prefix=true,plan --threads 1 \
     --out "$out/validate-$w"
   runs+=("$out/validate-$w")
 done

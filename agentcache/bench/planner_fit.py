@@ -37,13 +37,13 @@ MIN_ROWS = 8  # a plan with fewer informative tuning turns gets no fit (never ch
 MIN_FLOOR_TURNS = 20  # a floor's rate is judged on at least this many tuning turns
 
 
-def fit_kl(rows: list[PlanRow], key: str, quantile: float) -> KLFit:
-    x = torch.tensor([features(r.signals) for r in rows], dtype=torch.float64)
+def fit_kl(rows: list[PlanRow], key: str, quantile: float, which: str = "base") -> KLFit:
+    x = torch.tensor([features(r.signals, which) for r in rows], dtype=torch.float64)
     y = torch.tensor([math.log10(r.record[key] + EPS) for r in rows], dtype=torch.float64)
     coef = torch.linalg.lstsq(x, y.unsqueeze(1), driver="gelsd").solution.flatten()
     resid = y - x @ coef
     margin = float(torch.quantile(resid, quantile))
-    return KLFit(tuple(float(c) for c in coef), margin)
+    return KLFit(tuple(float(c) for c in coef), margin, which)
 
 
 def fit_cost(rows: list[PlanRow], plans: list[str]) -> CostFit:
@@ -85,8 +85,9 @@ def fit_floor(rows: list[PlanRow], plans: dict[str, PlanFit], greedy: float,
 
 
 def fit_predictor(
-    model_id: str, rows: list[PlanRow], quantile: float, fitted_on: dict[str, Any]
-) -> Predictor:
+    model_id: str, rows: list[PlanRow], quantile: float, fitted_on: dict[str, Any],
+    which: str = "base",
+) -> Predictor:  # fmt: skip
     by_plan: dict[str, list[PlanRow]] = defaultdict(list)
     for r in rows:
         by_plan[r.plan].append(r)
@@ -94,8 +95,9 @@ def fit_predictor(
     for plan, rs in sorted(by_plan.items()):
         informative = [r for r in rs if not r.signals.exact]
         if len(informative) >= MIN_ROWS:
-            first = fit_kl(informative, "kl_first_token", quantile)
-            plans[plan] = PlanFit(first, fit_kl(informative, "tf_kl", quantile), len(informative))
+            first = fit_kl(informative, "kl_first_token", quantile, which)
+            tf = fit_kl(informative, "tf_kl", quantile, which)
+            plans[plan] = PlanFit(first, tf, len(informative))
     cost = fit_cost(rows, sorted(by_plan))
     base = {"full": 1.0 - cost.compute}  # full is 1 by definition
     if "epic" in cost.base:  # `exact` runs epic's up-front machinery (no stored run of it)

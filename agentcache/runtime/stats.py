@@ -20,6 +20,7 @@ from torch import Tensor
 
 from agentcache.decode.stats import DecodeStats
 from agentcache.reuse.base import ReuseStats, SegmentMiss
+from agentcache.reuse.planner.stats import PlannedStats, PlanReport
 
 
 class ReplyKV(StrEnum):
@@ -150,6 +151,9 @@ class PrefillFields(PromptTotals):
     plan_cost: float | None = None
     full_cost: float | None = None
     guarded: bool = False
+    # the `plan` strategy's choice: the plan run, its predicted cost and fidelity, every plan
+    # it weighed, and why the predictor could not run (None for other strategies)
+    plan: PlanReport | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,6 +178,7 @@ class PrefillPart(PrefillFields):
             model_calls=s.model_calls, loaded_tokens=s.loaded_tokens, exact_plan=s.exact_plan,
             plan_cost=None if s.guard is None else s.guard.plan_units,
             full_cost=None if s.guard is None else s.guard.full_units, guarded=s.guarded,
+            plan=s.plan if isinstance(s, PlannedStats) else None,
         )  # fmt: skip
 
 

@@ -85,6 +85,11 @@ class PlanSignals:
     left: int  # of them, the tokens the plan leaves uncomputed
     shift: float  # mean |position shift| of the changed tokens
     probe: bool  # a probe pass runs (and ranks)
+    # where the changed tokens the plan may leave out sit: the prompt tokens after the last
+    # of them (0 when none), and the tokens before it that no stored copy supplies (new or
+    # edited text: how much of their context is new)
+    reach: int = 0
+    fresh: int = 0
 
     @property
     def exact(self) -> bool:
@@ -122,6 +127,7 @@ def _selective(
     changed = sel.reused & ~select_up_front(replace(o, exact_prefix=True), t, truly).exact
     pool = sel.candidates & ~sel.base
     computed, left_mask, probe = sel.base, changed & ~sel.base, False
+    reach, fresh = _where(left_mask, sel.reused)
     if o.evidence_pass is not None and bool(pool.any()):
         budget = min(int(pool.sum()), sel.budget)
         if budget >= int(pool.sum()) and o.probe_shortcut:
@@ -130,9 +136,21 @@ def _selective(
             probe = True
             left = max(0, int((changed & ~sel.base).sum()) - budget)
             return PlanSignals(name, t, int(sel.base.sum()) + budget, int(sel.reused.sum()),
-                               int(changed.sum()), left, _shift(hits, changed), probe)  # fmt: skip
+                               int(changed.sum()), left, _shift(hits, changed), probe,
+                               reach, fresh)  # fmt: skip
+    reach, fresh = _where(left_mask, sel.reused)
     return PlanSignals(name, t, int(computed.sum()), int(sel.reused.sum()), int(changed.sum()),
-                       int(left_mask.sum()), _shift(hits, changed), probe)  # fmt: skip
+                       int(left_mask.sum()), _shift(hits, changed), probe, reach,
+                       fresh)  # fmt: skip
+
+
+def _where(left: Tensor, reused: Tensor) -> tuple[int, int]:
+    """(`reach`, `fresh`) of a (T,) mask of tokens a plan may leave out."""
+    idx = left.nonzero().flatten()
+    if idx.numel() == 0:
+        return 0, 0
+    last = int(idx[-1])
+    return left.numel() - 1 - last, int((~reused[:last]).sum())
 
 
 def _shift(hits: list[StoredHit], changed: Tensor) -> float:

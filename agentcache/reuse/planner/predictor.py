@@ -2,11 +2,15 @@
 
 Per plan, two log-linear fits (first-token KL and teacher-forced KL against `full`):
 
-    log10(KL + 1e-7) = w . [1, log1p(left), log1p(shift), left / T] + margin
+    log10(KL + 1e-7) = w . features(signals) + margin
 
-`left`, `shift` and `T` are the plan's `PlanSignals`; `margin` is a high quantile of the
-fit's residuals on the tuning turns, so a prediction is an upper bound on most turns rather
-than a mean. A plan that leaves no changed token out is exact: KL 0, no fit needed.
+    features  base  : [1, log1p(left), log1p(shift), left / T]
+              where : base + [reach / T, fresh / T]      (where the left-out tokens sit)
+
+`left`, `shift`, `reach`, `fresh` and `T` are the plan's `PlanSignals`; the file names its
+feature set (absent: base). `margin` is a high quantile of the fit's residuals on the tuning
+turns, so a prediction is an upper bound on most turns rather than a mean. A plan that leaves
+no changed token out is exact: KL 0, no fit needed.
 
 Cost, as a fraction of `full`'s TTFT on the same turn (one linear fit over every plan):
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,19 +38,38 @@ EPS = 1e-7
 SHIPPED = Path(__file__).parent / "data"
 
 
-def features(s: PlanSignals) -> list[float]:
+def base_features(s: PlanSignals) -> list[float]:
     return [1.0, math.log1p(s.left), math.log1p(s.shift), s.left / max(1, s.prompt_tokens)]
+
+
+def where_features(s: PlanSignals) -> list[float]:
+    t = max(1, s.prompt_tokens)
+    return [*base_features(s), s.reach / t, s.fresh / t]
+
+
+FEATURES: dict[str, Callable[[PlanSignals], list[float]]] = {
+    "base": base_features,
+    "where": where_features,
+}
+_PROBE = PlanSignals("pic", 1, 0, 0, 0, 0, 0.0, False)
+WIDTH = {name: len(f(_PROBE)) for name, f in FEATURES.items()}
+
+
+def features(s: PlanSignals, which: str = "base") -> list[float]:
+    return FEATURES[which](s)
 
 
 @dataclass(frozen=True)
 class KLFit:
-    coef: tuple[float, ...]  # one per `features` entry
+    coef: tuple[float, ...]  # one per entry of the `features` set
     margin: float  # added in log10 space: the residual quantile of the fit
+    features: str = "base"
 
     def predict(self, s: PlanSignals) -> float:
         if s.exact:
             return 0.0
-        y = sum(w * x for w, x in zip(self.coef, features(s), strict=True)) + self.margin
+        x = features(s, self.features)
+        y = sum(w * v for w, v in zip(self.coef, x, strict=True)) + self.margin
         return max(0.0, 10.0 ** min(y, 2.0) - EPS)
 
 
@@ -136,10 +160,15 @@ def _parse(raw: dict[str, Any]) -> Predictor:
 
 
 def _kl(raw: dict[str, Any]) -> KLFit:
+    which = str(raw.get("features", "base"))
+    if which not in FEATURES:
+        raise ValueError(f"unknown feature set {which!r}; known: {sorted(FEATURES)}")
     coef = tuple(float(x) for x in raw["coef"])
-    if len(coef) != 4 or not all(math.isfinite(x) for x in coef):
-        raise ValueError(f"coef must be 4 finite numbers, got {raw['coef']!r}")
-    return KLFit(coef, float(raw["margin"]))
+    if len(coef) != WIDTH[which] or not all(math.isfinite(x) for x in coef):
+        raise ValueError(
+            f"coef must be {WIDTH[which]} finite numbers for {which}, got {raw['coef']!r}"
+        )
+    return KLFit(coef, float(raw["margin"]), which)
 
 
 def shipped_predictor(model_id: str) -> Predictor | None:

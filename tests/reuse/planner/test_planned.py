@@ -132,3 +132,28 @@ def test_commit_stores_what_every_plan_reads(tiny: LoadedModel) -> None:
     full_cost = considered["full"].cost
     assert considered["prefix"].cost < full_cost and considered["exact"].cost < full_cost
     assert all(x.exact for x in considered.values())  # nothing changed: every plan is exact
+
+
+def test_turn_stats_name_the_plan_its_predictions_and_any_fallback(
+    tiny: LoadedModel, tmp_path: Path, tiny_predictor: Predictor
+) -> None:
+    path = tmp_path / "p.json"
+    tiny_predictor.save(path)
+    e = engine(tiny, predictor=str(path), fidelity="balanced")
+    e.generate(agent_prompt(UPDATES[0]), PARAMS)
+    stats = e.generate(agent_prompt(UPDATES[1]), PARAMS).stats
+    assert stats.strategy == "plan" and stats.plan is not None
+    assert stats.plan.plan == "pic" and stats.plan.floor == "balanced"
+    assert stats.plan.chosen.tf_kl == pytest.approx(1e-5 - 1e-7)
+    assert stats.plan.chosen.cost == min(x.cost for x in stats.plan.considered)
+    assert stats.plan.unpredicted is None and stats.fallbacks == 0
+
+    unpredicted = engine(tiny)  # no predictor ships for the tiny model: exact, counted
+    unpredicted.generate(agent_prompt(UPDATES[0]), PARAMS)
+    stats = unpredicted.generate(agent_prompt(UPDATES[1]), PARAMS).stats
+    assert stats.plan is not None and stats.plan.chosen.exact
+    assert stats.plan.unpredicted is not None and stats.fallbacks == 1
+    assert stats.fallback_reasons[0].startswith("plan: no plan predictor for model")
+
+    other = Engine(tiny).generate(agent_prompt(UPDATES[0]), PARAMS, strategy="rpdc")
+    assert other.stats.plan is None

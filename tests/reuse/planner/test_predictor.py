@@ -11,6 +11,7 @@ from agentcache.errors import ConfigError
 from agentcache.reuse.planner.candidates import PlanSignals
 from agentcache.reuse.planner.predictor import (
     SHIPPED,
+    KLFit,
     Predictor,
     load_predictor,
     shipped_predictor,
@@ -31,6 +32,39 @@ def test_prediction_is_monotone_in_the_margin_and_zero_when_exact() -> None:
     assert p.plans["pic"].tf.predict(s) == pytest.approx(1e-4 - 1e-7)
     exact = PlanSignals("pic", 1000, 100, 900, 500, 0, 12.0, False)
     assert p.plans["pic"].tf.predict(exact) == 0.0
+
+
+def test_the_where_features_read_where_the_left_out_tokens_sit(tmp_path: Path) -> None:
+    fit = KLFit((-5.0, 0.0, 0.0, 0.0, 2.0, -1.0), 0.0, "where")
+    near = PlanSignals("pic", 1000, 100, 900, 500, 500, 12.0, False, reach=0, fresh=1000)
+    far = PlanSignals("pic", 1000, 100, 900, 500, 500, 12.0, False, reach=1000, fresh=0)
+    assert fit.predict(near) == pytest.approx(1e-6 - 1e-7)  # -5 + 0 - 1
+    assert fit.predict(far) == pytest.approx(1e-3 - 1e-7)  # -5 + 2 - 0
+    p = predictor_for("m")
+    p = Predictor(p.model_id, {"pic": type(p.plans["pic"])(fit, fit, 10)}, p.cost, p.floors,
+                  p.quantile, p.fitted_on)  # fmt: skip
+    path = tmp_path / "p.json"
+    p.save(path)
+    assert load_predictor(path) == p
+
+
+@pytest.mark.parametrize(
+    ("features", "coef", "message"),
+    [
+        ("probe_mass", [0.0] * 4, "unknown feature set 'probe_mass'"),
+        ("where", [0.0] * 4, "coef must be 6 finite numbers for where"),
+        ("base", [0.0] * 6, "coef must be 4 finite numbers for base"),
+    ],
+)
+def test_a_feature_set_the_file_cannot_have_is_refused(
+    tmp_path: Path, tiny_predictor: Predictor, features: str, coef: list[float], message: str
+) -> None:
+    raw = json.loads(tiny_predictor.to_json())
+    raw["plans"]["pic"]["tf"] |= {"features": features, "coef": coef}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match=message):
+        load_predictor(path)
 
 
 def test_another_version_is_refused(tmp_path: Path, tiny_predictor: Predictor) -> None:
