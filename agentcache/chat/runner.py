@@ -50,6 +50,7 @@ class ChatResult:
     # streamed pieces that the final content did not extend (decoding a prefix of the ids
     # gave other text); the stream then ends without the rest. Counted by the server.
     stream_mismatch: bool = False
+    stop_sequence: str | None = None  # the stop string that ended the reply, if one did
 
     @property
     def prompt_tokens(self) -> int:
@@ -66,6 +67,17 @@ class ChatResult:
 
     def message(self) -> ChatMessage:
         return ChatMessage("assistant", self.content, self.tool_calls)
+
+
+def _stopped_by(
+    gen: Generation, req: ChatRequest, decode: Callable[[Sequence[int]], str]
+) -> str | None:
+    """The stop string the generated text ran into first (the engine cuts the text there)."""
+    if gen.finish_reason != "stop" or not req.params.stop:
+        return None
+    whole = decode(gen.token_ids)
+    found = [(i, s) for s in req.params.stop if (i := whole.find(s)) >= 0]
+    return min(found)[1] if found else None
 
 
 class GenerationCancelled(AgentCacheError):
@@ -158,7 +170,7 @@ class ChatEngine:
         report = build_report(prepared.chat, prepared.tokens, gen.stats)
         result = ChatResult(
             text, content, parsed.tool_calls, parsed.invalid_tool_calls, finish, gen, report,
-            stream_mismatch=stream.mismatches > 0,
+            stream_mismatch=stream.mismatches > 0, stop_sequence=_stopped_by(gen, req, tok.decode),
         )  # fmt: skip
         self.tracker.record(prepared.chat, result.message())
         return result

@@ -1,5 +1,5 @@
-"""The ASGI app: /v1/chat/completions and /v1/responses (JSON and SSE), /v1/models, /health,
-/metrics.
+"""The ASGI app: /v1/chat/completions, /v1/responses and /v1/messages (JSON and SSE),
+/v1/models, /health, /metrics.
 
 Requests take turns at the engine in arrival order, `max_active` at a time (admission.py), each
 generating in a worker thread that stops within a token when its client leaves or its deadline
@@ -43,6 +43,9 @@ from agentcache.server.errors import (
 )
 from agentcache.server.heap import HeapTrimmer
 from agentcache.server.limits import check_request
+from agentcache.server.messages_api import message_body, message_id, to_turn
+from agentcache.server.messages_schema import MessagesRequest
+from agentcache.server.messages_stream import MessagesEmitter
 from agentcache.server.metrics import ServerMetrics
 from agentcache.server.middleware import BodyLimit, CountResponses, Gatekeeper
 from agentcache.server.response_store import ResponseStore
@@ -207,6 +210,29 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
             return Response(status_code=CLIENT_GONE)
         keep(result)
         return JSONResponse(response_body(body, ids, created, result),
+                            headers=reuse_headers(result))  # fmt: skip
+
+    @app.post("/v1/messages", response_model=None)
+    async def messages(body: MessagesRequest, request: Request) -> Response:
+        check_model(body.model)
+        tenant = tenant_id(getattr(request.state, "key_digest", None), body.cache_salt)
+        token = request.headers.get(CONVERSATION_HEADER)
+        turn_in = to_turn(body, token, tenant, config.limits, config.max_retention_s)
+        try:
+            prepared = await run_in_threadpool(chat.prepare, turn_in.request, False)
+        except AgentCacheError as e:
+            raise api_error(e) from None
+        if prepared.chat.conversation.rejected_token:
+            metrics.rejected_tokens.inc()
+        turn = Turn(chat, line, prepared, config.request_timeout_s, threading.Event(), workers)
+        mid = message_id()
+        if body.stream:
+            n = prepared.tokens.num_tokens
+            return streamed(turn, MessagesEmitter(body.model, mid, turn_in, n))
+        result = await finished(turn, request)
+        if result is None:
+            return Response(status_code=CLIENT_GONE)
+        return JSONResponse(message_body(body, mid, result, turn_in),
                             headers=reuse_headers(result))  # fmt: skip
 
     return app
