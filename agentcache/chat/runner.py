@@ -12,6 +12,7 @@ from agentcache.chat.diagnostics import ReuseReport, build_report
 from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec
 from agentcache.chat.segmenter import ChatPrompt, ConversationTracker
 from agentcache.chat.stream import TextStream
+from agentcache.chat.structured import GrammarConstraint, Grammars, OutputFormat, SchemaError
 from agentcache.chat.tools import TOOL_CALL_OPEN, InvalidToolCall, ParsedReply, parse_tool_calls
 from agentcache.errors import AgentCacheError, ContextLengthError
 from agentcache.prompt.segments import Segment
@@ -29,6 +30,7 @@ class ChatRequest:
     strategy: str | None = None
     tenant: str = ""  # identity.tenant_id of the caller: its requests share no KV with others'
     cache_key: str | None = None  # prompt_cache_key: groups reports, never scopes reuse
+    output: OutputFormat | None = None  # structured outputs: the reply held to a grammar
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,9 @@ class ChatResult:
     # gave other text); the stream then ends without the rest. Counted by the server.
     stream_mismatch: bool = False
     stop_sequence: str | None = None  # the stop string that ended the reply, if one did
+    # tokens that reached a constrained reply without its mask and broke its grammar (a
+    # decoder that chose them); 0 when the reply was constrained throughout
+    format_violations: int = 0
 
     @property
     def prompt_tokens(self) -> int:
@@ -96,6 +101,7 @@ class ChatEngine:
     def __init__(self, engine: ServingEngine, tracker: ConversationTracker | None = None) -> None:
         self.engine = engine
         self.tracker = tracker or ConversationTracker()
+        self._grammars: Grammars | None = None
 
     @property
     def max_context(self) -> int:
@@ -110,6 +116,9 @@ class ChatEngine:
         )
         if 0.0 < request.params.temperature < GREEDY_BELOW:
             request = replace(request, params=replace(request.params, temperature=0.0))
+        if r.output is not None:
+            constraint = self._constraint(r.output)
+            request = replace(request, params=replace(request.params, constraint=constraint))
         tokens = self.engine.tokenize(chat.prompt)
         left = self.max_context - tokens.num_tokens
         if clamp_max_tokens and 0 < left < request.params.max_new_tokens:
@@ -121,6 +130,21 @@ class ChatEngine:
                 needed, self.max_context, "prompt + max_tokens", self.engine.context_holder
             )
         return PreparedChat(request, chat, tokens)
+
+    def _constraint(self, fmt: OutputFormat) -> GrammarConstraint:
+        """A fresh grammar constraint for one reply. The embedded engine's decode loop applies
+        it; an engine without one (vLLM), or greedy verified decoding (which chooses tokens
+        without the sampler), cannot, and is refused rather than ignored."""
+        model = getattr(self.engine, "model", None)
+        setup = getattr(self.engine, "decode", None)
+        if model is None or setup is None:
+            raise SchemaError("structured outputs need the embedded engine", fmt.param)
+        if setup.config.verify > 0:
+            raise SchemaError("structured outputs cannot be enforced under verified decoding "
+                              "(decode option verify); serve without it", fmt.param)  # fmt: skip
+        if self._grammars is None:
+            self._grammars = Grammars(self.engine.tokenizer, model.config.vocab_size)
+        return self._grammars.constraint(fmt)
 
     def run(
         self,
@@ -171,6 +195,7 @@ class ChatEngine:
         result = ChatResult(
             text, content, parsed.tool_calls, parsed.invalid_tool_calls, finish, gen, report,
             stream_mismatch=stream.mismatches > 0, stop_sequence=_stopped_by(gen, req, tok.decode),
+            format_violations=getattr(req.params.constraint, "violations", 0),
         )  # fmt: skip
         self.tracker.record(prepared.chat, result.message())
         return result

@@ -7,10 +7,11 @@ from typing import Any
 
 from agentcache.chat.messages import ChatMessage, ToolSpec
 from agentcache.chat.runner import ChatRequest, ChatResult
-from agentcache.chat.tools import forced_call_prefix
+from agentcache.chat.tools import TOOL_CALL_CLOSE, forced_call_prefix
 from agentcache.errors import PromptError
 from agentcache.runtime.engine import GenerationParams
 from agentcache.server.errors import APIError
+from agentcache.server.formats import output_for, parse_format
 from agentcache.server.schemas import ChatCompletionRequest, ToolChoiceIn
 
 
@@ -23,7 +24,7 @@ def to_chat_request(
         messages = tuple(ChatMessage.from_openai(m.model_dump()) for m in body.messages)
     except PromptError as e:
         raise APIError(400, str(e), "invalid_value", "messages") from None
-    check_format(body.response_format, "response_format")
+    fmt = parse_format(body.response_format, "response_format", nested=True)
     check_no_reasoning(body.reasoning_effort, "reasoning_effort")
     tools = _tools(body)
     if body.tool_choice is not None and body.tool_choice != "none" and not tools:
@@ -31,30 +32,27 @@ def to_chat_request(
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else (body.max_tokens)
     )
+    stops = body.stop_strings()
+    if tools and body.parallel_tool_calls is False:
+        stops = (*stops, TOOL_CALL_CLOSE)  # the first call ends the reply (tools.py parses it)
     params = GenerationParams(
         max_new_tokens=default_max_tokens if max_tokens is None else max_tokens,
-        temperature=body.temperature, top_p=body.top_p, seed=body.seed,
-        stop=body.stop_strings(),
+        temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=stops,
     )  # fmt: skip
+    prefill = _prefill(body, tools)
+    strict = [bool(t.function.strict) for t in body.tools or ()] if tools else []
+    output = output_for(fmt, tools, strict, prefill, _forced_name(body, tools))
     request = ChatRequest(
-        messages, params, tools, conversation, _prefill(body, tools), None, tenant,
-        body.prompt_cache_key,
+        messages, params, tools, conversation, prefill, None, tenant, body.prompt_cache_key,
+        output,
     )  # fmt: skip
     return request, max_tokens is None
 
 
-def check_format(fmt: dict[str, Any] | None, param: str) -> None:
-    """Only plain text replies: a JSON format asked for and not enforced would come back as
-    prose a client then fails to parse, so it is refused rather than ignored."""
-    kind = None if fmt is None else fmt.get("type")
-    if kind is None or kind == "text":
-        return
-    if kind in ("json_schema", "json_object"):
-        raise APIError(400, f"{param} type {kind!r} needs constrained decoding, which this "
-                       "server does not support yet; ask for the format in the prompt and "
-                       "validate the reply", "unsupported_value", param)  # fmt: skip
-    raise APIError(400, f"{param}: unknown type {str(kind)[:80]!r} (expected 'text', "
-                   "'json_schema' or 'json_object')", "invalid_value", param)  # fmt: skip
+def _forced_name(body: ChatCompletionRequest, tools: tuple[ToolSpec, ...]) -> str | None:
+    if isinstance(body.tool_choice, ToolChoiceIn):
+        return body.tool_choice.function.name
+    return tools[0].name if body.tool_choice == "required" and len(tools) == 1 else None
 
 
 def check_no_reasoning(value: Any, param: str) -> None:

@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from agentcache.chat.structured import SchemaError
 from agentcache.errors import AgentCacheError, ContextLengthError, OutOfPagesError, PromptError
 from agentcache.server.messages_schema import MessagesRequest
 from agentcache.server.responses_schema import ResponsesRequest
@@ -66,6 +67,8 @@ def error_response(err: APIError, path: str = "") -> JSONResponse:
 
 def api_error(e: AgentCacheError) -> APIError:
     """The engine's and chat layer's errors as HTTP errors."""
+    if isinstance(e, SchemaError):
+        return APIError(400, str(e), "unsupported_schema", e.param)
     if isinstance(e, ContextLengthError):
         return APIError(400, str(e), "context_length_exceeded", "max_tokens")
     if isinstance(e, PromptError):

@@ -23,12 +23,14 @@ from typing import Any
 from agentcache.chat.diagnostics import SegmentReport
 from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec
 from agentcache.chat.runner import ChatRequest, ChatResult
+from agentcache.chat.structured import OutputFormat
 from agentcache.chat.tools import forced_call_prefix
 from agentcache.errors import PromptError
 from agentcache.runtime.engine import GenerationParams
 from agentcache.server.cache_control import Breakpoints, Retention, bad, retention
 from agentcache.server.config import ServerLimits
 from agentcache.server.errors import APIError
+from agentcache.server.formats import output_for, parse_format
 from agentcache.server.limits import limit_error
 from agentcache.server.messages_schema import MessagesRequest
 
@@ -236,6 +238,22 @@ def _choice(body: MessagesRequest, tools: list[ToolSpec]) -> tuple[str | None, b
     return None, True, not parallel
 
 
+def _format(body: MessagesRequest) -> OutputFormat | None:
+    config = body.output_config
+    if config is None:
+        return None
+    unknown = sorted(set(config) - {"format", "effort"})
+    if unknown:
+        raise bad(f"output_config.{unknown[0]}", "unknown field (output_config takes format)")
+    if config.get("effort") is not None:
+        raise APIError(400, "output_config.effort: the served model does not reason; leave it "
+                       "out", "unsupported_value", "output_config.effort")  # fmt: skip
+    fmt = config.get("format")
+    if isinstance(fmt, Mapping) and fmt.get("type") == "json_object":
+        raise bad("output_config.format.type", "must be 'json_schema'")
+    return parse_format(fmt, "output_config.format", nested=False, need_name=False)
+
+
 def check_unsupported(body: MessagesRequest) -> None:
     if body.top_k is not None:
         raise APIError(400, "top_k: top-k sampling is not supported; leave top_k out",
@@ -306,10 +324,15 @@ def to_turn(
         stops = (*stops, "</tool_call>")  # the first call ends the reply (tools.py parses it)
     params = GenerationParams(max_new_tokens=body.max_tokens, temperature=body.temperature,
                               top_p=body.top_p, stop=stops)  # fmt: skip
-    request = ChatRequest(
-        chat, params, tuple(tools) if offered else (), conversation, forced or prefill or None,
-        None, tenant,
-    )  # fmt: skip
+    fmt = _format(body)
+    strict = [bool(t.get("strict")) for t in body.tools or ()]
+    name = (body.tool_choice or {}).get("name") if forced else None
+    if forced and name is None and len(tools) == 1:
+        name = tools[0].name
+    shown = tuple(tools) if offered else ()
+    output = output_for(fmt, shown, strict if offered else [], forced, name)
+    request = ChatRequest(chat, params, shown, conversation, forced or prefill or None, None,
+                          tenant, output=output)  # fmt: skip
     kept = retention(len(marks.ttls), marks.longest(), cap_s)
     return MessagesTurn(request, prefill, kept, tuple(body.stop_sequences or ()))
 

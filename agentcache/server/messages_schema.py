@@ -31,6 +31,7 @@ class MessagesRequest(BaseModel):
     thinking: dict[str, Any] | None = None  # a 400 unless disabled: the model does not reason
     # automatic caching: one breakpoint at the last cacheable block (cache_control.py)
     cache_control: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None  # format: structured outputs (formats.py)
     metadata: dict[str, Any] | None = None  # accepted; no effect on the reply
     service_tier: str | None = None  # accepted; one tier here
     # as on chat completions: separates this request's KV from every other salt's

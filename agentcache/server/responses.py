@@ -21,12 +21,13 @@ from typing import Any
 
 from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec
 from agentcache.chat.runner import ChatRequest, ChatResult
-from agentcache.chat.tools import forced_call_prefix
+from agentcache.chat.tools import TOOL_CALL_CLOSE, forced_call_prefix
 from agentcache.errors import PromptError
 from agentcache.runtime.engine import GenerationParams
 from agentcache.server.config import ServerLimits
-from agentcache.server.convert import check_format, check_no_reasoning
+from agentcache.server.convert import check_no_reasoning
 from agentcache.server.errors import APIError
+from agentcache.server.formats import output_for, parse_format
 from agentcache.server.limits import check_arguments, limit_error
 from agentcache.server.responses_schema import NamedTool, ResponsesRequest
 
@@ -152,6 +153,12 @@ def _prefill(body: ResponsesRequest, tools: tuple[ToolSpec, ...]) -> str | None:
     return None
 
 
+def _forced_name(body: ResponsesRequest, tools: tuple[ToolSpec, ...]) -> str | None:
+    if isinstance(body.tool_choice, NamedTool):
+        return body.tool_choice.name
+    return tools[0].name if body.tool_choice == "required" and len(tools) == 1 else None
+
+
 def check_content(messages: list[ChatMessage], limits: ServerLimits) -> None:
     if len(messages) > limits.max_messages:
         raise limit_error(limits, "max_messages", f"{len(messages)} messages", "input")
@@ -168,7 +175,7 @@ def to_chat_request(
 ) -> tuple[ChatRequest, tuple[ChatMessage, ...], bool]:  # fmt: skip
     """The chat request, the conversation to store (history and input, no instructions) and
     whether max_output_tokens was left to the server."""
-    check_format(body.text.format if body.text else None, "text.format")
+    fmt = parse_format(body.text.format if body.text else None, "text.format", nested=False)
     check_no_reasoning(body.reasoning, "reasoning")
     if body.user is not None and len(body.user) > limits.max_user_chars:
         raise limit_error(limits, "max_user_chars", f"user of {len(body.user)} characters", "user")
@@ -179,11 +186,15 @@ def to_chat_request(
     tools = tools_of(body, limits)
     prefill = _prefill(body, tools)
     max_tokens = body.max_output_tokens
+    stops = (TOOL_CALL_CLOSE,) if tools and body.parallel_tool_calls is False else ()
     params = GenerationParams(
         max_new_tokens=default_max_tokens if max_tokens is None else max_tokens,
-        temperature=body.temperature, top_p=body.top_p,
+        temperature=body.temperature, top_p=body.top_p, stop=stops,
     )  # fmt: skip
-    request = ChatRequest(messages, params, tools, conversation, prefill, None, tenant)
+    strict = [bool(t.get("strict")) for t in body.tools or ()] if tools else []
+    output = output_for(fmt, tools, strict, prefill, _forced_name(body, tools))
+    request = ChatRequest(messages, params, tools, conversation, prefill, None, tenant,
+                          output=output)  # fmt: skip
     return request, turn, max_tokens is None
 
 
@@ -246,9 +257,11 @@ def response_body(
         "error": None, "incomplete_details": incomplete, "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens, "model": body.model,
         "output": [] if result is None else output_items(result, ids),
-        "parallel_tool_calls": True, "previous_response_id": body.previous_response_id,
+        "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "previous_response_id": body.previous_response_id,
         "store": body.store, "temperature": body.temperature, "top_p": body.top_p,
-        "text": {"format": {"type": "text"}},
+        "text": {"format": (body.text.format if body.text and body.text.format
+                            else {"type": "text"})},
         "tool_choice": choice.model_dump() if isinstance(choice, NamedTool) else (choice or "auto"),
         "tools": body.tools or [], "metadata": body.metadata or {}, "usage": None,
     }  # fmt: skip

@@ -19,7 +19,7 @@ class NamedTool(BaseModel):
 class TextConfig(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    format: dict[str, Any] | None = None  # only {"type": "text"} (convert.check_format)
+    format: dict[str, Any] | None = None  # formats.py
 
 
 class ResponsesRequest(BaseModel):

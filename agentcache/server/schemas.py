@@ -39,6 +39,7 @@ class FunctionIn(BaseModel):
     name: str = Field(min_length=1)
     description: str = ""
     parameters: Any = None  # checked as JSON Schema by the chat layer
+    strict: bool | None = Field(default=None, strict=True)  # a forced call's arguments enforced
 
 
 class ToolIn(BaseModel):
@@ -78,7 +79,8 @@ class ChatCompletionRequest(BaseModel):
     n: int = Field(default=1, ge=1, le=1, strict=True)
     stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
-    response_format: dict[str, Any] | None = None  # only {"type": "text"} (convert.py)
+    response_format: dict[str, Any] | None = None  # formats.py
+    parallel_tool_calls: bool | None = Field(default=None, strict=True)  # false: one call at most
     reasoning_effort: Any = None  # a 400 when set: the served models do not reason
     user: str | None = None  # accepted and ignored: never a conversation's or a tenant's name
     # separates this request's KV from every request with another salt, even identical
