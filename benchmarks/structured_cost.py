@@ -40,9 +40,9 @@ class Timed:
     def __init__(self, inner: GrammarConstraint) -> None:
         self.inner, self.seconds = inner, []  # type: ignore[var-annotated]
 
-    def allowed(self, ids: Any, vocab_size: int) -> Any:
+    def allowed(self, ids: Any, logits: Any) -> Any:
         t0 = time.perf_counter()
-        out = self.inner.allowed(ids, vocab_size)
+        out = self.inner.allowed(ids, logits)
         self.seconds.append(time.perf_counter() - t0)
         return out
 
@@ -66,10 +66,10 @@ def run(
     t0 = time.perf_counter()
     result = chat.run(prepared)
     wall = time.perf_counter() - t0
-    decode = result.generation.stats.decode
+    stats = result.generation.stats
     row: dict[str, Any] = {
         "schema": name, "constrained": constrained, "tokens": result.completion_tokens,
-        "decode_tokens_per_s": decode.decode_tokens_per_s if decode else None, "wall_s": wall,
+        "decode_tokens_per_s": stats.decode_tokens_per_s, "wall_s": wall,
         "finish_reason": result.finish_reason,
     }  # fmt: skip
     if timer is not None:
@@ -87,7 +87,11 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--schemas", type=int, default=12)
     ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
     model = load_model(None)
     chat = ChatEngine(Engine(model, EngineConfig(strategy="full")))
     names = sorted(SCHEMAS)[: args.schemas]

@@ -146,7 +146,8 @@ class GrammarConstraint:
         words = (vocab_size + 31) // 32
         self._bits = np.full(words, -1, dtype=np.int32)
 
-    def allowed(self, ids: Sequence[int], vocab_size: int) -> Tensor:
+    def allowed(self, ids: Sequence[int], logits: Tensor) -> Tensor:
+        vocab_size = logits.shape[-1]
         m = self._matcher
         for token in ids[self._seen :]:
             if not m.is_error() and not m.consume_token(int(token)):

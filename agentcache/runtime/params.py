@@ -16,13 +16,14 @@ SEEDS = (-(1 << 63), (1 << 64) - 1)  # the seeds torch.Generator.manual_seed tak
 
 
 class TokenConstraint(Protocol):
-    """Which tokens may come next in one reply (a grammar: structured outputs). Its state is
-    the reply's ids so far: `allowed` catches up on the ids it has not seen, so any loop can
-    call `sampling.constrain(logits, constraint, ids)` before it samples, with nothing else to
-    keep in step. One instance per reply."""
+    """Which tokens may come next in one reply (a grammar: structured outputs), or a watcher of
+    each step's logits (logprobs). Its state is the reply's ids so far: `allowed` catches up on
+    the ids it has not seen, so any loop can call `sampling.constrain(logits, constraint, ids)`
+    before it samples, with nothing else to keep in step. One instance per reply."""
 
-    def allowed(self, ids: Sequence[int], vocab_size: int) -> Tensor:
-        """A bool mask (vocab_size,) of the tokens that may follow `ids`."""
+    def allowed(self, ids: Sequence[int], logits: Tensor) -> Tensor | None:
+        """A bool mask (V,) of the tokens that may follow `ids`, given this step's logits (V,)
+        (read, never changed); None: every token."""
         ...
 
 

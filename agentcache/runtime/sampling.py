@@ -16,8 +16,8 @@ def constrain(logits: Tensor, constraint: TokenConstraint | None, ids: Sequence[
     tensor; `logits` is not changed). None: `logits` as they are."""
     if constraint is None:
         return logits
-    allowed = constraint.allowed(ids, logits.shape[-1])
-    return logits.masked_fill(~allowed, float("-inf"))
+    allowed = constraint.allowed(ids, logits)
+    return logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
 
 
 def sample(logits: Tensor, temperature: float, top_p: float, gen: torch.Generator | None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from agentcache.chat.logprobs import openai_content
 from agentcache.chat.messages import ChatMessage, ToolSpec
 from agentcache.chat.runner import ChatRequest, ChatResult
 from agentcache.chat.tools import TOOL_CALL_CLOSE, forced_call_prefix
@@ -12,7 +13,7 @@ from agentcache.errors import PromptError
 from agentcache.runtime.engine import GenerationParams
 from agentcache.server.errors import APIError
 from agentcache.server.formats import output_for, parse_format
-from agentcache.server.schemas import ChatCompletionRequest, ToolChoiceIn
+from agentcache.server.schemas import AllowedToolsChoice, ChatCompletionRequest, ToolChoiceIn
 
 
 def to_chat_request(
@@ -20,6 +21,7 @@ def to_chat_request(
 ) -> tuple[ChatRequest, bool]:
     """`conversation`: the token the client echoed, if any. Returns the request and whether
     max_tokens was left to the server (then it is clamped to the context left)."""
+    body = allow_tools(body)
     try:
         messages = tuple(ChatMessage.from_openai(m.model_dump()) for m in body.messages)
     except PromptError as e:
@@ -44,9 +46,39 @@ def to_chat_request(
     output = output_for(fmt, tools, strict, prefill, _forced_name(body, tools))
     request = ChatRequest(
         messages, params, tools, conversation, prefill, None, tenant, body.prompt_cache_key,
-        output,
+        output, _logprobs(body),
     )  # fmt: skip
     return request, max_tokens is None
+
+
+def allow_tools(body: ChatCompletionRequest) -> ChatCompletionRequest:
+    """tool_choice allowed_tools: the named tools only, offered under its mode."""
+    choice = body.tool_choice
+    if not isinstance(choice, AllowedToolsChoice):
+        return body
+    known = [t.function.name for t in body.tools or ()]
+    names = [t.function.name for t in choice.allowed_tools.tools]
+    for i, name in enumerate(names):
+        if name not in known:
+            p = f"tool_choice.allowed_tools.tools.{i}"
+            raise APIError(400, f"{p}: names no tool of the request: {name[:80]!r}",
+                           "invalid_value", p)  # fmt: skip
+    tools = [t for t in body.tools or () if t.function.name in names]
+    return body.model_copy(update={"tools": tools, "tool_choice": choice.allowed_tools.mode})
+
+
+def _logprobs(body: ChatCompletionRequest) -> int | None:
+    """How many top logprobs per token (0: the chosen token's only); None: none asked for."""
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs: needs logprobs set to true", "invalid_value",
+                       "top_logprobs")  # fmt: skip
+    return (body.top_logprobs or 0) if body.logprobs else None
+
+
+def logprobs_body(result: ChatResult, decode: Any) -> dict[str, Any] | None:
+    if result.logprobs is None:
+        return None
+    return {"content": openai_content(result.logprobs, decode), "refusal": None}
 
 
 def _forced_name(body: ChatCompletionRequest, tools: tuple[ToolSpec, ...]) -> str | None:
@@ -116,7 +148,9 @@ def usage_body(result: ChatResult) -> dict[str, Any]:
     }
 
 
-def completion_body(result: ChatResult, rid: str, created: int, model: str) -> dict[str, Any]:
+def completion_body(
+    result: ChatResult, rid: str, created: int, model: str, decode: Any = None
+) -> dict[str, Any]:
     message = message_body(result)
     for call in message.get("tool_calls", ()):
         call.pop("index", None)
@@ -130,7 +164,7 @@ def completion_body(result: ChatResult, rid: str, created: int, model: str) -> d
                 "index": 0,
                 "message": message,
                 "finish_reason": result.finish_reason,
-                "logprobs": None,
+                "logprobs": logprobs_body(result, decode),
             }
         ],
         "usage": usage_body(result),
@@ -155,11 +189,11 @@ def reuse_headers(result: ChatResult) -> dict[str, str]:
 
 def chunk(
     rid: str, created: int, model: str, delta: dict[str, Any] | None, finish: str | None = None,
-    **extra: Any,
+    logprobs: dict[str, Any] | None = None, **extra: Any,
 ) -> str:  # fmt: skip
     """One SSE event; `delta=None` sends `choices: []` (the usage chunk)."""
     choices = [] if delta is None else [
-        {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
     ]  # fmt: skip
     body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
             "choices": choices, **extra}  # fmt: skip
