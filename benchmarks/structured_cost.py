@@ -125,8 +125,9 @@ def main() -> int:
         "constrained_replies": len(valid), "load_average": os.getloadavg(),
     }  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    results = {"provenance": provenance(argv=["bench-structured", *sys.argv[1:]]),
-               "summary": summary, "rows": rows}  # fmt: skip
+    record = provenance()
+    record["command"] = " ".join(["python benchmarks/structured_cost.py", *sys.argv[1:]])
+    results = {"provenance": record, "summary": summary, "rows": rows}
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     print(json.dumps(summary, indent=1))
     return 0
