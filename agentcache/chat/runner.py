@@ -6,17 +6,21 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from agentcache.backends import ServingEngine
 from agentcache.chat.diagnostics import ReuseReport, build_report
+from agentcache.chat.logprobs import LogprobRecorder, TokenLogprob
 from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec
 from agentcache.chat.segmenter import ChatPrompt, ConversationTracker
 from agentcache.chat.stream import TextStream
+from agentcache.chat.structured import GrammarConstraint, Grammars, OutputFormat, SchemaError
 from agentcache.chat.tools import TOOL_CALL_OPEN, InvalidToolCall, ParsedReply, parse_tool_calls
 from agentcache.errors import AgentCacheError, ContextLengthError
 from agentcache.prompt.segments import Segment
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.runtime.engine import Generation, GenerationParams
+from agentcache.runtime.params import TokenConstraint
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,8 @@ class ChatRequest:
     strategy: str | None = None
     tenant: str = ""  # identity.tenant_id of the caller: its requests share no KV with others'
     cache_key: str | None = None  # prompt_cache_key: groups reports, never scopes reuse
+    output: OutputFormat | None = None  # structured outputs: the reply held to a grammar
+    logprobs: int | None = None  # record each token's logprob and this many top ones
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,11 @@ class ChatResult:
     # streamed pieces that the final content did not extend (decoding a prefix of the ids
     # gave other text); the stream then ends without the rest. Counted by the server.
     stream_mismatch: bool = False
+    stop_sequence: str | None = None  # the stop string that ended the reply, if one did
+    # tokens that reached a constrained reply without its mask and broke its grammar (a
+    # decoder that chose them); 0 when the reply was constrained throughout
+    format_violations: int = 0
+    logprobs: tuple[TokenLogprob, ...] | None = None  # when the request asked for them
 
     @property
     def prompt_tokens(self) -> int:
@@ -68,6 +79,17 @@ class ChatResult:
         return ChatMessage("assistant", self.content, self.tool_calls)
 
 
+def _stopped_by(
+    gen: Generation, req: ChatRequest, decode: Callable[[Sequence[int]], str]
+) -> str | None:
+    """The stop string the generated text ran into first (the engine cuts the text there)."""
+    if gen.finish_reason != "stop" or not req.params.stop:
+        return None
+    whole = decode(gen.token_ids)
+    found = [(i, s) for s in req.params.stop if (i := whole.find(s)) >= 0]
+    return min(found)[1] if found else None
+
+
 class GenerationCancelled(AgentCacheError):
     """The caller cancelled the generation (its client went away, or its deadline passed)."""
 
@@ -84,6 +106,7 @@ class ChatEngine:
     def __init__(self, engine: ServingEngine, tracker: ConversationTracker | None = None) -> None:
         self.engine = engine
         self.tracker = tracker or ConversationTracker()
+        self._grammars: Grammars | None = None
 
     @property
     def max_context(self) -> int:
@@ -98,6 +121,14 @@ class ChatEngine:
         )
         if 0.0 < request.params.temperature < GREEDY_BELOW:
             request = replace(request, params=replace(request.params, temperature=0.0))
+        constraint: TokenConstraint | None = None
+        if r.output is not None:
+            constraint = self._constraint(r.output)
+        if r.logprobs is not None:
+            self._check_own_loop("logprobs")
+            constraint = LogprobRecorder(r.logprobs, constraint)
+        if constraint is not None:
+            request = replace(request, params=replace(request.params, constraint=constraint))
         tokens = self.engine.tokenize(chat.prompt)
         left = self.max_context - tokens.num_tokens
         if clamp_max_tokens and 0 < left < request.params.max_new_tokens:
@@ -109,6 +140,27 @@ class ChatEngine:
                 needed, self.max_context, "prompt + max_tokens", self.engine.context_holder
             )
         return PreparedChat(request, chat, tokens)
+
+    def _constraint(self, fmt: OutputFormat) -> GrammarConstraint:
+        """A fresh grammar constraint for one reply. The embedded engine's decode loop applies
+        it; an engine without one (vLLM), or greedy verified decoding (which chooses tokens
+        without the sampler), cannot, and is refused rather than ignored."""
+        model = self._check_own_loop("structured outputs", fmt.param)
+        if self._grammars is None:
+            self._grammars = Grammars(self.engine.tokenizer, model.config.vocab_size)
+        return self._grammars.constraint(fmt)
+
+    def _check_own_loop(self, what: str, param: str | None = None) -> Any:
+        """The embedded engine's model, when its decode loop samples every token (where a
+        constraint sees each step); else SchemaError naming `param`."""
+        model = getattr(self.engine, "model", None)
+        setup = getattr(self.engine, "decode", None)
+        if model is None or setup is None:
+            raise SchemaError(f"{what} need the embedded engine", param)
+        if setup.config.verify > 0:
+            raise SchemaError(f"{what} cannot be served under verified decoding (decode option "
+                              "verify), which chooses tokens without sampling", param)  # fmt: skip
+        return model
 
     def run(
         self,
@@ -156,9 +208,13 @@ class ChatEngine:
                 on_text(rest)
         finish = "tool_calls" if parsed.tool_calls else gen.finish_reason
         report = build_report(prepared.chat, prepared.tokens, gen.stats)
+        recorder = req.params.constraint
+        recorder = recorder if isinstance(recorder, LogprobRecorder) else None
         result = ChatResult(
             text, content, parsed.tool_calls, parsed.invalid_tool_calls, finish, gen, report,
-            stream_mismatch=stream.mismatches > 0,
+            stream_mismatch=stream.mismatches > 0, stop_sequence=_stopped_by(gen, req, tok.decode),
+            format_violations=getattr(req.params.constraint, "violations", 0),
+            logprobs=recorder.finish(gen.token_ids) if recorder is not None else None,
         )  # fmt: skip
         self.tracker.record(prepared.chat, result.message())
         return result

@@ -19,7 +19,7 @@ from torch import Tensor
 from agentcache.decode.base import Decoder
 from agentcache.model.tokenizer import TextTokenizer
 from agentcache.runtime.params import GenerationParams
-from agentcache.runtime.sampling import sample
+from agentcache.runtime.sampling import constrain, sample
 from agentcache.runtime.stops import StopMatcher
 
 
@@ -45,7 +45,8 @@ def decode_loop(
         if isinstance(after, int):
             token = after
         else:
-            token = sample(after, params.temperature, params.top_p, gen)
+            logits = constrain(after, params.constraint, ids)  # structured outputs
+            token = sample(logits, params.temperature, params.top_p, gen)
         if token in eos:
             return ids, "stop"
         ids.append(token)

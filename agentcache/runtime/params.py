@@ -4,12 +4,27 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from torch import Tensor
 
 from agentcache.errors import ConfigError
 
 SEEDS = (-(1 << 63), (1 << 64) - 1)  # the seeds torch.Generator.manual_seed takes
+
+
+class TokenConstraint(Protocol):
+    """Which tokens may come next in one reply (a grammar: structured outputs), or a watcher of
+    each step's logits (logprobs). Its state is the reply's ids so far: `allowed` catches up on
+    the ids it has not seen, so any loop can call `sampling.constrain(logits, constraint, ids)`
+    before it samples, with nothing else to keep in step. One instance per reply."""
+
+    def allowed(self, ids: Sequence[int], logits: Tensor) -> Tensor | None:
+        """A bool mask (V,) of the tokens that may follow `ids`, given this step's logits (V,)
+        (read, never changed); None: every token."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -19,6 +34,7 @@ class GenerationParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    constraint: TokenConstraint | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         n = self.max_new_tokens

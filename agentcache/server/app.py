@@ -1,5 +1,5 @@
-"""The ASGI app: /v1/chat/completions and /v1/responses (JSON and SSE), /v1/models, /health,
-/metrics.
+"""The ASGI app: /v1/chat/completions, /v1/responses and /v1/messages (JSON and SSE),
+/v1/models, /health, /metrics.
 
 Requests take turns at the engine in arrival order, `max_active` at a time (admission.py), each
 generating in a worker thread that stops within a token when its client leaves or its deadline
@@ -32,6 +32,7 @@ from agentcache.chat.runner import ChatEngine, ChatResult
 from agentcache.chat.segmenter import ConversationTracker
 from agentcache.errors import AgentCacheError
 from agentcache.server.admission import AdmissionLine
+from agentcache.server.cache_control import openai_retention, retention
 from agentcache.server.config import ServerConfig
 from agentcache.server.convert import chunk, completion_body, reuse_headers, to_chat_request
 from agentcache.server.errors import (
@@ -43,6 +44,9 @@ from agentcache.server.errors import (
 )
 from agentcache.server.heap import HeapTrimmer
 from agentcache.server.limits import check_request
+from agentcache.server.messages_api import message_body, message_id, to_turn
+from agentcache.server.messages_schema import MessagesRequest
+from agentcache.server.messages_stream import MessagesEmitter
 from agentcache.server.metrics import ServerMetrics
 from agentcache.server.middleware import BodyLimit, CountResponses, Gatekeeper
 from agentcache.server.response_store import ResponseStore
@@ -149,6 +153,11 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         tenant = tenant_id(getattr(request.state, "key_digest", None), body.cache_salt)
         token = request.headers.get(CONVERSATION_HEADER)
         req, clamp = to_chat_request(body, token, tenant, config.default_max_tokens)
+        kept = retention(
+            0,
+            openai_retention(body.prompt_cache_retention, body.prompt_cache_options),
+            config.max_retention_s,
+        )
         try:
             prepared = await run_in_threadpool(chat.prepare, req, clamp)
         except AgentCacheError as e:
@@ -160,11 +169,13 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             send = functools.partial(chunk, rid, created, body.model)
-            return streamed(turn, ChatEmitter(send, include_usage))
+            emitter = ChatEmitter(send, include_usage, kept.to_dict(), engine.tokenizer.decode)
+            return streamed(turn, emitter)
         result = await finished(turn, request)
         if result is None:
             return Response(status_code=CLIENT_GONE)
-        body_out = completion_body(result, rid, created, body.model)
+        body_out = completion_body(result, rid, created, body.model, engine.tokenizer.decode)
+        body_out["agentcache"]["cache_control"] = kept.to_dict()
         return JSONResponse(body_out, headers=reuse_headers(result))
 
     @app.post("/v1/responses", response_model=None)
@@ -182,6 +193,11 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
             history, token = previous.messages, previous.conversation
         req, turn_messages, clamp = responses_request(
             body, history, token, tenant, config.default_max_tokens, config.limits
+        )
+        kept = retention(
+            0,
+            openai_retention(body.prompt_cache_retention, body.prompt_cache_options),
+            config.max_retention_s,
         )
         try:
             prepared = await run_in_threadpool(chat.prepare, req, clamp)
@@ -201,12 +217,35 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
                 stored.put(ids.rid, tenant, messages, result.report.conversation_id)
 
         if body.stream:
-            return streamed(turn, ResponsesEmitter(body, ids, created, keep))
+            return streamed(turn, ResponsesEmitter(body, ids, created, keep, kept.to_dict()))
         result = await finished(turn, request)
         if result is None:
             return Response(status_code=CLIENT_GONE)
         keep(result)
-        return JSONResponse(response_body(body, ids, created, result),
+        out = response_body(body, ids, created, result, kept.to_dict())
+        return JSONResponse(out, headers=reuse_headers(result))
+
+    @app.post("/v1/messages", response_model=None)
+    async def messages(body: MessagesRequest, request: Request) -> Response:
+        check_model(body.model)
+        tenant = tenant_id(getattr(request.state, "key_digest", None), body.cache_salt)
+        token = request.headers.get(CONVERSATION_HEADER)
+        turn_in = to_turn(body, token, tenant, config.limits, config.max_retention_s)
+        try:
+            prepared = await run_in_threadpool(chat.prepare, turn_in.request, False)
+        except AgentCacheError as e:
+            raise api_error(e) from None
+        if prepared.chat.conversation.rejected_token:
+            metrics.rejected_tokens.inc()
+        turn = Turn(chat, line, prepared, config.request_timeout_s, threading.Event(), workers)
+        mid = message_id()
+        if body.stream:
+            n = prepared.tokens.num_tokens
+            return streamed(turn, MessagesEmitter(body.model, mid, turn_in, n))
+        result = await finished(turn, request)
+        if result is None:
+            return Response(status_code=CLIENT_GONE)
+        return JSONResponse(message_body(body, mid, result, turn_in),
                             headers=reuse_headers(result))  # fmt: skip
 
     return app

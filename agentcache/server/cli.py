@@ -125,6 +125,9 @@ def add_security(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stored-response-ttl", type=positive_float, default=3600.0,
                    metavar="SECONDS", help="how long a stored response is kept (default: "
                    "3600)")  # fmt: skip
+    p.add_argument("--max-retention", type=positive_int, default=3600, metavar="SECONDS",
+                   help="the longest cache retention a request's cache_control ttl or "
+                   "prompt_cache_retention is granted (reported; default: 3600)")  # fmt: skip
     p.add_argument("--trim-interval", type=non_negative_float, default=10.0, metavar="SECONDS",
                    help="seconds between handing freed heap memory back to the system, so "
                    "resident memory stays flat under load (glibc only; 0: never; "
@@ -164,6 +167,7 @@ def server_config(args: argparse.Namespace, model_name: str) -> ServerConfig:
         max_stored_responses=args.stored_responses,
         stored_response_bytes=args.stored_response_bytes,
         stored_response_ttl_s=args.stored_response_ttl,
+        max_retention_s=args.max_retention,
     )  # fmt: skip
 
 

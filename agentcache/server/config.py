@@ -57,6 +57,9 @@ class ServerConfig:
     stored_response_bytes: int = 64 * MiB
     stored_response_ttl_s: float = 3600.0
     trim_interval_s: float = 10.0  # seconds between returning freed heap memory (0: never)
+    # the longest cache retention a request may ask for (cache_control ttl,
+    # prompt_cache_retention): granted up to this and reported (server/cache_control.py)
+    max_retention_s: int = 3600
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -71,6 +74,8 @@ class ServerConfig:
             raise ValueError("max_active must be >= 1")
         if not self.trim_interval_s >= 0:
             raise ValueError("trim_interval_s must be >= 0")
+        if self.max_retention_s < 1:
+            raise ValueError("max_retention_s must be >= 1")
 
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from agentcache.chat.logprobs import openai_content
 from agentcache.chat.messages import ChatMessage, ToolSpec
 from agentcache.chat.runner import ChatRequest, ChatResult
-from agentcache.chat.tools import forced_call_prefix
+from agentcache.chat.tools import TOOL_CALL_CLOSE, forced_call_prefix
 from agentcache.errors import PromptError
 from agentcache.runtime.engine import GenerationParams
 from agentcache.server.errors import APIError
-from agentcache.server.schemas import ChatCompletionRequest, ToolChoiceIn
+from agentcache.server.formats import output_for, parse_format
+from agentcache.server.schemas import AllowedToolsChoice, ChatCompletionRequest, ToolChoiceIn
 
 
 def to_chat_request(
@@ -19,11 +21,12 @@ def to_chat_request(
 ) -> tuple[ChatRequest, bool]:
     """`conversation`: the token the client echoed, if any. Returns the request and whether
     max_tokens was left to the server (then it is clamped to the context left)."""
+    body = allow_tools(body)
     try:
         messages = tuple(ChatMessage.from_openai(m.model_dump()) for m in body.messages)
     except PromptError as e:
         raise APIError(400, str(e), "invalid_value", "messages") from None
-    check_format(body.response_format, "response_format")
+    fmt = parse_format(body.response_format, "response_format", nested=True)
     check_no_reasoning(body.reasoning_effort, "reasoning_effort")
     tools = _tools(body)
     if body.tool_choice is not None and body.tool_choice != "none" and not tools:
@@ -31,30 +34,57 @@ def to_chat_request(
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else (body.max_tokens)
     )
+    stops = body.stop_strings()
+    if tools and body.parallel_tool_calls is False:
+        stops = (*stops, TOOL_CALL_CLOSE)  # the first call ends the reply (tools.py parses it)
     params = GenerationParams(
         max_new_tokens=default_max_tokens if max_tokens is None else max_tokens,
-        temperature=body.temperature, top_p=body.top_p, seed=body.seed,
-        stop=body.stop_strings(),
+        temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=stops,
     )  # fmt: skip
+    prefill = _prefill(body, tools)
+    strict = [bool(t.function.strict) for t in body.tools or ()] if tools else []
+    output = output_for(fmt, tools, strict, prefill, _forced_name(body, tools))
     request = ChatRequest(
-        messages, params, tools, conversation, _prefill(body, tools), None, tenant,
-        body.prompt_cache_key,
+        messages, params, tools, conversation, prefill, None, tenant, body.prompt_cache_key,
+        output, _logprobs(body),
     )  # fmt: skip
     return request, max_tokens is None
 
 
-def check_format(fmt: dict[str, Any] | None, param: str) -> None:
-    """Only plain text replies: a JSON format asked for and not enforced would come back as
-    prose a client then fails to parse, so it is refused rather than ignored."""
-    kind = None if fmt is None else fmt.get("type")
-    if kind is None or kind == "text":
-        return
-    if kind in ("json_schema", "json_object"):
-        raise APIError(400, f"{param} type {kind!r} needs constrained decoding, which this "
-                       "server does not support yet; ask for the format in the prompt and "
-                       "validate the reply", "unsupported_value", param)  # fmt: skip
-    raise APIError(400, f"{param}: unknown type {str(kind)[:80]!r} (expected 'text', "
-                   "'json_schema' or 'json_object')", "invalid_value", param)  # fmt: skip
+def allow_tools(body: ChatCompletionRequest) -> ChatCompletionRequest:
+    """tool_choice allowed_tools: the named tools only, offered under its mode."""
+    choice = body.tool_choice
+    if not isinstance(choice, AllowedToolsChoice):
+        return body
+    known = [t.function.name for t in body.tools or ()]
+    names = [t.function.name for t in choice.allowed_tools.tools]
+    for i, name in enumerate(names):
+        if name not in known:
+            p = f"tool_choice.allowed_tools.tools.{i}"
+            raise APIError(400, f"{p}: names no tool of the request: {name[:80]!r}",
+                           "invalid_value", p)  # fmt: skip
+    tools = [t for t in body.tools or () if t.function.name in names]
+    return body.model_copy(update={"tools": tools, "tool_choice": choice.allowed_tools.mode})
+
+
+def _logprobs(body: ChatCompletionRequest) -> int | None:
+    """How many top logprobs per token (0: the chosen token's only); None: none asked for."""
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs: needs logprobs set to true", "invalid_value",
+                       "top_logprobs")  # fmt: skip
+    return (body.top_logprobs or 0) if body.logprobs else None
+
+
+def logprobs_body(result: ChatResult, decode: Any) -> dict[str, Any] | None:
+    if result.logprobs is None:
+        return None
+    return {"content": openai_content(result.logprobs, decode), "refusal": None}
+
+
+def _forced_name(body: ChatCompletionRequest, tools: tuple[ToolSpec, ...]) -> str | None:
+    if isinstance(body.tool_choice, ToolChoiceIn):
+        return body.tool_choice.function.name
+    return tools[0].name if body.tool_choice == "required" and len(tools) == 1 else None
 
 
 def check_no_reasoning(value: Any, param: str) -> None:
@@ -118,7 +148,9 @@ def usage_body(result: ChatResult) -> dict[str, Any]:
     }
 
 
-def completion_body(result: ChatResult, rid: str, created: int, model: str) -> dict[str, Any]:
+def completion_body(
+    result: ChatResult, rid: str, created: int, model: str, decode: Any = None
+) -> dict[str, Any]:
     message = message_body(result)
     for call in message.get("tool_calls", ()):
         call.pop("index", None)
@@ -132,7 +164,7 @@ def completion_body(result: ChatResult, rid: str, created: int, model: str) -> d
                 "index": 0,
                 "message": message,
                 "finish_reason": result.finish_reason,
-                "logprobs": None,
+                "logprobs": logprobs_body(result, decode),
             }
         ],
         "usage": usage_body(result),
@@ -157,11 +189,11 @@ def reuse_headers(result: ChatResult) -> dict[str, str]:
 
 def chunk(
     rid: str, created: int, model: str, delta: dict[str, Any] | None, finish: str | None = None,
-    **extra: Any,
+    logprobs: dict[str, Any] | None = None, **extra: Any,
 ) -> str:  # fmt: skip
     """One SSE event; `delta=None` sends `choices: []` (the usage chunk)."""
     choices = [] if delta is None else [
-        {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
     ]  # fmt: skip
     body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
             "choices": choices, **extra}  # fmt: skip

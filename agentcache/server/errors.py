@@ -1,4 +1,6 @@
-"""OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}}."""
+"""Error bodies in each API's shape: OpenAI's {"error": {"message", "type", "param",
+"code"}}, and on /v1/messages Anthropic's {"type": "error", "error": {"type", "message"}}
+(the message names the field, as `messages.0.content: ...`)."""
 
 from __future__ import annotations
 
@@ -9,14 +11,23 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from agentcache.chat.structured import SchemaError
 from agentcache.errors import AgentCacheError, ContextLengthError, OutOfPagesError, PromptError
+from agentcache.server.messages_schema import MessagesRequest
 from agentcache.server.responses_schema import ResponsesRequest
 from agentcache.server.schemas import field_names
 
-FIELDS = field_names() | field_names(ResponsesRequest)
+FIELDS = field_names() | field_names(ResponsesRequest) | field_names(MessagesRequest)
 ENDPOINTS = (
-    "/v1/chat/completions", "/v1/responses", "/v1/models", "/health", "/metrics",
+    "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/models", "/health", "/metrics",
 )  # fmt: skip
+ANTHROPIC_PATHS = ("/v1/messages",)
+# Anthropic's error types by status (its API's names); others are api_error
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+    503: "overloaded_error", 504: "timeout_error",
+}  # fmt: skip
 
 
 class APIError(Exception):
@@ -35,7 +46,11 @@ class APIError(Exception):
         )  # fmt: skip
         self.headers = headers or {}
 
-    def body(self) -> dict[str, Any]:
+    def body(self, path: str = "") -> dict[str, Any]:
+        """The error body in the shape of the API that `path` serves."""
+        if path.startswith(ANTHROPIC_PATHS):
+            kind = ANTHROPIC_TYPES.get(self.status, "api_error")
+            return {"type": "error", "error": {"type": kind, "message": self.message}}
         return {
             "error": {
                 "message": self.message,
@@ -46,12 +61,14 @@ class APIError(Exception):
         }
 
 
-def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+def error_response(err: APIError, path: str = "") -> JSONResponse:
+    return JSONResponse(err.body(path), status_code=err.status, headers=err.headers)
 
 
 def api_error(e: AgentCacheError) -> APIError:
     """The engine's and chat layer's errors as HTTP errors."""
+    if isinstance(e, SchemaError):
+        return APIError(400, str(e), "unsupported_schema", e.param)
     if isinstance(e, ContextLengthError):
         return APIError(400, str(e), "context_length_exceeded", "max_tokens")
     if isinstance(e, PromptError):
@@ -103,7 +120,7 @@ def validation_error(
 async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     err = validation_error(exc, request.headers.get("content-type"), request.url.path)
-    return error_response(err)
+    return error_response(err, request.url.path)
 
 
 async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -117,9 +134,9 @@ async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
                        f"server serves {served}", "not_found")  # fmt: skip
     else:
         err = APIError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}")
-    return JSONResponse(err.body(), status_code=err.status, headers=exc.headers)
+    return JSONResponse(err.body(request.url.path), status_code=err.status, headers=exc.headers)
 
 
 async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, APIError)
-    return error_response(exc)
+    return error_response(exc, request.url.path)

@@ -31,8 +31,10 @@ OPEN_PATHS = frozenset({"/health"})
 log = logging.getLogger("agentcache.server")
 
 
-async def send_error(send: Send, err: APIError, headers: Iterable[tuple[str, str]] = ()) -> None:
-    body = json.dumps(err.body()).encode()
+async def send_error(
+    send: Send, err: APIError, headers: Iterable[tuple[str, str]] = (), path: str = ""
+) -> None:
+    body = json.dumps(err.body(path)).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(k.encode(), v.encode()) for k, v in headers]
     await send({"type": "http.response.start", "status": err.status, "headers": raw})
@@ -60,7 +62,7 @@ class CountResponses:
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
             failed = True
             if not status:
-                await send_error(counted, internal_error(e))
+                await send_error(counted, internal_error(e), path=scope.get("path", ""))
         path = scope.get("path", "")
         endpoint = path if path in ENDPOINTS else "other"
         code = 500 if failed or not status else status[0]  # a stream that broke counts as 500
@@ -80,25 +82,29 @@ class Gatekeeper:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or ())
+        path = scope.get("path", "")
         if self.allowed_hosts is not None:
             host = host_name(headers.get(b"host", b"").decode("latin-1"))
             if host not in self.allowed_hosts:
                 msg = "the Host header names no host this server answers to (a loopback bind "
                 msg += "accepts localhost, 127.0.0.1 and [::1]; see --allowed-host)"
-                return await send_error(send, APIError(421, msg, "invalid_host"))
-        digest = self._key(headers.get(b"authorization", b""))
-        if self.key_digests and digest is None and scope.get("path") not in OPEN_PATHS:
-            msg = "missing or invalid API key: send it as 'Authorization: Bearer <key>'"
+                return await send_error(send, APIError(421, msg, "invalid_host"), path=path)
+        digest = self._key(headers.get(b"authorization", b""), headers.get(b"x-api-key", b""))
+        if self.key_digests and digest is None and path not in OPEN_PATHS:
+            msg = "missing or invalid API key: send it as 'Authorization: Bearer <key>' or "
+            msg += "'x-api-key: <key>'"
             err = APIError(401, msg, "invalid_api_key")
-            return await send_error(send, err, [("www-authenticate", "Bearer")])
+            return await send_error(send, err, [("www-authenticate", "Bearer")], path)
         scope.setdefault("state", {})["key_digest"] = digest
         await self.app(scope, receive, send)
 
-    def _key(self, authorization: bytes) -> str | None:
-        """The digest of the presented key when it is one of ours (compared in constant time
-        against every key), else None."""
+    def _key(self, authorization: bytes, x_api_key: bytes) -> str | None:
+        """The digest of the presented key (a bearer token, else Anthropic's `x-api-key`)
+        when it is one of ours (compared in constant time against every key), else None."""
         scheme, _, key = authorization.decode("latin-1").partition(" ")
-        if scheme.lower() != "bearer" or not self.key_digests:
+        if scheme.lower() != "bearer":
+            key = x_api_key.decode("latin-1")
+        if not key.strip() or not self.key_digests:
             return None
         digest = key_digest(key.strip())
         found = False
@@ -117,7 +123,8 @@ class BodyLimit:
         limit = self.limits.max_body_bytes
         declared = dict(scope.get("headers") or ()).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
-            return await send_error(send, self._too_big(f"a body of {int(declared)} bytes"))
+            err = self._too_big(f"a body of {int(declared)} bytes")
+            return await send_error(send, err, path=scope.get("path", ""))
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -126,13 +133,15 @@ class BodyLimit:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > limit:
-                return await send_error(send, self._too_big(f"a body of over {limit} bytes"))
+                err = self._too_big(f"a body of over {limit} bytes")
+                return await send_error(send, err, path=scope.get("path", ""))
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
         if json_depth(body, self.limits.max_depth) > self.limits.max_depth:
             what = "the JSON nesting depth of the body"
-            return await send_error(send, limit_error(self.limits, "max_depth", what, None))
+            err = limit_error(self.limits, "max_depth", what, None)
+            return await send_error(send, err, path=scope.get("path", ""))
         await self.app(scope, _replay(body, receive), send)
 
     def _too_big(self, what: str) -> APIError:

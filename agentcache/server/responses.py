@@ -21,14 +21,15 @@ from typing import Any
 
 from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec
 from agentcache.chat.runner import ChatRequest, ChatResult
-from agentcache.chat.tools import forced_call_prefix
+from agentcache.chat.tools import TOOL_CALL_CLOSE, forced_call_prefix
 from agentcache.errors import PromptError
 from agentcache.runtime.engine import GenerationParams
 from agentcache.server.config import ServerLimits
-from agentcache.server.convert import check_format, check_no_reasoning
+from agentcache.server.convert import check_no_reasoning
 from agentcache.server.errors import APIError
+from agentcache.server.formats import output_for, parse_format
 from agentcache.server.limits import check_arguments, limit_error
-from agentcache.server.responses_schema import NamedTool, ResponsesRequest
+from agentcache.server.responses_schema import AllowedTools, NamedTool, ResponsesRequest
 
 ROLES = frozenset({"user", "system", "developer", "assistant"})
 TEXT_PARTS = frozenset({"input_text", "output_text"})
@@ -152,6 +153,27 @@ def _prefill(body: ResponsesRequest, tools: tuple[ToolSpec, ...]) -> str | None:
     return None
 
 
+def allow_tools(body: ResponsesRequest) -> ResponsesRequest:
+    """tool_choice allowed_tools: the named tools only, offered under its mode."""
+    choice = body.tool_choice
+    if not isinstance(choice, AllowedTools):
+        return body
+    known = [t.get("name") for t in body.tools or () if isinstance(t, dict)]
+    for i, t in enumerate(choice.tools):
+        if t.name not in known:
+            p = f"tool_choice.tools.{i}"
+            raise bad(p, f"names no tool of the request: {t.name[:80]!r}")
+    names = {t.name for t in choice.tools}
+    tools = [t for t in body.tools or () if isinstance(t, dict) and t.get("name") in names]
+    return body.model_copy(update={"tools": tools, "tool_choice": choice.mode})
+
+
+def _forced_name(body: ResponsesRequest, tools: tuple[ToolSpec, ...]) -> str | None:
+    if isinstance(body.tool_choice, NamedTool):
+        return body.tool_choice.name
+    return tools[0].name if body.tool_choice == "required" and len(tools) == 1 else None
+
+
 def check_content(messages: list[ChatMessage], limits: ServerLimits) -> None:
     if len(messages) > limits.max_messages:
         raise limit_error(limits, "max_messages", f"{len(messages)} messages", "input")
@@ -168,7 +190,8 @@ def to_chat_request(
 ) -> tuple[ChatRequest, tuple[ChatMessage, ...], bool]:  # fmt: skip
     """The chat request, the conversation to store (history and input, no instructions) and
     whether max_output_tokens was left to the server."""
-    check_format(body.text.format if body.text else None, "text.format")
+    body = allow_tools(body)
+    fmt = parse_format(body.text.format if body.text else None, "text.format", nested=False)
     check_no_reasoning(body.reasoning, "reasoning")
     if body.user is not None and len(body.user) > limits.max_user_chars:
         raise limit_error(limits, "max_user_chars", f"user of {len(body.user)} characters", "user")
@@ -179,11 +202,15 @@ def to_chat_request(
     tools = tools_of(body, limits)
     prefill = _prefill(body, tools)
     max_tokens = body.max_output_tokens
+    stops = (TOOL_CALL_CLOSE,) if tools and body.parallel_tool_calls is False else ()
     params = GenerationParams(
         max_new_tokens=default_max_tokens if max_tokens is None else max_tokens,
-        temperature=body.temperature, top_p=body.top_p,
+        temperature=body.temperature, top_p=body.top_p, stop=stops,
     )  # fmt: skip
-    request = ChatRequest(messages, params, tools, conversation, prefill, None, tenant)
+    strict = [bool(t.get("strict")) for t in body.tools or ()] if tools else []
+    output = output_for(fmt, tools, strict, prefill, _forced_name(body, tools))
+    request = ChatRequest(messages, params, tools, conversation, prefill, None, tenant,
+                          output=output)  # fmt: skip
     return request, turn, max_tokens is None
 
 
@@ -233,6 +260,7 @@ def output_items(result: ChatResult, ids: ResponseIds) -> list[dict[str, Any]]:
 
 def response_body(
     body: ResponsesRequest, ids: ResponseIds, created: int, result: ChatResult | None,
+    cache_control: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The response object; `result` None: one in progress (the stream's first events)."""
     status, incomplete = "in_progress", None
@@ -246,15 +274,20 @@ def response_body(
         "error": None, "incomplete_details": incomplete, "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens, "model": body.model,
         "output": [] if result is None else output_items(result, ids),
-        "parallel_tool_calls": True, "previous_response_id": body.previous_response_id,
+        "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "previous_response_id": body.previous_response_id,
         "store": body.store, "temperature": body.temperature, "top_p": body.top_p,
-        "text": {"format": {"type": "text"}},
-        "tool_choice": choice.model_dump() if isinstance(choice, NamedTool) else (choice or "auto"),
+        "text": {"format": (body.text.format if body.text and body.text.format
+                            else {"type": "text"})},
+        "tool_choice": choice if isinstance(choice, str) else (choice.model_dump() if choice
+                                                                else "auto"),
         "tools": body.tools or [], "metadata": body.metadata or {}, "usage": None,
     }  # fmt: skip
     if result is not None:
         out["usage"] = usage(result)
         out["agentcache"] = result.report.to_dict()
+        if cache_control is not None:
+            out["agentcache"]["cache_control"] = cache_control
     return out
 
 
@@ -265,8 +298,10 @@ class ResponsesEmitter:
     `on_result` runs before the last event (it stores the response)."""
 
     def __init__(self, body: ResponsesRequest, ids: ResponseIds, created: int,
-                 on_result: Callable[[ChatResult], None]) -> None:  # fmt: skip
+                 on_result: Callable[[ChatResult], None],
+                 cache_control: dict[str, Any] | None = None) -> None:  # fmt: skip
         self.body, self.ids, self.created, self.on_result = body, ids, created, on_result
+        self.cache_control = cache_control
         self.seq, self.opened = 0, False
         self.text_parts: list[str] = []
 
@@ -320,7 +355,7 @@ class ResponsesEmitter:
             yield self.event("response.output_item.done", output_index=o,
                              item=call_item(self.ids, call, i, args))  # fmt: skip
         self.on_result(result)
-        response = response_body(self.body, self.ids, self.created, result)
+        response = response_body(self.body, self.ids, self.created, result, self.cache_control)
         kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
         yield self.event(kind, response=response)
 

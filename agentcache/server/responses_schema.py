@@ -16,10 +16,18 @@ class NamedTool(BaseModel):
     name: str = Field(min_length=1)
 
 
+class AllowedTools(BaseModel):
+    """Only these tools may be called (the others are not shown to the model)."""
+
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: list[NamedTool] = Field(min_length=1)
+
+
 class TextConfig(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    format: dict[str, Any] | None = None  # only {"type": "text"} (convert.check_format)
+    format: dict[str, Any] | None = None  # formats.py
 
 
 class ResponsesRequest(BaseModel):
@@ -29,7 +37,7 @@ class ResponsesRequest(BaseModel):
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedTool | AllowedTools | None = None
     max_output_tokens: int | None = Field(default=None, ge=1, strict=True)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0, strict=True)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, strict=True)
@@ -41,6 +49,10 @@ class ResponsesRequest(BaseModel):
     reasoning: Any = None  # a 400 when set: the served models do not reason
     metadata: dict[str, str] | None = None  # echoed, no effect on the reply
     user: str | None = None  # accepted and ignored, as on chat completions
+    # retention requests, checked and reported (cache_control.py)
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
+    service_tier: str | None = Field(default=None, strict=True)  # accepted; one tier
 
     @field_validator("temperature", "top_p", "stream", "store", mode="before")
     @classmethod

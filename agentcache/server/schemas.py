@@ -39,6 +39,7 @@ class FunctionIn(BaseModel):
     name: str = Field(min_length=1)
     description: str = ""
     parameters: Any = None  # checked as JSON Schema by the chat layer
+    strict: bool | None = Field(default=None, strict=True)  # a forced call's arguments enforced
 
 
 class ToolIn(BaseModel):
@@ -55,6 +56,18 @@ class ToolChoiceIn(BaseModel):
     function: NamedFunction
 
 
+class AllowedTools(BaseModel):
+    mode: Literal["auto", "required"]
+    tools: list[ToolChoiceIn] = Field(min_length=1)
+
+
+class AllowedToolsChoice(BaseModel):
+    """Only these tools may be called (the others are not shown to the model)."""
+
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = Field(default=False, strict=True)
 
@@ -68,7 +81,9 @@ class ChatCompletionRequest(BaseModel):
     model: str
     messages: list[MessageIn] = Field(min_length=1)
     tools: list[ToolIn] | None = None
-    tool_choice: Literal["none", "auto", "required"] | ToolChoiceIn | None = None
+    tool_choice: Literal["none", "auto", "required"] | ToolChoiceIn | AllowedToolsChoice | None = (
+        None
+    )
     stop: StopString | list[StopString] | None = None
     max_tokens: int | None = Field(default=None, ge=0, strict=True)
     max_completion_tokens: int | None = Field(default=None, ge=0, strict=True)
@@ -78,7 +93,16 @@ class ChatCompletionRequest(BaseModel):
     n: int = Field(default=1, ge=1, le=1, strict=True)
     stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
-    response_format: dict[str, Any] | None = None  # only {"type": "text"} (convert.py)
+    response_format: dict[str, Any] | None = None  # formats.py
+    parallel_tool_calls: bool | None = Field(default=None, strict=True)  # false: one call at most
+    logprobs: bool | None = Field(default=None, strict=True)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
+    # retention requests, checked and reported (cache_control.py)
+    prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
+    metadata: dict[str, str] | None = None  # accepted; no effect on the reply
+    store: bool | None = Field(default=None, strict=True)  # accepted; nothing is stored
+    service_tier: str | None = Field(default=None, strict=True)  # accepted; one tier
     reasoning_effort: Any = None  # a 400 when set: the served models do not reason
     user: str | None = None  # accepted and ignored: never a conversation's or a tenant's name
     # separates this request's KV from every request with another salt, even identical

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from agentcache.chat.runner import ChatEngine, ChatResult, PreparedChat
 from agentcache.errors import AgentCacheError
 from agentcache.server.admission import AdmissionLine, QueueFull
-from agentcache.server.convert import message_body, sse, usage_body
+from agentcache.server.convert import logprobs_body, message_body, sse, usage_body
 from agentcache.server.errors import APIError, api_error, internal_error
 from agentcache.server.metrics import ServerMetrics
 
@@ -206,6 +206,8 @@ class ChatEmitter:
 
     send: Callable[..., str]
     include_usage: bool
+    cache_control: dict[str, Any] | None = None  # the retention report (cache_control.py)
+    decode: Callable[..., str] | None = None  # token ids -> text, for logprobs
 
     def start(self) -> Iterator[str]:
         yield self.send({"role": "assistant", "content": ""}, None)
@@ -216,7 +218,12 @@ class ChatEmitter:
     def finish(self, result: ChatResult) -> Iterator[str]:
         if result.tool_calls:
             yield self.send({"tool_calls": message_body(result)["tool_calls"]}, None)
-        yield self.send({}, result.finish_reason, agentcache=result.report.to_dict())
+        report = result.report.to_dict()
+        if self.cache_control is not None:
+            report["cache_control"] = self.cache_control
+        # logprobs, when asked for, come whole with the finish chunk
+        lp = logprobs_body(result, self.decode)
+        yield self.send({}, result.finish_reason, lp, agentcache=report)
         if self.include_usage:
             yield self.send(None, usage=usage_body(result))
         yield "data: [DONE]\n\n"
