@@ -22,14 +22,14 @@ S=full,prefix,transformers-prefix,default,epic,cacheblend,promptcache,pic,caches
 # What fitted the time on a shared 2-core machine (about 5 min per turn with 10 strategies):
 # one or two validation sessions per family, each cut after its first turn of the family's edit
 # (chat-edit-06 clears from turn 1, chat-compact-05 compacts from turn 1, chat-retry-06 and -07 retry
-# at turn 2, chat-fork-04 forks at turn 2; chat-sysprompt-06 rewrites the system prompt every
+# at turn 2, chat-fork-04 and -06 fork at turn 2; chat-sysprompt-06 rewrites the system prompt every
 # turn, two warm turns: the run that timed one session). Give more sessions and turns here to
 # measure more: "SESSIONS TURNS".
 declare -A scope=(
   [edit]="06 2"
   [compact]="05 2"
   [retry]="06,07 3"
-  [fork]="04 3"
+  [fork]="04,06 3"
   [sysprompt]="06 3"
 )
 
