@@ -14,3 +14,30 @@ def test_ttft_against_prefix_is_the_median_of_per_turn_ratios_not_of_medians() -
     cold = [{"session": "s", "turn": 0, "strategy": x, "ttft_ms": 1.0} for x in ms]
     got = targets.vs_base({"turns": cold + turns}, "rpdc", "prefix")
     assert round(got, 3) == 0.944  # per turn 0.8, 0.7, 0.944, 1.0, 1.3; medians 85/100 = 0.85
+
+
+def _run(default_vs_prefix: float) -> dict[str, object]:
+    """A two-strategy run: the default at `default_vs_prefix` of prefix's TTFT on one turn."""
+    summary = {"greedy_exact_match": 1.0, "first_token_agreement": 1.0, "tf_kl_mean": 0.0,
+               "recompute_fraction_mean": 0.5, "turns": 1}  # fmt: skip
+    strategies = {
+        "rpdc": summary | {"ttft_ratio_vs_full": default_vs_prefix, "ttft_ratio_vs_peer": 0.65},
+        "prefix": summary | {"ttft_ratio_vs_full": 1.0},
+    }
+    turns = [
+        {"session": "s", "turn": 1, "strategy": "rpdc", "ttft_ms": 100.0 * default_vs_prefix},
+        {"session": "s", "turn": 1, "strategy": "prefix", "ttft_ms": 100.0},
+    ]
+    return {"strategies": strategies, "default_strategy": "rpdc", "turns": turns,
+            "by_workload": {"w": {}}, "sessions": ["s"]}  # fmt: skip
+
+
+def test_speed_targets_are_the_ones_given_and_no_peer_target_leaves_it_out() -> None:
+    targets = load_script("targets")
+    usual = targets.family(_run(0.7))
+    assert usual["met"]["vs_prefix"] and usual["met"]["vs_peer"]  # 0.7 <= 0.8, 0.65 <= 0.67
+    edits = targets.family(_run(0.7), vs_prefix_target=0.6, vs_peer_target=None)
+    assert not edits["met"]["vs_prefix"] and "vs_peer" not in edits["met"]
+    assert edits["vs_peer"] == 0.65  # still reported
+    md = targets.render({"w": edits}, None, "cmd", vs_prefix_target=0.6, vs_peer_target=None)
+    assert "0.70x (**missed**)" in md and "0.65x |" in md and "peer's" not in md.split("|")[0]
