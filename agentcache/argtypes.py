@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agentcache.errors import OutputDirError
+from agentcache.units import parse_bytes
 
 
 def _number(
@@ -45,6 +46,17 @@ def positive_float(text: str) -> float:
 
 def non_negative_float(text: str) -> float:
     return _number(text, float, lambda v: 0.0 <= v < math.inf, "a finite number >= 0")
+
+
+def byte_size(text: str) -> int:
+    """A size >= 1 byte: "2GiB", "512MiB", "1.5GB", "1048576" (`units.parse_bytes`)."""
+    try:
+        value = parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
+    return value
 
 
 def fraction(text: str) -> float:

@@ -9,12 +9,20 @@ Mechanism only: allocation, refcounts and slot arithmetic. Who evicts what is po
     SequenceKV.spans : maximal runs [start, end) of consecutive slots holding the sequence,
                        by slot: pages 7, 8, 3 with 40 tokens -> [(48, 56), (112, 144)]
                        (page 3 holds tokens 32..39, pages 7-8 tokens 0..31)
+
+Memory: the pool's storage is reserved, not filled, at construction (an anonymous private
+mapping on the CPU, which the OS backs page by page on first write) and pages are handed
+out lowest id first, never-used ids last, so the memory it holds is that of the most pages
+ever in use at once (`touched_pages`), not `num_pages`. The storage never moves: a view of
+`keys`/`values` stays valid across `allocate`. A pool is sized by pages or by bytes
+(`PoolConfig.from_bytes`); a freed page keeps its memory for the next sequence.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import mmap
 from dataclasses import dataclass, field
 from typing import NewType
 
@@ -45,9 +53,48 @@ class PoolConfig:
         item = torch.empty((), dtype=self.dtype).element_size()
         return 2 * self.num_layers * self.page_size * self.num_kv_heads * self.head_dim * item
 
+    @property
+    def pool_bytes(self) -> int:
+        """The most bytes the pool's K and V can hold (all `num_pages` in use)."""
+        return self.num_pages * self.page_bytes
+
+    @classmethod
+    def from_bytes(
+        cls, num_layers: int, num_kv_heads: int, head_dim: int, kv_bytes: int,
+        page_size: int = 16, dtype: torch.dtype = torch.float32,
+    ) -> PoolConfig:  # fmt: skip
+        """The pool of as many whole pages as `kv_bytes` holds; ValueError when not one."""
+        one = cls(num_layers, num_kv_heads, head_dim, 1, page_size, dtype)
+        if kv_bytes < one.page_bytes:
+            raise ValueError(
+                f"kv_bytes={kv_bytes} holds no KV page: one page of {page_size} tokens is "
+                f"{one.page_bytes} bytes for this model ({num_layers} layers, {num_kv_heads} "
+                f"KV heads of {head_dim}, {str(dtype).removeprefix('torch.')})"
+            )
+        return cls(num_layers, num_kv_heads, head_dim, kv_bytes // one.page_bytes, page_size,
+                   dtype)  # fmt: skip
+
+
+def _reserve(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """A zero tensor of `shape` whose memory the OS provides on first write: an anonymous
+    private mapping (zero-filled by the OS, resident only where written)."""
+    numel = 1
+    for n in shape:
+        numel *= n
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    # no swap reserved up front either (a strict-overcommit host would refuse a large pool)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
+    buffer = mmap.mmap(-1, nbytes, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    return torch.frombuffer(buffer, dtype=dtype, count=numel).view(shape)
+
 
 class PagePool:
     """Fixed-capacity page memory. `allocate` raises `OutOfPagesError` rather than evicting."""
+
+    # (the free pages are `_free`, ids once used and released, plus the never-used ids
+    # `_fresh..num_pages-1`, taken in order so the touched storage stays a prefix)
 
     def __init__(self, config: PoolConfig) -> None:
         c = config
@@ -56,30 +103,49 @@ class PagePool:
         # contiguous block, which decode attention reads in place; `keys` and `values` are
         # (L, slots, Hkv, Dh) views of that storage, the layout every reader indexes
         shape = (c.num_layers, c.num_kv_heads, c.num_pages * c.page_size, c.head_dim)
-        self.keys = torch.zeros(shape, dtype=c.dtype).transpose(1, 2)
-        self.values = torch.zeros(shape, dtype=c.dtype).transpose(1, 2)
-        self._free: list[PageId] = [PageId(i) for i in range(c.num_pages - 1, -1, -1)]
+        self.keys = _reserve(shape, c.dtype).transpose(1, 2)
+        self.values = _reserve(shape, c.dtype).transpose(1, 2)
+        self._free: list[PageId] = []
+        self._fresh = 0
         self._refcount = [0] * c.num_pages
         self.peak_pages_used = 0
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return len(self._free) + self.config.num_pages - self._fresh
 
     @property
     def num_used(self) -> int:
-        return self.config.num_pages - len(self._free)
+        return self._fresh - len(self._free)
+
+    @property
+    def touched_pages(self) -> int:
+        """Pages whose memory the pool has written or may have: the most ever in use."""
+        return self._fresh
+
+    @property
+    def resident_bytes(self) -> int:
+        """K/V bytes the pool holds in memory now (an upper bound: `touched_pages`)."""
+        return self._fresh * self.config.page_bytes
+
+    def _take_free(self) -> PageId:
+        if self._free:
+            return self._free.pop()
+        self._fresh += 1
+        return PageId(self._fresh - 1)
 
     def refcount(self, page: PageId) -> int:
         return self._refcount[page]
 
     def allocate(self, n: int) -> list[PageId]:
-        if n > len(self._free):
+        if n > self.num_free:
+            c = self.config
             raise OutOfPagesError(
-                f"need {n} KV pages, only {len(self._free)} of {self.config.num_pages} are free; "
-                "raise the fast-tier capacity (kv_pages) or shorten the prompt"
+                f"need {n} KV pages ({n * c.page_bytes} bytes), only {self.num_free} of "
+                f"{c.num_pages} are free (the pool holds {c.pool_bytes} bytes); raise the "
+                "fast-tier capacity (kv_bytes or kv_pages) or shorten the prompt"
             )
-        pages = [self._free.pop() for _ in range(n)]
+        pages = [self._take_free() for _ in range(n)]
         for p in pages:
             self._refcount[p] = 1
         self.peak_pages_used = max(self.peak_pages_used, self.num_used)
@@ -88,7 +154,8 @@ class PagePool:
     def allocate_run(self, n: int) -> list[PageId]:
         """`n` pages, consecutive ids where the free pages hold such a run (the lowest one),
         so a sequence on them is one run of slots; otherwise any `n`, as `allocate`."""
-        free = sorted(self._free)
+        fresh = range(self._fresh, min(self.config.num_pages, self._fresh + max(n, 0)))
+        free = sorted(self._free) + [PageId(i) for i in fresh]
         start = next((i for i in range(len(free) - n + 1) if free[i + n - 1] - free[i] == n - 1),
                      None)  # fmt: skip
         if n < 1 or start is None:
@@ -96,6 +163,7 @@ class PagePool:
         pages = free[start : start + n]
         taken = set(pages)
         self._free = [p for p in self._free if p not in taken]
+        self._fresh = max(self._fresh, pages[-1] + 1)
         for p in pages:
             self._refcount[p] = 1
         self.peak_pages_used = max(self.peak_pages_used, self.num_used)

@@ -27,11 +27,16 @@ class EngineConfig:
     # a reuse plan predicted to cost more than full recompute runs `full`'s prefill instead
     # (counted: TurnStats.guarded); False takes every plan as the strategy makes it
     cost_guard: bool = True
+    # fast-tier KV bytes: when set, the pool is as many pages as this holds and kv_pages is
+    # not read; either way pages take memory when first used (agentcache/kv/pool.py)
+    kv_bytes: int | None = None
 
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones
         if self.kv_pages < 1:
             raise ConfigError("kv_pages must be >= 1")
+        if self.kv_bytes is not None and self.kv_bytes < 1:
+            raise ConfigError(f"kv_bytes must be >= 1 (bytes), got {self.kv_bytes}")
         for name, options in self.strategy_options.items():  # here, not at the first request
             strategy = STRATEGIES.get(name)
             if not isinstance(options, Mapping):

@@ -19,7 +19,7 @@ from agentcache.decode.base import Decoder
 from agentcache.decode.dense import DenseDecoder, dense_step, reads_in_place, reference_step
 from agentcache.decode.setup import DecodeSetup
 from agentcache.decode.stats import DecodeStats
-from agentcache.errors import ContextLengthError, OutOfPagesError
+from agentcache.errors import ConfigError, ContextLengthError, OutOfPagesError
 from agentcache.kv.memory_store import MemorySegmentStore
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
 from agentcache.kv.store import SegmentStore
@@ -69,10 +69,7 @@ class Engine:
         """`store` lets several engines share one segment store (entries stay per model)."""
         self.model = model
         self.config = config or EngineConfig()
-        c = model.config
-        pool_config = PoolConfig(
-            c.num_layers, c.num_kv_heads, c.head_dim, self.config.kv_pages, self.config.page_size
-        )
+        pool_config = self.pool_config
         self.ctx = ReuseContext(
             model,
             store or self._new_store(pool_config),
@@ -95,6 +92,19 @@ class Engine:
         return TieredSegmentStore(tiers, self.config.eviction)
 
     @property
+    def pool_config(self) -> PoolConfig:
+        """The fast tier's pool: `kv_bytes` of pages when set, else `kv_pages` pages."""
+        c, e = self.model.config, self.config
+        if e.kv_bytes is None:
+            return PoolConfig(c.num_layers, c.num_kv_heads, c.head_dim, e.kv_pages, e.page_size)
+        try:
+            return PoolConfig.from_bytes(
+                c.num_layers, c.num_kv_heads, c.head_dim, e.kv_bytes, e.page_size
+            )
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+
+    @property
     def store(self) -> SegmentStore:
         return self.ctx.store
 
@@ -115,11 +125,15 @@ class Engine:
         if self._pool_tokens >= self.model.config.max_position_embeddings:
             return None
         c = self.config
+        if c.kv_bytes is not None:
+            pool = self.pool_config
+            return (f"the engine's KV pool (kv_bytes={c.kv_bytes}: {pool.num_pages} pages of "
+                    f"{c.page_size} tokens, {pool.page_bytes} bytes each)")  # fmt: skip
         return f"the engine's KV pool (kv_pages={c.kv_pages} of {c.page_size} tokens)"
 
     @property
     def _pool_tokens(self) -> int:  # set by the config, so known before the pool exists
-        return self.config.kv_pages * self.config.page_size
+        return self.pool_config.num_pages * self.config.page_size
 
     @property
     def model_id(self) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentcache.argtypes import (
+    byte_size,
     non_negative_float,
     non_negative_int,
     port_number,
@@ -64,6 +65,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--isolate-conversations", action="store_true", help=isolate)
     p.add_argument("--kv-pages", type=positive_int, default=2048,
                    help="embedded backend: fast-tier KV pages of 16 tokens")  # fmt: skip
+    p.add_argument("--kv-bytes", type=byte_size, default=None, metavar="SIZE",
+                   help="embedded backend: the KV page pool's size, e.g. 2GiB or 512MiB; taken "
+                   "as pages are first used (default: --kv-pages pages)")  # fmt: skip
     p.add_argument("--decode", default="dense", metavar="POLICY",
                    help="embedded backend: decode policy, with options, e.g. "
                    "flexicache:verify=8 (see docs/decode.md; default: dense)")  # fmt: skip
@@ -275,4 +279,6 @@ def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path)
         raise AgentCacheError(f"--decode {args.decode}: {e}") from e
     loaded = load_model(model, cache_dir)
     store = {} if args.store_bytes is None else {"store_bytes": args.store_bytes}
-    return Engine(loaded, EngineConfig(strategy, kv_pages=args.kv_pages, decode=decode, **store))
+    kv = EngineConfig(strategy, kv_pages=args.kv_pages, kv_bytes=args.kv_bytes, decode=decode,
+                      **store)  # fmt: skip
+    return Engine(loaded, kv)

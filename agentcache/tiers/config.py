@@ -30,11 +30,16 @@ class TierConfig:
     journal_compact_lines: int = 4096
     decoupled_load: bool = True  # per-layer loader thread during selective prefill
     adopt_recomputed: bool = True  # recomputed/fused tokens of a reused segment update it
+    # of the fast tier's bytes, the most that retained segments (`TieredSegmentStore.retain`)
+    # keep there; beyond it a retention is refused for the segments that do not fit
+    retain_share: float = 0.25
 
     def __post_init__(self) -> None:
         policy = SPILL_POLICIES.get(self.spill)  # unknown names list the known ones
         if min(self.fast_bytes, self.host_bytes, self.disk_bytes) < 0 or self.page_size < 1:
             raise ConfigError("tier capacities must be >= 0 and page_size >= 1")
+        if not 0 <= self.retain_share <= 1:
+            raise ConfigError(f"retain_share must be from 0 to 1, got {self.retain_share}")
         if not isinstance(self.spill_options, Mapping):
             raise ConfigError(
                 f"spill_options must be a dict of options, got {type(self.spill_options).__name__}"
@@ -73,6 +78,7 @@ class TierStats:
     persist_required_page_bytes: int = 0  # the same counting every page not current whole
     failed_spills: int = 0
     unpromoted: int = 0  # pages served from a lower tier and left there (no room above)
+    prefetched_pages: int = 0  # pages moved up to fast by `prefetch`, ahead of a lookup
     updates: int = 0  # pages replaced by a newer version
     whole_updates: int = 0  # ... of which no current copy could be read to merge into
     errors: list[str] = field(default_factory=list)  # last tier errors, newest last

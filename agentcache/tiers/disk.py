@@ -41,18 +41,19 @@ served.
 from __future__ import annotations
 
 import functools
+import io
 import os
 import time
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
 from agentcache.errors import CacheDirError
-from agentcache.fsutil import sync_dir, write_atomic
+from agentcache.fsutil import NOFOLLOW, links_among, open_nofollow, sync_dir, write_atomic
 from agentcache.tiers import journal
 from agentcache.tiers.base import PageData, PageKey, Tier, TierError
 
@@ -82,6 +83,10 @@ class _Loc:
     @property
     def length(self) -> int:
         return self.kv_bytes + 8 * self.shape[1]
+
+
+def _number(extent: str) -> int:
+    return int(extent.split(".")[0])
 
 
 @functools.cache
@@ -151,8 +156,10 @@ class DiskTier(Tier):
         self.journal_bad_lines = 0  # a torn last line (a kill while appending)
         self.journal_corrupt_lines = 0  # lines before the last failing their crc or checks
         self.journal_problems: list[str] = []  # what the first of them were (at most 16)
-        self.quarantined_files: list[str] = []  # extents moved aside: corrupt lines named them
-        self._journal: BinaryIO | None = None
+        self.quarantined_files: list[str] = []  # extents moved aside: no line may name them
+        self.orphan_files = 0  # extents of a write killed before its journal line, deleted
+        self._named: set[str] = set()  # extents a good journal line named, at open
+        self._journal: io.BufferedIOBase | None = None
         self._lock: journal.FolderLock | None = None
         self._open()
 
@@ -160,13 +167,15 @@ class DiskTier(Tier):
 
     def _open(self) -> None:
         extents = self.folder / "extents"
+        self._refuse_links()
         try:
             fresh = not extents.is_dir()
             extents.mkdir(parents=True, exist_ok=True)
             if fresh:  # the folder's own entry, so a power loss cannot drop the whole tier
                 self._sync_dir(self.folder.parent)
             probe = self.folder / ".write-probe"
-            probe.write_bytes(b"ok")
+            with open_nofollow(probe, "wb") as f:
+                f.write(b"ok")
             probe.unlink()
         except OSError as e:
             raise CacheDirError(
@@ -185,9 +194,36 @@ class DiskTier(Tier):
                 f"disk tier folder {self.folder} cannot be opened: {e.filename or self.folder} "
                 f"({e.strerror or e}); fix or remove it, or choose another folder (disk_dir)"
             ) from e
-        names = [*self._file_live, *self.quarantined_files]
-        self._next = 1 + max((int(f.split(".")[0]) for f in names), default=0)
+        quarantined = (self.folder / "quarantine").glob("*.ext")
+        names = [*self._file_live, *self._named, *(f.name for f in quarantined)]
+        self._next = 1 + max(map(_number, names), default=0)
+        self._named.clear()
         self._maybe_reclaim()  # what a process killed before its reclaim left
+
+    def _refuse_links(self) -> None:
+        """A symbolic link among the folder's entries (or in extents/, quarantine/) is refused:
+        the tier writes, renames and deletes there, and through a link it would do so to a
+        file or folder elsewhere. (Every open also uses O_NOFOLLOW, for links planted later.)
+        The folder itself may be a link: that is where the user put it."""
+        try:
+            inside = [self.folder / name for name in ("extents", "quarantine")]
+            paths = [p for p in self.folder.iterdir()] if self.folder.is_dir() else []
+            for sub in inside:
+                if sub.is_dir() and not sub.is_symlink():
+                    paths += sub.iterdir()
+        except OSError as e:
+            raise CacheDirError(
+                f"disk tier folder {self.folder} cannot be listed: {e.filename or self.folder} "
+                f"({e.strerror or e}); fix it, or choose another folder (disk_dir)"
+            ) from e
+        links = links_among(paths)
+        if links:
+            named = ", ".join(f"{p} -> {os.readlink(p)}" for p in links[:4])
+            raise CacheDirError(
+                f"disk tier folder {self.folder} holds {len(links)} symbolic link(s): {named}; "
+                "the tier never follows links in its folder (it would write or delete through "
+                "them): remove them, or choose another folder (disk_dir)"
+            )
 
     def _replay(self) -> None:
         """Apply the journal's records in order. A last line failing its crc is a torn tail
@@ -197,13 +233,16 @@ class DiskTier(Tier):
         path = self.folder / JOURNAL
         if not path.exists():
             return
-        lines = path.read_bytes().splitlines(keepends=True)
+        with open_nofollow(path) as f:
+            lines = f.read().splitlines(keepends=True)
         for i, raw in enumerate(lines):
             record = journal.parse(raw) if raw.endswith(b"\n") else None
             problem = "fails its crc or does not parse" if record is None else journal.check(record)
             if problem is None:
                 assert record is not None
                 self._apply(record)
+                if record["op"] == "put":
+                    self._named.add(record["file"])
             elif i == len(lines) - 1:
                 self.journal_bad_lines += 1
             else:
@@ -212,20 +251,46 @@ class DiskTier(Tier):
                     self.journal_problems.append(f"{path} line {i + 1}: {problem}")
 
     def _sweep(self, extents: Path) -> None:
-        """Delete the files no journal record needs (a killed write's orphans), or move them
-        to `quarantine/` when corrupt lines may have named them; size the rest."""
-        for f in extents.iterdir():
+        """Size the extents the index needs; delete those it provably does not; move the
+        rest to `quarantine/` (never deleted by the tier: listed in `quarantined_files`).
+
+        Provably garbage: an extent a good journal line named whose pages were all replaced
+        or dropped since (a kill before its unlink), a temporary `<extent>.tmp` (a kill
+        before its rename: never committed), and the orphan of the one write call a kill
+        can leave without its journal line: the single unnamed extent, numbered above every
+        extent the journal names, in a journal that names at least one and has no corrupt
+        line. Any other unnamed extent means the journal lost lines (emptied, truncated,
+        corrupt): its pages may be committed, so it is set aside, not deleted. Files the
+        tier does not name its own are left where they are."""
+        unnamed = []
+        for f in sorted(extents.iterdir()):
             if f.name in self._file_live:  # the journal knows where live pages end
-                size = f.stat().st_size
+                size = f.lstat().st_size
                 self.file_bytes += max(0, size - self._file_size[f.name])
                 self._file_size[f.name] = max(size, self._file_size[f.name])
-            elif self.journal_corrupt_lines and journal.EXTENT_NAME.fullmatch(f.name):
-                aside = self.folder / "quarantine"
-                aside.mkdir(exist_ok=True)
-                os.replace(f, aside / f.name)
-                self.quarantined_files.append(f.name)
-            else:
+            elif f.name in self._named:
                 f.unlink(missing_ok=True)
+            elif journal.EXTENT_NAME.fullmatch(f.name):
+                unnamed.append(f)
+            elif f.suffix == ".tmp" and journal.EXTENT_NAME.fullmatch(f.stem + ".ext"):
+                f.unlink(missing_ok=True)
+        last_named = max((_number(n) for n in self._named), default=0)
+        if (
+            len(unnamed) == 1
+            and last_named > 0
+            and not self.journal_corrupt_lines
+            and _number(unnamed[0].name) > last_named
+        ):
+            unnamed.pop().unlink(missing_ok=True)
+            self.orphan_files += 1
+        for f in unnamed:
+            aside = self.folder / "quarantine"
+            aside.mkdir(exist_ok=True)
+            target = aside / f.name
+            while target.exists():  # set aside by an earlier open: keep both
+                target = target.with_name(target.name + "~")
+            os.replace(f, target)
+            self.quarantined_files.append(f.name)
 
     def _apply(self, r: dict[str, Any]) -> list[str]:
         """Apply one journal record to the index; returns the extent files it left empty."""
@@ -445,7 +510,7 @@ class DiskTier(Tier):
         """One piece read into one buffer; keys and values are tensors over it (no copy)."""
         blob = bytearray(loc.length)
         try:
-            with open(self.folder / "extents" / loc.file, "rb") as f:
+            with open_nofollow(self.folder / "extents" / loc.file) as f:
                 f.seek(loc.off)
                 got = f.readinto(blob)
         except OSError:
@@ -510,7 +575,7 @@ class DiskTier(Tier):
             self.counters.failed_writes += 1
 
     def _open_journal(self) -> None:
-        self._journal = open(self.folder / JOURNAL, "ab")  # noqa: SIM115  (lives with the tier)
+        self._journal = open_nofollow(self.folder / JOURNAL, "ab")  # lives with the tier
 
     def _close_journal(self) -> None:
         if self._journal is not None:
@@ -542,7 +607,7 @@ class DiskTier(Tier):
         if not hasattr(os, "posix_fadvise"):
             return
         for name in self._file_live:
-            fd = os.open(self.folder / "extents" / name, os.O_RDONLY)
+            fd = os.open(self.folder / "extents" / name, os.O_RDONLY | NOFOLLOW)
             try:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:

@@ -13,16 +13,18 @@ there, so a second opener is told which process holds the folder.
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import os
 import re
 import zlib
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 
 from agentcache.errors import CacheDirError
+from agentcache.fsutil import open_nofollow
 
 EXTENT_NAME = re.compile(r"[0-9]{10}\.ext")
 MAX_KEY_CHARS = 512
@@ -104,12 +106,13 @@ class FolderLock:
 
     def __init__(self, folder: Path) -> None:
         self.path = Path(folder) / LOCK
-        self._file: IO[str] | None = open(self.path, "a+")  # noqa: SIM115  (held for life)
+        # not through a link planted at `lock`: the pid written below would land elsewhere
+        self._file: io.BufferedIOBase | None = open_nofollow(self.path, "a+b")
         try:
             fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._file.seek(0)
-            holder = self._file.read(32).strip() or "unknown"
+            holder = self._file.read(32).decode(errors="replace").strip() or "unknown"
             self._file.close()
             self._file = None
             raise CacheDirError(
@@ -119,7 +122,7 @@ class FolderLock:
             ) from None
         self._file.seek(0)
         self._file.truncate()
-        self._file.write(f"{os.getpid()}\n")
+        self._file.write(f"{os.getpid()}\n".encode())
         self._file.flush()
 
     def release(self) -> None:

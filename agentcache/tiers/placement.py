@@ -18,11 +18,13 @@ of its stale slots instead of whole.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
 
+from agentcache.kv.retention import PinTable
 from agentcache.kv.store import MissLedger, MissReason, SegmentKey, StoreStats
 from agentcache.policy.eviction import EVICTION_POLICIES, EvictionPolicy
 from agentcache.policy.spill import SPILL_POLICIES, PageInfo, SpillPlan, SpillPolicy
@@ -48,8 +50,9 @@ class TierPlacement:
     """
 
     def __init__(
-        self, config: TierConfig, policy: EvictionPolicy | str = "lru", device: str = "cpu"
-    ) -> None:
+        self, config: TierConfig, policy: EvictionPolicy | str = "lru", device: str = "cpu",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
         pin = torch.cuda.is_available()
         tiers: list[Tier] = [MemoryTier("fast", config.fast_bytes, device)]
         if config.host_bytes:
@@ -70,6 +73,9 @@ class TierPlacement:
         self._segments: dict[SegmentKey, SegmentEntry] = {}
         self._pages: dict[PageKey, PageState] = {}
         self._pinned: set[SegmentKey] = set()
+        # retained across a tool pause: kept in fast (capped), never evicted, until expiry
+        self.retained = PinTable(int(config.retain_share * config.fast_bytes))
+        self.clock = clock  # seconds, for retention expiry
         self._clock = itertools.count(1)
         self._seq = itertools.count()
         self._below = [[t.name for t in tiers[i + 1 :]] for i in range(len(tiers))]
@@ -181,7 +187,8 @@ class TierPlacement:
             if victim is None:
                 break
             key = SegmentKey(victim)
-            if key in self._pinned:  # being served: skip it this round
+            if key in self._pinned or self.retained.is_pinned(key, self.clock()):
+                # being served, or retained: skip it this round
                 self.policy.on_remove(key)
                 skipped.append(key)
                 continue
@@ -223,10 +230,12 @@ class TierPlacement:
     def _resident(self, level: int) -> list[PageKey]:
         """Spill candidates of tier `level`. Pages of pinned segments (being put, served or
         updated) stay in fast; below it they may move further down, never out."""
-        pages = self._pages
+        pages, now = self._pages, self.clock()
         held = self.tiers[level].page_keys()  # the pages with a copy there (a stale key)
+        kept = self._pinned | {s for s in {pages[pk].segment for pk in held}
+                               if self.retained.is_pinned(s, now)}  # fmt: skip
         return sorted(
-            (pk for pk in held if level > 0 or pages[pk].segment not in self._pinned),
+            (pk for pk in held if level > 0 or pages[pk].segment not in kept),
             key=lambda pk: pages[pk].seq,
         )
 
@@ -270,6 +279,7 @@ class TierPlacement:
         """Remove a segment from every tier (eviction, a corrupt page, clear); the ledger
         remembers it, so a lookup says it was stored once."""
         seg = self._segments.pop(key)
+        self.retained.unpin([key])
         for tier in self.tiers:
             tier.drop(seg.pages)
         nbytes = sum(self._pages.pop(k).nbytes for k in seg.pages)

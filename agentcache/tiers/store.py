@@ -21,10 +21,13 @@ differs from the current version exactly at its stale slots.
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
 import torch
 
+from agentcache.kv.retention import PinResult
 from agentcache.kv.store import Lookup, MissReason, SegmentKey, SegmentStore, StoredKV, store_key
 from agentcache.policy.eviction import EvictionPolicy
 from agentcache.policy.spill import PageInfo
@@ -41,9 +44,11 @@ class TieredSegmentStore(SegmentStore):
     public method holds the store's lock (`locked()`) while it runs."""
 
     def __init__(
-        self, config: TierConfig, policy: EvictionPolicy | str = "lru", device: str = "cpu"
-    ) -> None:
-        self._placement = at = TierPlacement(config, policy, device)
+        self, config: TierConfig, policy: EvictionPolicy | str = "lru", device: str = "cpu",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        """`clock`: seconds, the time retentions expire on."""
+        self._placement = at = TierPlacement(config, policy, device, clock)
         self.config, self.tiers, self.capacity_bytes = config, at.tiers, at.capacity_bytes
         self.policy, self.spill_policy = at.policy, at.spill_policy
         self.stats, self.tier_stats = at.stats, at.tier_stats
@@ -108,6 +113,51 @@ class TieredSegmentStore(SegmentStore):
     def clear(self) -> None:
         with self._lock:
             self._placement.clear()
+
+    # ---- retention across tool pauses (agentcache/kv/retention.py) ----
+
+    def retain(
+        self, model_id: str, tokenizer_id: str, cids: Sequence[str], seconds: float
+    ) -> PinResult:
+        """Keep these stored segments (a conversation's) for `seconds` from now: their pages
+        stay in the fast tier while the retained bytes stay within `TierConfig.retain_share`
+        of it (segments beyond that are refused, in `PinResult.refused`, and left to the
+        spill policy), and no retained segment is evicted from the store before it expires;
+        an expired retention protects nothing. Segments the store does not hold are refused.
+        `seconds` is checked by the caller (`parse_retention`). Retaining again extends."""
+        at = self._placement
+        with self._lock:
+            sizes, absent = [], []
+            for cid in cids:
+                key = store_key(model_id, tokenizer_id, cid)
+                seg = at.segment(key)
+                if seg is None:
+                    absent.append(key)
+                    continue
+                sizes.append((key, sum(at.page(pk).nbytes for pk in seg.pages)))
+            got = at.retained.pin(sizes, seconds, at.clock())
+            return PinResult(got.pinned, (*got.refused, *absent), got.until)
+
+    def prefetch(self, model_id: str, tokenizer_id: str, cids: Sequence[str]) -> int:
+        """Bring these segments' pages up to the fast tier ahead of the request that reads
+        them (the conversation's next turn); returns the pages moved up. A segment that is
+        gone or fails its checksum is skipped (its lookup will say why); no hit is counted."""
+        moved = 0
+        at = self._placement
+        with self._lock:
+            for cid in cids:
+                key = store_key(model_id, tokenizer_id, cid)
+                seg = at.segment(key)
+                if seg is None:
+                    continue
+                lower = [pk for pk in seg.pages if pk not in self.tiers[0]]
+                pages = self._read_pages(seg, count_hit=False)
+                if pages is None or not lower:
+                    continue
+                self._promote(key, seg, pages)
+                moved += sum(pk in self.tiers[0] for pk in lower)
+            self.tier_stats.prefetched_pages += moved
+        return moved
 
     # ---- tiers ----
 
@@ -222,12 +272,14 @@ class TieredSegmentStore(SegmentStore):
 
     # ---- internals: reading ----
 
-    def _read_pages(self, seg: SegmentEntry) -> list[tuple[PageKey, PageData]] | None:
+    def _read_pages(
+        self, seg: SegmentEntry, count_hit: bool = True
+    ) -> list[tuple[PageKey, PageData]] | None:
         """The segment's current pages, read-only (views: promoted and concatenated, never
         changed)."""
         out = []
         for pk in seg.pages:
-            page = self._placement.read_current(pk, count_hit=True, view=True)
+            page = self._placement.read_current(pk, count_hit=count_hit, view=True)
             if page is None:
                 return None
             out.append((pk, page))

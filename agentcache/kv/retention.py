@@ -1,0 +1,144 @@
+"""Keeping a conversation's KV across a tool pause: retention times and the pin table.
+
+    parse_retention(value, field)   "30s", "5m", "1.5h", "250ms" or seconds -> seconds; a
+                                    negative value, a non-duration, or one above the cap is a
+                                    ValueError naming `field` (the server answers 400)
+    GapLearner                      the default retention, learned from the observed gaps
+                                    between a turn that ended in a tool call and the
+                                    conversation's next request (CacheTTL, Continuum): a
+                                    high quantile of the recent gaps, capped
+    PinTable                        segment -> (bytes, expiry); pinned bytes never exceed
+                                    `max_bytes` (a share of the pool), an expired pin is no
+                                    pin: evictable at once, without a timer
+
+Mechanism only: what a pin protects (which tier, what eviction skips) is the store's.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+
+_UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|min|m|h)?\s*")
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    """`default_s`: retention before any gap is observed; `max_s`: the cap on any retention
+    (from a request or learned); `pinned_share`: of the pool's bytes, the most pins may hold;
+    `quantile`: of the observed gaps, the learned retention covers this many."""
+
+    default_s: float = 60.0
+    max_s: float = 600.0
+    pinned_share: float = 0.25
+    quantile: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.default_s <= self.max_s < math.inf:
+            raise ValueError(
+                f"retention default_s={self.default_s} must be from 0 to max_s={self.max_s}"
+            )
+        if not 0 <= self.pinned_share <= 1:
+            raise ValueError(f"pinned_share must be from 0 to 1, got {self.pinned_share}")
+        if not 0 < self.quantile <= 1:
+            raise ValueError(f"quantile must be in (0, 1], got {self.quantile}")
+
+
+def parse_retention(value: object, field: str, max_s: float) -> float:
+    """Seconds from a number of seconds or a duration string; ValueError naming `field`."""
+    if isinstance(value, bool):
+        seconds = math.nan
+    elif isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION.fullmatch(value)) is not None:
+        seconds = float(m.group(1)) * _UNIT_S[m.group(2) or "s"]
+    else:
+        raise ValueError(
+            f"{field}: {str(value)[:40]!r} is not a duration (seconds, or e.g. 30s, 5m, 250ms)"
+        )
+    if math.isnan(seconds) or seconds == math.inf:
+        raise ValueError(f"{field}: {value!r} is not a finite duration")
+    if seconds < 0:
+        raise ValueError(f"{field}: {value!r} is negative; a retention time is >= 0")
+    if seconds > max_s:
+        raise ValueError(f"{field}: {value!r} is above the server's cap of {max_s:g} s")
+    return seconds
+
+
+class GapLearner:
+    """The default retention from the last `window` tool-pause gaps: their `quantile`, capped
+    at `max_s`; `default_s` until `min_gaps` gaps are seen."""
+
+    def __init__(self, config: RetentionConfig, window: int = 256, min_gaps: int = 8) -> None:
+        self.config, self.min_gaps = config, min_gaps
+        self._gaps: deque[float] = deque(maxlen=window)
+
+    def observe(self, gap_s: float) -> None:
+        if gap_s >= 0 and math.isfinite(gap_s):
+            self._gaps.append(gap_s)
+
+    def retention_s(self) -> float:
+        c = self.config
+        if len(self._gaps) < self.min_gaps:
+            return c.default_s
+        ordered = sorted(self._gaps)
+        at = min(len(ordered) - 1, math.ceil(c.quantile * len(ordered)) - 1)
+        return min(ordered[max(at, 0)], c.max_s)
+
+
+@dataclass(frozen=True)
+class PinResult:
+    pinned: tuple[Hashable, ...]  # pinned (or re-pinned) until `until`
+    refused: tuple[Hashable, ...]  # would exceed the pinned-bytes cap: not pinned
+    until: float
+
+
+class PinTable:
+    """Pins on keys (a store's segments) with a byte size and an expiry on the caller's clock
+    (`now`, seconds). Contract: `pinned_bytes(now) <= max_bytes` always; `pin` never evicts
+    another pin to make room (it refuses, and says which); an expired pin counts nowhere."""
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._pins: dict[Hashable, tuple[int, float]] = {}  # key -> (bytes, expiry)
+        self.refused = 0  # pins refused for the cap
+
+    def pin(self, sizes: Iterable[tuple[Hashable, int]], seconds: float, now: float) -> PinResult:
+        """Pin each (key, bytes) until now + seconds (an existing pin is extended, never
+        shortened), in order, while the cap allows."""
+        self.expire(now)
+        until = now + seconds
+        pinned, refused = [], []
+        for key, nbytes in sizes:
+            held = self._pins.get(key)
+            grow = nbytes - (held[0] if held else 0)
+            if self.pinned_bytes(now) + max(grow, 0) > self.max_bytes:
+                refused.append(key)
+                self.refused += 1
+                continue
+            self._pins[key] = (nbytes, max(until, held[1] if held else until))
+            pinned.append(key)
+        return PinResult(tuple(pinned), tuple(refused), until)
+
+    def is_pinned(self, key: Hashable, now: float) -> bool:
+        held = self._pins.get(key)
+        return held is not None and held[1] > now
+
+    def pinned_bytes(self, now: float) -> int:
+        return sum(b for b, until in self._pins.values() if until > now)
+
+    def unpin(self, keys: Iterable[Hashable]) -> None:
+        for key in keys:
+            self._pins.pop(key, None)
+
+    def expire(self, now: float) -> list[Hashable]:
+        """Forget the pins that expired; returns their keys."""
+        gone = [k for k, (_, until) in self._pins.items() if until <= now]
+        self.unpin(gone)
+        return gone
