@@ -42,9 +42,8 @@ from torch import Tensor
 MAX_RUNS = 8
 BLOCKS = 8
 # what the split's second call and merge cost per query row, in (query, key) pairs: a run
-# of R rows behind a keys pads when a^2 / 2 <= PAD_PAIRS_PER_ROW * R (on 2 CPU cores the
-# split ran 5-9% over the causal call behind a 16-64-token prefix of a 3k-token prompt, the
-# padded call within 1-3%; behind 1000 tokens the split was the cheaper; CPU time, 1 thread)
+# of R rows behind a keys pads when a^2 / 2 <= PAD_PAIRS_PER_ROW * R (measured both ways in
+# docs/bench/long-prompts/attention, benchmarks/run_attention_cost.py)
 PAD_PAIRS_PER_ROW = 64
 _FLASH: Callable[..., tuple[Tensor, Tensor]] | None = getattr(
     torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None
