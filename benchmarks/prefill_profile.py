@@ -183,6 +183,13 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{r.case}#{r.index} {label}: {x['ttft_s'] * 1e3:.0f} ms "
                   + " ".join(f"{k}={v * 1e3:.1f}" for k, v in x["stages_s"].items()),
                   file=sys.stderr, flush=True)  # fmt: skip
+            write(a.out, labels, rows, load_before, argv)  # a run cut short keeps its rows
+
+
+def write(
+    out: Path, labels: list[str], rows: list[dict[str, Any]], load_before: tuple[float, ...],
+    argv: list[str] | None,
+) -> None:  # fmt: skip
     argv_text = sys.argv[1:] if argv is None else argv
     prov = provenance(specs_of(labels), argv=argv_text)
     prov["command"] = " ".join(["python benchmarks/prefill_profile.py", *argv_text])
@@ -191,9 +198,9 @@ def main(argv: list[str] | None = None) -> None:
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "summary": summarize(rows), "rows": rows,
     }  # fmt: skip
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "results.json").write_text(json.dumps(results, indent=1))
-    (a.out / "report.md").write_text(report(results))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "report.md").write_text(report(results))
 
 
 if __name__ == "__main__":
