@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from agentcache.bench.provenance import provenance, specs_of
 from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec
 from agentcache.chat.runner import ChatEngine
 from agentcache.chat.segmenter import ConversationTracker
@@ -230,7 +231,12 @@ def report(results: dict[str, Any]) -> str:
         "# Long prompts: every strategy against `full` and `prefix`",
         "",
         f"Command: `{results['command']}`  ",
-        f"Commit {results['commit']}, {results['date']}, {results['machine']}.",
+        f"Commit {results['commit']}, {results['date']}, {results['machine']}"
+        + (
+            f", load average {results['load_average']} (1, 5, 15 min) when written."
+            if "load_average" in results
+            else "."
+        ),
         "",
         "TTFT / `full`'s (and / `prefix`'s, on requests where `prefix` reused tokens) on the same "
         "request: median [min-max] over n requests.",
@@ -325,7 +331,12 @@ def main(argv: list[str] | None = None) -> None:
 
 def write(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+    argv = sys.argv[1:]
+    prov = provenance(specs_of(r["strategy"] for r in rows), argv=argv)
+    prov["command"] = " ".join(["python benchmarks/long_prompts.py", *argv])
     results = {
+        "provenance": prov,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "command": " ".join(["python", *sys.argv]),
         "commit": commit.stdout.strip(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

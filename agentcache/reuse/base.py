@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -55,7 +56,10 @@ class ReuseStats:
     fallbacks: int = 0
     fallback_reasons: list[str] = field(default_factory=list)
     misses: list[SegmentMiss] = field(default_factory=list)
+    lookup_s: float = 0.0  # finding the prompt's stored KV (hashing, store lookups)
     load_s: float = 0.0
+    # writing fresh K/V into the sequence and gathering each layer's context K/V for attention
+    assemble_s: float = 0.0
     load_overlap: float | None = None  # share of the load hidden behind compute (decoupled)
     # probe strategies: every candidate was computed because the budget covered them all, or
     # the probe's redo would have cost more than the few it left out (no ranking ran)
@@ -179,10 +183,14 @@ def compute_subset(
     f = TimedForward(ctx.model.forward, stats)
     every_token = len(idx) == seq.num_tokens
     slots = seq.slots()[idx]
+    gather = context_reader(seq)
 
     def context(layer: int, qkv: QKV) -> tuple[Tensor, Tensor]:
+        t0 = time.perf_counter()
         seq.write(layer, slots, qkv.k, qkv.v)
-        return (qkv.k, qkv.v) if every_token else seq.gather(layer)
+        kv = (qkv.k, qkv.v) if every_token else gather(layer)
+        stats.assemble_s += time.perf_counter() - t0
+        return kv
 
     hidden = f.embed(torch.tensor(prompt.ids, dtype=torch.int64)[idx])
     num_layers = f.config.num_layers
@@ -190,3 +198,14 @@ def compute_subset(
     stats.recomputed_tokens += len(idx)
     stats.token_layers_computed += len(idx) * num_layers
     return f.logits(hidden[-1:])[0]
+
+
+def context_reader(seq: SequenceKV) -> Callable[[int], tuple[Tensor, Tensor]]:
+    """Layer -> the sequence's K/V (S, Hkv, Dh) in token order: views of the pool when its
+    slots are one ascending run (no copy), else `seq.gather`'s copies."""
+    slots = seq.slots()
+    if len(slots) == 0 or not bool((slots.diff() == 1).all()):
+        return seq.gather
+    span = slice(int(slots[0]), int(slots[-1]) + 1)
+    pool = seq.pool
+    return lambda layer: (pool.keys[layer][span], pool.values[layer][span])

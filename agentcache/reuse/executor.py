@@ -14,6 +14,8 @@ probe.py) and the own-probe rankers drive it.
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import Tensor
 
@@ -61,8 +63,11 @@ class LayerExecutor:
         """Run tokens `idx` through layers [first, last), writing their fresh K/V."""
 
         def context(layer: int, qkv: QKV) -> tuple[Tensor, Tensor]:
+            t0 = time.perf_counter()
             self.kv.write(layer, idx, qkv.k, qkv.v)
-            return self.kv.gather(layer)
+            kv = self.kv.gather(layer)
+            self.stats.assemble_s += time.perf_counter() - t0
+            return kv
 
         hidden = self._run(hidden, idx, range(first, last), context)
         self.ever_computed[idx] = True

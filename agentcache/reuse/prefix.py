@@ -47,6 +47,18 @@ def chain_scope(prompt: TokenizedPrompt) -> str | None:
     return prompt.segments[0].segment.scope if prompt.segments else None
 
 
+def load_blocks(seq: SequenceKV, blocks: list[StoredKV], num_tokens: int) -> None:
+    """Write the first `num_tokens` tokens of `blocks` (in order) into `seq`'s first slots,
+    block by block (no concatenated copy)."""
+    slots, start = seq.slots(), 0
+    for b in blocks:
+        n = min(b.num_tokens, num_tokens - start)
+        if n <= 0:
+            break
+        seq.write_all(slots[start : start + n], b.keys[:, :n], b.values[:, :n])
+        start += n
+
+
 @STRATEGIES.register("prefix")
 class PrefixReuse(ReuseStrategy):
     name = "prefix"
@@ -55,6 +67,7 @@ class PrefixReuse(ReuseStrategy):
         stats = ReuseStats(prompt.num_tokens, ctx.model.config.num_layers)
         t0 = time.perf_counter()
         blocks = self._matching_blocks(ctx, prompt)
+        stats.lookup_s = time.perf_counter() - t0
         seq.extend(prompt.num_tokens)
         # the last prompt token is always computed: it produces the first output token
         num_reused = min(len(blocks) * ctx.pool.config.page_size, prompt.num_tokens - 1)
@@ -63,14 +76,13 @@ class PrefixReuse(ReuseStrategy):
         plan = computed_cost(computed, prompt.num_tokens, layers) + loaded(num_reused)
         if num_reused > 0 and guarded(ctx, prompt.num_tokens, plan, stats):
             num_reused, computed = 0, torch.arange(prompt.num_tokens)
+        t1 = time.perf_counter()
         if num_reused > 0:
-            keys = torch.cat([b.keys for b in blocks], dim=1)[:, :num_reused]
-            values = torch.cat([b.values for b in blocks], dim=1)[:, :num_reused]
-            seq.write_all(seq.slots()[:num_reused], keys, values)
+            load_blocks(seq, blocks, num_reused)
+        stats.load_s = time.perf_counter() - t1
         stats.reused_tokens = stats.loaded_tokens = num_reused
         stats.reused = torch.arange(prompt.num_tokens) < num_reused  # exact: same tokens before
         stats.exact = stats.reused
-        stats.load_s = time.perf_counter() - t0
         logits = compute_subset(ctx, prompt, seq, computed, stats)
         stats.close()
         return PrefillResult(logits, torch.arange(prompt.num_tokens), stats)

@@ -7,6 +7,7 @@ it. Later copies are not stored over it: reused KV is approximate, the first cop
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from torch import Tensor
@@ -64,7 +65,9 @@ def find_hits(
     namespace: str = "segment",
     at_start: bool = False,
 ) -> list[SegmentHit]:
-    """Look up every system/fixed segment; record misses. `at_start` keys by absolute start."""
+    """Look up every system/fixed segment; record misses (and the time, `stats.lookup_s`).
+    `at_start` keys by absolute start."""
+    t0 = time.perf_counter()
     m = ctx.model
     hits = []
     for seg in prompt.segments:
@@ -80,6 +83,7 @@ def find_hits(
         n = reusable_tokens(prompt, seg)
         if n > 0:
             hits.append(SegmentHit(seg, found.kv, n))
+    stats.lookup_s += time.perf_counter() - t0
     return hits
 
 

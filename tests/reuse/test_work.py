@@ -12,13 +12,15 @@ import torch
 from torch import Tensor
 
 from agentcache.kv.pool import SequenceKV
+from agentcache.kv.store import StoredKV
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt import Segment, SegmentedPrompt
 from agentcache.prompt import SegmentKind as K
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse import STRATEGIES
-from agentcache.reuse.base import PrefillResult, ReuseStats, ReuseStrategy
+from agentcache.reuse.base import PrefillResult, ReuseStats, ReuseStrategy, context_reader
 from agentcache.reuse.guard import CostModel, PlanCost, full_cost, guard
+from agentcache.reuse.prefix import load_blocks
 from agentcache.reuse.strategies import EPIC, RPDC
 from agentcache.runtime import Engine, EngineConfig, GenerationParams, TurnStats
 
@@ -173,3 +175,37 @@ def test_the_guard_compares_predicted_units() -> None:
 def test_stats_without_a_plan_have_no_guard() -> None:
     s = ReuseStats(10, 2)
     assert s.guard is None and not s.guarded
+
+
+def test_the_context_read_in_place_agrees_with_the_gathered_copy(tiny: LoadedModel) -> None:
+    engine = Engine(tiny)
+    seq = SequenceKV(engine.ctx.pool)
+    seq.reserve(3)  # one run of slots: read as views of the pool
+    seq.extend(40)
+    g = torch.Generator().manual_seed(0)
+    shape = (tiny.config.num_layers, 40, tiny.config.num_kv_heads, tiny.config.head_dim)
+    seq.write_all(seq.slots(), torch.randn(shape, generator=g), torch.randn(shape, generator=g))
+    read = context_reader(seq)
+    assert read is not seq.gather
+    for layer in range(tiny.config.num_layers):
+        for fast, ref in zip(read(layer), seq.gather(layer), strict=True):
+            assert torch.equal(fast, ref)
+    seq.free()
+
+
+def test_prefix_loads_its_blocks_in_place_as_one_copy_would(tiny: LoadedModel) -> None:
+    engine = Engine(tiny)
+    g = torch.Generator().manual_seed(1)
+    shape = (tiny.config.num_layers, 16, tiny.config.num_kv_heads, tiny.config.head_dim)
+    blocks = [
+        StoredKV(torch.randn(shape, generator=g), torch.randn(shape, generator=g),
+                 torch.arange(16 * i, 16 * i + 16), "m", "t")
+        for i in range(3)
+    ]  # fmt: skip
+    seq = SequenceKV(engine.ctx.pool)
+    seq.extend(48)
+    load_blocks(seq, blocks, 40)
+    keys, values = seq.gather_all(slice(0, 40))
+    assert torch.equal(keys, torch.cat([b.keys for b in blocks], dim=1)[:, :40])
+    assert torch.equal(values, torch.cat([b.values for b in blocks], dim=1)[:, :40])
+    seq.free()
