@@ -27,6 +27,9 @@ class EngineConfig:
     # a reuse plan predicted to cost more than full recompute runs `full`'s prefill instead
     # (counted: TurnStats.guarded); False takes every plan as the strategy makes it
     cost_guard: bool = True
+    # concurrent turns decode as one batch per step (runtime/scheduler.py); False: each turn
+    # steps on its own, interleaved token by token with the others (runtime/sharing.py)
+    batch_decode: bool = False
 
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones
