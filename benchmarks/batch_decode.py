@@ -162,6 +162,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    # of the code that runs, before the tree can change under a long run
+    origin = provenance(argv=sys.argv) | {"command": " ".join(["python", *sys.argv])}
     model = load_model(None)
     params = GenerationParams(max_new_tokens=args.new_tokens)
     engines = {
@@ -186,7 +188,7 @@ def main() -> None:
     for r in runs:
         r["ids"] = [list(x) for x in r["ids"]]
     results = {
-        "provenance": provenance(argv=sys.argv) | {"command": " ".join(["python", *sys.argv])},
+        "provenance": origin,
         "settings": vars(args) | {"out": str(args.out), "model": model.model_id,
                                   "strategy": "full", "greedy": True},
         "agreement": agreement,
