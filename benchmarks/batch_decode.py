@@ -95,7 +95,8 @@ def compare(runs: list[dict[str, Any]], agents: list[int]) -> dict[str, Any]:
     """Every agent's greedy ids in every run against its run alone (N = 1 serves agent 0 only:
     the first run of each agent count, same configuration, is the reference for the rest) and
     against the interleaved engine's ids in the same repeat (each of its turns steps alone)."""
-    alone = {}  # (config, agent) -> ids from the smallest N that ran the agent, first repeat
+    # (config, agent) -> ids from the smallest N that ran the agent, first repeat; that N
+    alone: dict[tuple[str, int], tuple[list[int], int]] = {}
     for r in sorted(runs, key=lambda r: (r["agents"], r["repeat"])):
         for i, ids in enumerate(r["ids"]):
             alone.setdefault((r["config"], i), (ids, r["agents"]))

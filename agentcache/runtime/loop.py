@@ -77,7 +77,8 @@ class TurnDecoding:
 
     def feed(self) -> Feed:
         """The decoder's next input: the last token chosen, while the turn runs."""
-        room = min(self.params.max_new_tokens - len(self.ids), self.max_positions - self.position - 1)
+        left = self.params.max_new_tokens - len(self.ids)
+        room = min(left, self.max_positions - self.position - 1)
         return Feed(self.ids[-1], self.position, room)
 
     def fed(self, after: Tensor | int | None) -> None:

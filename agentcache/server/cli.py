@@ -114,6 +114,9 @@ def add_security(p: argparse.ArgumentParser) -> None:
                    f"short request is not held behind a long one (default: {MAX_ACTIVE} on the "
                    "embedded backend; 1 on vllm, whose engine the backend drives one request "
                    "at a time)")  # fmt: skip
+    p.add_argument("--batch-decode", action=argparse.BooleanOptionalAction, default=True,
+                   help="embedded backend: the active requests decode as one batch per step "
+                   "(default); --no-batch-decode steps each alone, interleaved")  # fmt: skip
     p.add_argument("--conversation-bytes", type=positive_int, default=64 * MiB,
                    help="memory for what the server remembers of conversations (default: "
                    "64 MiB; the least recently used are forgotten)")  # fmt: skip
@@ -271,4 +274,6 @@ def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path)
         raise AgentCacheError(f"--decode {args.decode}: {e}") from e
     loaded = load_model(model, cache_dir)
     store = {} if args.store_bytes is None else {"store_bytes": args.store_bytes}
-    return Engine(loaded, EngineConfig(strategy, kv_pages=args.kv_pages, decode=decode, **store))
+    config = EngineConfig(strategy, kv_pages=args.kv_pages, decode=decode,
+                          batch_decode=args.batch_decode, **store)  # fmt: skip
+    return Engine(loaded, config)

@@ -11,7 +11,7 @@ from agentcache.decode.dense import dense_step
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
 from agentcache.model.loading import LoadedModel
 from agentcache.runtime.batch_step import ROW_BLOCK, batched_dense_step, padded_rows
-from agentcache.testing import tiny_model
+from agentcache.testing import tiny_family_model, tiny_model
 
 LENGTHS = (3, 17, 40, 9, 33)  # prompt tokens per sequence: pages part-filled, several spans
 
@@ -33,7 +33,7 @@ def pool_of(model: LoadedModel, pages: int = 64) -> PagePool:
 
 def batch(model: LoadedModel, lengths: tuple[int, ...]) -> tuple[list[SequenceKV], list[int]]:
     pool = pool_of(model)
-    made = [prefilled(model, pool, seed, n) for seed, n in enumerate(lengths)]
+    made = [prefilled(model, pool, n, n) for n in lengths]  # seeded by length: one per length
     return [s for s, _ in made], [t for _, t in made]
 
 
@@ -43,13 +43,11 @@ def step(model: LoadedModel, seqs: list[SequenceKV], tokens: list[int]) -> torch
     return batched_dense_step(model.forward, seqs, slots, tokens, positions)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2-window"])
+@pytest.mark.parametrize("family", ["llama", "qwen2-window", "qwen3"])
 def test_batched_step_agrees_with_the_one_sequence_step(family: str) -> None:
     """Same logits to fp32 rounding and the same KV written, for every sequence of a batch of
     different lengths (a windowed family reads only its window's runs)."""
-    from agentcache.testing import TINY_FAMILY_CONFIGS
-
-    model = tiny_model(**TINY_FAMILY_CONFIGS[family]) if family != "llama" else tiny_model()
+    model = tiny_model() if family == "llama" else tiny_family_model(family)
     seqs, tokens = batch(model, LENGTHS)
     ref_seqs, _ = batch(model, LENGTHS)
     got = step(model, seqs, tokens)
