@@ -274,6 +274,6 @@ def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path)
         raise AgentCacheError(f"--decode {args.decode}: {e}") from e
     loaded = load_model(model, cache_dir)
     store = {} if args.store_bytes is None else {"store_bytes": args.store_bytes}
-    config = EngineConfig(strategy, kv_pages=args.kv_pages, decode=decode,
-                          batch_decode=args.batch_decode, **store)  # fmt: skip
-    return Engine(loaded, config)
+    engine_config = EngineConfig(strategy, kv_pages=args.kv_pages, decode=decode,
+                                 batch_decode=args.batch_decode, **store)  # fmt: skip
+    return Engine(loaded, engine_config)
