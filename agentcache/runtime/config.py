@@ -30,6 +30,9 @@ class EngineConfig:
     # fast-tier KV bytes: when set, the pool is as many pages as this holds and kv_pages is
     # not read; either way pages take memory when first used (agentcache/kv/pool.py)
     kv_bytes: int | None = None
+    # concurrent turns decode as one batch per step (runtime/scheduler.py); False: each turn
+    # steps on its own, interleaved token by token with the others (runtime/sharing.py)
+    batch_decode: bool = False
 
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones

@@ -1,9 +1,11 @@
 """The engine: prompt in -> reuse strategy prefill -> decode over paged KV -> commit for reuse.
 
-Several threads (sessions, the server's requests) may share one engine and its store: their
-turns interleave token by token in arrival order (`runtime/sharing.py`), each unit of work
-under the engine's lock, so each gets the outputs it would get alone and a short request is not
-held behind a long one.
+Several threads (sessions, the server's requests) may share one engine and its store, each
+unit of work under the engine's lock, taken in arrival order (`runtime/sharing.py`). With
+`EngineConfig.batch_decode`, the running turns decode as one batch per step
+(`runtime/scheduler.py`); without, their decode steps interleave token by token. Either way
+each turn gets the outputs it would get alone, and a short request is not held behind a long
+one.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from agentcache.prompt.tokenize import TokenizedPrompt, tokenize_prompt
 from agentcache.reuse.base import STRATEGIES, PrefillResult, ReuseContext, ReuseStrategy
 from agentcache.reuse.segments import REUSABLE
 from agentcache.runtime.config import EngineConfig
-from agentcache.runtime.loop import decode_loop
+from agentcache.runtime.loop import TurnDecoding, decode_loop
 from agentcache.runtime.params import GenerationParams
+from agentcache.runtime.scheduler import BatchScheduler
 from agentcache.runtime.sharing import FairLock, PageGate
 from agentcache.runtime.stats import DecodePart, Generation, PrefillPart, ReplyKV, TurnStats
 from agentcache.runtime.stops import cut_at_stop
@@ -83,6 +86,7 @@ class Engine:
         self.gathered_steps = 0  # dense decode steps that copied the context (Engine.step)
         self._lock = FairLock()
         self.gate = PageGate(self.ctx.pool, self._lock)
+        self.batch = BatchScheduler(model.forward, self._lock) if self.config.batch_decode else None
 
     def _new_store(self, pool: PoolConfig) -> SegmentStore:
         tiers = self.config.tiers
@@ -311,11 +315,15 @@ class Engine:
         greedy = params.temperature == 0
         with self._lock, torch.inference_mode():
             inner = self.decode.decoder(self.model, seq, params.max_new_tokens, greedy, dense)
-        decoder = LockedDecoder(inner, self._lock)
-        with torch.inference_mode():
-            ids, finish = decode_loop(
-                decoder, pre.logits, position, params, max_pos, self.model.tokenizer, on_token
-            )
+        if self.batch is not None:
+            ids, finish = self._decode_batched(inner, pre, position, params, on_token)
+            decoder: Decoder = inner
+        else:
+            decoder = LockedDecoder(inner, self._lock)
+            with torch.inference_mode():
+                ids, finish = decode_loop(
+                    decoder, pre.logits, position, params, max_pos, self.model.tokenizer, on_token
+                )
         elapsed = time.perf_counter() - t0
         d = self.decode
         decode = DecodePart(
@@ -324,3 +332,27 @@ class Engine:
             decode=decoder.stats(),
         )  # fmt: skip
         return ids, finish, decode
+
+    def _decode_batched(
+        self,
+        decoder: Decoder,
+        pre: PrefillResult,
+        position: int,
+        params: GenerationParams,
+        on_token: Callable[[int], None] | None,
+    ) -> tuple[list[int], str]:
+        """`decode_loop`'s result, the turn decoded in the scheduler's batch with the others."""
+        assert self.batch is not None
+        max_pos = self.model.config.max_position_embeddings
+        turn = TurnDecoding(pre.logits, position, params, max_pos, self.model.tokenizer)
+        if turn.finish is not None:  # nothing to decode (max_new_tokens 0)
+            return turn.ids, turn.finish
+        running = self.batch.join(turn, decoder)
+        try:
+            for token in self.batch.tokens(running):
+                if on_token is not None:
+                    on_token(token)
+        finally:
+            self.batch.leave(running)
+        assert turn.finish is not None
+        return turn.ids, turn.finish

@@ -118,6 +118,11 @@ def add_security(p: argparse.ArgumentParser) -> None:
                    f"short request is not held behind a long one (default: {MAX_ACTIVE} on the "
                    "embedded backend; 1 on vllm, whose engine the backend drives one request "
                    "at a time)")  # fmt: skip
+    p.add_argument("--batch-decode", action=argparse.BooleanOptionalAction, default=False,
+                   help="embedded backend: the active requests decode as one batch per step "
+                   "(more tokens/s with many agents at once; a lone request decodes slower "
+                   "than without it, see docs/server.md); default: each steps alone, "
+                   "interleaved")  # fmt: skip
     p.add_argument("--conversation-bytes", type=positive_int, default=64 * MiB,
                    help="memory for what the server remembers of conversations (default: "
                    "64 MiB; the least recently used are forgotten)")  # fmt: skip
@@ -279,6 +284,7 @@ def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path)
         raise AgentCacheError(f"--decode {args.decode}: {e}") from e
     loaded = load_model(model, cache_dir)
     store = {} if args.store_bytes is None else {"store_bytes": args.store_bytes}
-    kv = EngineConfig(strategy, kv_pages=args.kv_pages, kv_bytes=args.kv_bytes, decode=decode,
-                      **store)  # fmt: skip
-    return Engine(loaded, kv)
+    engine_config = EngineConfig(
+        strategy, kv_pages=args.kv_pages, kv_bytes=args.kv_bytes, decode=decode,
+        batch_decode=args.batch_decode, **store)  # fmt: skip
+    return Engine(loaded, engine_config)

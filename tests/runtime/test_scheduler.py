@@ -1,0 +1,161 @@
+"""Continuous batching: many turns at once, each with the output it gets alone; turns join at
+the next step and leave at the next step (finished or cancelled), their pages freed."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from agentcache.model.loading import LoadedModel
+from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
+from agentcache.runtime.engine import Engine, EngineConfig, Generation, GenerationParams
+from agentcache.runtime.loop import TurnDecoding
+from tests.conftest import at_once
+
+KV_PAGES = 256
+
+
+class Gone(Exception):
+    """What a caller's `on_token` raises when its client left."""
+
+
+def prompt(i: int) -> SegmentedPrompt:
+    """Conversation i's prompt, its length growing with i."""
+    return SegmentedPrompt([
+        Segment(SegmentKind.SYSTEM, f"You are agent {i}. Answer briefly. " * (1 + i % 3), "sys",
+                "system"),
+        Segment(SegmentKind.UPDATE, f"list the files of project {i}" + "!" * (5 * i), "new",
+                "user"),
+    ])  # fmt: skip
+
+
+# (strategy, params) per request: lengths, sampling, seeds and stop strings all differ
+REQUESTS = [
+    ("full", GenerationParams(max_new_tokens=3)),
+    ("prefix", GenerationParams(max_new_tokens=17)),
+    ("full", GenerationParams(max_new_tokens=30, stop=("e", "\n"))),
+    ("rpdc", GenerationParams(max_new_tokens=9)),
+    ("full", GenerationParams(max_new_tokens=25, temperature=0.8, seed=7)),
+    ("prefix", GenerationParams(max_new_tokens=1)),
+    ("full", GenerationParams(max_new_tokens=12, temperature=1.2, top_p=0.9, seed=3)),
+    ("full", GenerationParams(max_new_tokens=40, stop=("zz", "q"))),
+]
+
+
+def engine(model: LoadedModel, batch: bool = True) -> Engine:
+    return Engine(model, EngineConfig(kv_pages=KV_PAGES, batch_decode=batch))
+
+
+def one(e: Engine, i: int, on_token: Callable[[int], None] | None = None) -> Generation:
+    strategy, params = REQUESTS[i]
+    return e.generate(prompt(i), params, strategy, commit=False, on_token=on_token)
+
+
+def test_every_turn_of_a_batch_gets_its_output_alone(tiny: LoadedModel) -> None:
+    """Eight turns at once (different lengths, strategies, sampling, stop strings) give the ids
+    each gets alone on the batched engine, bit for bit, and greedy ones those of the
+    one-sequence step; the steps did batch them."""
+    e = engine(tiny)
+    alone = [one(e, i) for i in range(len(REQUESTS))]
+    steps_alone = e.batch.stats().steps if e.batch else 0
+    together = at_once(lambda i: one(e, i), len(REQUESTS))
+    for a, t in zip(alone, together, strict=True):
+        assert t.token_ids == a.token_ids
+        assert t.finish_reason == a.finish_reason
+        assert t.text == a.text
+    stats = e.batch.stats() if e.batch else None
+    assert stats is not None and stats.peak_batch >= 2
+    assert stats.steps - steps_alone < sum(len(a.token_ids) for a in alone)  # shared steps
+    assert stats.solo_feeds == 0
+    ref = engine(tiny, batch=False)
+    for i, a in enumerate(alone):
+        if REQUESTS[i][1].temperature == 0:
+            assert one(ref, i).token_ids == a.token_ids
+    assert e.ctx.pool.num_free == KV_PAGES
+
+
+def test_a_stop_string_ends_a_batched_turn_where_it_ends_the_reference(tiny: LoadedModel) -> None:
+    e, ref = engine(tiny), engine(tiny, batch=False)
+    free = ref.generate(prompt(2), GenerationParams(max_new_tokens=30), "full", commit=False)
+    stop = free.text[6:8]  # a string the reply holds: it stops there
+    assert len(stop) == 2
+    params = GenerationParams(max_new_tokens=30, stop=(stop,))
+    want = ref.generate(prompt(2), params, "full", commit=False)
+    got = at_once(lambda i: e.generate(prompt(2 + 3 * i), params, "full", commit=False), 2)[0]
+    assert (got.token_ids, got.finish_reason, got.text) == (
+        want.token_ids, want.finish_reason, want.text)  # fmt: skip
+    assert want.finish_reason == "stop" and len(want.token_ids) < len(free.token_ids)
+
+
+def test_a_cancelled_turn_leaves_and_the_others_finish_as_alone(tiny: LoadedModel) -> None:
+    e = engine(tiny)
+    long_alone = one(e, 7)
+    seen: list[int] = []
+
+    def cancel_at_third(token: int) -> None:
+        seen.append(token)
+        if len(seen) == 3:
+            raise Gone("client gone")
+
+    def cancelled() -> str:
+        with pytest.raises(Gone):
+            one(e, 1, on_token=cancel_at_third)
+        return "cancelled"
+
+    out = at_once(lambda i: cancelled() if i == 0 else one(e, 7), 2)
+    assert out[0] == "cancelled" and len(seen) == 3
+    assert isinstance(out[1], Generation) and out[1].token_ids == long_alone.token_ids
+    assert e.ctx.pool.num_free == KV_PAGES  # the cancelled turn's pages are back
+    assert e.batch is not None and e.batch.running == 0
+
+
+def test_a_turn_joins_at_the_next_step(tiny: LoadedModel) -> None:
+    """Driven step by step from one thread: a turn joined between steps k and k+1 takes its
+    first token at step k+1, and one that leaves is not stepped again."""
+    e = engine(tiny)
+    assert e.batch is not None
+    seqs, turns = [], []
+    for i in (0, 3):
+        seq, pre = e.prefill(e.tokenize(prompt(i)), "full")
+        seqs.append(seq)
+        params = GenerationParams(max_new_tokens=10)
+        turns.append(TurnDecoding(pre.logits, seq.num_tokens, params, 4096, tiny.tokenizer))
+    from agentcache.decode.dense import DenseDecoder
+
+    a = e.batch.join(turns[0], DenseDecoder(e.step, seqs[0], KV_PAGES * 16))
+    assert e.batch.step() == 1 and len(turns[0].ids) == 1
+    b = e.batch.join(turns[1], DenseDecoder(e.step, seqs[1], KV_PAGES * 16))
+    assert e.batch.step() == 2 and (len(turns[0].ids), len(turns[1].ids)) == (2, 1)
+    e.batch.leave(a)
+    assert e.batch.step() == 1 and (len(turns[0].ids), len(turns[1].ids)) == (2, 2)
+    assert list(b.out) == turns[1].ids
+    e.batch.leave(b)
+    assert e.batch.step() == 0
+    for s in seqs:
+        s.free()
+
+
+def test_a_turn_alone_decodes_on_its_own_thread(tiny: LoadedModel) -> None:
+    """No scheduler thread: a lone turn's thread runs its steps itself."""
+    e = engine(tiny)
+    threads: set[int] = set()
+    gen = one(e, 1, on_token=lambda _: threads.add(threading.get_ident()))
+    assert threads == {threading.get_ident()}
+    assert e.batch is not None and e.batch.stats().steps == len(gen.token_ids)
+
+
+def test_a_step_fault_reaches_the_turns_in_it(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    e = engine(tiny)
+
+    def broken(*_: object) -> torch.Tensor:
+        raise RuntimeError("step failed")
+
+    monkeypatch.setattr("agentcache.runtime.scheduler.batched_dense_step", broken)
+    with pytest.raises(RuntimeError, match="step failed"):
+        one(e, 1)
+    assert e.ctx.pool.num_free == KV_PAGES and e.batch is not None and e.batch.running == 0
