@@ -34,6 +34,13 @@ def peak_rss_bytes(checkout: Path, turns: int, tokens: int) -> int:
     return int(kib.group(1)) * 1024
 
 
+def checkout_commit(checkout: Path) -> dict[str, str]:
+    """The checkout's path and the commit it has out (the "before" side is named by it)."""
+    done = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True)  # fmt: skip
+    return {"path": str(checkout), "commit": done.stdout.strip()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--before", type=Path, required=True)
@@ -50,11 +57,14 @@ def main() -> None:
             checkout = getattr(args, name).resolve()
             runs[name].append(peak_rss_bytes(checkout, args.turns, args.tokens))
             print(name, runs[name][-1] / 2**30, "GiB", flush=True)
-    demo = ["demo", "--turns", str(args.turns), "--tokens", str(args.tokens)]
+    script = "python benchmarks/demo_memory.py " + " ".join(sys.argv[1:])
+    prov = provenance()
+    prov["command"] = script  # this script, not an agentcache subcommand
     results = {
-        "provenance": provenance(argv=demo),
-        "script": "benchmarks/demo_memory.py " + " ".join(sys.argv[1:]),
-        "checkouts": {side: str(getattr(args, side)) for side in runs},
+        "provenance": prov,
+        "script": script,
+        "measured": f"agentcache demo --turns {args.turns} --tokens {args.tokens}",
+        "checkouts": {side: checkout_commit(getattr(args, side)) for side in runs},
         "peak_rss_bytes": runs,
         "median_peak_rss_gib": {k: statistics.median(v) / 2**30 for k, v in runs.items()},
         "load_average": os.getloadavg(),
