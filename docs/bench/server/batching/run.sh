@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The batched-decode figures in docs/batching.md: 1, 4 and 16 concurrent agents of 48 greedy
+# The batched-decode runs that docs/server.md ("Batched decode") points to: 1, 4 and 16 concurrent agents of 48 greedy
 # tokens each on one embedded engine, batched against interleaved, two repeats, ratios within
-# each repeat. Run from the repository root as root (for the nice level).
+# each repeat. Run from the repository root (as root, nice gives it priority).
 set -euo pipefail
 uptime
 HF_HUB_OFFLINE=1 nice -n -5 python benchmarks/batch_decode.py --agents 1 4 16 --new-tokens 48 \
