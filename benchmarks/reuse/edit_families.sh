@@ -15,7 +15,7 @@
 # every-strategy run goes to chat-sysprompt-all: chat-sysprompt/ holds an earlier run of full,
 # prefix and the default on two whole sessions.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ac=${AC:-.venv/bin/agentcache}
 py=${PY:-.venv/bin/python}
 S=full,prefix,transformers-prefix,default,epic,cacheblend,promptcache,pic,cacheslide,plan

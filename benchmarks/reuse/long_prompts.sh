@@ -6,7 +6,7 @@
 #
 #   bash benchmarks/reuse/long_prompts.sh            # minutes to tens of minutes on 2 cores
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 py=".venv/bin/python"
 nice=(nice -n -5)
 [ "$(id -u)" = 0 ] || nice=()

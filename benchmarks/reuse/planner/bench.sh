@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/reuse/planner/bench.sh            # fit + calibration (seconds) and runs (minutes)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 ac=.venv/bin/agentcache
 py=.venv/bin/python
 out=docs/bench/planner
