@@ -63,11 +63,11 @@ def cmd_strategies(args: argparse.Namespace) -> int:
 # (args, model path, cache dir); torch threads and offline mode are set here, once for all.
 MODEL_COMMANDS = (
     ("agentcache.bench.cli", "add_parser", "run"),
-    ("agentcache.bench.tiers_cli", "add_parser", "run"),
+    ("agentcache.bench.tiers.cli", "add_parser", "run"),
     ("agentcache.server.cli", "add_parser", "serve"),
-    ("agentcache.bench.decode_cli", "add_profile_parser", "run_profile"),
-    ("agentcache.bench.decode_cli", "add_bench_parser", "run_bench"),
-    ("agentcache.bench.decode_dense_cli", "add_dense_parser", "run_dense"),
+    ("agentcache.heads.cli", "add_parser", "run"),
+    ("agentcache.bench.decode.cli", "add_bench_parser", "run_bench"),
+    ("agentcache.bench.decode.dense_cli", "add_dense_parser", "run_dense"),
     ("agentcache.cope.cli", "add_parser", "run"),
 )
 
@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         command = getattr(importlib.import_module(module), factory)(sub)
         _common(command)
         command.set_defaults(func=ModelCommand(module, runner))
-    from agentcache.bench import replay_cli
+    from agentcache.bench.tiers import replay_cli
 
     replay_cli.add_parser(sub)
     strategies_help = "list the registered reuse strategies"

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agentcache.bench.metrics import kl as first_token_kl
+from agentcache.bench.reuse.metrics import kl as first_token_kl
 from agentcache.model.loading import load_model
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.runtime.engine import Engine, EngineConfig, Generation, GenerationParams
@@ -81,7 +81,7 @@ def run_demo(
     model: str | None, cache_dir: Path, strategies: list[str], turns: int, tokens: int
 ) -> int:
     console = Console(width=max(110, Console().width))
-    from agentcache.bench.harness import StrategySpec
+    from agentcache.bench.reuse.harness import StrategySpec
 
     specs = {s.label: s for s in map(StrategySpec.parse, strategies)}
     names = list(specs)

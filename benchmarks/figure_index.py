@@ -9,6 +9,7 @@ stale.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -23,11 +24,63 @@ strategy spec, split, sessions); `runs.toml` adds what older files do not, from 
 session names, and says nothing it does not know. *commit* is the commit a run was measured
 at; `stored X` the commit that last wrote a file that does not record it. A folder's
 `make` target writes it again with today's code (`benchmarks/run_docs_bench.sh`), which can
-differ from the stored command: the command column is what ran.
+differ from the stored command: the command column is what ran, and where a script has moved
+since, where it is now.
 """
 
 
 HEADER = "| file | what | split | command | commit | target | quoted by |"
+
+# Scripts moved since some stored runs recorded their command (old path -> today's). Stored
+# provenance stays as recorded; the index names where the script is now.
+MOVED = {
+    "benchmarks/build_workloads.py": "benchmarks/workloads/build_workloads.py",
+    "benchmarks/build_chat_edits.py": "benchmarks/workloads/build_chat_edits.py",
+    "benchmarks/build_generated.py": "benchmarks/workloads/build_generated.py",
+    "benchmarks/build_templated.py": "benchmarks/workloads/build_templated.py",
+    "benchmarks/budget_curve.py": "benchmarks/reuse/budget_curve.py",
+    "benchmarks/ceiling.py": "benchmarks/reuse/ceiling.py",
+    "benchmarks/cover_choice.py": "benchmarks/reuse/cover_choice.py",
+    "benchmarks/frontier.py": "benchmarks/reuse/frontier.py",
+    "benchmarks/full_baseline.py": "benchmarks/reuse/full_baseline.py",
+    "benchmarks/greedy_margins.py": "benchmarks/reuse/greedy_margins.py",
+    "benchmarks/long_prompts.py": "benchmarks/reuse/long_prompts.py",
+    "benchmarks/long_prompts_bench.sh": "benchmarks/reuse/long_prompts.sh",
+    "benchmarks/prefill_profile.py": "benchmarks/reuse/prefill_profile.py",
+    "benchmarks/rerender.py": "benchmarks/reuse/rerender.py",
+    "benchmarks/run_attention_cost.py": "benchmarks/reuse/run_attention_cost.py",
+    "benchmarks/targets.py": "benchmarks/reuse/targets.py",
+    "benchmarks/validation_tables.py": "benchmarks/reuse/validation_tables.py",
+    "benchmarks/edit_families.sh": "benchmarks/reuse/edit_families.sh",
+    "benchmarks/planner_calibration.py": "benchmarks/reuse/planner/calibration.py",
+    "benchmarks/planner_fit.py": "benchmarks/reuse/planner/fit.py",
+    "benchmarks/planner_report.py": "benchmarks/reuse/planner/report.py",
+    "benchmarks/planner_signals.py": "benchmarks/reuse/planner/signals.py",
+    "benchmarks/planner_bench.sh": "benchmarks/reuse/planner/bench.sh",
+    "benchmarks/tiers_throughput.py": "benchmarks/tiers/throughput.py",
+    "benchmarks/tiers_turns.py": "benchmarks/tiers/turns.py",
+    "benchmarks/disk_write_sizes.py": "benchmarks/tiers/disk_write_sizes.py",
+    "benchmarks/adopt_fidelity.py": "benchmarks/tiers/adopt_fidelity.py",
+    "benchmarks/demo_memory.py": "benchmarks/tiers/demo_memory.py",
+    "benchmarks/server_load.py": "benchmarks/server/load.py",
+    "benchmarks/server_edits.py": "benchmarks/server/edits.py",
+    "benchmarks/server_fidelity.py": "benchmarks/server/fidelity.py",
+    "benchmarks/openai_loop.py": "benchmarks/server/openai_loop.py",
+    "benchmarks/structured_cost.py": "benchmarks/server/structured_cost.py",
+    "benchmarks/batch_decode.py": "benchmarks/server/batch_decode.py",
+    "benchmarks/verify_cost.py": "benchmarks/decode/verify_cost.py",
+    "benchmarks/family_seam_speed.py": "benchmarks/decode/family_seam_speed.py",
+    "benchmarks/scaling_sim.py": "benchmarks/scaling/sim.py",
+    "benchmarks/cope_drift.py": "benchmarks/cope/drift.py",
+}
+
+
+def moved(command: str) -> str:
+    """Where each moved script that a recorded command names is now: ` (now `new path`)`."""
+    now = [
+        new for old, new in MOVED.items() if re.search(rf"(?<![\w/]){re.escape(old)}\b", command)
+    ]
+    return "".join(f" (now `{new}`)" for new in now)
 
 
 def row(run: Run, pages: set[str]) -> str:
@@ -37,7 +90,7 @@ def row(run: Run, pages: set[str]) -> str:
     quoted = ", ".join(sorted(pages)) or "not quoted"
     command = (run.command or "unrecorded").replace("|", "\\|")
     cells = [f"`{run.path.removeprefix('docs/bench/')}`", run.what or "-", split,
-             f"`{command}`", commit, run.regenerate or "-", quoted]  # fmt: skip
+             f"`{command}`{moved(command)}", commit, run.regenerate or "-", quoted]  # fmt: skip
     return "| " + " | ".join(cells) + " |"
 
 

@@ -24,7 +24,7 @@ reuse() {
     $ac bench "benchmarks/workloads/$w.jsonl" --split tune --sessions "$w-00,$w-01,$w-02,$w-03" \
       --strategies full,prefix,rpdc:cover=0 --threads 1 --out "docs/bench/tune-cover/$w"
   done
-  $py benchmarks/cover_choice.py docs/bench/tune-cover/{reflexion,memgpt,swe_agent} \
+  $py benchmarks/reuse/cover_choice.py docs/bench/tune-cover/{reflexion,memgpt,swe_agent} \
     --uncovered rpdc:cover=0 --out docs/bench/tune-cover/cover.md
   # the agent families' validation halves (docs/benchmarks.md "Validation sessions")
   $ac bench benchmarks/workloads/reflexion.jsonl --split validate \
@@ -48,7 +48,7 @@ reuse() {
     --strategies full,prefix,promptcache,pic,epic,cacheblend,cacheslide,default,transformers-prefix \
     --threads 1 --out docs/bench/cold
   # the default against its targets (docs/benchmarks.md "Against the targets")
-  $py benchmarks/targets.py docs/bench/validate-{reflexion,memgpt,swe_agent,chat} \
+  $py benchmarks/reuse/targets.py docs/bench/validate-{reflexion,memgpt,swe_agent,chat} \
     --cold docs/bench/cold --out docs/bench/targets
   # docs/templates.md: the templated workload, one session per shipped template (a few minutes)
   $ac bench benchmarks/workloads/templated.jsonl --strategies prefix,default \
@@ -71,9 +71,9 @@ reuse() {
     $ac bench "benchmarks/workloads/$w.jsonl" --split tune \
       --strategies full,rpdc:extra=0.5,rpdc:extra=1:probe_redo=true,epic --out "docs/bench/wide-budget-$w"
   done
-  $py benchmarks/budget_curve.py docs/bench/wide-*/results.json --out docs/bench/wide-budget-curve
+  $py benchmarks/reuse/budget_curve.py docs/bench/wide-*/results.json --out docs/bench/wide-budget-curve
   # where greedy decoding parts from full's (docs/lab/reuse.md, "Where greedy decoding parts")
-  $py benchmarks/greedy_margins.py docs/bench/wide-reflexion/results.json \
+  $py benchmarks/reuse/greedy_margins.py docs/bench/wide-reflexion/results.json \
     --strategies pic,rpdc --out docs/bench/wide-reflexion/margins.md
   # budget/ablation sweep on one swing session, 16 tokens
   $ac bench benchmarks/workloads/reflexion.jsonl --sessions reflexion-02 --max-turns 4 \
@@ -123,14 +123,14 @@ reuse() {
     $ac bench "benchmarks/workloads/$w.jsonl" --sessions "$w-01,$w-02" --max-turns 4 \
       --new-tokens 16 --strategies "$hybrid" --out "docs/bench/frontier/hybrid-$w"
   done
-  $py benchmarks/frontier.py docs/bench/frontier/*/results.json --out docs/bench/frontier
+  $py benchmarks/reuse/frontier.py docs/bench/frontier/*/results.json --out docs/bench/frontier
   # agentcache's full prefill against transformers' forward pass (about 20 minutes)
-  $py benchmarks/full_baseline.py benchmarks/workloads/reflexion.jsonl \
+  $py benchmarks/reuse/full_baseline.py benchmarks/workloads/reflexion.jsonl \
     benchmarks/workloads/memgpt.jsonl benchmarks/workloads/swe_agent.jsonl --out docs/bench/full-baseline
   # long prompts (4k tokens, mostly a tools block): misses and hits against full and prefix,
   # engine and server path (about 1 hour on a busy 2-core machine; every strategy and 8k
   # prompts with --strategies and --sizes 4000:2,8000:1 where time allows)
-  local lp="env HF_HUB_OFFLINE=1 PYTHONPATH=.:templates:adapters $py benchmarks/long_prompts.py"
+  local lp="env HF_HUB_OFFLINE=1 PYTHONPATH=.:templates:adapters $py benchmarks/reuse/long_prompts.py"
   # (the stored run of this one was stopped after its no-reuse request)
   $lp --sizes 4000:1 --cases no-reuse,system+tools,history,system --strategies full,prefix,rpdc \
     --server-strategies full,prefix,rpdc --threads 1 --out docs/bench/long-prompts
@@ -143,39 +143,39 @@ reuse() {
 
 # docs/benchmarks.md "The OpenAI-compatible server", docs/lab/server.md (about 5 minutes)
 server() {
-  $py benchmarks/openai_loop.py --out docs/bench/openai-loop \
+  $py benchmarks/server/openai_loop.py --out docs/bench/openai-loop \
     --turns 8 --max-tokens 24 --loops 8 --loop-turns 6
   # replies through the openai client against --strategy full, chat validation tool-use sessions
-  $py benchmarks/server_fidelity.py --sessions chat-09,chat-11,chat-13,chat-15 --max-tokens 32 \
+  $py benchmarks/server/fidelity.py --sessions chat-09,chat-11,chat-13,chat-15 --max-tokens 32 \
     --threads 1 --out docs/bench/server/fidelity-tool-use
   # docs/server.md "Under load" (about 100 minutes): first one request at a time at the engine
   export AGENTCACHE_NUM_THREADS=1
-  $py benchmarks/server_load.py --clients 8 --duration 60 --model tiny --max-active 1 \
+  $py benchmarks/server/load.py --clients 8 --duration 60 --model tiny --max-active 1 \
     --out docs/bench/server/load-tiny-8x60
-  $py benchmarks/server_load.py --clients 16 --duration 240 --model tiny --max-active 1 \
+  $py benchmarks/server/load.py --clients 16 --duration 240 --model tiny --max-active 1 \
     --out docs/bench/server/load-tiny-16x240
-  $py benchmarks/server_load.py --clients 16 --duration 300 --model tiny --store-bytes 33554432 \
+  $py benchmarks/server/load.py --clients 16 --duration 300 --model tiny --store-bytes 33554432 \
     --max-active 1 --out docs/bench/server/load-tiny-16x300-store32m
-  $py benchmarks/server_load.py --clients 16 --duration 300 --think 1.0 --model tiny \
+  $py benchmarks/server/load.py --clients 16 --duration 300 --think 1.0 --model tiny \
     --store-bytes 33554432 --max-active 1 --out docs/bench/server/load-tiny-16x300-think1
   # then the engine interleaving requests, 4 and 16 at once (16 is the default), against one
   # at a time, same settings; a 15-minute run at 4 and a 30-minute run at 16 for memory
   for active in 4 1 16; do
-    $py benchmarks/server_load.py --clients 16 --duration 300 --think 1.0 --model tiny \
+    $py benchmarks/server/load.py --clients 16 --duration 300 --think 1.0 --model tiny \
       --store-bytes 33554432 --conversation-bytes 8388608 --max-active $active \
       --out docs/bench/server/load-tiny-16x300-think1-active$active
   done
-  $py benchmarks/server_load.py --clients 16 --duration 900 --think 1.0 --model tiny \
+  $py benchmarks/server/load.py --clients 16 --duration 900 --think 1.0 --model tiny \
     --store-bytes 33554432 --conversation-bytes 8388608 --max-active 4 \
     --out docs/bench/server/load-tiny-16x900-think1-active4
-  $py benchmarks/server_load.py --clients 16 --duration 1800 --think 1.0 --model tiny \
+  $py benchmarks/server/load.py --clients 16 --duration 1800 --think 1.0 --model tiny \
     --store-bytes 33554432 --conversation-bytes 8388608 --max-active 16 \
     --out docs/bench/server/load-tiny-16x1800-think1-active16
   # (every run above was taken before the server trimmed its heap and before the store's record
   # of evicted keys was cut to 8192; run now they trim every 10 s)
   # memory with and without the heap trimmer, 10 minutes each, both at once (same contention)
   for trim in 10 0; do
-    $py benchmarks/server_load.py --clients 16 --duration 600 --think 1.0 --model tiny \
+    $py benchmarks/server/load.py --clients 16 --duration 600 --think 1.0 --model tiny \
       --store-bytes 33554432 --conversation-bytes 8388608 --max-active 16 --trim-interval $trim \
       --out docs/bench/server/load-tiny-16x600-think1-active16-trim$trim &
   done
@@ -183,7 +183,7 @@ server() {
   # the server in a process of its own, glibc's arenas against 2 (serve's default since), 20
   # minutes each, both at once: resident memory once the store and the tracker are full
   for arenas in 0 2; do
-    $py benchmarks/server_load.py --clients 16 --duration 1200 --think 1.0 --model tiny \
+    $py benchmarks/server/load.py --clients 16 --duration 1200 --think 1.0 --model tiny \
       --store-bytes 33554432 --conversation-bytes 8388608 --max-active 16 --server process \
       --malloc-arenas $arenas --out docs/bench/server/load-tiny-16x1200-think1-active16-process-arenas$arenas &
   done
@@ -210,7 +210,7 @@ vllm() {
   $ac bench benchmarks/workloads/reflexion.jsonl benchmarks/workloads/memgpt.jsonl \
     benchmarks/workloads/swe_agent.jsonl --split tune --strategies full,prefix,pic,rpdc:cover=0 \
     --new-tokens 1 --out docs/bench/ceiling/all
-  $py benchmarks/ceiling.py docs/bench/ceiling/all/results.json --out docs/bench/ceiling
+  $py benchmarks/reuse/ceiling.py docs/bench/ceiling/all/results.json --out docs/bench/ceiling
 }
 
 # docs/benchmarks.md "Sparse decode", docs/lab/decode.md
@@ -252,7 +252,7 @@ decode() {
     --out $d/heads-ctx4096
   # the cost of a verify pass in dense steps at 8k (docs/decode.md, "Where the 8k verified ...");
   # verify-cost-ctx8192 was the masked verify attention, verify-cost-lse-ctx8192 the current one
-  $py benchmarks/verify_cost.py benchmarks/workloads/swe_agent.jsonl --context 8192 \
+  $py benchmarks/decode/verify_cost.py benchmarks/workloads/swe_agent.jsonl --context 8192 \
     --num-prompts 2 --profile $p --out $d/verify-cost-lse-ctx8192
   # on a quiet machine: dense decode against transformers (dense-quiet was the slot-major pool,
   # dense-headmajor the current one), then the 8k policies against the head-major dense decode
@@ -289,17 +289,17 @@ tiers() {
       --out $t/no-adopt/$w
     $ac bench-tiers benchmarks/workloads/$w.jsonl "${six[@]}" --disk-dir $d/dl-$w --out $t/deltas/$w
   done
-  $py benchmarks/adopt_fidelity.py benchmarks/workloads/{reflexion,memgpt,swe_agent}.jsonl \
+  $py benchmarks/tiers/adopt_fidelity.py benchmarks/workloads/{reflexion,memgpt,swe_agent}.jsonl \
     --sessions reflexion-01,reflexion-02,memgpt-01,memgpt-02,swe_agent-01,swe_agent-02 \
     --out docs/bench/adopt/a
-  $py benchmarks/adopt_fidelity.py benchmarks/workloads/{reflexion,memgpt,swe_agent}.jsonl \
+  $py benchmarks/tiers/adopt_fidelity.py benchmarks/workloads/{reflexion,memgpt,swe_agent}.jsonl \
     --sessions reflexion-03,reflexion-04,memgpt-03,memgpt-04,swe_agent-03,swe_agent-04 \
     --out docs/bench/adopt/b
-  $py benchmarks/adopt_fidelity.py --summary docs/bench/adopt/{a,b}/results.json --out docs/bench/adopt
+  $py benchmarks/tiers/adopt_fidelity.py --summary docs/bench/adopt/{a,b}/results.json --out docs/bench/adopt
   # sixteen-turn sessions (and 19 / 20 turns), with and without write-back
-  $py benchmarks/build_workloads.py --turns 16 --out benchmarks/workloads/long
-  $py benchmarks/build_workloads.py --turns 20 --only reflexion --out benchmarks/workloads/long20
-  $py benchmarks/build_workloads.py --turns 19 --only memgpt --out benchmarks/workloads/long19
+  $py benchmarks/workloads/build_workloads.py --turns 16 --out benchmarks/workloads/long
+  $py benchmarks/workloads/build_workloads.py --turns 20 --only reflexion --out benchmarks/workloads/long20
+  $py benchmarks/workloads/build_workloads.py --turns 19 --only memgpt --out benchmarks/workloads/long19
   for w in reflexion memgpt; do
     $ac bench-tiers benchmarks/workloads/long/$w.jsonl "${long[@]}" --disk-dir $d/l-$w \
       --out $t/long/$w
@@ -329,17 +329,17 @@ tiers() {
   $ac bench-tiers $swe benchmarks/workloads/memgpt.jsonl --case shift --policies slide,lru \
     --batch 8 --max-turns 3 --new-tokens 4 --kv-pages 320 --ttft-samples 8 --store-replays 0 \
     --disk-dir $d/sht --out $t/shift-ttft
-  $py benchmarks/tiers_turns.py $t/results.json $t/{io,turns6,reclaim}/results.json \
+  $py benchmarks/tiers/turns.py $t/results.json $t/{io,turns6,reclaim}/results.json \
     $t/{workloads,no-adopt,long,deltas,replay,trace,nocopy}/*/results.json \
     $t/deltas/{long,long19,long20}/*/results.json --out $t/long
-  $py benchmarks/tiers_throughput.py $(find $t -name results.json | sort) --out $t/throughput
+  $py benchmarks/tiers/throughput.py $(find $t -name results.json | sort) --out $t/throughput
 }
 
 # docs/lab/cope.md
 cope() {
   local c=docs/bench/cope
   $ac train-cope --threads 1 --out $c/train.json
-  HF_HUB_OFFLINE=1 PYTHONPATH=. $py benchmarks/cope_drift.py --threads 1 --out $c/drift
+  HF_HUB_OFFLINE=1 PYTHONPATH=. $py benchmarks/cope/drift.py --threads 1 --out $c/drift
   for w in reflexion memgpt; do
     local s=$w-02 sfx=""
     [ $w = memgpt ] && sfx=-memgpt

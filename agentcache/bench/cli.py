@@ -11,14 +11,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agentcache.argtypes import output_folder, positive_int
-from agentcache.bench.harness import BenchRunner, parse_specs, sweep_specs
 from agentcache.bench.peer import PEER, TransformersPrefix, load_peer_model
-from agentcache.bench.report import scope_line, table, write_results
-from agentcache.bench.workload import Session, load_workload
+from agentcache.bench.reuse.harness import BenchRunner, parse_specs, sweep_specs
+from agentcache.bench.reuse.report import scope_line, table, write_results
 from agentcache.errors import ConfigError
 from agentcache.model.loading import load_model, model_folder
 from agentcache.reuse import DEFAULT_STRATEGY
 from agentcache.reuse.spec import StrategySpec
+from agentcache.workload.files import Session, load_workload
 
 ALL = "full,prefix,promptcache,pic,cacheblend,epic,cacheslide,default,transformers-prefix"
 
@@ -164,7 +164,7 @@ def _check_filters(args: argparse.Namespace, names: set[str] | None, loaded: lis
 def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> int:
     console = Console(stderr=True)
     if args.backend == "vllm":
-        from agentcache.bench.vllm_cli import run_vllm, vllm_strategies
+        from agentcache.bench.vllm.cli import run_vllm, vllm_strategies
 
         strategies = vllm_strategies(args.strategies, args.strategies == ALL)  # before any work
         sessions, _ = select(args, console)

@@ -6,8 +6,8 @@ the share of the dense attention mass of every query head that falls in the sele
 (top-K + sink + newest), averaged over heads, layers and steps.
 
 `trace_heads` decodes after one prompt's prefilled K/V; `head_profile` turns the traces of
-every prompt into a `HeadProfile`. The prefill is the caller's (`bench.decode_profiler` runs
-the prompts through the engine).
+every prompt into a `HeadProfile`. The prefill is the caller's (`heads.run` runs the prompts
+through the engine).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ MAX_RUNS = 8
 BLOCKS = 8
 # what the split's second call and merge cost per query row, in (query, key) pairs: a run
 # of R rows behind a keys pads when a^2 / 2 <= PAD_PAIRS_PER_ROW * R (measured both ways in
-# docs/bench/long-prompts/attention, benchmarks/run_attention_cost.py)
+# docs/bench/long-prompts/attention, benchmarks/reuse/run_attention_cost.py)
 PAD_PAIRS_PER_ROW = 64
 _FLASH: Callable[..., tuple[Tensor, Tensor]] | None = getattr(
     torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None

@@ -10,9 +10,11 @@ from types import ModuleType
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def load_script(name: str) -> ModuleType:
-    """benchmarks/<name>.py as a module, registered under `name` (dataclasses look it up)."""
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+def load_script(path: str) -> ModuleType:
+    """benchmarks/<path>.py (e.g. `tiers/turns`) as a module, registered under its file name, as
+    its siblings import it (dataclasses look it up)."""
+    name = Path(path).name
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{path}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

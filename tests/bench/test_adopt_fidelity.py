@@ -12,7 +12,7 @@ def rec(session: str, turn: int, strategy: str, kl: float, exact: float) -> dict
 
 
 def test_compare_pairs_turns_from_2_on_per_workload_and_overall() -> None:
-    f = load_script("adopt_fidelity")
+    f = load_script("tiers/adopt_fidelity")
     records = [
         rec("w-01", 1, "rpdc", 9.0, 0.0),  # turn 1: the same in both runs, left out
         rec("w-01", 1, "rpdc+adopt", 0.0, 1.0),

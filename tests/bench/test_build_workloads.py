@@ -1,4 +1,4 @@
-"""benchmarks/build_workloads.py: the committed workloads are what it builds, and --turns
+"""benchmarks/workloads/build_workloads.py: the committed workloads are what it builds, and --turns
 builds longer sessions of the same agents."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from tests.bench.scripts import BENCHMARKS
 
-SCRIPT = BENCHMARKS / "build_workloads.py"
+SCRIPT = BENCHMARKS / "workloads" / "build_workloads.py"
 
 
 def build(out: Path, *args: str) -> subprocess.CompletedProcess[str]:

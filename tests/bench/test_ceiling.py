@@ -15,7 +15,7 @@ def rec(strategy: str, turn: int, ttft: float, reused: int, recomputed: int) -> 
 
 
 def test_ceiling_is_prefix_over_the_perfect_cache_on_warm_turns_only() -> None:
-    c = load_script("ceiling")
+    c = load_script("reuse/ceiling")
     turns = [
         rec("prefix", 0, 900.0, 0, 1000),  # cold turn: skipped
         rec("pic", 0, 900.0, 0, 1000),
@@ -35,7 +35,7 @@ def test_ceiling_is_prefix_over_the_perfect_cache_on_warm_turns_only() -> None:
 
 
 def test_ceiling_needs_the_perfect_cache_token_count() -> None:
-    c = load_script("ceiling")
+    c = load_script("reuse/ceiling")
     turns = [rec("prefix", 1, 300.0, 400, 600)]
     with pytest.raises(ValueError, match="pic"):
         c.ceilings([{"turns": turns}])

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.bench.scripts import load_script
+from tests.bench.scripts import BENCHMARKS, load_script
 
 TODAY = "rpdc:cover=1.5:exact_prefix=true:extra=0.2"
 BEFORE = "rpdc:exact_prefix=true:extra=0.2"
@@ -321,3 +321,14 @@ def test_a_ratio_of_medians_from_two_runs_pairs_across_runs(cf: ModuleType, tmp_
     assert len(errors) == 1 and "measured in separate runs" in errors[0]
     page(tmp_path, "`rpdc` takes 0.50x `epic`'s TTFT, the ratio of medians of separate runs.")
     assert cf.check(manifest(tmp_path, figure("0.50x `epic`'s", "0.50", value)), tmp_path) == []
+
+
+def test_the_index_names_where_a_moved_script_is_now(cf: ModuleType) -> None:
+    index = load_script("figure_index")
+    assert index.moved("python benchmarks/tiers_turns.py a --out b") == (
+        " (now `benchmarks/tiers/turns.py`)"
+    )
+    assert index.moved("python benchmarks/tiers/turns.py a --out b") == ""
+    assert index.moved("agentcache bench benchmarks/workloads/memgpt.jsonl") == ""
+    for new in index.MOVED.values():
+        assert (BENCHMARKS / new.removeprefix("benchmarks/")).is_file(), new

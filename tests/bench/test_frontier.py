@@ -11,7 +11,7 @@ def row(compute: float, kl_first: float, kl_tf: float) -> dict[str, Any]:
 
 
 def test_dominance_names_the_cheapest_winner_or_the_nearest_above() -> None:
-    f = load_script("frontier")
+    f = load_script("reuse/frontier")
     rows = {
         "epic": row(0.40, 1e-4, 1e-4),
         "cacheblend": row(0.30, 1e-3, 1e-3),
@@ -30,7 +30,7 @@ def test_dominance_names_the_cheapest_winner_or_the_nearest_above() -> None:
 
 
 def test_at_equal_cost_the_more_faithful_wins_and_a_tie_is_labelled() -> None:
-    f = load_script("frontier")
+    f = load_script("reuse/frontier")
     rows = {
         "epic": row(0.40, 1e-4, 1e-4),
         "rpdc:a": row(0.40, 1e-4, 1e-4),  # the same figures: a tie

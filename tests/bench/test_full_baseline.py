@@ -14,7 +14,7 @@ from tests.bench.scripts import load_script
 
 
 def test_times_the_same_prompt_both_ways_and_checks_the_logits_agree() -> None:
-    fb = load_script("full_baseline")
+    fb = load_script("reuse/full_baseline")
     hf = tiny_hf_model()
     model = from_hf(hf, ByteTokenizer(), "tiny")
     engine = Engine(model)
@@ -33,7 +33,7 @@ def test_times_the_same_prompt_both_ways_and_checks_the_logits_agree() -> None:
 
 
 def test_picks_prompts_spread_over_lengths(tmp_path: Path) -> None:
-    fb = load_script("full_baseline")
+    fb = load_script("reuse/full_baseline")
     engine = Engine(from_hf(tiny_hf_model(), ByteTokenizer(), "tiny"))
     turns = [{"segments": [{"kind": "system", "text": "x " * (10 * (i + 1))}]} for i in range(5)]
     wl = tmp_path / "w.jsonl"

@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 import torch
 
-from agentcache.bench.harness import BenchRunner, parse_specs
 from agentcache.bench.peer import PEER, TransformersPrefix
-from agentcache.bench.workload import load_workload
+from agentcache.bench.reuse.harness import BenchRunner, parse_specs
 from agentcache.errors import ConfigError
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentKind
 from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment
 from agentcache.runtime.engine import Engine
 from agentcache.testing import tiny_hf_model
-from tests.bench.test_bench import write_workload
+from agentcache.workload.files import load_workload
+from tests.bench.reuse.test_bench import write_workload
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from tests.bench.scripts import load_script
 
 
 def test_ttft_against_prefix_is_the_median_of_per_turn_ratios_not_of_medians() -> None:
-    targets = load_script("targets")
+    targets = load_script("reuse/targets")
     ms = {"rpdc": [40.0, 70.0, 85.0, 100.0, 130.0], "prefix": [50.0, 100.0, 90.0, 100.0, 100.0]}
     turns = [
         {"session": "s", "turn": t, "strategy": label, "ttft_ms": values[t - 1]}
@@ -33,7 +33,7 @@ def _run(default_vs_prefix: float) -> dict[str, object]:
 
 
 def test_speed_targets_are_the_ones_given_and_no_peer_target_leaves_it_out() -> None:
-    targets = load_script("targets")
+    targets = load_script("reuse/targets")
     usual = targets.family(_run(0.7))
     assert usual["met"]["vs_prefix"] and usual["met"]["vs_peer"]  # 0.7 <= 0.8, 0.65 <= 0.67
     edits = targets.family(_run(0.7), vs_prefix_target=0.6, vs_peer_target=None)

@@ -32,7 +32,7 @@ def results(path: Path, workload: str, slide: dict[str, Any], lru: dict[str, Any
 
 
 def test_warm_rounds_and_the_bound_from_lrus_store_time(tmp_path: Path) -> None:
-    t = load_script("tiers_throughput")
+    t = load_script("tiers/throughput")
     with_replay = results(
         tmp_path / "a", "swe_agent", policy([40, 10, 8], 5.0), policy([40, 20, 16], 19.0)
     )
@@ -54,7 +54,7 @@ def test_warm_rounds_and_the_bound_from_lrus_store_time(tmp_path: Path) -> None:
 def test_a_run_without_both_policies_or_not_json_is_an_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    t = load_script("tiers_throughput")
+    t = load_script("tiers/throughput")
     one = tmp_path / "one.json"
     one.write_text(json.dumps({"policies": {"slide": policy([1.0])}}), encoding="utf-8")
     bad = tmp_path / "bad.json"

@@ -33,7 +33,7 @@ def results(
 
 
 def test_runs_are_placed_by_workload_turns_and_write_back(tmp_path: Path) -> None:
-    t = load_script("tiers_turns")
+    t = load_script("tiers/turns")
     paths = [
         results(tmp_path / "a", "reflexion", 6, 1.25, adopt=None),  # before the option: yes
         results(tmp_path / "b", "reflexion", 16, 3.55, adopt=False),
@@ -57,7 +57,7 @@ def test_runs_are_placed_by_workload_turns_and_write_back(tmp_path: Path) -> Non
 
 
 def test_a_run_without_both_policies_or_of_two_workloads_is_an_error(tmp_path: Path) -> None:
-    t = load_script("tiers_turns")
+    t = load_script("tiers/turns")
     p = results(tmp_path / "a", "memgpt", 6, 2.0)
     data = json.loads(p.read_text(encoding="utf-8"))
     del data["policies"]["lru"]

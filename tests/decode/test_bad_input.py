@@ -59,7 +59,7 @@ def bench(
     tiny: LoadedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Callable[..., tuple[int, str]]:
     """Runs bench-decode on the tiny model; a decode step fails the test."""
-    import agentcache.bench.decode_bench as bench_module
+    import agentcache.bench.decode.bench as bench_module
     import agentcache.model.loading as loading
 
     def no_decode(*_: object, **__: object) -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agentcache.bench.decode_bench import DecodeBenchSettings, run_decode_bench
-from agentcache.bench.decode_prompts import load_texts, token_prompts
+from agentcache.bench.decode.bench import DecodeBenchSettings, run_decode_bench
 from agentcache.decode.config import DecodeConfig
 from agentcache.decode.setup import DecodeSetup
+from agentcache.heads.prompts import load_texts, token_prompts
 
 
 @pytest.mark.slow

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentcache.bench.decode_prompts import tokenized_prompt
 from agentcache.decode.config import DecodeConfig
 from agentcache.decode.decoder import SparseDecoder
 from agentcache.decode.kernels import page_attention
 from agentcache.decode.policies import DECODE_POLICIES
+from agentcache.heads.prompts import tokenized_prompt
 from agentcache.model.llama import attention
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import SegmentedPrompt

@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch import Tensor
 
-from agentcache.bench.decode_prompts import tokenized_prompt
 from agentcache.decode.config import DecodeConfig
 from agentcache.decode.decoder import SparseDecoder
 from agentcache.decode.profile import HeadProfile, save_profile
 from agentcache.decode.setup import DecodeSetup
+from agentcache.heads.prompts import tokenized_prompt
 from agentcache.model.llama import LlamaForward, attention
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import SegmentedPrompt

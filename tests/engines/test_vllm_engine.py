@@ -20,7 +20,7 @@ PREFIX_SCRIPT = """
 import json, sys
 from pathlib import Path
 from vllm import SamplingParams
-from agentcache.bench.workload import load_workload
+from agentcache.workload.files import load_workload
 from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
 
 store, reuse = sys.argv[1], sys.argv[2]
@@ -205,7 +205,7 @@ HOSTILE_SCRIPT = """
 import json, sys
 from pathlib import Path
 from vllm import SamplingParams
-from agentcache.bench.workload import load_workload
+from agentcache.workload.files import load_workload
 from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
 
 store = sys.argv[1]

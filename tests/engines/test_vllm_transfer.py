@@ -179,8 +179,8 @@ def test_core_package_never_imports_vllm() -> None:
     code = (
         "import sys, agentcache.cli, agentcache.runtime.engine, agentcache.session, "
         "agentcache.engines.vllm, agentcache.engines.vllm.backend, agentcache.engines.vllm.config, "
-        "agentcache.engines.vllm.transfer, agentcache.bench.vllm_run, "
-        "agentcache.bench.vllm_cli, agentcache.backends; "
+        "agentcache.engines.vllm.transfer, agentcache.bench.vllm.run, "
+        "agentcache.bench.vllm.cli, agentcache.backends; "
         "assert 'vllm' not in sys.modules, 'vllm imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from agentcache.bench.metrics import kl
+from agentcache.bench.reuse.metrics import kl
 from agentcache.errors import ConfigError
 from agentcache.model.loading import LoadedModel
 from agentcache.reuse.base import ReuseStats

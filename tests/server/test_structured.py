@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from agentcache.bench.structured_schemas import SCHEMAS, validate
+from agentcache.bench.server.schemas import SCHEMAS, validate
 from agentcache.model.loading import LoadedModel
 from tests.server.conftest import MODEL, tiny_app
 

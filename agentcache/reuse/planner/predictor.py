@@ -122,7 +122,7 @@ class Predictor:
         if model_id != self.model_id:
             raise ConfigError(
                 f"plan predictor was fitted on model {self.model_id!r}, not {model_id!r}: "
-                "fit one for this model (benchmarks/planner_fit.py) or leave predictor unset"
+                "fit one for this model (benchmarks/reuse/planner/fit.py) or leave predictor unset"
             )
 
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from agentcache.bench.planner_calibration import replay_choices
-from agentcache.bench.planner_data import PlanRow
-from agentcache.bench.planner_report import Rates, calibration, family_rows, plan_choices
+from agentcache.bench.reuse.planner.calibration import replay_choices
+from agentcache.bench.reuse.planner.data import PlanRow
+from agentcache.bench.reuse.planner.report import Rates, calibration, family_rows, plan_choices
 from agentcache.reuse.planner.candidates import PlanSignals
 from agentcache.reuse.planner.choice import Floor
 from tests.reuse.planner.conftest import predictor_for

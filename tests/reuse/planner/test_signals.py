@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentcache.bench.planner_data import PlanRow
-from agentcache.bench.planner_signals import cross_validate
+from agentcache.bench.reuse.planner.data import PlanRow
+from agentcache.bench.reuse.planner.signals import cross_validate
 from agentcache.reuse.planner.candidates import PlanSignals, _where
 
 

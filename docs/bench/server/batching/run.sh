@@ -4,6 +4,6 @@
 # each repeat. Run from the repository root (as root, nice gives it priority).
 set -euo pipefail
 uptime
-HF_HUB_OFFLINE=1 nice -n -5 python benchmarks/batch_decode.py --agents 1 4 16 --new-tokens 48 \
+HF_HUB_OFFLINE=1 nice -n -5 python benchmarks/server/batch_decode.py --agents 1 4 16 --new-tokens 48 \
     --repeats 2 --out docs/bench/server/batching/smollm2-48-quiet
 uptime

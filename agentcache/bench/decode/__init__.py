@@ -1,0 +1,2 @@
+"""The decode benchmarks: `agentcache bench-decode` (sparse policies against dense) and
+`agentcache bench-dense-decode` (dense decode against `transformers`)."""

@@ -1,0 +1,1 @@
+"""The plan predictor's data, fit, calibration and reports, from bench runs."""

@@ -1,0 +1,1 @@
+"""What the server benchmarks share with the server tests: structured-output schemas."""

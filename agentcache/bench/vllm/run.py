@@ -1,0 +1,183 @@
+"""`agentcache bench --backend vllm`: vLLM + agentcache vs vLLM's prefix caching alone.
+
+Each configuration runs in a process of its own (a fresh vLLM engine, an empty prefix cache,
+for agentcache an empty segment folder) over the same turns:
+
+    none              vLLM without any reuse: the fidelity reference
+    prefix            vLLM's automatic prefix caching alone (the baseline)
+    agentcache:NAME   vLLM's prefix caching + agentcache's connector, reuse strategy NAME
+                      (NAME@vllm, NAME@engine: with that `fill`, see docs/vllm.md)
+
+Each finished configuration's result is kept in `OUT/configs/`; `--resume` takes the kept
+results measured on the same turns instead of running those configurations again (a run cut
+short loses only the configuration it was in).
+
+Per turn: TTFT = time from submitting a one-token request to its first token (what
+`VLLMBackend.generate` measures around vLLM's engine steps), the first token and the top-5
+candidates; `agentcache.bench.vllm.report` summarizes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentcache.bench.vllm.report import plot, report_markdown, summarize
+from agentcache.engines.vllm import IN_PROCESS_ENV
+from agentcache.workload.files import Session, parse_session
+
+TURN_PREFIX = "TURN "
+
+
+def bench_configs(strategies: list[str]) -> list[str]:
+    """The configurations a run measures, in order: `none` and `prefix` (the `reuse` baselines
+    of `VLLMConfig`), then `agentcache:<strategy>` for each strategy."""
+    return ["none", "prefix"] + [f"agentcache:{s}" for s in strategies]
+
+
+def run_config(config: str, sessions_file: Path, out_file: Path, store_dir: str) -> None:
+    """One configuration over every session (runs in its own process)."""
+    from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
+    from agentcache.runtime.engine import GenerationParams
+
+    reuse, _, strategy = config.partition(":")
+    strategy, _, fill = strategy.partition("@")
+    sessions = [
+        parse_session(json.loads(line), f"s{i}", "")
+        for i, line in enumerate(sessions_file.read_text().splitlines())
+    ]
+    options: dict[str, Any] = {"reuse": reuse, "store_dir": store_dir, "logprobs": 5}
+    if strategy:
+        options |= {"strategy": strategy, "fill": fill or "auto"}
+    t0 = time.perf_counter()
+    backend = VLLMBackend(VLLMConfig(**options))
+    startup = time.perf_counter() - t0
+    records = []
+    for session in sessions:
+        for ti, turn in enumerate(session.turns):
+            g = backend.generate(turn.prompt, GenerationParams(max_new_tokens=1))
+            logits = g.first_token_logits
+            info = backend.last_transfer
+            records.append({
+                "config": config, "session": session.name, "workload": session.workload,
+                "case": session.case, "turn": ti, "prompt_tokens": g.stats.prompt_tokens,
+                "ttft_ms": g.stats.ttft_s * 1e3,
+                "first_token": int(logits.argmax()),
+                "top5": logits.topk(5).indices.tolist(),
+                "vllm_cached_tokens": int(info.get("vllm_cached_tokens", 0)),
+                "claimed_tokens": int(info.get("claimed_tokens", 0)),
+                "engine_reused_tokens": int(info.get("reused_tokens", 0)),
+                "engine_computed_tokens": int(info.get("computed_tokens", 0)),
+                "vllm_computed_tokens": g.stats.recomputed_tokens - int(
+                    info.get("computed_tokens", 0)),
+                "stages": int(info.get("stages", 1)),
+                "fill": str(info.get("fill", "")),
+                "fill_ms": float(info.get("fill_ms", 0.0)),
+                "fallbacks": int(info.get("fallbacks", 0)),
+            })  # fmt: skip
+            print(f"{TURN_PREFIX}{config} {session.name} {ti}", flush=True)
+    # what fill="auto" measured: ms of TTFT per computed token, staged (vllm) and engine
+    costs = dict(backend.chooser().cost_ms)
+    out_file.write_text(json.dumps({"startup_s": startup, "records": records, "fill_costs": costs}))
+
+
+def run_all(
+    sessions: list[Session],
+    strategies: list[str],
+    out: Path,
+    advance: Callable[[str], None],
+    threads: int | None = None,
+    resume: bool = False,
+) -> dict[str, Any]:
+    """Every configuration in its own process; returns the merged results (also written).
+    `threads` sets the engine processes' OpenMP threads (`OMP_NUM_THREADS`, which vLLM
+    respects); None leaves vLLM's default. Each finished configuration's result is kept in
+    `out/configs/`; with `resume`, one kept there for the very same turns is not run again."""
+    env = dict(os.environ) | {IN_PROCESS_ENV: "0"}  # each engine core in its run's process
+    env |= {"OMP_NUM_THREADS": str(threads)} if threads else {}
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="agentcache-vllm-bench-") as tmp:
+        # each configuration's segment store holds GBs of KV: it goes when its run is done
+        runs = _run_configs(Path(tmp), sessions, strategies, advance, env, out / "configs", resume)
+    results = summarize(runs)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "report.md").write_text(report_markdown(results))
+    plot(results, out / "ttft.png")
+    return results
+
+
+def _run_configs(
+    work: Path,
+    sessions: list[Session],
+    strategies: list[str],
+    advance: Callable[[str], None],
+    env: dict[str, str],
+    kept: Path | None = None,
+    resume: bool = False,
+) -> dict[str, Any]:
+    """Run each configuration (or, with `resume`, take its result from `kept` when it was
+    measured on the same turns); each finished result is copied into `kept`."""
+    sessions_text = "\n".join(json.dumps(_session_json(s)) for s in sessions)
+    turns_id = hashlib.blake2b(sessions_text.encode(), digest_size=8).hexdigest()
+    sessions_file = work / "sessions.jsonl"
+    sessions_file.write_text(sessions_text)
+    if kept is not None:
+        kept.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, Any] = {}
+    for config in bench_configs(strategies):
+        name = "".join(c if c.isalnum() or c in "-_" else "_" for c in config)
+        name += "-" + hashlib.blake2b(config.encode(), digest_size=4).hexdigest()
+        if resume and kept is not None and (run := _kept_run(kept / f"{name}.json", turns_id)):
+            for r in run["records"]:
+                advance(f"{config} {r['session']} {r['turn']} (kept)")
+            runs[config] = run
+            continue
+        result, store = work / f"{name}.json", work / f"store-{name}"
+        args = [sys.executable, "-m", "agentcache.bench.vllm.run", config,
+                str(sessions_file), str(result), str(store)]  # fmt: skip
+        with subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith(TURN_PREFIX):
+                    advance(line.removeprefix(TURN_PREFIX).strip())
+        shutil.rmtree(store, ignore_errors=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"vLLM bench configuration {config} failed (exit {proc.returncode})")
+        run = json.loads(result.read_text()) | {"turns_id": turns_id}
+        if kept is not None:
+            (kept / f"{name}.json").write_text(json.dumps(run))
+        runs[config] = run
+    return runs
+
+
+def _kept_run(path: Path, turns_id: str) -> dict[str, Any] | None:
+    """A kept configuration result, if it is whole and measured on the same turns."""
+    try:
+        run = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # absent or cut short: measured again
+    if not isinstance(run, dict) or run.get("turns_id") != turns_id or "records" not in run:
+        return None
+    return run
+
+
+def _session_json(s: Session) -> dict[str, Any]:
+    turns = []
+    for t in s.turns:
+        segs = [{"kind": g.kind.value, "text": g.text, "id": g.id, "role": g.role}
+                for g in t.prompt.segments]  # fmt: skip
+        turns.append({"segments": segs, "max_new_tokens": t.max_new_tokens})
+    return {"name": s.name, "workload": s.workload, "case": s.case, "turns": turns}
+
+
+if __name__ == "__main__":
+    run_config(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4])

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The chat-path edit families' validation halves (docs/benchmarks.md "Edited histories"): one
+# `agentcache bench` run per family, every strategy of the bench's default list plus `plan`, in
+# one process (per turn, every strategy on the same turn), through the server's segmenter:
+#
+#   bash benchmarks/reuse/edit_families.sh [FAMILY...]    # edit compact retry fork sysprompt; default all
+#
+# Then the default against the issue's targets (TTFT <= 0.6x prefix's, greedy >= 0.9, first
+# token >= 0.99, undominated) for every family stored:
+#
+#   bash benchmarks/reuse/edit_families.sh targets
+#
+# The stored runs were measured on 2 cores shared with other jobs (the load averages are on
+# docs/benchmarks.md); TTFTs are compared only as ratios on the same turn. chat-sysprompt's
+# every-strategy run goes to chat-sysprompt-all: chat-sysprompt/ holds an earlier run of full,
+# prefix and the default on two whole sessions.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ac=${AC:-.venv/bin/agentcache}
+py=${PY:-.venv/bin/python}
+S=full,prefix,transformers-prefix,default,epic,cacheblend,promptcache,pic,cacheslide,plan
+# What fitted the time on a shared 2-core machine (about 5 min per turn with 10 strategies):
+# one or two validation sessions per family, each cut after its first turn of the family's edit
+# (chat-edit-06 clears from turn 1, chat-compact-05 compacts from turn 1, chat-retry-06 and -07 retry
+# at turn 2, chat-fork-04 and -06 fork at turn 2; chat-sysprompt-06 rewrites the system prompt every
+# turn, two warm turns: the run that timed one session). Give more sessions and turns here to
+# measure more: "SESSIONS TURNS".
+declare -A scope=(
+  [edit]="06 2"
+  [compact]="05 2"
+  [retry]="06,07 3"
+  [fork]="04,06 3"
+  [sysprompt]="06 3"
+)
+
+out() { if [[ $1 == sysprompt ]]; then echo docs/bench/edits/chat-sysprompt-all; else
+  echo "docs/bench/edits/chat-$1"; fi; }
+
+run() {
+  local f=$1 list="" i
+  read -r ids turns <<<"${scope[$f]}"
+  for i in ${ids//,/ }; do list="$list,chat-$f-$i"; done
+  $ac bench "benchmarks/workloads/chat-$f.jsonl" --strategies "$S" --split validate \
+    --sessions "${list#,}" --max-turns "$turns" --threads 2 --out "$(out "$f")"
+}
+
+targets() {
+  local runs=() f
+  for f in edit compact retry fork sysprompt; do
+    [[ -f $(out "$f")/results.json ]] && runs+=("$(out "$f")")
+  done
+  $py benchmarks/reuse/targets.py "${runs[@]}" --vs-prefix 0.6 --no-peer-target \
+    --out docs/bench/edits/targets
+}
+
+for what in "${@:-edit compact retry fork sysprompt targets}"; do
+  for w in $what; do
+    if [[ $w == targets ]]; then targets; else run "$w"; fi
+  done
+done

@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""The reuse default against its targets, per family, from stored validation runs.
+
+For each family's run (warm turns; `agentcache bench` results.json with `full`, `prefix`, the
+default and the `transformers-prefix` peer): the default's greedy exact match, first-token
+agreement, TTFT against `prefix` and the peer, and whether another strategy of the run
+dominates it. For a speed target the default misses, the same run says whether any strategy
+reached it at the fidelity floor (greedy exact >= 0.9, first token >= 0.99), and how the
+default's compute compares with the peer's, which computes exactly what exact reuse cannot
+supply. Cold turns (a run with `--max-turns 1`): each strategy's TTFT against `full`'s and
+what it spends besides computing, less `full`'s own on the same turn, as a share of `full`'s
+TTFT.
+
+    python benchmarks/reuse/targets.py docs/bench/validate-{reflexion,memgpt,swe_agent,chat} \
+        --cold docs/bench/cold --out docs/bench/targets
+
+Writes targets.md and targets.json to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from agentcache.bench.reuse.report import cold as cold_turns
+from agentcache.bench.reuse.report import dominated_by
+
+GREEDY, FIRST = 0.9, 0.99  # the fidelity floor
+VS_PREFIX, VS_PEER, COLD = 0.8, 0.67, 1.03  # the speed targets
+PEER = "transformers-prefix"
+
+
+def faithful(s: dict[str, Any]) -> bool:
+    return bool(s["greedy_exact_match"] >= GREEDY and s["first_token_agreement"] >= FIRST)
+
+
+def median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def exact(row: dict[str, Any]) -> bool:
+    """Whether a turn of the default computed every reused token whose context changed."""
+    return bool(row["probe_skipped"] or row["candidates"] == 0)
+
+
+def covered_split(results: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The default's warm turns split by whether it computed every reused token whose context
+    changed (`cover` acted, the probe had nothing worth ranking, or there was no such token):
+    per part, the turn count, the median TTFT / the peer's on the same turn, and the mean
+    compute of each (None: the run predates the `candidates` field)."""
+    rows: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+    for t in results["turns"]:
+        if t["turn"] > 0:
+            rows.setdefault((t["session"], t["turn"]), {})[t["strategy"]] = t
+    pairs = [(r[name], r[PEER]) for r in rows.values() if name in r and PEER in r]
+    if not pairs or any("candidates" not in d for d, _ in pairs):
+        return None
+    out = {}
+    for part, wanted in (("exact", True), ("ranked", False)):
+        chosen = [(d, p) for d, p in pairs if exact(d) == wanted]
+        out[part] = {
+            "turns": len(chosen),
+            "vs_peer": median([d["ttft_ms"] / p["ttft_ms"] for d, p in chosen]),
+            "compute": statistics.fmean(d["recompute_fraction"] for d, _ in chosen)
+            if chosen
+            else None,
+            "peer_compute": statistics.fmean(p["recompute_fraction"] for _, p in chosen)
+            if chosen
+            else None,
+        }
+    return out
+
+
+def vs_base(results: dict[str, Any], name: str, base: str) -> float:
+    """Median over warm turns of `name`'s TTFT / `base`'s on the same turn of the run."""
+    turns = {(t["session"], t["turn"], t["strategy"]): t["ttft_ms"] for t in results["turns"]}
+    ratios = [ms / turns[(s, t, base)] for (s, t, x), ms in turns.items()
+              if x == name and t > 0 and (s, t, base) in turns]  # fmt: skip
+    return float(statistics.median(ratios))
+
+
+def family(
+    results: dict[str, Any],
+    vs_prefix_target: float = VS_PREFIX,
+    vs_peer_target: float | None = VS_PEER,
+) -> dict[str, Any]:
+    """The default's standing in one run against the speed targets given (no peer target:
+    None, and `met` leaves it out)."""
+    strategies = results["strategies"]
+    name = results["default_strategy"]
+    d, prefix = strategies[name], strategies["prefix"]
+    vs_prefix = vs_base(results, name, "prefix")
+    vs_peer = d.get("ttft_ratio_vs_peer")
+    dominated = dominated_by(strategies)[name]
+    floor = {o: s for o, s in strategies.items() if faithful(s) and o != PEER}
+    fastest = {o: vs_base(results, o, "prefix") for o in floor}
+    best_prefix = min(fastest, key=lambda o: fastest[o])
+    best_peer = min(
+        (o for o in floor if "ttft_ratio_vs_peer" in floor[o]),
+        key=lambda o: floor[o]["ttft_ratio_vs_peer"],
+        default=None,
+    )
+    return {
+        "workloads": sorted(results["by_workload"]),
+        "sessions": results["sessions"],
+        "turns": d["turns"],
+        "default": name,
+        "greedy_exact": d["greedy_exact_match"],
+        "first_token": d["first_token_agreement"],
+        "ttft_vs_full": d["ttft_ratio_vs_full"],
+        "compute": d["recompute_fraction_mean"],
+        "vs_prefix": vs_prefix,
+        "vs_peer": vs_peer,
+        "dominated_by": dominated,
+        "prefix_compute": prefix["recompute_fraction_mean"],
+        "peer_compute": strategies[PEER]["recompute_fraction_mean"] if PEER in strategies else None,
+        "by_turn_kind": covered_split(results, name),
+        "fastest_faithful_vs_prefix": {
+            "strategy": best_prefix,
+            "ratio": fastest[best_prefix],
+        },
+        "fastest_faithful_vs_peer": None
+        if best_peer is None
+        else {"strategy": best_peer, "ratio": floor[best_peer]["ttft_ratio_vs_peer"]},
+        "met": {
+            "greedy_exact": d["greedy_exact_match"] >= GREEDY,
+            "first_token": d["first_token_agreement"] >= FIRST,
+            "undominated": not dominated,
+            "vs_prefix": vs_prefix <= vs_prefix_target,
+        }
+        | (
+            {}
+            if vs_peer_target is None
+            else {"vs_peer": vs_peer is not None and vs_peer <= vs_peer_target}
+        ),
+    }
+
+
+def mark(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def render(
+    families: dict[str, dict[str, Any]],
+    cold: dict[str, Any] | None,
+    cmd: str,
+    vs_prefix_target: float = VS_PREFIX,
+    vs_peer_target: float | None = VS_PEER,
+) -> str:
+    lines = [
+        "# The reuse default against its targets",
+        "",
+        f"Command: `{cmd}`",
+        "",
+        f"Fidelity floor: greedy exact >= {GREEDY}, first token >= {FIRST}. Speed: TTFT <= "
+        f"{vs_prefix_target}x `prefix`'s"
+        + ("" if vs_peer_target is None else f" and <= {vs_peer_target}x the `{PEER}` peer's")
+        + " (median over warm turns of the per-turn ratio, within one run)"
+        + ("." if cold is None else f"; cold turns <= {COLD}x `full`."),
+        "",
+        "| family | n warm | greedy exact | first token | dominated by | TTFT vs prefix | "
+        "TTFT vs peer | compute: default / prefix / peer |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for fam, f in families.items():
+        peer = "-" if f["vs_peer"] is None else f"{f['vs_peer']:.2f}x"
+        peer += f" ({mark(f['met']['vs_peer'])})" if "vs_peer" in f["met"] else ""
+        pc = "-" if f["peer_compute"] is None else f"{f['peer_compute']:.3f}"
+        lines.append(
+            f"| {fam} | {f['turns']} | {f['greedy_exact']:.2f} ({mark(f['met']['greedy_exact'])})"
+            f" | {f['first_token']:.2f} ({mark(f['met']['first_token'])}) | "
+            f"{', '.join(f['dominated_by']) or 'none'} | {f['vs_prefix']:.2f}x "
+            f"({mark(f['met']['vs_prefix'])}) | {peer} | {f['compute']:.3f} / "
+            f"{f['prefix_compute']:.3f} / {pc} |"
+        )
+    lines += [
+        "",
+        "For each speed target missed, the fastest strategy of the same run at the fidelity "
+        "floor (greedy exact and first token as above):",
+        "",
+    ]
+    for fam, f in families.items():
+        for key, target, label in (
+            ("vs_prefix", vs_prefix_target, "prefix"),
+            ("vs_peer", vs_peer_target, "peer"),
+        ):
+            if f["met"].get(key, True):
+                continue
+            best = f[f"fastest_faithful_{key}"]
+            if best is None:
+                continue
+            reach = "reaches" if best["ratio"] <= target else "does not reach"
+            lines.append(
+                f"- {fam}, TTFT <= {target}x {label}: the fastest at the floor is "
+                f"`{best['strategy']}` at {best['ratio']:.2f}x, which {reach} it."
+            )
+    lines += [
+        "",
+        "The default's warm turns by kind: exact (every reused token whose context changed was "
+        "computed: `cover` acted, or there were none) and ranked (the probe chose "
+        "`extra` of them); median TTFT / the peer's on the same turn, and mean compute:",
+        "",
+        "| family | exact turns | vs peer | compute (peer's) | ranked turns | vs peer | "
+        "compute (peer's) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def part(k: dict[str, Any]) -> str:
+        if not k["turns"]:
+            return "0 | - | -"
+        return f"{k['turns']} | {k['vs_peer']:.2f}x | {k['compute']:.3f} ({k['peer_compute']:.3f})"
+
+    for fam, f in families.items():
+        if f["by_turn_kind"] is not None:
+            k = f["by_turn_kind"]
+            lines.append(f"| {fam} | {part(k['exact'])} | {part(k['ranked'])} |")
+    if cold is not None:
+        lines += [
+            "",
+            f"## Cold turns ({cold['turns']} first turns: "
+            f"{', '.join(cold['workloads'])}; sessions {cold['sessions'][0]}..)",
+            "",
+            "| strategy | TTFT / full, median (max) | added besides computing, share of full's "
+            "TTFT: median (max) |",
+            "|---|---|---|",
+        ]
+        for s, c in cold["strategies"].items():
+            added = (
+                f"{c['added_median']:+.2%} ({c['added_max']:+.2%})" if "added_median" in c else "-"
+            )
+            lines.append(f"| {s} | {c['median']:.2f} ({c['max']:.2f}) | {added} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", type=Path, help="validation bench folders, one per family")
+    p.add_argument("--cold", type=Path, default=None, help="a bench folder of first turns")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--vs-prefix", type=float, default=VS_PREFIX, help="TTFT target vs prefix")
+    p.add_argument("--vs-peer", type=float, default=VS_PEER, help="TTFT target vs the peer")
+    p.add_argument("--no-peer-target", action="store_true", help="report the peer, no target")
+    args = p.parse_args()
+    peer_target = None if args.no_peer_target else args.vs_peer
+    targets = {"vs_prefix_target": args.vs_prefix, "vs_peer_target": peer_target}
+    families = {}
+    for run in args.runs:
+        results = json.loads((run / "results.json").read_text())
+        if results["split"] != "validate":
+            raise SystemExit(f"{run}: split {results['split']!r}, not validation sessions")
+        families[", ".join(sorted(results["by_workload"]))] = family(results, **targets)
+    cold = None
+    if args.cold is not None:
+        results = json.loads((args.cold / "results.json").read_text())
+        by_strategy = cold_turns(results["turns"])
+        cold = {
+            "strategies": by_strategy,
+            "turns": max(c["turns"] for c in by_strategy.values()),
+            "workloads": sorted(results["by_workload"])
+            or sorted({t["workload"] for t in results["turns"]}),
+            "sessions": results["sessions"],
+        }
+    cmd = "python benchmarks/reuse/targets.py " + " ".join(str(r) for r in args.runs)
+    cmd += f" --cold {args.cold}" if args.cold else ""
+    cmd += "".join(
+        f" --{k.replace('_', '-')} {getattr(args, k)}"
+        for k, d in (("vs_prefix", VS_PREFIX), ("vs_peer", VS_PEER))
+        if getattr(args, k) != d
+    )
+    cmd += " --no-peer-target" if args.no_peer_target else ""
+    cmd += f" --out {args.out}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "targets.json").write_text(
+        json.dumps({"families": families, "cold": cold, "targets": targets}, indent=1) + "\n"
+    )
+    md = render(families, cold, cmd, **targets)
+    (args.out / "targets.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

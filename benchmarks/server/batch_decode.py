@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Concurrent decoding agents on one embedded engine: batched decode against interleaved.
+
+    nice -n -5 python benchmarks/server/batch_decode.py --agents 1 4 16 --new-tokens 48 \
+        --repeats 3 --out docs/bench/server/batching/smollm2-48
+
+N agents (threads) send their prompts at once to one engine (default model, `full` prefill,
+greedy, nothing committed); each engine configuration in turn, repeat by repeat, so that ratios
+are within one run:
+
+    interleaved   EngineConfig(batch_decode=False): each turn steps alone, token by token
+    batched       EngineConfig(batch_decode=True): one step feeds every running turn
+
+Per run: aggregate decode tokens/s (tokens generated / wall time from the common start to the
+last reply, prefills included) and each agent's time to first token. Agent i's prompt is the
+same at every N, so its greedy ids are compared with its run alone (the smallest N that ran it:
+N = 1 for agent 0) and with the interleaved engine's in the same repeat, where each turn steps
+on its own (the reference step). Writes results.json (with provenance) under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentcache.bench.provenance import provenance
+from agentcache.model.loading import load_model
+from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
+from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
+
+SYSTEM = (
+    "You are Forge, a software maintenance agent. You solve one task at a time: read before "
+    "you edit, run the tests after every change, keep changes minimal, and explain each step."
+)
+TASKS = ("the parser drops the last line of a file", "the cache never expires entries",
+         "the CLI ignores its --quiet flag", "dates print in the wrong time zone",
+         "a config file with a BOM fails to load", "retries sleep twice as long as asked",
+         "the progress bar overflows at 100%", "unicode file names crash the uploader")  # fmt: skip
+CONFIGS = {"interleaved": False, "batched": True}
+
+
+def prompt(agent: int) -> SegmentedPrompt:
+    """Agent `agent`'s prompt: the system prompt, then a task whose length grows with it."""
+    task = TASKS[agent % len(TASKS)]
+    detail = " It happens on every run since the last release." * (1 + agent % 5)
+    user = f"Task {agent}: {task}.{detail} Describe how you would find the cause."
+    return SegmentedPrompt([Segment(SegmentKind.SYSTEM, SYSTEM, "sys", "system"),
+                            Segment(SegmentKind.UPDATE, user, "task", "user")])  # fmt: skip
+
+
+def run(engine: Engine, agents: int, params: GenerationParams) -> dict[str, Any]:
+    """All `agents` at once; wall time, tokens and each agent's TTFT and ids."""
+    start = threading.Barrier(agents + 1)
+    ttft: list[float] = [0.0] * agents
+    ids: list[list[int]] = [[] for _ in range(agents)]
+    t0 = [0.0]
+
+    def agent(i: int) -> None:
+        def first(_: int) -> None:
+            if not ttft[i]:
+                ttft[i] = time.perf_counter() - t0[0]
+
+        start.wait()
+        ids[i] = list(engine.generate(prompt(i), params, "full", commit=False,
+                                      on_token=first).token_ids)  # fmt: skip
+
+    threads = [threading.Thread(target=agent, args=(i,)) for i in range(agents)]
+    for th in threads:
+        th.start()
+    t0[0] = time.perf_counter()
+    start.wait()
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - t0[0]
+    tokens = sum(len(x) for x in ids)
+    return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "ttft_s": ttft,
+            "ids": ids}  # fmt: skip
+
+
+def percentile(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, round(p * (len(s) - 1)))]
+
+
+def compare(runs: list[dict[str, Any]], agents: list[int]) -> dict[str, Any]:
+    """Every agent's greedy ids in every run against its run alone (N = 1 serves agent 0 only:
+    the first run of each agent count, same configuration, is the reference for the rest) and
+    against the interleaved engine's ids in the same repeat (each of its turns steps alone)."""
+    # (config, agent) -> ids from the smallest N that ran the agent, first repeat; that N
+    alone: dict[tuple[str, int], tuple[list[int], int]] = {}
+    for r in sorted(runs, key=lambda r: (r["agents"], r["repeat"])):
+        for i, ids in enumerate(r["ids"]):
+            alone.setdefault((r["config"], i), (ids, r["agents"]))
+    out = []
+    for r in runs:
+        ref = next(x for x in runs if x["repeat"] == r["repeat"] and x["agents"] == r["agents"]
+                   and x["config"] == "interleaved")  # fmt: skip
+        out.append({"repeat": r["repeat"], "agents": r["agents"], "config": r["config"],
+                    "equal_alone": [ids == alone[(r["config"], i)][0]
+                                    for i, ids in enumerate(r["ids"])],
+                    "alone_from_agents": [alone[(r["config"], i)][1]
+                                          for i in range(len(r["ids"]))],
+                    "equal_interleaved": [a == b for a, b in zip(r["ids"], ref["ids"],
+                                                                 strict=True)],
+                    "tokens": [len(x) for x in r["ids"]]})  # fmt: skip
+    return {
+        "runs": out,
+        "all_equal_alone": all(all(x["equal_alone"]) for x in out),
+        "all_equal_interleaved": all(all(x["equal_interleaved"]) for x in out),
+    }
+
+
+def summarize(runs: list[dict[str, Any]], agents: list[int]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for n in agents:
+        by = {c: [r for r in runs if r["agents"] == n and r["config"] == c] for c in CONFIGS}
+        row: dict[str, Any] = {}
+        for c, rs in by.items():
+            tps = [r["tokens_per_s"] for r in rs]
+            ttft = [t for r in rs for t in r["ttft_s"]]
+            row[c] = {"tokens_per_s_median": statistics.median(tps), "tokens_per_s": tps,
+                      "ttft_p50_s": statistics.median(ttft), "ttft_p99_s": percentile(ttft, 0.99),
+                      "ttft_n": len(ttft)}  # fmt: skip
+        # within each repeat: batched over interleaved at the same N
+        row["batched_over_interleaved"] = [
+            b["tokens_per_s"] / i["tokens_per_s"]
+            for b, i in zip(by["batched"], by["interleaved"], strict=True)
+        ]
+        out[str(n)] = row
+    for c in CONFIGS:  # within each repeat: N agents over one alone, same configuration
+        for n in agents:
+            ones = [r for r in runs if r["agents"] == agents[0] and r["config"] == c]
+            ns = [r for r in runs if r["agents"] == n and r["config"] == c]
+            out[str(n)][c]["over_one_alone"] = [
+                x["tokens_per_s"] / o["tokens_per_s"] for x, o in zip(ns, ones, strict=True)
+            ]
+        # N batched agents over one agent alone on today's interleaved engine
+    for n in agents:
+        bs = [r for r in runs if r["agents"] == n and r["config"] == "batched"]
+        ones = [r for r in runs if r["agents"] == agents[0] and r["config"] == "interleaved"]
+        out[str(n)]["batched_over_one_interleaved"] = [
+            x["tokens_per_s"] / o["tokens_per_s"] for x, o in zip(bs, ones, strict=True)
+        ]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--agents", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--new-tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--kv-pages", type=int, default=512)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    # of the code that runs, before the tree can change under a long run
+    origin = provenance(argv=sys.argv) | {"command": " ".join(["python", *sys.argv])}
+    model = load_model(None)
+    params = GenerationParams(max_new_tokens=args.new_tokens)
+    engines = {
+        c: Engine(model, EngineConfig(strategy="full", kv_pages=args.kv_pages, batch_decode=b))
+        for c, b in CONFIGS.items()
+    }
+    runs = []
+    for rep in range(args.repeats):
+        for n in args.agents:
+            for c, e in engines.items():
+                r = run(e, n, params)
+                r |= {"repeat": rep, "agents": n, "config": c, "load_avg": os.getloadavg()[0]}
+                runs.append(r)
+                print(
+                    f"rep {rep} N={n:2d} {c:11s} {r['tokens_per_s']:7.2f} tok/s  "
+                    f"ttft p50 {statistics.median(r['ttft_s']):.3f}s  "
+                    f"load {r['load_avg']:.2f}",
+                    flush=True,
+                )
+    agreement = compare(runs, args.agents)
+    batch = engines["batched"].batch
+    for r in runs:
+        r["ids"] = [list(x) for x in r["ids"]]
+    results = {
+        "provenance": origin,
+        "settings": vars(args) | {"out": str(args.out), "model": model.model_id,
+                                  "strategy": "full", "greedy": True},
+        "agreement": agreement,
+        "runs": runs,
+        "summary": summarize(runs, args.agents),
+        "scheduler": None if batch is None else vars(batch.stats()),
+    }  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    print(json.dumps(results["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
