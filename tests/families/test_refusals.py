@@ -67,19 +67,28 @@ def test_every_declared_limit_is_a_known_feature_and_each_feature_splits_the_var
         assert set(limits(v)) <= set(FEATURES), v
     for feature in FEATURES:
         assert sorted(serving(feature) + refusing(feature)) == sorted(VARIANTS)
-    assert refusing(SPARSE_DECODE) and serving(SPARSE_DECODE)  # both sides are exercised
-    assert refusing(VLLM_REROTATION) and serving(VLLM_REROTATION)
+    assert refusing(VLLM_REROTATION) and serving(VLLM_REROTATION)  # both sides exercised
 
 
-class NoSegmentReuse(LlamaFamily):
-    """A family declaring segment reuse beyond it (no registered family does today, so the
-    strategy refusal is exercised on this one too)."""
+class Declaring(LlamaFamily):
+    """A family declaring segment reuse and sparse decode beyond it (no registered family does
+    today, so each refusal is exercised on this one too)."""
 
     def limits(self, s: Structure) -> dict[str, str]:
-        return {**super().limits(s), SEGMENT_REUSE: "its keys cannot be moved"}
+        return {**super().limits(s), SEGMENT_REUSE: "its keys cannot be moved",
+                SPARSE_DECODE: "its pages cannot be ranked"}  # fmt: skip
+
+
+def with_family(variant: str, monkeypatch: pytest.MonkeyPatch) -> LoadedModel:
+    """The variant's model; "<variant>+declared": with the `Declaring` family."""
+    m = model(variant.removesuffix("+declared"))
+    if variant.endswith("+declared"):
+        monkeypatch.setattr(m.forward, "family", Declaring())
+    return m
 
 
 SEGMENT_REFUSALS = [*refusing(SEGMENT_REUSE), "llama3+declared"]
+SPARSE_REFUSALS = [*refusing(SPARSE_DECODE), "qwen3+declared"]
 
 
 @pytest.mark.parametrize("strategy", KEY_MOVING_STRATEGIES)
@@ -87,9 +96,7 @@ SEGMENT_REFUSALS = [*refusing(SEGMENT_REUSE), "llama3+declared"]
 def test_a_key_moving_strategy_is_refused_where_the_family_declares_it(
     variant: str, strategy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    m = model(variant.removesuffix("+declared"))
-    if variant.endswith("+declared"):
-        monkeypatch.setattr(m.forward, "family", NoSegmentReuse())
+    m = with_family(variant, monkeypatch)
     family = m.forward.family.name
     with no_model_work(m) as calls:
         with pytest.raises(ConfigError, match=rf"{family} family .*strategy '{strategy}'"):
@@ -101,20 +108,21 @@ def test_a_key_moving_strategy_is_refused_where_the_family_declares_it(
 
 
 @pytest.mark.parametrize("policy", SPARSE_POLICIES)
-@pytest.mark.parametrize("variant", refusing(SPARSE_DECODE))
+@pytest.mark.parametrize("variant", SPARSE_REFUSALS)
 def test_sparse_decode_is_refused_where_the_family_declares_it(
-    variant: str, policy: str, tmp_path: Path
+    variant: str, policy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from agentcache.decode.profile import save_profile
 
-    m = model(variant)
+    m = with_family(variant, monkeypatch)
     profile = save_profile(make_profile(m), tmp_path / "profile.json")
     config = EngineConfig(strategy="full", decode=DecodeConfig(policy, profile=profile))
     with no_model_work(m) as calls, pytest.raises(ConfigError) as e:
         Engine(m, config)
     assert calls == []
     assert f"{m.forward.family.name} family ({m.config.model_type})" in str(e.value)
-    assert SPARSE_DECODE in str(e.value) and limits(variant)[SPARSE_DECODE] in str(e.value)
+    assert SPARSE_DECODE in str(e.value)
+    assert m.forward.limits()[SPARSE_DECODE] in str(e.value)
 
 
 @pytest.mark.parametrize("variant", refusing(VLLM_REROTATION))

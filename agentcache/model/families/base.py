@@ -117,7 +117,6 @@ class ModelFamily(ABC):
         """Features this model cannot serve yet -> why (derived from its structure)."""
         out = {}
         if s.attention.windowed:
-            out[SPARSE_DECODE] = "page selection does not yet honour sliding windows"
             out[VLLM_REROTATION] = (
                 "a sliding-window layer's reused KV outside every window is not loaded, and "
                 "the connector writes every layer's KV of a span into vLLM's pages"
