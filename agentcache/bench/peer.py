@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from agentcache.errors import ConfigError
+
 PEER = "transformers-prefix"
 
 
@@ -42,6 +44,14 @@ class TransformersPrefix:
     """One session's hand-rolled cache: the previous request's `DynamicCache` and its ids."""
 
     def __init__(self, hf_model: Any) -> None:
+        from agentcache.model.families.base import layer_windows
+
+        if any(w is not None for w in layer_windows(hf_model.config)):
+            raise ConfigError(
+                f"{PEER} cannot run {hf_model.config.model_type} with sliding-window layers: "
+                "transformers' cache keeps only a window's last tokens there and cannot be "
+                "cropped back to a shorter prefix"
+            )
         self.model = hf_model
         params = inspect.signature(hf_model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in 5.x

@@ -12,6 +12,10 @@ A streaming head (HeadPlan.streaming) is never scored and attends
     [0 (sink)] + [window_start .. newest],  window_start = max(1, pages - window_pages)
 
 its window sliding as pages open; offloaded, it holds exactly those pages in the fast tier.
+
+A sliding-window layer (the model's attention spec, model/attention.py) is decoded exactly:
+its queries read only the last W tokens, so every KV head of it attends the pages holding them,
+masked to those W tokens; it is never scored, streamed or offloaded (its plan is dense there).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from agentcache.decode.minmax import MinMaxMeta
 from agentcache.decode.policies import HeadPlan
 from agentcache.decode.stats import DecodeStats
 from agentcache.decode.store import HeadPagedKV
+from agentcache.model.attention import attention
 from agentcache.model.llama import LlamaForward
 
 
@@ -69,13 +74,17 @@ class SparseDecoder(Decoder):
         self.interval = plan.rerank_interval.clone()
         no_heads = torch.zeros_like(plan.offload)
         self.streaming = no_heads if plan.streaming is None else plan.streaming.clone()
+        # sliding-window layers: each head attends its window's pages, no selection
+        self.windows = [forward.spec.window(i) for i in range(c.num_layers)]
+        windowed = torch.tensor([w is not None for w in self.windows])
+        self.streaming[windowed] = False
         self.window = plan.window_pages
         capacity = torch.where(
             self.streaming,
             1 + self.window,
             1 + self.budget + self.recent + (-(-self.interval // page)),
         )
-        offload = plan.offload & (capacity < max_pages)
+        offload = plan.offload & (capacity < max_pages) & ~windowed[:, None]
         self.kv = HeadPagedKV(c.head_dim, page, max_pages, capacity, offload)
         self.window_offloaded = [
             torch.nonzero(offload[i] & self.streaming[i]).flatten() for i in range(c.num_layers)
@@ -199,10 +208,15 @@ class SparseDecoder(Decoder):
                 self.kv.write(layer, start + i, k[i], v[i])
                 self.meta.append(layer, k[i], start + i)
             parts = []
+            window = self.windows[layer]
             for h in range(hkv):
                 keys, values = self.kv.full_kv(layer, h)
                 qh = q[:, h * g : (h + 1) * g]
-                parts.append(last_tokens_attention(qh, keys, values, f.scale))
+                if window is None:
+                    parts.append(last_tokens_attention(qh, keys, values, f.scale))
+                else:  # the spec's windowed attention (the reference's masked path)
+                    kv = (keys[:, None], values[:, None])
+                    parts.append(attention(qh, *kv, None, f.scale, window))
             hidden = f.finish(layer, hidden, torch.cat(parts, dim=1))
             off = self.kv.offloaded_heads[layer]
             self._host_read += len(off) * self.kv.num_tokens * self.kv.page_bytes // self.page
@@ -241,6 +255,9 @@ class SparseDecoder(Decoder):
         """Logical pages each KV head attends at `layer` now: (Hkv, n), -1 padded."""
         n_pages = -(-self.kv.num_tokens // self.page)
         stream = self.streaming[layer]
+        if (w := self.windows[layer]) is not None:  # the pages of the window's tokens
+            first = max(0, self.kv.num_tokens - w) // self.page
+            return torch.arange(first, n_pages).expand(len(stream), -1)
         window = torch.cat(
             [torch.zeros(1, dtype=torch.int64), torch.arange(self.window_start, n_pages)]
         )
@@ -263,14 +280,16 @@ class SparseDecoder(Decoder):
         pages = self.pages(layer)  # (Hkv, n)
         k, v = self.kv.gather(layer, pages)  # (Hkv, n*page, Dh)
         token = pages[:, :, None] * self.page + torch.arange(self.page)
-        valid = ((pages[:, :, None] >= 0) & (token < self.kv.num_tokens)).flatten(1)
-        return page_attention(qg, k, v, valid, self.f.scale)
+        valid = (pages[:, :, None] >= 0) & (token < self.kv.num_tokens)
+        if (w := self.windows[layer]) is not None:  # the newest token sees the last w
+            valid &= token >= self.kv.num_tokens - w
+        return page_attention(qg, k, v, valid.flatten(1), self.f.scale)
 
     def _rerank(self, layer: int, qg: Tensor) -> int:
         """Re-score the heads of `layer` due this step; returns head-pages promoted."""
         due = ((self.steps % self.interval[layer]) == 0) & ~self.streaming[layer]
         due = torch.nonzero(due).flatten()
-        if len(due) == 0:
+        if len(due) == 0 or self.windows[layer] is not None:  # a window: nothing to select
             return 0
         t0 = time.perf_counter()
         n_pages = -(-self.kv.num_tokens // self.page)

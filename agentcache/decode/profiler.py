@@ -3,7 +3,9 @@ pages per (layer, KV head) by MinMax score, then RCO over windows (see profile.p
 
 It also measures, for each GQA combine ("sum", "max"), the attention recall of the selection:
 the share of the dense attention mass of every query head that falls in the selected pages
-(top-K + sink + newest), averaged over heads, layers and steps.
+(top-K + sink + newest), averaged over heads, layers and steps. Attention is the model's own
+(`model.attention.attention_probs`: its softmax scale and each layer's sliding window), so the
+profiled decode is the reference forward's (tests/decode/test_profiler.py).
 
 `trace_heads` decodes after one prompt's prefilled K/V; `head_profile` turns the traces of
 every prompt into a `HeadProfile`. The prefill is the caller's (`heads.run` runs the prompts
@@ -26,6 +28,7 @@ from agentcache.decode.profile import (
     unstable_set,
     window_rco,
 )
+from agentcache.model.attention import attention_probs, probs_attention
 from agentcache.model.llama import LlamaForward
 from agentcache.model.loading import LoadedModel
 
@@ -127,6 +130,7 @@ def trace_heads(
     with torch.inference_mode():
         for _ in range(settings.steps):
             hidden = f.embed(torch.tensor([token]))
+            here = torch.tensor([t])  # the new token's index in the context
             pages = -(-(t + 1) // PAGE)
             tail = max(1, pages - settings.recent_pages)
             step_sets = []
@@ -135,9 +139,11 @@ def trace_heads(
                 kbuf[layer, :, t], vbuf[layer, :, t] = k[0], v[0]
                 meta.append(layer, k[0], t)
                 qg = q[0].view(c.num_kv_heads, group, c.head_dim)
-                probs = torch.softmax(qg @ kbuf[layer, :, : t + 1].transpose(1, 2) * f.scale, -1)
-                attn = (probs @ vbuf[layer, :, : t + 1]).reshape(1, -1)
-                mass = _page_mass(probs, pages)  # (Hkv, G, P)
+                keys_l = kbuf[layer, :, : t + 1].transpose(0, 1)  # (S, Hkv, Dh)
+                # the model's own attention (its scale, this layer's window), weights kept
+                probs = attention_probs(q, keys_l, here, f.scale, f.spec.window(layer))
+                attn = probs_attention(probs, vbuf[layer, :, : t + 1].transpose(0, 1))
+                mass = _page_mass(probs[0].view(c.num_kv_heads, group, -1), pages)  # (Hkv, G, P)
                 for name in GQA_COMBINES:
                     top = _top(meta.scores(layer, qg, None, name), tail, settings.budget_pages)
                     trace.recall[name].append(_recall(mass, top, tail))

@@ -93,6 +93,30 @@ def attention(
     return fast if fast is not None else blocked_attention(q, keys, values, query_index, scale)
 
 
+def attention_probs(
+    q: Tensor, keys: Tensor, query_index: Tensor, scale: float, window: int | None = None
+) -> Tensor:
+    """The attention weights themselves, for callers that read them (the head profiler's page
+    mass): (T, H, S) softmax of q . k * `scale` under `causal_mask` (the window included).
+    q (T, H, Dh), keys (S, Hkv, Dh); query head h reads KV head h // (H / Hkv). The reference
+    computation: `probs_attention(attention_probs(...), values)` equals `attention`."""
+    t, h, _ = q.shape
+    s, hkv = keys.shape[0], keys.shape[1]
+    qg = q.view(t, hkv, h // hkv, -1).transpose(0, 1)  # (Hkv, T, G, Dh)
+    scores = torch.einsum("ktgd,skd->ktgs", qg, keys) * scale
+    mask = causal_mask(query_index, s, window)  # (T, S)
+    scores = scores.masked_fill(~mask[None, :, None, :], float("-inf"))
+    return torch.softmax(scores, -1).transpose(0, 1).reshape(t, h, s)
+
+
+def probs_attention(probs: Tensor, values: Tensor) -> Tensor:
+    """Attention output (T, H*Dh) of weights `probs` (T, H, S) over `values` (S, Hkv, Dh)."""
+    t, h, s = probs.shape
+    hkv = values.shape[1]
+    pg = probs.view(t, hkv, h // hkv, s)
+    return torch.einsum("tkgs,skd->tkgd", pg, values).reshape(t, -1)
+
+
 def masked_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float) -> Tensor:
     """Grouped-query attention under an explicit (T, S) bool `mask` (from `causal_mask`, for
     a context that is a subset of the sequence). q (T, H, Dh), keys/values (S, Hkv, Dh)."""

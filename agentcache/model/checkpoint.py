@@ -92,7 +92,7 @@ def _checked(path: Path, name: str, t: Tensor, shape: tuple[int, ...]) -> Tensor
     if t.dtype not in FLOAT_DTYPES:
         raise ModelLoadError(
             f"{path}: tensor {name!r} is {t.dtype}; agentcache loads fp32, fp16 or bf16 weights "
-            "(quantized checkpoints are not supported)"
+            "(integer-quantized, fp8 and fp64 tensors are not supported)"
         )
     if tuple(t.shape) != shape:
         raise ModelLoadError(

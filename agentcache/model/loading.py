@@ -139,6 +139,12 @@ def load_folder(folder: Path, name: str | None = None) -> LoadedModel:
         raise ModelLoadError(f"{config_file} is not valid JSON: {e}") from e
     if not isinstance(raw, dict):
         raise ModelLoadError(f"{config_file} must hold a JSON object, got {type(raw).__name__}")
+    if (quant := raw.get("quantization_config")) is not None:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        raise ModelLoadError(
+            f"{config_file} declares a quantization_config (quant_method {method!r}): "
+            "agentcache loads fp32, fp16 or bf16 weights only; use the unquantized checkpoint"
+        )
     model_type = raw.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelLoadError(

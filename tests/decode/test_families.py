@@ -14,8 +14,8 @@ from agentcache.decode.config import DecodeConfig
 from agentcache.decode.decoder import SparseDecoder
 from agentcache.decode.dense import dense_step, reference_step, window_spans
 from agentcache.decode.setup import DecodeSetup
-from agentcache.errors import ConfigError
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
+from agentcache.model.attention import attention
 from agentcache.model.families.base import SPARSE_DECODE
 from agentcache.model.loading import LoadedModel, from_hf
 from agentcache.model.tokenizer import ByteTokenizer
@@ -67,24 +67,50 @@ def test_window_spans_hold_exactly_the_last_window_tokens() -> None:
         assert slots == sorted(seq.slots()[-w:].tolist())
 
 
-def test_sparse_decode_of_a_windowed_family_is_refused_at_configuration(
+def test_sparse_decode_attends_a_window_layer_exactly_at_any_budget(
     pair: tuple[Any, LoadedModel],
 ) -> None:
-    model = pair[1]
-    config = DecodeConfig("quest")
-    if model.forward.structure.attention.windowed:
-        with pytest.raises(ConfigError, match="does not support sparse decode"):
-            DecodeSetup.resolve(model, config)
-    else:
-        assert DecodeSetup.resolve(model, config).plan.sparse
+    """A sliding-window layer needs no page selection: with a budget of one page, each step of
+    such a layer equals the reference attention over every key the decoder holds, through the
+    layer's window; a model whose every layer slides then decodes transformers' logits."""
+    hf, model = pair
+    f, c = model.forward, model.config
+    if not f.spec.windowed:
+        pytest.skip("no sliding-window layer")
+    ids = torch.randint(0, 256, (TOTAL + 64,), generator=torch.Generator().manual_seed(9))
+    prompt = PROMPT + 64  # a prompt of several pages, most of them outside every window
+    config = DecodeConfig("quest", budget_pages=1)
+    plan = DecodeSetup.resolve(model, config).plan
+    out = f.forward(ids[:prompt])
+    dec = SparseDecoder(f, plan, config, out.keys, out.values, len(ids))
+    attend, checked = dec._attend, []
+
+    def spy(layer: int, qg: torch.Tensor) -> torch.Tensor:
+        got = attend(layer, qg)
+        if (w := f.spec.window(layer)) is not None:
+            held = [dec.kv.full_kv(layer, h) for h in range(c.num_kv_heads)]
+            keys = torch.stack([k for k, _ in held], 1)
+            values = torch.stack([v for _, v in held], 1)
+            want = attention(qg.reshape(1, c.num_heads, -1), keys, values, None, f.scale, w)
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+            checked.append(layer)
+        return got
+
+    object.__setattr__(dec, "_attend", spy)
+    got = torch.stack([dec.step(int(t), prompt + i) for i, t in enumerate(ids[prompt:])])
+    assert checked and {la for la in range(c.num_layers) if f.spec.window(la)} == set(checked)
+    if all(f.spec.window(la) is not None for la in range(c.num_layers)):
+        with torch.no_grad():
+            want = hf(ids[None]).logits[0, prompt:]
+        assert (got - want).abs().max().item() <= 1e-4
 
 
 def test_sparse_decode_with_every_page_matches_transformers(pair: tuple[Any, LoadedModel]) -> None:
     """Sparse decode (quest) with a budget over every page is dense decode, on every family
     that supports it (the reference: transformers' logits on the whole sequence)."""
     hf, model = pair
-    if SPARSE_DECODE in model.forward.limits():
-        pytest.skip(f"{model.forward.family.name} refuses sparse decode (tested above)")
+    if SPARSE_DECODE in model.forward.limits():  # the refusal: tests/families/test_refusals.py
+        pytest.skip(f"{model.forward.family.name} declares sparse decode beyond it")
     ids = torch.randint(0, 256, (TOTAL,), generator=torch.Generator().manual_seed(8))
     with torch.no_grad():
         want = hf(ids[None]).logits[0]

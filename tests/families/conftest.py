@@ -1,19 +1,31 @@
-"""The `tiny` model of the shared suites, once per model family (tiny random configs built with
-`transformers`' own config classes, no download): a suite imported into this package runs
-over every family that supports what it tests."""
+"""The `tiny` model of the shared suites, once per model family variant (tiny random configs
+built with `transformers`' own config classes, no download): a suite imported into this
+package runs over every variant. A strategy the variant's family refuses (its declared limits,
+`LlamaForward.require_strategy`) is skipped with the family's own reason; the refusal itself
+is tested in test_refusals.py."""
 
 from __future__ import annotations
 
 import pytest
 
+from agentcache.errors import ConfigError
 from agentcache.model.loading import LoadedModel
-from agentcache.testing import TINY_FAMILY_CONFIGS, tiny_family_model
-
-# llama3 and qwen2 are the default tiny model's layer with another rope or biases (the
-# forward and decode tests run them); every other variant changes what reuse touches
-REUSE_VARIANTS = [v for v in TINY_FAMILY_CONFIGS if v not in ("llama3", "qwen2")]
+from tests.families.declared import VARIANTS, model
 
 
-@pytest.fixture(scope="package", params=REUSE_VARIANTS)
+@pytest.fixture(scope="package", params=VARIANTS)
 def tiny(request: pytest.FixtureRequest) -> LoadedModel:
-    return tiny_family_model(request.param, seed=11)
+    return model(request.param, seed=11)
+
+
+@pytest.fixture(autouse=True)
+def _declared_strategies(request: pytest.FixtureRequest) -> None:
+    """Skip a (family, strategy) pair the family declares it cannot serve."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is None or "name" not in callspec.params or "tiny" not in request.fixturenames:
+        return
+    tiny: LoadedModel = request.getfixturevalue("tiny")
+    try:
+        tiny.forward.require_strategy(callspec.params["name"])
+    except ConfigError as e:
+        pytest.skip(f"declared: {e}")

@@ -91,11 +91,41 @@ def test_weights_not_matching_the_config_are_refused(tmp_path: Path) -> None:
         load_folder(folder)
 
 
-def test_quantized_weights_are_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn, torch.float64])
+def test_weights_of_another_dtype_are_refused_naming_the_tensor(
+    tmp_path: Path, dtype: torch.dtype
+) -> None:
     _, folder = _folder(tmp_path, "llama3")
     name = "model.layers.0.mlp.up_proj.weight"
-    _edit_weights(folder, lambda sd: sd.update({name: sd[name].to(torch.int8)}))
-    with pytest.raises(ModelLoadError, match=f"tensor '{name}' is torch.int8"):
+    path = _edit_weights(folder, lambda sd: sd.update({name: sd[name].to(dtype)}))
+    with pytest.raises(ModelLoadError, match=f"{path}: tensor '{name}' is {dtype}; .*fp32, fp16"):
+        load_folder(folder)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_fp16_and_fp32_weights_load_as_fp32_and_match_transformers(
+    tmp_path: Path, dtype: torch.dtype
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    _, folder = _folder(tmp_path, "gemma3", dtype)
+    model = load_folder(folder)
+    assert model.forward.weights.layers[0].wq.dtype == torch.float32
+    # the reference: transformers loading the same folder in fp32 (its buffers computed anew)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.tensor([5, 17, 3, 99, 42, 7, 250, 1])
+    with torch.no_grad():
+        want = hf(ids[None]).logits[0]
+    assert (model.forward.forward(ids).logits - want).abs().max().item() <= 1e-4
+
+
+def test_a_quantized_checkpoint_is_refused_from_its_config(tmp_path: Path) -> None:
+    """A GPTQ / AWQ / fp8 export says so in config.json: refused before any tensor is read."""
+    _, folder = _folder(tmp_path, "qwen3")
+    cfg = json.loads((folder / "config.json").read_text())
+    quant = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (folder / "config.json").write_text(json.dumps({**cfg, "quantization_config": quant}))
+    with pytest.raises(ModelLoadError, match=r"config\.json declares a quantization_config .*fp8"):
         load_folder(folder)
 
 

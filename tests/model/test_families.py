@@ -10,7 +10,7 @@ import torch
 
 from agentcache.errors import ConfigError, ModelLoadError
 from agentcache.model.families import FAMILIES, family_for, model_types
-from agentcache.model.families.base import SPARSE_DECODE, VLLM_REROTATION
+from agentcache.model.families.base import VLLM_REROTATION
 from agentcache.model.loading import LoadedModel, from_hf
 from agentcache.model.rope import RotaryEmbedding
 from agentcache.model.tokenizer import ByteTokenizer
@@ -127,12 +127,12 @@ def test_partial_rotary_moves_only_the_rotated_share() -> None:
     [
         ("llama3", set()),
         ("qwen2", set()),
-        ("qwen2-window", {SPARSE_DECODE, VLLM_REROTATION}),
+        ("qwen2-window", {VLLM_REROTATION}),
         ("qwen3", set()),
-        ("mistral", {SPARSE_DECODE, VLLM_REROTATION}),
+        ("mistral", {VLLM_REROTATION}),
         ("smollm3", {VLLM_REROTATION}),
-        ("gemma3", {SPARSE_DECODE, VLLM_REROTATION}),
-        ("phi3", {SPARSE_DECODE, VLLM_REROTATION}),
+        ("gemma3", {VLLM_REROTATION}),
+        ("phi3", {VLLM_REROTATION}),
     ],
 )
 def test_what_a_family_cannot_do_is_refused_naming_family_and_feature(

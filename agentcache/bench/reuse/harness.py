@@ -70,6 +70,7 @@ class BenchRunner:
         if any(s.label == PEER for s in specs) and peer is None:
             raise ConfigError(f"{PEER} needs the checkpoint's transformers model (peer=...)")
         self.model = model
+        self.windows = [la.window for la in model.forward.spec.layers]  # cksim: rows read
         self.specs = specs
         self.kv_pages = kv_pages
         self.peer = peer
@@ -154,7 +155,7 @@ class BenchRunner:
                 "recomputed_tokens": n - reused, "recompute_fraction": (n - reused) / n,
                 "load_ms": 0.0, "fallbacks": 0, "probe_skipped": False, "misses": [],
                 "fast_tier_kv_bytes_peak": kv_bytes, "store_bytes_peak": kv_bytes,
-                "cksim_by_layer": cksim_by_layer(ref_keys, keys), "reply_kv": None,
+                "cksim_by_layer": cksim_by_layer(ref_keys, keys, self.windows), "reply_kv": None,
             }
             | fidelity(ref_logits, ref_tokens, logits)
         )  # fmt: skip
@@ -194,7 +195,7 @@ class BenchRunner:
                 "misses": [m.reason.value for m in s.misses],
                 "fast_tier_kv_bytes_peak": pool.peak_pages_used * pool.config.page_bytes,
                 "store_bytes_peak": engine.store.stats.peak_bytes,
-                "cksim_by_layer": cksim_by_layer(ref_keys, keys),
+                "cksim_by_layer": cksim_by_layer(ref_keys, keys, self.windows),
             }
             | plan_fields(s)
             | fidelity(ref_logits, ref_tokens, logits)

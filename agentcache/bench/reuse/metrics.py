@@ -37,10 +37,25 @@ def fidelity(ref_logits: Tensor, ref_tokens: Sequence[int], logits: Tensor) -> d
     }
 
 
-def cksim_by_layer(ref_keys: Tensor, keys: Tensor) -> list[float]:
-    """Mean cosine (over tokens and heads) of keys vs `full`'s keys, per layer. (L, T, H, D)."""
+def cksim_by_layer(
+    ref_keys: Tensor, keys: Tensor, windows: Sequence[int | None] | None = None
+) -> list[float]:
+    """Mean cosine (over tokens and heads) of keys vs `full`'s keys, per layer. (L, T, H, D).
+
+    On a sliding-window layer (`windows[l]` = W) only the keys later tokens read count: the
+    last W - 1 prompt tokens (the next token sees those and itself). The rows before them are
+    read by no later query, and a strategy need not even load them (reuse/windowed.py: the
+    sequence holds no K/V there), so comparing them would measure whatever the pages held."""
     cos = torch.nn.functional.cosine_similarity(ref_keys, keys, dim=-1)  # (L, T, H)
-    return cos.mean(dim=(1, 2)).tolist()
+    if windows is None:
+        return cos.mean(dim=(1, 2)).tolist()
+    if len(windows) != cos.shape[0]:
+        raise ValueError(f"{len(windows)} layer windows for keys of {cos.shape[0]} layers")
+    t = cos.shape[1]
+    return [
+        float(c.mean() if w is None else c[max(0, t - (w - 1)) :].mean())
+        for c, w in zip(cos, windows, strict=True)
+    ]
 
 
 def _median(xs: Iterable[float]) -> float:

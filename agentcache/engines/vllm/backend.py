@@ -34,6 +34,7 @@ from agentcache.engines.vllm.config import (
     kv_transfer_config,
 )
 from agentcache.engines.vllm.driver import StepDriver, transfer_report
+from agentcache.engines.vllm.families import require_folder_rerotation
 from agentcache.engines.vllm.fill import FillDecider
 from agentcache.engines.vllm.identity import model_identity, store_model_id
 from agentcache.engines.vllm.request import RequestSpec
@@ -71,6 +72,8 @@ class VLLMBackend:
         from transformers import AutoTokenizer
 
         folder = Path(c.model) if c.model else default_model_folder(cache_dir)
+        if c.reuse == "agentcache":  # segment reuse re-rotates keys: refused before vLLM loads
+            require_folder_rerotation(folder)
         name = DEFAULT_MODEL if c.model is None else folder.name
         self.folder = folder
         self.tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(folder), name)

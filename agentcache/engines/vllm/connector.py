@@ -45,6 +45,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
 
 from agentcache.engines.vllm import UnsupportedKVLayoutError  # noqa: E402
 from agentcache.engines.vllm.config import ConnectorSettings  # noqa: E402
+from agentcache.engines.vllm.families import require_folder_rerotation  # noqa: E402
 from agentcache.engines.vllm.identity import model_identity, store_model_id  # noqa: E402
 from agentcache.engines.vllm.layout import KVShape, layout_for  # noqa: E402
 from agentcache.engines.vllm.modes import (  # noqa: E402
@@ -112,6 +113,8 @@ class AgentCacheConnector(KVConnectorBase_V1):
         self.block_size = int(vllm_config.cache_config.block_size)
         model_config = vllm_config.model_config
         self.model_folder = Path(model_config.model)
+        if self.settings.segments:  # stored keys move to new positions: refuse what cannot
+            require_folder_rerotation(self.model_folder)
         self.dtype: torch.dtype = model_config.dtype
         self.runs_engine = self.settings.segments and self.settings.fill != "vllm"
         if self.runs_engine and self.dtype != torch.float32:
@@ -255,6 +258,11 @@ def paged_kv(
             "supports one full-attention group"
         )
     spec = groups[0].kv_cache_spec
+    if type(spec).__name__ == "SlidingWindowSpec":  # its blocks outside the window are freed
+        raise UnsupportedKVLayoutError(
+            "a sliding-window KV cache group (every layer slides); the connector reads and "
+            "writes whole prompts, so it supports one full-attention group"
+        )
     layer = vllm_config.compilation_config.static_forward_context[names[0]]
     backend = layer.attn_backend.get_name()
     block_size = int(vllm_config.cache_config.block_size)

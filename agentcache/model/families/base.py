@@ -117,7 +117,6 @@ class ModelFamily(ABC):
         """Features this model cannot serve yet -> why (derived from its structure)."""
         out = {}
         if s.attention.windowed:
-            out[SPARSE_DECODE] = "page selection does not yet honour sliding windows"
             out[VLLM_REROTATION] = (
                 "a sliding-window layer's reused KV outside every window is not loaded, and "
                 "the connector writes every layer's KV of a span into vLLM's pages"
@@ -125,6 +124,11 @@ class ModelFamily(ABC):
         if not s.uniform_rotary:
             why = "its layers rotate keys differently (NoPE layers or per-layer RoPE bases)"
             out[VLLM_REROTATION] = why + "; the connector moves every layer's keys alike"
+        elif s.rotary_share < 1.0:
+            out[VLLM_REROTATION] = (
+                f"partial rotary (a share of {s.rotary_share:g} of each head's dims rotates): "
+                "re-rotating it in vLLM's KV pages is not proven against vLLM's own rotary"
+            )
         return out
 
     def refuse(self, option: str, why: str) -> ModelLoadError:

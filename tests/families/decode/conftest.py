@@ -1,5 +1,6 @@
-"""The decode suites' `tiny`, once per family that serves sparse decode (those with a sliding
-window refuse it at configuration: tests/decode/test_families.py)."""
+"""The decode suites' `tiny`, once per family variant that serves sparse decode (derived from
+what each family declares; those that declare it beyond them are refused at configuration:
+tests/families/test_refusals.py)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,15 @@ import pytest
 from agentcache.model.families.base import SPARSE_DECODE
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
-from agentcache.testing import TINY_FAMILY_CONFIGS, tiny_family_model
 from tests.decode.conftest import TEXT, profile_file  # noqa: F401  (fixtures)
+from tests.families.declared import model, serving
 
-SPARSE_VARIANTS = [
-    v for v in TINY_FAMILY_CONFIGS if SPARSE_DECODE not in tiny_family_model(v).forward.limits()
-]
+SPARSE_VARIANTS = serving(SPARSE_DECODE)
 
 
 @pytest.fixture(scope="package", params=SPARSE_VARIANTS)
 def tiny(request: pytest.FixtureRequest) -> LoadedModel:
-    return tiny_family_model(request.param, seed=13)
+    return model(request.param, seed=13)
 
 
 @pytest.fixture
