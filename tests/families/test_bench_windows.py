@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentcache.bench.harness import BenchRunner, parse_specs
-from agentcache.bench.metrics import cksim_by_layer
 from agentcache.bench.peer import TransformersPrefix
+from agentcache.bench.reuse.harness import BenchRunner, parse_specs
+from agentcache.bench.reuse.metrics import cksim_by_layer
 from agentcache.errors import ConfigError
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
 from agentcache.testing import tiny_family_hf_model
