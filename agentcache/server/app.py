@@ -28,10 +28,10 @@ from starlette.exceptions import HTTPException
 
 from agentcache.backends import ServingEngine
 from agentcache.chat.identity import tenant_id
-from agentcache.chat.runner import ChatEngine, ChatResult
+from agentcache.chat.runner import ChatEngine, ChatRequest, ChatResult, PreparedChat
 from agentcache.chat.segmenter import ConversationTracker
 from agentcache.errors import AgentCacheError
-from agentcache.server.admission import AdmissionLine
+from agentcache.server.admission import AdmissionLine, Budget, QueueFull
 from agentcache.server.cache_control import openai_retention, retention
 from agentcache.server.config import ServerConfig
 from agentcache.server.convert import chunk, completion_body, reuse_headers, to_chat_request
@@ -43,7 +43,7 @@ from agentcache.server.errors import (
     on_validation_error,
 )
 from agentcache.server.heap import HeapTrimmer
-from agentcache.server.limits import check_request
+from agentcache.server.limits import check_request, check_tools, prompt_chars
 from agentcache.server.messages_api import message_body, message_id, to_turn
 from agentcache.server.messages_schema import MessagesRequest
 from agentcache.server.messages_stream import MessagesEmitter
@@ -74,7 +74,8 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         secret=config.conversation_secret,
     )  # fmt: skip
     chat = ChatEngine(engine, tracker)
-    line = AdmissionLine(config.max_queued, config.max_active)
+    line = AdmissionLine(config.max_queued, config.max_active, config.max_queued_tokens)
+    tokenizing = Budget(config.max_tokenizing_chars)
     book = tracker.book
     metrics = ServerMetrics(
         engine.store_bytes, lambda: (line.active, line.waiting), lambda: (book.nbytes, len(book))
@@ -129,13 +130,27 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
 
     def streamed(turn: Turn, emitter: Emitter) -> Response:
         """The turn as server-sent events, each written by `emitter` (the API's shape)."""
-        if line.full:  # else the line is checked again when the stream starts
-            raise overloaded(line)
+        why = line.refusal(turn.tenant, turn.tokens)
+        if why is not None:  # else the line is checked again when the stream starts
+            raise overloaded(why)
         return StreamingResponse(
             stream(turn, metrics, emitter),
             media_type="text/event-stream",
             headers={CONVERSATION_HEADER: turn.prepared.chat.conversation_id},
         )
+
+    async def prepare(req: ChatRequest, clamp: bool) -> PreparedChat:
+        """Segment and tokenize `req`, its size bounded first: tools by --max-tool-chars
+        (contents were checked by each API), and the characters being tokenized at once by
+        --max-tokenizing-chars (503 beyond)."""
+        check_tools(req.tools, config.limits)
+        try:
+            with tokenizing.hold(req.tenant, prompt_chars(req)):
+                return await run_in_threadpool(chat.prepare, req, clamp)
+        except QueueFull as e:
+            raise overloaded(str(e)) from None
+        except AgentCacheError as e:
+            raise api_error(e) from None
 
     async def finished(turn: Turn, request: Request) -> ChatResult | None:
         """The turn's result, counted in the metrics; None when its client left."""
@@ -158,10 +173,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
             openai_retention(body.prompt_cache_retention, body.prompt_cache_options),
             config.max_retention_s,
         )
-        try:
-            prepared = await run_in_threadpool(chat.prepare, req, clamp)
-        except AgentCacheError as e:
-            raise api_error(e) from None
+        prepared = await prepare(req, clamp)
         if prepared.chat.conversation.rejected_token:
             metrics.rejected_tokens.inc()
         turn = Turn(chat, line, prepared, config.request_timeout_s, threading.Event(), workers)
@@ -200,12 +212,11 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
             config.max_retention_s,
         )
         try:
-            prepared = await run_in_threadpool(chat.prepare, req, clamp)
-        except AgentCacheError as e:
-            err = api_error(e)
+            prepared = await prepare(req, clamp)
+        except APIError as err:
             if err.param == "max_tokens":  # this API's name for it
                 err.param = "max_output_tokens"
-            raise err from None
+            raise
         if prepared.chat.conversation.rejected_token:
             metrics.rejected_tokens.inc()
         turn = Turn(chat, line, prepared, config.request_timeout_s, threading.Event(), workers)
@@ -231,10 +242,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         tenant = tenant_id(getattr(request.state, "key_digest", None), body.cache_salt)
         token = request.headers.get(CONVERSATION_HEADER)
         turn_in = to_turn(body, token, tenant, config.limits, config.max_retention_s)
-        try:
-            prepared = await run_in_threadpool(chat.prepare, turn_in.request, False)
-        except AgentCacheError as e:
-            raise api_error(e) from None
+        prepared = await prepare(turn_in.request, False)
         if prepared.chat.conversation.rejected_token:
             metrics.rejected_tokens.inc()
         turn = Turn(chat, line, prepared, config.request_timeout_s, threading.Event(), workers)

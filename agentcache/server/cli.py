@@ -113,6 +113,13 @@ def add_security(p: argparse.ArgumentParser) -> None:
                    help="a request's deadline, waiting included (default: 600)")  # fmt: skip
     p.add_argument("--max-queued", type=non_negative_int, default=64,
                    help="requests waiting for the engine; more get 503 (default: 64)")  # fmt: skip
+    p.add_argument("--max-queued-tokens", type=positive_int, default=262_144,
+                   help="prompt tokens of the requests waiting for the engine; more get 503, "
+                   "shared fairly between tenants (default: 262144)")  # fmt: skip
+    p.add_argument("--max-tokenizing-chars", type=positive_int, default=8_000_000,
+                   help="characters of requests being tokenized at once; more get 503 "
+                   "(default: 8000000; a tenant with a request in flight holds at most "
+                   "half)")  # fmt: skip
     p.add_argument("--max-active", type=positive_int, default=None,
                    help="requests the engine runs at once, interleaved token by token, so a "
                    f"short request is not held behind a long one (default: {MAX_ACTIVE} on the "
@@ -168,6 +175,7 @@ def server_config(args: argparse.Namespace, model_name: str) -> ServerConfig:
         model_name, args.max_tokens, isolate_conversations=args.isolate_conversations,
         limits=limits,
         request_timeout_s=args.request_timeout, max_queued=args.max_queued,
+        max_queued_tokens=args.max_queued_tokens, max_tokenizing_chars=args.max_tokenizing_chars,
         max_active=args.max_active or (1 if args.backend == "vllm" else MAX_ACTIVE),
         api_key_digests=frozenset(key_digest(k.strip()) for k in keys),
         allowed_hosts=allowed_hosts(args.host, args.allowed_host), enable_docs=args.enable_docs,

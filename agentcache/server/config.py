@@ -23,6 +23,7 @@ class ServerLimits:
     max_stop_chars: int = 256  # characters of one stop string
     max_user_chars: int = 256  # the `user` field
     max_content_chars: int = 4_000_000  # message contents and tool-call arguments, all together
+    max_tool_chars: int = 1_000_000  # tool names, descriptions and parameter schemas, together
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -47,6 +48,9 @@ class ServerConfig:
     request_timeout_s: float = 600.0  # waiting in line + generating
     max_queued: int = 64  # requests waiting for the engine; more get 503
     max_active: int = MAX_ACTIVE  # requests the engine runs at once, interleaved by token
+    max_queued_tokens: int = 262_144  # prompt tokens of the waiting requests; more get 503
+    # characters being tokenized at once (before a request has tokens to queue by)
+    max_tokenizing_chars: int = 8_000_000
     api_key_digests: frozenset[str] = frozenset()  # key_digest of each accepted key
     allowed_hosts: frozenset[str] | None = None  # Host names answered; None: any
     enable_docs: bool = False  # /docs, /redoc, /openapi.json
@@ -72,6 +76,8 @@ class ServerConfig:
             raise ValueError("max_queued must be >= 0 and tracker_bytes >= 1")
         if self.max_active < 1:
             raise ValueError("max_active must be >= 1")
+        if self.max_queued_tokens < 1 or self.max_tokenizing_chars < 1:
+            raise ValueError("max_queued_tokens and max_tokenizing_chars must be >= 1")
         if not self.trim_interval_s >= 0:
             raise ValueError("trim_interval_s must be >= 0")
         if self.max_retention_s < 1:

@@ -3,12 +3,17 @@ that names it.
 
     bytes arrive -> BodyLimit: body size (while reading), JSON nesting depth (before parsing)
     parsed body  -> check_request: messages, tools, stop strings, user, content characters
+    ChatRequest  -> check_tools: characters of tool names, descriptions and schemas (every API)
 """
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Sequence
 
+from agentcache.chat.messages import ToolSpec
+from agentcache.chat.runner import ChatRequest
 from agentcache.server.config import ServerLimits, flag
 from agentcache.server.errors import APIError
 from agentcache.server.schemas import ChatCompletionRequest
@@ -43,6 +48,30 @@ def check_request(body: ChatCompletionRequest, limits: ServerLimits) -> None:
     if chars > limits.max_content_chars:
         what = f"{chars} characters of message content"
         raise limit_error(limits, "max_content_chars", what, "messages")
+
+
+def tool_chars(tools: Sequence[ToolSpec]) -> int:
+    return sum(
+        len(t.name) + len(t.description) + len(json.dumps(t.parameters, ensure_ascii=False))
+        for t in tools
+    )
+
+
+def prompt_chars(request: ChatRequest) -> int:
+    """Characters the prompt of `request` is made of: message contents, tool-call arguments
+    and tools. What tokenizing it costs, before it has tokens."""
+    total = tool_chars(request.tools) + len(request.prefill or "")
+    for m in request.messages:
+        total += len(m.content) + sum(len(c.name) + len(c.arguments_json()) for c in m.tool_calls)
+    return total
+
+
+def check_tools(tools: Sequence[ToolSpec], limits: ServerLimits) -> None:
+    """Tool descriptions and schemas are prompt text too: bounded before any tokenizing."""
+    chars = tool_chars(tools)
+    if chars > limits.max_tool_chars:
+        what = f"{chars} characters of tool names, descriptions and parameters"
+        raise limit_error(limits, "max_tool_chars", what, "tools")
 
 
 def check_arguments(arguments: object, limits: ServerLimits, param: str) -> None:
