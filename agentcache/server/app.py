@@ -193,7 +193,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
     @app.post("/v1/responses", response_model=None)
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         check_model(body.model)
-        tenant = tenant_id(getattr(request.state, "key_digest", None), None)
+        tenant = tenant_id(getattr(request.state, "key_digest", None), body.cache_salt)
         history: tuple[Any, ...] = ()
         token = request.headers.get(CONVERSATION_HEADER)
         if body.previous_response_id is not None:

@@ -210,7 +210,7 @@ def to_chat_request(
     strict = [bool(t.get("strict")) for t in body.tools or ()] if tools else []
     output = output_for(fmt, tools, strict, prefill, _forced_name(body, tools))
     request = ChatRequest(messages, params, tools, conversation, prefill, None, tenant,
-                          output=output)  # fmt: skip
+                          body.prompt_cache_key, output)  # fmt: skip
     return request, turn, max_tokens is None
 
 
