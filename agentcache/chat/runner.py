@@ -141,6 +141,17 @@ class ChatEngine:
             )
         return PreparedChat(request, chat, tokens)
 
+    def count_tokens(self, request: ChatRequest) -> int:
+        """The prompt tokens `request` would be prefilled with (chat template, tools block and
+        prefill included), counted by the engine's own tokenizer; nothing is generated,
+        looked up or remembered. A structured-output format is checked as `prepare` checks
+        it."""
+        r = request
+        if r.output is not None:
+            self._constraint(r.output)
+        chat = self.tracker.segment(r.messages, r.tools, None, r.prefill, r.tenant)
+        return self.engine.tokenize(chat.prompt).num_tokens
+
     def _constraint(self, fmt: OutputFormat) -> GrammarConstraint:
         """A fresh grammar constraint for one reply. The embedded engine's decode loop applies
         it; an engine without one (vLLM), or greedy verified decoding (which chooses tokens

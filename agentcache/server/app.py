@@ -1,5 +1,5 @@
 """The ASGI app: /v1/chat/completions, /v1/responses and /v1/messages (JSON and SSE),
-/v1/models, /health, /metrics.
+/v1/messages/count_tokens, /v1/models, /health, /metrics.
 
 Requests take turns at the engine in arrival order, `max_active` at a time (admission.py), each
 generating in a worker thread that stops within a token when its client leaves or its deadline
@@ -16,9 +16,9 @@ import functools
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -45,7 +45,7 @@ from agentcache.server.errors import (
 from agentcache.server.heap import HeapTrimmer
 from agentcache.server.limits import check_request, check_tools, prompt_chars
 from agentcache.server.messages_api import message_body, message_id, to_turn
-from agentcache.server.messages_schema import MessagesRequest
+from agentcache.server.messages_schema import CountTokensRequest, MessagesRequest
 from agentcache.server.messages_stream import MessagesEmitter
 from agentcache.server.metrics import ServerMetrics
 from agentcache.server.middleware import BodyLimit, CountResponses, Gatekeeper
@@ -63,6 +63,7 @@ from agentcache.server.turns import (
     stream,
 )
 
+T = TypeVar("T")
 CONVERSATION_HEADER = "X-Agentcache-Conversation"
 CLIENT_GONE = 499  # the status recorded (and sent to no one) when the client left
 
@@ -139,18 +140,21 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
             headers={CONVERSATION_HEADER: turn.prepared.chat.conversation_id},
         )
 
-    async def prepare(req: ChatRequest, clamp: bool) -> PreparedChat:
-        """Segment and tokenize `req`, its size bounded first: tools by --max-tool-chars
-        (contents were checked by each API), and the characters being tokenized at once by
-        --max-tokenizing-chars (503 beyond)."""
+    async def tokenized(work: Callable[..., T], req: ChatRequest, *args: Any) -> T:
+        """`work(req, *args)` (which tokenizes `req`) in a worker thread, the request's size
+        bounded first: tools by --max-tool-chars (contents were checked by each API), and
+        the characters being tokenized at once by --max-tokenizing-chars (503 beyond)."""
         check_tools(req.tools, config.limits)
         try:
             with tokenizing.hold(req.tenant, prompt_chars(req)):
-                return await run_in_threadpool(chat.prepare, req, clamp)
+                return await run_in_threadpool(work, req, *args)
         except QueueFull as e:
             raise overloaded(str(e)) from None
         except AgentCacheError as e:
             raise api_error(e) from None
+
+    async def prepare(req: ChatRequest, clamp: bool) -> PreparedChat:
+        return await tokenized(chat.prepare, req, clamp)
 
     async def finished(turn: Turn, request: Request) -> ChatResult | None:
         """The turn's result, counted in the metrics; None when its client left."""
@@ -255,5 +259,14 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
             return Response(status_code=CLIENT_GONE)
         return JSONResponse(message_body(body, mid, result, turn_in),
                             headers=reuse_headers(result))  # fmt: skip
+
+    @app.post("/v1/messages/count_tokens", response_model=None)
+    async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
+        """Anthropic's token count: the prompt's tokens as /v1/messages would prefill them
+        (`input_tokens + cache_read_input_tokens + cache_creation_input_tokens` there)."""
+        check_model(body.model)
+        tenant = tenant_id(getattr(request.state, "key_digest", None), body.cache_salt)
+        turn_in = to_turn(body, None, tenant, config.limits, config.max_retention_s)
+        return {"input_tokens": await tokenized(chat.count_tokens, turn_in.request)}
 
     return app

@@ -19,7 +19,8 @@ from agentcache.server.schemas import field_names
 
 FIELDS = field_names() | field_names(ResponsesRequest) | field_names(MessagesRequest)
 ENDPOINTS = (
-    "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/models", "/health", "/metrics",
+    "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+    "/v1/models", "/health", "/metrics",
 )  # fmt: skip
 ANTHROPIC_PATHS = ("/v1/messages",)
 # Anthropic's error types by status (its API's names); others are api_error
