@@ -232,12 +232,14 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
                 stored.put(ids.rid, tenant, messages, result.report.conversation_id)
 
         if body.stream:
-            return streamed(turn, ResponsesEmitter(body, ids, created, keep, kept.to_dict()))
+            emitter = ResponsesEmitter(body, ids, created, keep, kept.to_dict(),
+                                       engine.tokenizer.decode)  # fmt: skip
+            return streamed(turn, emitter)
         result = await finished(turn, request)
         if result is None:
             return Response(status_code=CLIENT_GONE)
         keep(result)
-        out = response_body(body, ids, created, result, kept.to_dict())
+        out = response_body(body, ids, created, result, kept.to_dict(), engine.tokenizer.decode)
         return JSONResponse(out, headers=reuse_headers(result))
 
     @app.post("/v1/messages", response_model=None)
