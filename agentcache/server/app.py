@@ -79,8 +79,9 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
     tokenizing = Budget(config.max_tokenizing_chars)
     book = tracker.book
     metrics = ServerMetrics(
-        engine.store_bytes, lambda: (line.active, line.waiting), lambda: (book.nbytes, len(book))
-    )
+        engine.store_bytes, lambda: (line.active, line.waiting), lambda: (book.nbytes, len(book)),
+        lambda: (line.waiting_tokens, tokenizing.in_flight),
+    )  # fmt: skip
     docs = config.enable_docs
     stored = ResponseStore(config.max_stored_responses, config.stored_response_bytes,
                            config.stored_response_ttl_s)  # fmt: skip
@@ -218,8 +219,10 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         try:
             prepared = await prepare(req, clamp)
         except APIError as err:
-            if err.param == "max_tokens":  # this API's name for it
-                err.param = "max_output_tokens"
+            # this API's names for them
+            err.param = {"max_tokens": "max_output_tokens", "messages": "input"}.get(
+                err.param or "", err.param
+            )
             raise
         if prepared.chat.conversation.rejected_token:
             metrics.rejected_tokens.inc()

@@ -8,15 +8,16 @@ that names it.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 
 from agentcache.chat.messages import ToolSpec
-from agentcache.chat.runner import ChatRequest
+from agentcache.chat.runner import prompt_chars, tool_chars
 from agentcache.server.config import ServerLimits, flag
 from agentcache.server.errors import APIError
 from agentcache.server.schemas import ChatCompletionRequest
+
+__all__ = ["check_arguments", "check_request", "check_tools", "limit_error", "prompt_chars"]
 
 
 def limit_error(limits: ServerLimits, name: str, what: str, param: str | None) -> APIError:
@@ -48,22 +49,6 @@ def check_request(body: ChatCompletionRequest, limits: ServerLimits) -> None:
     if chars > limits.max_content_chars:
         what = f"{chars} characters of message content"
         raise limit_error(limits, "max_content_chars", what, "messages")
-
-
-def tool_chars(tools: Sequence[ToolSpec]) -> int:
-    return sum(
-        len(t.name) + len(t.description) + len(json.dumps(t.parameters, ensure_ascii=False))
-        for t in tools
-    )
-
-
-def prompt_chars(request: ChatRequest) -> int:
-    """Characters the prompt of `request` is made of: message contents, tool-call arguments
-    and tools. What tokenizing it costs, before it has tokens."""
-    total = tool_chars(request.tools) + len(request.prefill or "")
-    for m in request.messages:
-        total += len(m.content) + sum(len(c.name) + len(c.arguments_json()) for c in m.tool_calls)
-    return total
 
 
 def check_tools(tools: Sequence[ToolSpec], limits: ServerLimits) -> None:

@@ -185,6 +185,7 @@ def test_over_http_a_full_token_line_answers_503_with_retry_after() -> None:
         waiting.start()
         wait_for(lambda: "agentcache_requests_waiting 1.0" in httpx.get(
             f"{url}/metrics", headers=auth).text)  # fmt: skip
+        metrics = httpx.get(f"{url}/metrics", headers=auth).text
         r = httpx.post(f"{url}/v1/chat/completions", json={**BODY, "max_tokens": 1}, headers=auth)
         s = httpx.post(f"{url}/v1/chat/completions", headers=auth,
                        json={**BODY, "max_tokens": 1, "stream": True})  # fmt: skip
@@ -196,6 +197,11 @@ def test_over_http_a_full_token_line_answers_503_with_retry_after() -> None:
         err = response.json()["error"]
         assert err["code"] == "server_overloaded"
         assert "--max-queued-tokens 8" in err["message"]
+    waiting = [
+        ln for ln in metrics.splitlines() if ln.startswith("agentcache_requests_waiting_tokens ")
+    ]
+    assert len(waiting) == 1 and float(waiting[0].split()[1]) > 8  # the one waiting, alone
+    assert "agentcache_tokenizing_chars 0.0" in metrics
 
 
 EMPTY = {"type": "object", "properties": {}}
@@ -253,3 +259,38 @@ def test_tool_text_is_bounded_before_tokenizing_on_every_api(small_tools: TestCl
     r = small_tools.post("/v1/chat/completions", json={"model": MODEL, "messages": user,
                                                        "tools": [ok]})  # fmt: skip
     assert r.status_code == 200, r.text
+
+
+def test_a_text_that_cannot_fit_the_context_is_refused_before_tokenizing(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its characters alone prove it is more tokens than the context holds: a 400 naming the
+    field, and the tokenizer never ran (its calls are counted)."""
+    engine = Engine(tiny, EngineConfig(kv_pages=64))
+    calls: list[int] = []
+    tokenize = engine.tokenize
+    monkeypatch.setattr(engine, "tokenize", lambda p: calls.append(1) or tokenize(p))
+    app = create_app(engine, ServerConfig(MODEL, default_max_tokens=2))
+    longest = max(map(len, engine.tokenizer.vocab))
+    huge = "x" * (engine.max_context * longest * 2 + longest * 2 + 1)
+    fits = "x" * (engine.max_context // 2)  # too many tokens, but only the tokenizer can tell
+    user = [{"role": "user", "content": huge}]
+    with TestClient(app) as c:
+        anthropic = {"model": MODEL, "max_tokens": 2, "messages": user}
+        answers = {
+            "messages": c.post("/v1/chat/completions", json={"model": MODEL, "messages": user}),
+            "input": c.post("/v1/responses", json={"model": MODEL, "input": huge}),
+            "anthropic": c.post("/v1/messages", json=anthropic),
+            "count": c.post("/v1/messages/count_tokens", json=anthropic),
+        }
+        assert not calls
+        tokenized = c.post("/v1/chat/completions", json={"model": MODEL, "messages": [
+            {"role": "user", "content": fits * 3}]})  # fmt: skip
+    for param, r in answers.items():
+        assert r.status_code == 400, r.text
+        assert "refused before tokenizing" in r.text and f"{len(huge)} characters" in r.text
+        if param in ("messages", "input"):
+            assert r.json()["error"]["param"] == param
+            assert r.json()["error"]["code"] == "context_length_exceeded"
+    assert tokenized.status_code == 400 and "before tokenizing" not in tokenized.text
+    assert calls == [1]
