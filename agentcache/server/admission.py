@@ -9,9 +9,12 @@ and by prompt tokens, shared fairly between tenants.
 Fairness between tenants (an API key + cache_salt, chat/identity.py):
 
 - A free slot goes to the waiting tenant with the fewest tickets at the engine, ties to the one
-  served longest ago; within a tenant, tickets keep their arrival order. A tenant with 20 long
-  requests at the engine and in line makes another tenant's request wait for one slot to free,
-  not for all of them.
+  served longest ago; within a tenant, tickets keep their arrival order. A tenant with 20
+  requests in line makes another tenant's request wait for one slot to free, not for all 20.
+- One tenant holds at most `tenant_slots` of the `max_active` slots (by default all of
+  them); the others stay free for other tenants, so another tenant's request starts at once
+  even while one tenant's long requests fill the engine (interleaved, they would all end at
+  about the same time: waiting for "one slot to free" would be waiting for all of them).
 - The line holds at most `max_queued` requests and `max_queued_tokens` prompt tokens. When a
   request does not fit, it takes the place of the newest waiting ticket of the tenant holding
   the largest share of the line (by requests or tokens, whichever is larger), as long as that
@@ -72,10 +75,15 @@ class AdmissionLine:
     """One per app, used from its event loop only (no locks needed)."""
 
     def __init__(
-        self, max_queued: int, max_active: int = 1, max_queued_tokens: int | None = None
-    ) -> None:
+        self, max_queued: int, max_active: int = 1, max_queued_tokens: int | None = None,
+        tenant_slots: int | None = None,
+    ) -> None:  # fmt: skip
         if max_queued < 0 or max_active < 1:
             raise ValueError("max_queued must be >= 0 and max_active >= 1")
+        if tenant_slots is not None and not 1 <= tenant_slots <= max_active:
+            raise ValueError("tenant_slots must be in [1, max_active]")
+        # slots one tenant may hold: the rest stay free for other tenants' requests
+        self.tenant_slots = max_active if tenant_slots is None else tenant_slots
         if max_queued_tokens is not None and max_queued_tokens < 1:
             raise ValueError("max_queued_tokens must be >= 1")
         self.max_queued, self.max_active = max_queued, max_active
@@ -104,18 +112,19 @@ class AdmissionLine:
 
     @property
     def full(self) -> bool:
-        """No room for one more request without pushing another out."""
-        return not self._serves_now() and not self._fits(self._waiting, self._waiting_tokens)
+        """No slot and no room in line for one more request without pushing another out."""
+        full = self._active >= self.max_active
+        return full and not self._fits(self._waiting, self._waiting_tokens)
 
     def refusal(self, tenant: str, tokens: int) -> str | None:
         """Why `take(tenant, tokens)` would raise QueueFull, or None when it would not."""
-        if self._serves_now():
+        if self._serves_now(tenant):
             return None
         return self._room(tenant, tokens, push=False)
 
     def take(self, tenant: str = "", tokens: int = 0) -> Ticket:
         loop = asyncio.get_running_loop()
-        now = self._serves_now()
+        now = self._serves_now(tenant)
         if not now and (why := self._room(tenant, tokens, push=True)) is not None:
             raise QueueFull(why)
         ticket = Ticket(self, loop.create_future(), tenant, tokens)
@@ -129,8 +138,12 @@ class AdmissionLine:
             self._waiting_tokens += tokens
         return ticket
 
-    def _serves_now(self) -> bool:
-        return self._active < self.max_active and self._waiting == 0
+    def _serves_now(self, tenant: str) -> bool:
+        """A slot is free and `tenant` holds fewer than its slots (then none of its requests
+        waits, and whoever waits is a tenant at its slots: a free slot goes to anyone else
+        at once, `_leave`)."""
+        t = self._tenants.get(tenant)
+        return self._active < self.max_active and (t is None or t.active < self.tenant_slots)
 
     def _fits(self, waiting: int, tokens: int) -> bool:
         """Whether one more request fits behind `waiting` ones, all of them `tokens` tokens
@@ -220,10 +233,12 @@ class AdmissionLine:
             self._forget(ticket.tenant)
         ticket.state = "gone"
         while self._active < self.max_active and self._waiting:
-            t = min(
-                (t for t in self._tenants.values() if t.waiting),
-                key=lambda t: (t.active, t.last_served),
-            )
+            eligible = [
+                t for t in self._tenants.values() if t.waiting and t.active < self.tenant_slots
+            ]
+            if not eligible:
+                break
+            t = min(eligible, key=lambda t: (t.active, t.last_served))
             head = t.waiting.popleft()
             t.waiting_tokens -= head.tokens
             self._waiting -= 1

@@ -75,7 +75,8 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         secret=config.conversation_secret,
     )  # fmt: skip
     chat = ChatEngine(engine, tracker)
-    line = AdmissionLine(config.max_queued, config.max_active, config.max_queued_tokens)
+    line = AdmissionLine(config.max_queued, config.max_active, config.max_queued_tokens,
+                         config.tenant_slots)  # fmt: skip
     tokenizing = Budget(config.max_tokenizing_chars)
     book = tracker.book
     metrics = ServerMetrics(

@@ -113,6 +113,10 @@ def add_security(p: argparse.ArgumentParser) -> None:
                    help="a request's deadline, waiting included (default: 600)")  # fmt: skip
     p.add_argument("--max-queued", type=non_negative_int, default=64,
                    help="requests waiting for the engine; more get 503 (default: 64)")  # fmt: skip
+    p.add_argument("--max-active-per-tenant", type=positive_int, default=None, metavar="N",
+                   help="slots of --max-active one tenant (API key + cache_salt) may hold; the "
+                   "rest stay free for other tenants (default: all but an eighth, 14 of "
+                   "16)")  # fmt: skip
     p.add_argument("--max-queued-tokens", type=positive_int, default=262_144,
                    help="prompt tokens of the requests waiting for the engine; more get 503, "
                    "shared fairly between tenants (default: 262144)")  # fmt: skip
@@ -171,12 +175,17 @@ def server_config(args: argparse.Namespace, model_name: str) -> ServerConfig:
     if secret is not None and len(secret) < 16:
         raise ConfigError(f"--conversation-secret (or ${SECRET_ENV}) needs >= 16 characters")
     limits = ServerLimits(**{f.name: getattr(args, f.name) for f in fields(ServerLimits)})
+    max_active = args.max_active or (1 if args.backend == "vllm" else MAX_ACTIVE)
+    if args.max_active_per_tenant is not None and args.max_active_per_tenant > max_active:
+        raise ConfigError(f"--max-active-per-tenant {args.max_active_per_tenant} exceeds "
+                          f"--max-active {max_active}")  # fmt: skip
     return ServerConfig(
         model_name, args.max_tokens, isolate_conversations=args.isolate_conversations,
         limits=limits,
         request_timeout_s=args.request_timeout, max_queued=args.max_queued,
         max_queued_tokens=args.max_queued_tokens, max_tokenizing_chars=args.max_tokenizing_chars,
-        max_active=args.max_active or (1 if args.backend == "vllm" else MAX_ACTIVE),
+        max_active_per_tenant=args.max_active_per_tenant,
+        max_active=max_active,
         api_key_digests=frozenset(key_digest(k.strip()) for k in keys),
         allowed_hosts=allowed_hosts(args.host, args.allowed_host), enable_docs=args.enable_docs,
         conversation_secret=secret.encode() if secret else None,

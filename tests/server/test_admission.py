@@ -294,3 +294,55 @@ def test_a_text_that_cannot_fit_the_context_is_refused_before_tokenizing(
             assert r.json()["error"]["code"] == "context_length_exceeded"
     assert tokenized.status_code == 400 and "before tokenizing" not in tokenized.text
     assert calls == [1]
+
+
+def test_a_tenant_leaves_slots_free_for_others() -> None:
+    async def run() -> None:
+        line = AdmissionLine(max_queued=16, max_active=4, tenant_slots=3)
+        a = [line.take("A", 100) for _ in range(5)]
+        assert [t.turn.done() for t in a] == [True, True, True, False, False]
+        assert (line.active, line.waiting) == (3, 2)
+        b = line.take("B", 1)  # the slot A may not take: at once
+        c = line.take("C", 1)
+        assert b.turn.done() and not c.turn.done()  # no slot left for C: it waits
+        b.release()  # the free slot goes to C, not to A's waiting ones
+        assert c.turn.done() and not a[3].turn.done()
+        c.release()
+        assert not a[3].turn.done() and line.active == 3  # a slot A may not take stays free
+        a[0].release()  # one of A's ends: its next one starts
+        assert a[3].turn.done() and not a[4].turn.done()
+
+    asyncio.run(run())
+
+
+def test_tenant_slots_default_to_all_but_an_eighth() -> None:
+    assert ServerConfig("m").tenant_slots == 14  # of 16
+    assert ServerConfig("m", max_active=4).tenant_slots == 4
+    assert ServerConfig("m", max_active=4, max_active_per_tenant=2).tenant_slots == 2
+    with pytest.raises(ValueError, match="max_active_per_tenant"):
+        ServerConfig("m", max_active=4, max_active_per_tenant=5)
+
+
+def test_over_http_another_tenants_request_starts_while_one_fills_the_engine() -> None:
+    """Tenant A keeps three long requests at the engine (its share of four slots) and two in
+    line; tenant B's short request takes the fourth slot at once and ends first."""
+    engine = SlowEngine()
+    app = _keys_app(engine, max_active=4, max_active_per_tenant=3)
+    with serve_in_thread(app) as url:
+
+        def post(key: str, max_tokens: int) -> httpx.Response:
+            return httpx.post(f"{url}/v1/chat/completions", json={**BODY, "max_tokens": max_tokens},
+                              headers={"Authorization": f"Bearer {key}"}, timeout=120)  # fmt: skip
+
+        a = [threading.Thread(target=post, args=("key-a", 150)) for _ in range(5)]
+        for t in a:
+            t.start()
+        auth = {"Authorization": "Bearer key-a"}
+        wait_for(lambda: "agentcache_requests_waiting 2.0" in httpx.get(
+            f"{url}/metrics", headers=auth).text)  # fmt: skip
+        r = post("key-b", 2)
+        ended_before = list(engine.produced)
+        for t in a:
+            t.join()
+    assert r.status_code == 200
+    assert ended_before == [2]  # B's ended while all of A's were still generating

@@ -112,6 +112,18 @@ def test_limits_and_turn_settings_come_from_flags() -> None:
     assert (config.request_timeout_s, config.max_queued, config.tracker_bytes) == (2.5, 0, 4096)
 
 
+def test_admission_settings_come_from_flags() -> None:
+    parse = build_parser().parse_args
+    argv = ["serve", "--max-queued-tokens", "500", "--max-tokenizing-chars", "9000",
+            "--max-active-per-tenant", "3", "--max-tool-chars", "77"]  # fmt: skip
+    config = server_config(parse(argv), "m")
+    assert (config.max_queued_tokens, config.max_tokenizing_chars) == (500, 9000)
+    assert (config.tenant_slots, config.limits.max_tool_chars) == (3, 77)
+    assert server_config(parse(["serve"]), "m").tenant_slots == 14
+    with pytest.raises(ConfigError, match="--max-active-per-tenant 5 exceeds --max-active 4"):
+        server_config(parse(["serve", "--max-active", "4", "--max-active-per-tenant", "5"]), "m")
+
+
 def test_max_active_defaults_by_backend_and_rejects_zero(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -64,6 +64,14 @@ def strip(value: Any) -> Any:
     return value
 
 
+def seen_by(r: httpx.Response) -> tuple[Any, dict[str, str]]:
+    """The body and the reuse headers (counts and miss reasons), but ids and times."""
+    headers = {k: v for k, v in r.headers.items() if k.startswith("x-agentcache-")
+               and k not in ("x-agentcache-conversation", "x-agentcache-ttft-ms")}  # fmt: skip
+    assert "x-agentcache-misses" in headers
+    return strip(r.json()), headers
+
+
 def cached(r: httpx.Response, api: str) -> int:
     usage = r.json()["usage"]
     if api == "responses":
@@ -112,7 +120,7 @@ def test_another_tenants_traffic_changes_nothing_a_tenant_sees(
         with serve_in_thread(keyed_app(tiny)) as url:
             if victim_sends:
                 send(url, api, VICTIM_SYSTEM, guesses[0], **victim)
-            seen.append([strip(send(url, api, VICTIM_SYSTEM, g, **attacker).json())
+            seen.append([seen_by(send(url, api, VICTIM_SYSTEM, g, **attacker))
                          for g in guesses])  # fmt: skip
     assert seen[0] == seen[1]
 
