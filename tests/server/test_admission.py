@@ -346,3 +346,46 @@ def test_over_http_another_tenants_request_starts_while_one_fills_the_engine() -
             t.join()
     assert r.status_code == 200
     assert ended_before == [2]  # B's ended while all of A's were still generating
+
+
+def test_over_http_the_text_being_tokenized_is_bounded_and_shared(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tenant A's long prompt is being tokenized (held there by the test); A's second long one
+    gets 503, while tenant B's short one is tokenized and answered."""
+    engine = Engine(tiny, EngineConfig(kv_pages=256))
+    release, entered = threading.Event(), threading.Event()
+    tokenize = engine.tokenize
+
+    def held(prompt: object) -> object:
+        if sum(len(s.text) for s in prompt.segments) > 1000:  # type: ignore[attr-defined]
+            entered.set()
+            assert release.wait(60)
+        return tokenize(prompt)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "tokenize", held)
+    digests = frozenset(key_digest(k) for k in ("key-a", "key-b"))
+    config = ServerConfig(MODEL, default_max_tokens=2, api_key_digests=digests,
+                          max_tokenizing_chars=3000)  # fmt: skip
+    long_body = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 1400}]}
+    short_body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+
+    def post(url: str, key: str, body: dict[str, object]) -> httpx.Response:
+        return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60,
+                          headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+
+    with serve_in_thread(create_app(engine, config)) as url:
+        first: list[httpx.Response] = []
+        t = threading.Thread(target=lambda: first.append(post(url, "key-a", long_body)))
+        t.start()
+        assert entered.wait(60)
+        metrics = httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer key-a"}).text
+        again = post(url, "key-a", long_body)
+        other = post(url, "key-b", short_body)
+        release.set()
+        t.join()
+    assert "agentcache_tokenizing_chars 1400.0" in metrics
+    assert again.status_code == 503 and again.headers["retry-after"].isdigit()
+    assert "--max-tokenizing-chars 3000" in again.json()["error"]["message"]
+    assert other.status_code == 200, other.text
+    assert first[0].status_code == 200, first[0].text
