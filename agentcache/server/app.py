@@ -110,7 +110,8 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
     app.add_exception_handler(HTTPException, on_http_error)
     app.add_middleware(BodyLimit, limits=config.limits)  # the last added runs first
     app.add_middleware(Gatekeeper, allowed_hosts=config.allowed_hosts,
-                       key_digests=config.api_key_digests)  # fmt: skip
+                       key_digests=config.api_key_digests,
+                       metrics_digests=config.metrics_key_digests)  # fmt: skip
     app.add_middleware(CountResponses, metrics=metrics)
 
     @app.get("/health")

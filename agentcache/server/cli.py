@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from agentcache.backends import ServingEngine
 
 API_KEY_ENV = "AGENTCACHE_API_KEY"
+METRICS_KEY_ENV = "AGENTCACHE_METRICS_KEY"
 # glibc's malloc arenas serve uses: under 16 clients for 20 minutes, 2 held 29 MiB less freed
 # memory than glibc's own 16 (on 2 cores) and stayed flat, latency unchanged (docs/server.md)
 MALLOC_ARENAS = 2
@@ -101,6 +102,10 @@ def add_security(p: argparse.ArgumentParser) -> None:
                    help="accept requests bearing this key (repeat for several; each key is "
                    f"its own tenant; default: ${API_KEY_ENV}, comma-separated, else no "
                    "authentication)")  # fmt: skip
+    p.add_argument("--metrics-key", action="append", default=None, metavar="KEY",
+                   help="only this key (repeatable) may read /metrics, which counts every "
+                   f"tenant's traffic (default: ${METRICS_KEY_ENV}, else any accepted "
+                   "key)")  # fmt: skip
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="a Host name to answer besides localhost, 127.0.0.1 and [::1] on a "
                    "loopback bind (repeatable)")  # fmt: skip
@@ -171,6 +176,11 @@ def server_config(args: argparse.Namespace, model_name: str) -> ServerConfig:
     keys = args.api_key or [k for k in os.environ.get(API_KEY_ENV, "").split(",") if k]
     if any(not k.strip() for k in keys):
         raise ConfigError("--api-key must not be empty")
+    metrics_keys = args.metrics_key or [
+        k for k in os.environ.get(METRICS_KEY_ENV, "").split(",") if k
+    ]
+    if any(not k.strip() for k in metrics_keys):
+        raise ConfigError("--metrics-key must not be empty")
     secret = args.conversation_secret or os.environ.get(SECRET_ENV) or None
     if secret is not None and len(secret) < 16:
         raise ConfigError(f"--conversation-secret (or ${SECRET_ENV}) needs >= 16 characters")
@@ -187,6 +197,7 @@ def server_config(args: argparse.Namespace, model_name: str) -> ServerConfig:
         max_active_per_tenant=args.max_active_per_tenant,
         max_active=max_active,
         api_key_digests=frozenset(key_digest(k.strip()) for k in keys),
+        metrics_key_digests=frozenset(key_digest(k.strip()) for k in metrics_keys),
         allowed_hosts=allowed_hosts(args.host, args.allowed_host), enable_docs=args.enable_docs,
         conversation_secret=secret.encode() if secret else None,
         tracker_bytes=args.conversation_bytes, trim_interval_s=args.trim_interval,

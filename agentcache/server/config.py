@@ -54,6 +54,8 @@ class ServerConfig:
     # characters being tokenized at once (before a request has tokens to queue by)
     max_tokenizing_chars: int = 8_000_000
     api_key_digests: frozenset[str] = frozenset()  # key_digest of each accepted key
+    # key_digest of the keys that alone may read /metrics (empty: any accepted key)
+    metrics_key_digests: frozenset[str] = frozenset()
     allowed_hosts: frozenset[str] | None = None  # Host names answered; None: any
     enable_docs: bool = False  # /docs, /redoc, /openapi.json
     conversation_secret: bytes | None = None  # signs conversation tokens; None: per process
