@@ -152,7 +152,7 @@ def test_over_http_another_keys_request_passes_a_tenants_line() -> None:
             return httpx.post(f"{url}/v1/chat/completions", json={**BODY, "max_tokens": max_tokens},
                               headers={"Authorization": f"Bearer {key}"}, timeout=120)  # fmt: skip
 
-        a = [threading.Thread(target=post, args=("key-a", 300))]
+        a = [threading.Thread(target=post, args=("key-a", 600))]
         a[0].start()
         engine.started.wait(30)
         for n in (11, 12, 13):
@@ -165,7 +165,7 @@ def test_over_http_another_keys_request_passes_a_tenants_line() -> None:
         for t in a:
             t.join()
     assert r.status_code == 200
-    assert engine.produced[:2] == [300, 1]
+    assert engine.produced[:2] == [600, 1]
     assert sorted(engine.produced[2:]) == [11, 12, 13]
 
 
@@ -334,7 +334,7 @@ def test_over_http_another_tenants_request_starts_while_one_fills_the_engine() -
             return httpx.post(f"{url}/v1/chat/completions", json={**BODY, "max_tokens": max_tokens},
                               headers={"Authorization": f"Bearer {key}"}, timeout=120)  # fmt: skip
 
-        a = [threading.Thread(target=post, args=("key-a", 150)) for _ in range(5)]
+        a = [threading.Thread(target=post, args=("key-a", 400)) for _ in range(5)]
         for t in a:
             t.start()
         auth = {"Authorization": "Bearer key-a"}
