@@ -3,6 +3,7 @@ parse tool calls, report reuse, remember the turn for the conversation."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -16,7 +17,7 @@ from agentcache.chat.segmenter import ChatPrompt, ConversationTracker
 from agentcache.chat.stream import TextStream
 from agentcache.chat.structured import GrammarConstraint, Grammars, OutputFormat, SchemaError
 from agentcache.chat.tools import TOOL_CALL_OPEN, InvalidToolCall, ParsedReply, parse_tool_calls
-from agentcache.errors import AgentCacheError, ContextLengthError
+from agentcache.errors import AgentCacheError, ContextLengthError, PromptError
 from agentcache.prompt.segments import Segment
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.runtime.engine import Generation, GenerationParams
@@ -90,6 +91,43 @@ def _stopped_by(
     return min(found)[1] if found else None
 
 
+def tool_chars(tools: Sequence[ToolSpec]) -> int:
+    """Characters of tool names, descriptions and parameter schemas (as JSON)."""
+    return sum(
+        len(t.name) + len(t.description) + len(json.dumps(t.parameters, ensure_ascii=False))
+        for t in tools
+    )
+
+
+def prompt_chars(request: ChatRequest) -> int:
+    """Characters the prompt of `request` is made of: message contents, tool calls, tools and
+    the prefill (the chat template's markup aside). What tokenizing it costs."""
+    total = tool_chars(request.tools) + len(request.prefill or "")
+    for m in request.messages:
+        total += len(m.content) + sum(len(c.name) + len(c.arguments_json()) for c in m.tool_calls)
+    return total
+
+
+# A token's text in the tokenizer's vocabulary can be shorter than the input text it stands for
+# only through the tokenizer's normalizer (e.g. NFC joining a letter and its accent); this
+# bounds that, so the lower bound on a prompt's tokens below stays a lower bound.
+NORMALIZED_SLACK = 2
+
+
+class TextTooLongError(ContextLengthError):
+    """A prompt whose text alone is more tokens than the context holds, found before it is
+    tokenized (from its characters and the tokenizer's longest token)."""
+
+    def __init__(self, chars: int, at_least: int, max_context: int, longest: int) -> None:
+        PromptError.__init__(
+            self,
+            f"the prompt's text is {chars} characters, at least {at_least} tokens (the "
+            f"tokenizer's longest token is {longest} characters), but the model's context "
+            f"holds {max_context} positions; refused before tokenizing",
+        )
+        self.num_tokens, self.max_tokens = at_least, max_context
+
+
 class GenerationCancelled(AgentCacheError):
     """The caller cancelled the generation (its client went away, or its deadline passed)."""
 
@@ -107,14 +145,37 @@ class ChatEngine:
         self.engine = engine
         self.tracker = tracker or ConversationTracker()
         self._grammars: Grammars | None = None
+        self._longest: int | None = None  # the tokenizer's longest token, in characters
 
     @property
     def max_context(self) -> int:
         return self.engine.max_context
 
+    def check_text_size(self, request: ChatRequest) -> None:
+        """TextTooLongError when the prompt's characters alone prove it cannot fit the
+        context: at least chars / (longest token x NORMALIZED_SLACK) tokens. Costs one pass
+        over the text, not a tokenization."""
+        longest = self._longest_token()
+        if longest <= 0:
+            return
+        chars = prompt_chars(request)
+        at_least = chars // (longest * NORMALIZED_SLACK)
+        if at_least > self.max_context:
+            raise TextTooLongError(chars, at_least, self.max_context, longest)
+
+    def _longest_token(self) -> int:
+        """Characters of the tokenizer's longest vocabulary entry (0: unknown). A vocabulary
+        entry has at least as many characters as the text it decodes to (byte-level and
+        sentencepiece entries spell each byte or space with one character or more)."""
+        if self._longest is None:
+            vocab = getattr(self.engine.tokenizer, "vocab", None)
+            self._longest = max(map(len, vocab), default=0) if isinstance(vocab, dict) else 0
+        return self._longest
+
     def prepare(self, request: ChatRequest, clamp_max_tokens: bool = False) -> PreparedChat:
         """Segment and tokenize; raises PromptError / ContextLengthError on bad input.
         `clamp_max_tokens` lowers max_new_tokens to the context left instead of raising."""
+        self.check_text_size(request)
         r = request
         chat = self.tracker.segment(
             r.messages, r.tools, r.conversation, r.prefill, r.tenant, r.cache_key
@@ -140,6 +201,18 @@ class ChatEngine:
                 needed, self.max_context, "prompt + max_tokens", self.engine.context_holder
             )
         return PreparedChat(request, chat, tokens)
+
+    def count_tokens(self, request: ChatRequest) -> int:
+        """The prompt tokens `request` would be prefilled with (chat template, tools block and
+        prefill included), counted by the engine's own tokenizer; nothing is generated,
+        looked up or remembered. A structured-output format is checked as `prepare` checks
+        it."""
+        self.check_text_size(request)
+        r = request
+        if r.output is not None:
+            self._constraint(r.output)
+        chat = self.tracker.segment(r.messages, r.tools, None, r.prefill, r.tenant)
+        return self.engine.tokenize(chat.prompt).num_tokens
 
     def _constraint(self, fmt: OutputFormat) -> GrammarConstraint:
         """A fresh grammar constraint for one reply. The embedded engine's decode loop applies

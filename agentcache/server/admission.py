@@ -1,74 +1,283 @@
-"""Requests take turns at the engine in arrival order, `max_active` at a time, with a bounded
-line.
+"""Requests take turns at the engine, `max_active` at a time, with a line bounded by requests
+and by prompt tokens, shared fairly between tenants.
 
-    take()  -> a Ticket, or QueueFull when `max_queued` requests wait already (-> 503)
-    turn    -> done when fewer than `max_active` tickets taken before it are still held
-    release -> the next waiting ticket's turn (a ticket released before its turn leaves the line)
+    take(tenant, tokens) -> a Ticket, or QueueFull (-> 503) when the line has no room for it
+    turn                 -> done when the ticket is served (at the engine)
+    release              -> a served ticket's slot goes to the next waiting one; a ticket
+                            released before its turn leaves the line
+
+Fairness between tenants (an API key + cache_salt, chat/identity.py):
+
+- A free slot goes to the waiting tenant with the fewest tickets at the engine, ties to the one
+  served longest ago; within a tenant, tickets keep their arrival order. A tenant with 20
+  requests in line makes another tenant's request wait for one slot to free, not for all 20.
+- One tenant holds at most `tenant_slots` of the `max_active` slots (by default all of
+  them); the others stay free for other tenants, so another tenant's request starts at once
+  even while one tenant's long requests fill the engine (interleaved, they would all end at
+  about the same time: waiting for "one slot to free" would be waiting for all of them).
+- The line holds at most `max_queued` requests and `max_queued_tokens` prompt tokens. When a
+  request does not fit, it takes the place of the newest waiting ticket of the tenant holding
+  the largest share of the line (by requests or tokens, whichever is larger), as long as that
+  tenant's share stays larger than the arriving tenant's would be; that ticket's turn fails
+  with QueueFull (-> 503). So one tenant can fill the line only while no one else waits, and a
+  request of a tenant holding less than another is never refused for lack of room.
 
 A plain lock hands the engine to whichever waiting thread the OS wakes; tickets keep the order
-requests came in, so a request waits for those before it only. The embedded engine interleaves
-the active turns token by token (`runtime/sharing.py`), so a short request is not held behind a
-long one; `max_active` = 1 serves requests one after the other.
+above. The embedded engine interleaves the active turns token by token (`runtime/sharing.py`),
+so a short request is not held behind a long one; `max_active` = 1 serves requests one after
+the other.
+
+`Budget` bounds the characters being tokenized at once (before a request has tokens to queue
+by), with the same rule: a tenant with something in flight may hold at most half of it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 
 class QueueFull(Exception):
-    """`max_queued` requests are waiting already."""
+    """No room in the line (or the ticket was pushed out of it); the message says why."""
 
 
 class Ticket:
-    def __init__(self, line: AdmissionLine, turn: asyncio.Future[None]) -> None:
-        self._line, self._turn, self._released = line, turn, False
+    def __init__(self, line: AdmissionLine, turn: asyncio.Future[None], tenant: str,
+                 tokens: int) -> None:  # fmt: skip
+        self._line, self._turn = line, turn
+        self.tenant, self.tokens = tenant, tokens
+        self.state = "waiting"  # -> "active" -> "gone"; "pushed" when pushed out of the line
 
     @property
     def turn(self) -> asyncio.Future[None]:
-        """Done when it is this ticket's turn (await it through `asyncio.wait` or shield it:
-        cancelling it would lose the turn)."""
+        """Done when it is this ticket's turn, or with QueueFull when it was pushed out of the
+        line (await it through `asyncio.wait` or shield it: cancelling it would lose the turn)."""
         return self._turn
 
     def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._line._leave(self._turn)
+        if self._turn.done() and not self._turn.cancelled():
+            self._turn.exception()  # a pushed-out turn's QueueFull counts as seen
+        self._line._leave(self)
+
+
+@dataclass
+class _Tenant:
+    waiting: deque[Ticket] = field(default_factory=deque)
+    active: int = 0
+    waiting_tokens: int = 0
+    last_served: int = 0  # the line's count of tickets served when this tenant was last
 
 
 class AdmissionLine:
     """One per app, used from its event loop only (no locks needed)."""
 
-    def __init__(self, max_queued: int, max_active: int = 1) -> None:
+    def __init__(
+        self, max_queued: int, max_active: int = 1, max_queued_tokens: int | None = None,
+        tenant_slots: int | None = None,
+    ) -> None:  # fmt: skip
         if max_queued < 0 or max_active < 1:
             raise ValueError("max_queued must be >= 0 and max_active >= 1")
+        if tenant_slots is not None and not 1 <= tenant_slots <= max_active:
+            raise ValueError("tenant_slots must be in [1, max_active]")
+        # slots one tenant may hold: the rest stay free for other tenants' requests
+        self.tenant_slots = max_active if tenant_slots is None else tenant_slots
+        if max_queued_tokens is not None and max_queued_tokens < 1:
+            raise ValueError("max_queued_tokens must be >= 1")
         self.max_queued, self.max_active = max_queued, max_active
-        self._line: deque[asyncio.Future[None]] = deque()  # the first max_active are served
+        self.max_queued_tokens = max_queued_tokens
+        self._tenants: dict[str, _Tenant] = {}
+        self._active = self._waiting = self._waiting_tokens = self._served = 0
 
     @property
     def active(self) -> int:
         """Tickets being served (at the engine)."""
-        return min(len(self._line), self.max_active)
+        return self._active
 
     @property
     def waiting(self) -> int:
-        return max(0, len(self._line) - self.max_active)
+        return self._waiting
+
+    @property
+    def waiting_tokens(self) -> int:
+        """Prompt tokens of the waiting tickets."""
+        return self._waiting_tokens
+
+    def waiting_of(self, tenant: str) -> tuple[int, int]:
+        """(requests, prompt tokens) `tenant` has waiting."""
+        t = self._tenants.get(tenant)
+        return (len(t.waiting), t.waiting_tokens) if t is not None else (0, 0)
 
     @property
     def full(self) -> bool:
-        return len(self._line) >= self.max_active and self.waiting >= self.max_queued
+        """No slot and no room in line for one more request without pushing another out."""
+        full = self._active >= self.max_active
+        return full and not self._fits(self._waiting, self._waiting_tokens)
 
-    def take(self) -> Ticket:
-        if self.full:
-            raise QueueFull
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._line.append(turn)
-        if len(self._line) <= self.max_active:
-            turn.set_result(None)
-        return Ticket(self, turn)
+    def refusal(self, tenant: str, tokens: int) -> str | None:
+        """Why `take(tenant, tokens)` would raise QueueFull, or None when it would not."""
+        if self._serves_now(tenant):
+            return None
+        return self._room(tenant, tokens, push=False)
 
-    def _leave(self, turn: asyncio.Future[None]) -> None:
-        self._line.remove(turn)
-        if len(self._line) >= self.max_active and not self._line[self.max_active - 1].done():
-            self._line[self.max_active - 1].set_result(None)
+    def take(self, tenant: str = "", tokens: int = 0) -> Ticket:
+        loop = asyncio.get_running_loop()
+        now = self._serves_now(tenant)
+        if not now and (why := self._room(tenant, tokens, push=True)) is not None:
+            raise QueueFull(why)
+        ticket = Ticket(self, loop.create_future(), tenant, tokens)
+        t = self._tenants.setdefault(tenant, _Tenant())
+        if now:
+            self._serve(ticket, t)
+        else:
+            t.waiting.append(ticket)
+            t.waiting_tokens += tokens
+            self._waiting += 1
+            self._waiting_tokens += tokens
+        return ticket
+
+    def _serves_now(self, tenant: str) -> bool:
+        """A slot is free and `tenant` holds fewer than its slots (then none of its requests
+        waits, and whoever waits is a tenant at its slots: a free slot goes to anyone else
+        at once, `_leave`)."""
+        t = self._tenants.get(tenant)
+        return self._active < self.max_active and (t is None or t.active < self.tenant_slots)
+
+    def _fits(self, waiting: int, tokens: int) -> bool:
+        """Whether one more request fits behind `waiting` ones, all of them `tokens` tokens
+        (a request alone in line fits whatever its tokens: the pool's bound is checked first)."""
+        if waiting >= self.max_queued:
+            return False
+        bound = self.max_queued_tokens
+        return bound is None or waiting == 0 or tokens <= bound
+
+    def _share(self, requests: int, tokens: int) -> float:
+        """The part of the line `requests` waiting requests of `tokens` tokens take."""
+        share = requests / self.max_queued if self.max_queued else float(requests > 0)
+        if self.max_queued_tokens is not None:
+            share = max(share, tokens / self.max_queued_tokens)
+        return share
+
+    def _room(self, tenant: str, tokens: int, push: bool) -> str | None:
+        """None when a request of `tenant` with `tokens` fits in the line, once tickets of
+        tenants holding more of it are pushed out (only when `push`); else why not."""
+        pushed: list[Ticket] = []
+        held = {name: [len(t.waiting), t.waiting_tokens] for name, t in self._tenants.items()}
+        waiting, waiting_tokens = self._waiting, self._waiting_tokens
+        mine = held.get(tenant, [0, 0])
+        mine_after = self._share(mine[0] + 1, mine[1] + tokens)
+        while not self._fits(waiting, waiting_tokens + tokens):
+            others = [(self._share(*h), n) for n, h in held.items() if n != tenant and h[0]]
+            if not others:
+                return self._why_full(tenant)
+            share, name = max(others)
+            if share <= mine_after:
+                return self._why_full(tenant)
+            victim = self._tenants[name].waiting[held[name][0] - 1]
+            pushed.append(victim)
+            held[name][0] -= 1
+            held[name][1] -= victim.tokens
+            waiting, waiting_tokens = waiting - 1, waiting_tokens - victim.tokens
+        if push:
+            for victim in pushed:
+                self._push_out(victim)
+        return None
+
+    def _why_full(self, tenant: str) -> str:
+        n, tokens = self.waiting_of(tenant)
+        bounds = f"--max-queued {self.max_queued}"
+        if self.max_queued_tokens is not None:
+            bounds += f" requests, --max-queued-tokens {self.max_queued_tokens} prompt tokens"
+        return (
+            f"{self._waiting} requests of {self._waiting_tokens} prompt tokens are waiting, "
+            f"{n} of them ({tokens} tokens) this tenant's (the line's bounds: {bounds})"
+        )
+
+    def _push_out(self, ticket: Ticket) -> None:
+        self._unqueue(ticket)
+        ticket.state = "pushed"
+        ticket.turn.set_exception(QueueFull(
+            "pushed out of the line by another tenant's request: this tenant held the largest "
+            "share of the waiting requests (--max-queued, --max-queued-tokens)"
+        ))  # fmt: skip
+
+    def _unqueue(self, ticket: Ticket) -> None:
+        t = self._tenants[ticket.tenant]
+        t.waiting.remove(ticket)
+        t.waiting_tokens -= ticket.tokens
+        self._waiting -= 1
+        self._waiting_tokens -= ticket.tokens
+        self._forget(ticket.tenant)
+
+    def _forget(self, tenant: str) -> None:
+        t = self._tenants.get(tenant)
+        if t is not None and not t.waiting and t.active == 0:
+            del self._tenants[tenant]
+
+    def _serve(self, ticket: Ticket, t: _Tenant) -> None:
+        ticket.state = "active"
+        t.active += 1
+        self._active += 1
+        self._served += 1
+        t.last_served = self._served
+        ticket.turn.set_result(None)
+
+    def _leave(self, ticket: Ticket) -> None:
+        if ticket.state == "waiting":
+            self._unqueue(ticket)
+        elif ticket.state == "active":
+            self._tenants[ticket.tenant].active -= 1
+            self._active -= 1
+            self._forget(ticket.tenant)
+        ticket.state = "gone"
+        while self._active < self.max_active and self._waiting:
+            eligible = [
+                t for t in self._tenants.values() if t.waiting and t.active < self.tenant_slots
+            ]
+            if not eligible:
+                break
+            t = min(eligible, key=lambda t: (t.active, t.last_served))
+            head = t.waiting.popleft()
+            t.waiting_tokens -= head.tokens
+            self._waiting -= 1
+            self._waiting_tokens -= head.tokens
+            self._serve(head, t)
+
+
+class Budget:
+    """Characters being tokenized at once, at most `limit`; a request of a tenant that has
+    something in flight fits while that tenant holds at most half of it. A request alone is
+    always let through (the request limits bound its size)."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        self.limit = limit
+        self.in_flight = 0
+        self._by_tenant: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def hold(self, tenant: str, chars: int) -> Iterator[None]:
+        """Raises QueueFull when `chars` more do not fit."""
+        mine = self._by_tenant.get(tenant, 0)
+        if self.in_flight and (
+            self.in_flight + chars > self.limit or (mine and mine + chars > self.limit // 2)
+        ):
+            raise QueueFull(
+                f"{self.in_flight} characters are being tokenized, {mine} of them this "
+                f"tenant's (at most --max-tokenizing-chars {self.limit} at once, a tenant's at "
+                "most half of that)"
+            )
+        self.in_flight += chars
+        self._by_tenant[tenant] = mine + chars
+        try:
+            yield
+        finally:
+            self.in_flight -= chars
+            left = self._by_tenant[tenant] - chars
+            if left:
+                self._by_tenant[tenant] = left
+            else:
+                del self._by_tenant[tenant]

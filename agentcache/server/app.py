@@ -1,5 +1,5 @@
 """The ASGI app: /v1/chat/completions, /v1/responses and /v1/messages (JSON and SSE),
-/v1/models, /health, /metrics.
+/v1/messages/count_tokens, /v1/models, /health, /metrics.
 
 Requests take turns at the engine in arrival order, `max_active` at a time (admission.py), each
 generating in a worker thread that stops within a token when its client leaves or its deadline
@@ -16,9 +16,9 @@ import functools
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -28,10 +28,10 @@ from starlette.exceptions import HTTPException
 
 from agentcache.backends import ServingEngine
 from agentcache.chat.identity import tenant_id
-from agentcache.chat.runner import ChatEngine, ChatResult
+from agentcache.chat.runner import ChatEngine, ChatRequest, ChatResult, PreparedChat
 from agentcache.chat.segmenter import ConversationTracker
 from agentcache.errors import AgentCacheError
-from agentcache.server.admission import AdmissionLine
+from agentcache.server.admission import AdmissionLine, Budget, QueueFull
 from agentcache.server.cache_control import openai_retention, retention
 from agentcache.server.config import ServerConfig
 from agentcache.server.convert import chunk, completion_body, reuse_headers, to_chat_request
@@ -43,9 +43,9 @@ from agentcache.server.errors import (
     on_validation_error,
 )
 from agentcache.server.heap import HeapTrimmer
-from agentcache.server.limits import check_request
+from agentcache.server.limits import check_request, check_tools, prompt_chars
 from agentcache.server.messages_api import message_body, message_id, to_turn
-from agentcache.server.messages_schema import MessagesRequest
+from agentcache.server.messages_schema import CountTokensRequest, MessagesRequest
 from agentcache.server.messages_stream import MessagesEmitter
 from agentcache.server.metrics import ServerMetrics
 from agentcache.server.middleware import BodyLimit, CountResponses, Gatekeeper
@@ -63,6 +63,7 @@ from agentcache.server.turns import (
     stream,
 )
 
+T = TypeVar("T")
 CONVERSATION_HEADER = "X-Agentcache-Conversation"
 CLIENT_GONE = 499  # the status recorded (and sent to no one) when the client left
 
@@ -74,11 +75,14 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         secret=config.conversation_secret,
     )  # fmt: skip
     chat = ChatEngine(engine, tracker)
-    line = AdmissionLine(config.max_queued, config.max_active)
+    line = AdmissionLine(config.max_queued, config.max_active, config.max_queued_tokens,
+                         config.tenant_slots)  # fmt: skip
+    tokenizing = Budget(config.max_tokenizing_chars)
     book = tracker.book
     metrics = ServerMetrics(
-        engine.store_bytes, lambda: (line.active, line.waiting), lambda: (book.nbytes, len(book))
-    )
+        engine.store_bytes, lambda: (line.active, line.waiting), lambda: (book.nbytes, len(book)),
+        lambda: (line.waiting_tokens, tokenizing.in_flight),
+    )  # fmt: skip
     docs = config.enable_docs
     stored = ResponseStore(config.max_stored_responses, config.stored_response_bytes,
                            config.stored_response_ttl_s)  # fmt: skip
@@ -106,7 +110,8 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
     app.add_exception_handler(HTTPException, on_http_error)
     app.add_middleware(BodyLimit, limits=config.limits)  # the last added runs first
     app.add_middleware(Gatekeeper, allowed_hosts=config.allowed_hosts,
-                       key_digests=config.api_key_digests)  # fmt: skip
+                       key_digests=config.api_key_digests,
+                       metrics_digests=config.metrics_key_digests)  # fmt: skip
     app.add_middleware(CountResponses, metrics=metrics)
 
     @app.get("/health")
@@ -129,13 +134,30 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
 
     def streamed(turn: Turn, emitter: Emitter) -> Response:
         """The turn as server-sent events, each written by `emitter` (the API's shape)."""
-        if line.full:  # else the line is checked again when the stream starts
-            raise overloaded(line)
+        why = line.refusal(turn.tenant, turn.tokens)
+        if why is not None:  # else the line is checked again when the stream starts
+            raise overloaded(why)
         return StreamingResponse(
             stream(turn, metrics, emitter),
             media_type="text/event-stream",
             headers={CONVERSATION_HEADER: turn.prepared.chat.conversation_id},
         )
+
+    async def tokenized(work: Callable[..., T], req: ChatRequest, *args: Any) -> T:
+        """`work(req, *args)` (which tokenizes `req`) in a worker thread, the request's size
+        bounded first: tools by --max-tool-chars (contents were checked by each API), and
+        the characters being tokenized at once by --max-tokenizing-chars (503 beyond)."""
+        check_tools(req.tools, config.limits)
+        try:
+            with tokenizing.hold(req.tenant, prompt_chars(req)):
+                return await run_in_threadpool(work, req, *args)
+        except QueueFull as e:
+            raise overloaded(str(e)) from None
+        except AgentCacheError as e:
+            raise api_error(e) from None
+
+    async def prepare(req: ChatRequest, clamp: bool) -> PreparedChat:
+        return await tokenized(chat.prepare, req, clamp)
 
     async def finished(turn: Turn, request: Request) -> ChatResult | None:
         """The turn's result, counted in the metrics; None when its client left."""
@@ -158,10 +180,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
             openai_retention(body.prompt_cache_retention, body.prompt_cache_options),
             config.max_retention_s,
         )
-        try:
-            prepared = await run_in_threadpool(chat.prepare, req, clamp)
-        except AgentCacheError as e:
-            raise api_error(e) from None
+        prepared = await prepare(req, clamp)
         if prepared.chat.conversation.rejected_token:
             metrics.rejected_tokens.inc()
         turn = Turn(chat, line, prepared, config.request_timeout_s, threading.Event(), workers)
@@ -181,7 +200,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
     @app.post("/v1/responses", response_model=None)
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         check_model(body.model)
-        tenant = tenant_id(getattr(request.state, "key_digest", None), None)
+        tenant = tenant_id(getattr(request.state, "key_digest", None), body.cache_salt)
         history: tuple[Any, ...] = ()
         token = request.headers.get(CONVERSATION_HEADER)
         if body.previous_response_id is not None:
@@ -200,12 +219,13 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
             config.max_retention_s,
         )
         try:
-            prepared = await run_in_threadpool(chat.prepare, req, clamp)
-        except AgentCacheError as e:
-            err = api_error(e)
-            if err.param == "max_tokens":  # this API's name for it
-                err.param = "max_output_tokens"
-            raise err from None
+            prepared = await prepare(req, clamp)
+        except APIError as err:
+            # this API's names for them
+            err.param = {"max_tokens": "max_output_tokens", "messages": "input"}.get(
+                err.param or "", err.param
+            )
+            raise
         if prepared.chat.conversation.rejected_token:
             metrics.rejected_tokens.inc()
         turn = Turn(chat, line, prepared, config.request_timeout_s, threading.Event(), workers)
@@ -217,12 +237,14 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
                 stored.put(ids.rid, tenant, messages, result.report.conversation_id)
 
         if body.stream:
-            return streamed(turn, ResponsesEmitter(body, ids, created, keep, kept.to_dict()))
+            emitter = ResponsesEmitter(body, ids, created, keep, kept.to_dict(),
+                                       engine.tokenizer.decode)  # fmt: skip
+            return streamed(turn, emitter)
         result = await finished(turn, request)
         if result is None:
             return Response(status_code=CLIENT_GONE)
         keep(result)
-        out = response_body(body, ids, created, result, kept.to_dict())
+        out = response_body(body, ids, created, result, kept.to_dict(), engine.tokenizer.decode)
         return JSONResponse(out, headers=reuse_headers(result))
 
     @app.post("/v1/messages", response_model=None)
@@ -231,10 +253,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         tenant = tenant_id(getattr(request.state, "key_digest", None), body.cache_salt)
         token = request.headers.get(CONVERSATION_HEADER)
         turn_in = to_turn(body, token, tenant, config.limits, config.max_retention_s)
-        try:
-            prepared = await run_in_threadpool(chat.prepare, turn_in.request, False)
-        except AgentCacheError as e:
-            raise api_error(e) from None
+        prepared = await prepare(turn_in.request, False)
         if prepared.chat.conversation.rejected_token:
             metrics.rejected_tokens.inc()
         turn = Turn(chat, line, prepared, config.request_timeout_s, threading.Event(), workers)
@@ -247,5 +266,14 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
             return Response(status_code=CLIENT_GONE)
         return JSONResponse(message_body(body, mid, result, turn_in),
                             headers=reuse_headers(result))  # fmt: skip
+
+    @app.post("/v1/messages/count_tokens", response_model=None)
+    async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
+        """Anthropic's token count: the prompt's tokens as /v1/messages would prefill them
+        (`input_tokens + cache_read_input_tokens + cache_creation_input_tokens` there)."""
+        check_model(body.model)
+        tenant = tenant_id(getattr(request.state, "key_digest", None), body.cache_salt)
+        turn_in = to_turn(body, None, tenant, config.limits, config.max_retention_s)
+        return {"input_tokens": await tokenized(chat.count_tokens, turn_in.request)}
 
     return app

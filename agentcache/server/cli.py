@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from agentcache.backends import ServingEngine
 
 API_KEY_ENV = "AGENTCACHE_API_KEY"
+METRICS_KEY_ENV = "AGENTCACHE_METRICS_KEY"
 # glibc's malloc arenas serve uses: under 16 clients for 20 minutes, 2 held 29 MiB less freed
 # memory than glibc's own 16 (on 2 cores) and stayed flat, latency unchanged (docs/server.md)
 MALLOC_ARENAS = 2
@@ -101,6 +102,10 @@ def add_security(p: argparse.ArgumentParser) -> None:
                    help="accept requests bearing this key (repeat for several; each key is "
                    f"its own tenant; default: ${API_KEY_ENV}, comma-separated, else no "
                    "authentication)")  # fmt: skip
+    p.add_argument("--metrics-key", action="append", default=None, metavar="KEY",
+                   help="only this key (repeatable) may read /metrics, which counts every "
+                   f"tenant's traffic (default: ${METRICS_KEY_ENV}, else any accepted "
+                   "key)")  # fmt: skip
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="a Host name to answer besides localhost, 127.0.0.1 and [::1] on a "
                    "loopback bind (repeatable)")  # fmt: skip
@@ -113,6 +118,17 @@ def add_security(p: argparse.ArgumentParser) -> None:
                    help="a request's deadline, waiting included (default: 600)")  # fmt: skip
     p.add_argument("--max-queued", type=non_negative_int, default=64,
                    help="requests waiting for the engine; more get 503 (default: 64)")  # fmt: skip
+    p.add_argument("--max-active-per-tenant", type=positive_int, default=None, metavar="N",
+                   help="slots of --max-active one tenant (API key + cache_salt) may hold; the "
+                   "rest stay free for other tenants (default: all but an eighth, 14 of "
+                   "16)")  # fmt: skip
+    p.add_argument("--max-queued-tokens", type=positive_int, default=262_144,
+                   help="prompt tokens of the requests waiting for the engine; more get 503, "
+                   "shared fairly between tenants (default: 262144)")  # fmt: skip
+    p.add_argument("--max-tokenizing-chars", type=positive_int, default=8_000_000,
+                   help="characters of requests being tokenized at once; more get 503 "
+                   "(default: 8000000; a tenant with a request in flight holds at most "
+                   "half)")  # fmt: skip
     p.add_argument("--max-active", type=positive_int, default=None,
                    help="requests the engine runs at once, interleaved token by token, so a "
                    f"short request is not held behind a long one (default: {MAX_ACTIVE} on the "
@@ -160,16 +176,28 @@ def server_config(args: argparse.Namespace, model_name: str) -> ServerConfig:
     keys = args.api_key or [k for k in os.environ.get(API_KEY_ENV, "").split(",") if k]
     if any(not k.strip() for k in keys):
         raise ConfigError("--api-key must not be empty")
+    metrics_keys = args.metrics_key or [
+        k for k in os.environ.get(METRICS_KEY_ENV, "").split(",") if k
+    ]
+    if any(not k.strip() for k in metrics_keys):
+        raise ConfigError("--metrics-key must not be empty")
     secret = args.conversation_secret or os.environ.get(SECRET_ENV) or None
     if secret is not None and len(secret) < 16:
         raise ConfigError(f"--conversation-secret (or ${SECRET_ENV}) needs >= 16 characters")
     limits = ServerLimits(**{f.name: getattr(args, f.name) for f in fields(ServerLimits)})
+    max_active = args.max_active or (1 if args.backend == "vllm" else MAX_ACTIVE)
+    if args.max_active_per_tenant is not None and args.max_active_per_tenant > max_active:
+        raise ConfigError(f"--max-active-per-tenant {args.max_active_per_tenant} exceeds "
+                          f"--max-active {max_active}")  # fmt: skip
     return ServerConfig(
         model_name, args.max_tokens, isolate_conversations=args.isolate_conversations,
         limits=limits,
         request_timeout_s=args.request_timeout, max_queued=args.max_queued,
-        max_active=args.max_active or (1 if args.backend == "vllm" else MAX_ACTIVE),
+        max_queued_tokens=args.max_queued_tokens, max_tokenizing_chars=args.max_tokenizing_chars,
+        max_active_per_tenant=args.max_active_per_tenant,
+        max_active=max_active,
         api_key_digests=frozenset(key_digest(k.strip()) for k in keys),
+        metrics_key_digests=frozenset(key_digest(k.strip()) for k in metrics_keys),
         allowed_hosts=allowed_hosts(args.host, args.allowed_host), enable_docs=args.enable_docs,
         conversation_secret=secret.encode() if secret else None,
         tracker_bytes=args.conversation_bytes, trim_interval_s=args.trim_interval,

@@ -23,6 +23,7 @@ class ServerLimits:
     max_stop_chars: int = 256  # characters of one stop string
     max_user_chars: int = 256  # the `user` field
     max_content_chars: int = 4_000_000  # message contents and tool-call arguments, all together
+    max_tool_chars: int = 1_000_000  # tool names, descriptions and parameter schemas, together
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -47,7 +48,14 @@ class ServerConfig:
     request_timeout_s: float = 600.0  # waiting in line + generating
     max_queued: int = 64  # requests waiting for the engine; more get 503
     max_active: int = MAX_ACTIVE  # requests the engine runs at once, interleaved by token
+    # slots of max_active one tenant may hold (None: all but an eighth, kept for the others)
+    max_active_per_tenant: int | None = None
+    max_queued_tokens: int = 262_144  # prompt tokens of the waiting requests; more get 503
+    # characters being tokenized at once (before a request has tokens to queue by)
+    max_tokenizing_chars: int = 8_000_000
     api_key_digests: frozenset[str] = frozenset()  # key_digest of each accepted key
+    # key_digest of the keys that alone may read /metrics (empty: any accepted key)
+    metrics_key_digests: frozenset[str] = frozenset()
     allowed_hosts: frozenset[str] | None = None  # Host names answered; None: any
     enable_docs: bool = False  # /docs, /redoc, /openapi.json
     conversation_secret: bytes | None = None  # signs conversation tokens; None: per process
@@ -72,10 +80,23 @@ class ServerConfig:
             raise ValueError("max_queued must be >= 0 and tracker_bytes >= 1")
         if self.max_active < 1:
             raise ValueError("max_active must be >= 1")
+        per = self.max_active_per_tenant
+        if per is not None and not 1 <= per <= self.max_active:
+            raise ValueError("max_active_per_tenant must be in [1, max_active]")
+        if self.max_queued_tokens < 1 or self.max_tokenizing_chars < 1:
+            raise ValueError("max_queued_tokens and max_tokenizing_chars must be >= 1")
         if not self.trim_interval_s >= 0:
             raise ValueError("trim_interval_s must be >= 0")
         if self.max_retention_s < 1:
             raise ValueError("max_retention_s must be >= 1")
+
+    @property
+    def tenant_slots(self) -> int:
+        """Slots at the engine one tenant may hold: by default all but an eighth (14 of 16),
+        which stay free for other tenants; with fewer than 8, all."""
+        if self.max_active_per_tenant is not None:
+            return self.max_active_per_tenant
+        return self.max_active - self.max_active // 8
 
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")

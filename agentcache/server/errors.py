@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from agentcache.chat.runner import TextTooLongError
 from agentcache.chat.structured import SchemaError
 from agentcache.errors import AgentCacheError, ContextLengthError, OutOfPagesError, PromptError
 from agentcache.server.messages_schema import MessagesRequest
@@ -19,7 +20,8 @@ from agentcache.server.schemas import field_names
 
 FIELDS = field_names() | field_names(ResponsesRequest) | field_names(MessagesRequest)
 ENDPOINTS = (
-    "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/models", "/health", "/metrics",
+    "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+    "/v1/models", "/health", "/metrics",
 )  # fmt: skip
 ANTHROPIC_PATHS = ("/v1/messages",)
 # Anthropic's error types by status (its API's names); others are api_error
@@ -69,6 +71,8 @@ def api_error(e: AgentCacheError) -> APIError:
     """The engine's and chat layer's errors as HTTP errors."""
     if isinstance(e, SchemaError):
         return APIError(400, str(e), "unsupported_schema", e.param)
+    if isinstance(e, TextTooLongError):
+        return APIError(400, str(e), "context_length_exceeded", "messages")
     if isinstance(e, ContextLengthError):
         return APIError(400, str(e), "context_length_exceeded", "max_tokens")
     if isinstance(e, PromptError):

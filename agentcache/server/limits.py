@@ -3,15 +3,21 @@ that names it.
 
     bytes arrive -> BodyLimit: body size (while reading), JSON nesting depth (before parsing)
     parsed body  -> check_request: messages, tools, stop strings, user, content characters
+    ChatRequest  -> check_tools: characters of tool names, descriptions and schemas (every API)
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
+from agentcache.chat.messages import ToolSpec
+from agentcache.chat.runner import prompt_chars, tool_chars
 from agentcache.server.config import ServerLimits, flag
 from agentcache.server.errors import APIError
 from agentcache.server.schemas import ChatCompletionRequest
+
+__all__ = ["check_arguments", "check_request", "check_tools", "limit_error", "prompt_chars"]
 
 
 def limit_error(limits: ServerLimits, name: str, what: str, param: str | None) -> APIError:
@@ -43,6 +49,14 @@ def check_request(body: ChatCompletionRequest, limits: ServerLimits) -> None:
     if chars > limits.max_content_chars:
         what = f"{chars} characters of message content"
         raise limit_error(limits, "max_content_chars", what, "messages")
+
+
+def check_tools(tools: Sequence[ToolSpec], limits: ServerLimits) -> None:
+    """Tool descriptions and schemas are prompt text too: bounded before any tokenizing."""
+    chars = tool_chars(tools)
+    if chars > limits.max_tool_chars:
+        what = f"{chars} characters of tool names, descriptions and parameters"
+        raise limit_error(limits, "max_tool_chars", what, "tools")
 
 
 def check_arguments(arguments: object, limits: ServerLimits, param: str) -> None:

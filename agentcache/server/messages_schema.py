@@ -42,3 +42,10 @@ class MessagesRequest(BaseModel):
     def _null_is_the_default(cls, value: Any, info: ValidationInfo) -> Any:
         assert info.field_name is not None
         return cls.model_fields[info.field_name].default if value is None else value
+
+
+class CountTokensRequest(MessagesRequest):
+    """`POST /v1/messages/count_tokens`: the body of a message request without `max_tokens`
+    (nothing is generated); everything else is validated as on /v1/messages."""
+
+    max_tokens: int = Field(default=1, ge=1, strict=True)

@@ -16,7 +16,8 @@ STORE_TIER = "memory"
 
 class ServerMetrics:
     """`store_bytes` gives the segment store's bytes per tier (`ServingEngine.store_bytes`),
-    `line` the requests at the engine and waiting for it, `conversations` the tracker's
+    `line` the requests at the engine and waiting for it, `work` the prompt tokens waiting
+    and the characters being tokenized, `conversations` the tracker's
     estimated bytes and conversations; all are read at each scrape, with the process's memory
     (resident, and malloc's bytes in use and free but held, where the platform says)."""
 
@@ -25,8 +26,10 @@ class ServerMetrics:
         store_bytes: Callable[[], dict[str, int]],
         line: Callable[[], tuple[int, int]] = lambda: (0, 0),
         conversations: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        work: Callable[[], tuple[int, int]] = lambda: (0, 0),
     ) -> None:
         self._store_bytes, self._line, self._conversations = store_bytes, line, conversations
+        self._work = work
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "agentcache_requests", "HTTP requests", ["endpoint", "status"], registry=r
@@ -76,6 +79,14 @@ class ServerMetrics:
         self.waiting = Gauge(
             "agentcache_requests_waiting", "requests waiting in line (--max-queued)", registry=r
         )
+        self.waiting_tokens = Gauge(
+            "agentcache_requests_waiting_tokens",
+            "prompt tokens of the requests waiting in line (--max-queued-tokens)", registry=r,
+        )  # fmt: skip
+        self.tokenizing_chars = Gauge(
+            "agentcache_tokenizing_chars",
+            "characters of requests being tokenized (--max-tokenizing-chars)", registry=r,
+        )  # fmt: skip
         self.conversation_bytes = Gauge(
             "agentcache_conversation_bytes",
             "estimated bytes the server remembers of conversations (--conversation-bytes)",
@@ -112,6 +123,9 @@ class ServerMetrics:
         active, waiting = self._line()
         self.active.set(active)
         self.waiting.set(waiting)
+        waiting_tokens, tokenizing = self._work()
+        self.waiting_tokens.set(waiting_tokens)
+        self.tokenizing_chars.set(tokenizing)
         nbytes, count = self._conversations()
         self.conversation_bytes.set(nbytes)
         self.conversations.set(count)

@@ -28,6 +28,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = frozenset({"/health"})
+METRICS_PATH = "/metrics"
 log = logging.getLogger("agentcache.server")
 
 
@@ -71,12 +72,16 @@ class CountResponses:
 
 class Gatekeeper:
     """`allowed_hosts`: Host names accepted (lower case, no port), None for any; `key_digests`:
-    the accepted API keys' `key_digest`s, empty for no authentication."""
+    the accepted API keys' `key_digest`s, empty for no authentication; `metrics_digests`: the
+    keys that alone may read /metrics (which counts every tenant's traffic), empty for any
+    accepted key."""
 
     def __init__(
-        self, app: ASGIApp, allowed_hosts: frozenset[str] | None, key_digests: frozenset[str]
-    ) -> None:
+        self, app: ASGIApp, allowed_hosts: frozenset[str] | None, key_digests: frozenset[str],
+        metrics_digests: frozenset[str] = frozenset(),
+    ) -> None:  # fmt: skip
         self.app, self.allowed_hosts, self.key_digests = app, allowed_hosts, key_digests
+        self.metrics_digests = metrics_digests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -89,6 +94,14 @@ class Gatekeeper:
                 msg = "the Host header names no host this server answers to (a loopback bind "
                 msg += "accepts localhost, 127.0.0.1 and [::1]; see --allowed-host)"
                 return await send_error(send, APIError(421, msg, "invalid_host"), path=path)
+        if path == METRICS_PATH and self.metrics_digests:
+            presented = (headers.get(b"authorization", b""), headers.get(b"x-api-key", b""))
+            if self._key(*presented, self.metrics_digests) is None:
+                msg = "/metrics counts every tenant's traffic: it needs the metrics key "
+                msg += "(--metrics-key) as 'Authorization: Bearer <key>'"
+                err = APIError(403, msg, "invalid_api_key")
+                return await send_error(send, err, path=path)
+            return await self.app(scope, receive, send)
         digest = self._key(headers.get(b"authorization", b""), headers.get(b"x-api-key", b""))
         if self.key_digests and digest is None and path not in OPEN_PATHS:
             msg = "missing or invalid API key: send it as 'Authorization: Bearer <key>' or "
@@ -98,17 +111,21 @@ class Gatekeeper:
         scope.setdefault("state", {})["key_digest"] = digest
         await self.app(scope, receive, send)
 
-    def _key(self, authorization: bytes, x_api_key: bytes) -> str | None:
+    def _key(
+        self, authorization: bytes, x_api_key: bytes, digests: frozenset[str] | None = None
+    ) -> str | None:
         """The digest of the presented key (a bearer token, else Anthropic's `x-api-key`)
-        when it is one of ours (compared in constant time against every key), else None."""
+        when it is one of `digests` (the API keys by default; compared in constant time
+        against every key), else None."""
+        digests = self.key_digests if digests is None else digests
         scheme, _, key = authorization.decode("latin-1").partition(" ")
         if scheme.lower() != "bearer":
             key = x_api_key.decode("latin-1")
-        if not key.strip() or not self.key_digests:
+        if not key.strip() or not digests:
             return None
         digest = key_digest(key.strip())
         found = False
-        for known in self.key_digests:
+        for known in digests:
             found |= hmac.compare_digest(digest, known)
         return digest if found else None
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentcache.chat.logprobs import openai_content
 from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec
 from agentcache.chat.runner import ChatRequest, ChatResult
 from agentcache.chat.tools import TOOL_CALL_CLOSE, forced_call_prefix
@@ -32,7 +33,18 @@ from agentcache.server.limits import check_arguments, limit_error
 from agentcache.server.responses_schema import AllowedTools, NamedTool, ResponsesRequest
 
 ROLES = frozenset({"user", "system", "developer", "assistant"})
+LOGPROBS = "message.output_text.logprobs"
+# OpenAI's `include` values. Only logprobs have anything to include here: the others name
+# items this server never produces (search results, images, reasoning), so they add nothing.
+INCLUDABLE = (
+    LOGPROBS, "reasoning.encrypted_content", "file_search_call.results",
+    "web_search_call.results", "web_search_call.action.sources", "message.input_image.image_url",
+    "computer_call_output.output.image_url", "code_interpreter_call.outputs",
+)  # fmt: skip
 TEXT_PARTS = frozenset({"input_text", "output_text"})
+
+
+Decode = Callable[[Sequence[int]], str]
 
 
 def bad(param: str, message: str) -> APIError:
@@ -174,6 +186,33 @@ def _forced_name(body: ResponsesRequest, tools: tuple[ToolSpec, ...]) -> str | N
     return tools[0].name if body.tool_choice == "required" and len(tools) == 1 else None
 
 
+def _logprobs(body: ResponsesRequest) -> int | None:
+    """How many top logprobs per token (0: the chosen token's only); None: none asked for."""
+    for i, value in enumerate(body.include or ()):
+        if value not in INCLUDABLE:
+            raise bad(f"include.{i}", f"unknown value {value[:80]!r}; one of "
+                      f"{', '.join(INCLUDABLE)}")  # fmt: skip
+    wanted = LOGPROBS in (body.include or ())
+    if body.top_logprobs is not None and not wanted:
+        raise bad("top_logprobs", f"needs include [{LOGPROBS!r}]")
+    return (body.top_logprobs or 0) if wanted else None
+
+
+def text_logprobs(result: ChatResult, decode: Decode | None) -> list[dict[str, Any]] | None:
+    """The logprobs of the reply's output_text: its tokens up to the text's end (a tool call's
+    tokens after it are not the text's); None when none were asked for."""
+    if result.logprobs is None or decode is None:
+        return None
+    steps = result.logprobs
+    if result.tool_calls:
+        ids = [s.token_id for s in steps]
+        keep = 0
+        while keep < len(steps) and len(decode(ids[: keep + 1])) <= len(result.content):
+            keep += 1
+        steps = steps[:keep]
+    return openai_content(steps, decode)
+
+
 def check_content(messages: list[ChatMessage], limits: ServerLimits) -> None:
     if len(messages) > limits.max_messages:
         raise limit_error(limits, "max_messages", f"{len(messages)} messages", "input")
@@ -210,7 +249,7 @@ def to_chat_request(
     strict = [bool(t.get("strict")) for t in body.tools or ()] if tools else []
     output = output_for(fmt, tools, strict, prefill, _forced_name(body, tools))
     request = ChatRequest(messages, params, tools, conversation, prefill, None, tenant,
-                          output=output)  # fmt: skip
+                          body.prompt_cache_key, output, _logprobs(body))  # fmt: skip
     return request, turn, max_tokens is None
 
 
@@ -235,14 +274,18 @@ def usage(result: ChatResult) -> dict[str, Any]:
     }
 
 
-def message_item(ids: ResponseIds, text: str, status: str = "completed") -> dict[str, Any]:
-    content = [] if status == "in_progress" else [text_part(text)]
+def message_item(ids: ResponseIds, text: str, status: str = "completed",
+                 logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
+    content = [] if status == "in_progress" else [text_part(text, logprobs)]
     return {"type": "message", "id": ids.message, "status": status, "role": "assistant",
             "content": content}  # fmt: skip
 
 
-def text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": []}
+def text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+    if logprobs is not None:
+        part["logprobs"] = logprobs
+    return part
 
 
 def call_item(ids: ResponseIds, call: ToolCall, index: int, args: str) -> dict[str, Any]:
@@ -251,8 +294,12 @@ def call_item(ids: ResponseIds, call: ToolCall, index: int, args: str) -> dict[s
             "name": call.name, "arguments": args, "status": status}  # fmt: skip
 
 
-def output_items(result: ChatResult, ids: ResponseIds) -> list[dict[str, Any]]:
-    items = [message_item(ids, result.content)] if result.content or not result.tool_calls else []
+def output_items(
+    result: ChatResult, ids: ResponseIds, decode: Decode | None = None
+) -> list[dict[str, Any]]:
+    items = []
+    if result.content or not result.tool_calls:
+        items.append(message_item(ids, result.content, logprobs=text_logprobs(result, decode)))
     for i, call in enumerate(result.tool_calls):
         items.append(call_item(ids, call, i, call.arguments_json()))
     return items
@@ -260,9 +307,10 @@ def output_items(result: ChatResult, ids: ResponseIds) -> list[dict[str, Any]]:
 
 def response_body(
     body: ResponsesRequest, ids: ResponseIds, created: int, result: ChatResult | None,
-    cache_control: dict[str, Any] | None = None,
+    cache_control: dict[str, Any] | None = None, decode: Decode | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """The response object; `result` None: one in progress (the stream's first events)."""
+    """The response object; `result` None: one in progress (the stream's first events).
+    `decode` (token ids -> text) names the tokens of logprobs, when they were asked for."""
     status, incomplete = "in_progress", None
     if result is not None:
         status = "incomplete" if result.finish_reason == "length" else "completed"
@@ -273,7 +321,7 @@ def response_body(
         "id": ids.rid, "object": "response", "created_at": created, "status": status,
         "error": None, "incomplete_details": incomplete, "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens, "model": body.model,
-        "output": [] if result is None else output_items(result, ids),
+        "output": [] if result is None else output_items(result, ids, decode),
         "parallel_tool_calls": body.parallel_tool_calls is not False,
         "previous_response_id": body.previous_response_id,
         "store": body.store, "temperature": body.temperature, "top_p": body.top_p,
@@ -299,9 +347,10 @@ class ResponsesEmitter:
 
     def __init__(self, body: ResponsesRequest, ids: ResponseIds, created: int,
                  on_result: Callable[[ChatResult], None],
-                 cache_control: dict[str, Any] | None = None) -> None:  # fmt: skip
+                 cache_control: dict[str, Any] | None = None,
+                 decode: Decode | None = None) -> None:  # fmt: skip
         self.body, self.ids, self.created, self.on_result = body, ids, created, on_result
-        self.cache_control = cache_control
+        self.cache_control, self.decode = cache_control, decode
         self.seq, self.opened = 0, False
         self.text_parts: list[str] = []
 
@@ -337,12 +386,13 @@ class ResponsesEmitter:
             if rest:  # the runner's pieces add up to the content; anything left comes now
                 yield from self.text(rest)
             m, text = self.ids.message, result.content
+            lp = text_logprobs(result, self.decode)  # known once the reply is: sent whole here
             yield self.event("response.output_text.done", item_id=m, output_index=0,
-                             content_index=0, text=text, logprobs=[])  # fmt: skip
+                             content_index=0, text=text, logprobs=lp or [])  # fmt: skip
             yield self.event("response.content_part.done", item_id=m, output_index=0,
-                             content_index=0, part=text_part(text))  # fmt: skip
+                             content_index=0, part=text_part(text, lp))  # fmt: skip
             yield self.event("response.output_item.done", output_index=0,
-                             item=message_item(self.ids, text))  # fmt: skip
+                             item=message_item(self.ids, text, logprobs=lp))  # fmt: skip
             index = 1
         for i, call in enumerate(result.tool_calls):
             args, o = call.arguments_json(), index + i
@@ -355,7 +405,8 @@ class ResponsesEmitter:
             yield self.event("response.output_item.done", output_index=o,
                              item=call_item(self.ids, call, i, args))  # fmt: skip
         self.on_result(result)
-        response = response_body(self.body, self.ids, self.created, result, self.cache_control)
+        response = response_body(self.body, self.ids, self.created, result, self.cache_control,
+                                 self.decode)  # fmt: skip
         kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
         yield self.event(kind, response=response)
 

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from agentcache.server.schemas import MAX_CACHE_KEY_CHARS
+
 
 class NamedTool(BaseModel):
     type: Literal["function"]
@@ -53,6 +55,14 @@ class ResponsesRequest(BaseModel):
     prompt_cache_retention: Any = None
     prompt_cache_options: Any = None
     service_tier: str | None = Field(default=None, strict=True)  # accepted; one tier
+    # "message.output_text.logprobs": each output_text token's logprob (responses.py)
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
+    # as on chat completions: OpenAI's grouping hint (reports only), and the tenant's salt
+    prompt_cache_key: str | None = Field(
+        default=None, min_length=1, max_length=MAX_CACHE_KEY_CHARS, strict=True
+    )
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256, strict=True)
 
     @field_validator("temperature", "top_p", "stream", "store", mode="before")
     @classmethod

@@ -21,7 +21,7 @@ from starlette.requests import Request
 
 from agentcache.chat.runner import ChatEngine, ChatResult, PreparedChat
 from agentcache.errors import AgentCacheError
-from agentcache.server.admission import AdmissionLine, QueueFull
+from agentcache.server.admission import AdmissionLine, QueueFull, Ticket
 from agentcache.server.convert import logprobs_body, message_body, sse, usage_body
 from agentcache.server.errors import APIError, api_error, internal_error
 from agentcache.server.metrics import ServerMetrics
@@ -30,8 +30,8 @@ POLL_S = 0.1  # how often a waiting non-streaming request checks that its client
 RETRY_AFTER_S = 5
 
 
-def overloaded(line: AdmissionLine) -> APIError:
-    msg = f"the server is busy: {line.waiting} requests are waiting (--max-queued); retry later"
+def overloaded(why: str) -> APIError:
+    msg = f"the server is busy: {why}; retry later"
     return APIError(503, msg, "server_overloaded", None, "server_error",
                     {"Retry-After": str(RETRY_AFTER_S)})  # fmt: skip
 
@@ -53,6 +53,22 @@ class Turn:
     timeout_s: float
     cancel: threading.Event
     workers: Executor  # one thread per active ticket (the line's max_active)
+
+    @property
+    def tenant(self) -> str:
+        return self.prepared.request.tenant
+
+    @property
+    def tokens(self) -> int:
+        """The prompt's tokens: what the request adds to the line's waiting work."""
+        return self.prepared.tokens.num_tokens
+
+    def take(self) -> Ticket:
+        """A ticket in the line; APIError 503 when there is no room for it."""
+        try:
+            return self.line.take(self.tenant, self.tokens)
+        except QueueFull as e:
+            raise overloaded(str(e)) from None
 
     def start(self, on_text: Callable[[str], None] | None = None) -> asyncio.Future[ChatResult]:
         loop = asyncio.get_running_loop()
@@ -96,14 +112,13 @@ def release_when_done(worker: asyncio.Future[Any] | None, release: Callable[[], 
 async def complete(turn: Turn, request: Request) -> ChatResult | None:
     """The result, or None when the client left. Raises APIError (504 at the deadline, 503
     when the line is full, the engine's errors)."""
-    try:
-        ticket = turn.line.take()
-    except QueueFull:
-        raise overloaded(turn.line) from None
+    ticket = turn.take()
     deadline = asyncio.get_running_loop().time() + turn.timeout_s
     worker = None
     try:
         why = await watch(ticket.turn, request, deadline, turn.cancel)
+        if why is None and (pushed := ticket.turn.exception()) is not None:
+            raise overloaded(str(pushed))
         if why is None:
             worker = turn.start()
             why = await watch(worker, request, deadline, turn.cancel)
@@ -150,9 +165,9 @@ async def stream(turn: Turn, metrics: ServerMetrics, emit: Emitter) -> AsyncIter
     for event in emit.start():
         yield event
     try:
-        ticket = turn.line.take()
-    except QueueFull:
-        yield emit.error(overloaded(turn.line))
+        ticket = turn.take()
+    except APIError as e:
+        yield emit.error(e)
         return
     deadline = loop.time() + turn.timeout_s
     answered = False  # the stream ran to its end (a reply or an error event)
@@ -160,6 +175,10 @@ async def stream(turn: Turn, metrics: ServerMetrics, emit: Emitter) -> AsyncIter
         if await watch(ticket.turn, None, deadline, turn.cancel) is not None:
             answered = True
             yield emit.error(timed_out(turn.timeout_s))
+            return
+        if (pushed := ticket.turn.exception()) is not None:
+            answered = True
+            yield emit.error(overloaded(str(pushed)))
             return
         worker = turn.start(on_text)
         worker.add_done_callback(done)

@@ -112,6 +112,18 @@ def test_limits_and_turn_settings_come_from_flags() -> None:
     assert (config.request_timeout_s, config.max_queued, config.tracker_bytes) == (2.5, 0, 4096)
 
 
+def test_admission_settings_come_from_flags() -> None:
+    parse = build_parser().parse_args
+    argv = ["serve", "--max-queued-tokens", "500", "--max-tokenizing-chars", "9000",
+            "--max-active-per-tenant", "3", "--max-tool-chars", "77"]  # fmt: skip
+    config = server_config(parse(argv), "m")
+    assert (config.max_queued_tokens, config.max_tokenizing_chars) == (500, 9000)
+    assert (config.tenant_slots, config.limits.max_tool_chars) == (3, 77)
+    assert server_config(parse(["serve"]), "m").tenant_slots == 14
+    with pytest.raises(ConfigError, match="--max-active-per-tenant 5 exceeds --max-active 4"):
+        server_config(parse(["serve", "--max-active", "4", "--max-active-per-tenant", "5"]), "m")
+
+
 def test_max_active_defaults_by_backend_and_rejects_zero(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -171,3 +183,30 @@ def test_an_unhandled_error_is_a_counted_500_without_a_traceback(stream: bool) -
     assert r.status_code == (200 if stream else 500)  # a stream's status line is out first
     count = 'agentcache_requests_total{endpoint="/v1/chat/completions",status="500"} 1.0'
     assert count in metrics
+
+
+def test_a_metrics_key_alone_reads_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/metrics counts every tenant's traffic: with --metrics-key, tenants' keys cannot read
+    it, and the metrics key is no tenant's key."""
+    tenants = frozenset({key_digest("k1"), key_digest("k2")})
+    with client(api_key_digests=tenants, metrics_key_digests=frozenset({key_digest("ops")})) as c:
+        for auth in (None, "Bearer k1", "Bearer k2", "Bearer op", "Basic ops"):
+            headers = {"Authorization": auth} if auth else {}
+            r = c.get("/metrics", headers=headers)
+            assert r.status_code == 403, auth
+            assert "--metrics-key" in r.json()["error"]["message"]
+        r = c.get("/metrics", headers={"Authorization": "Bearer ops"})
+        assert r.status_code == 200 and "agentcache_requests_total" in r.text
+        assert c.get("/metrics", headers={"x-api-key": "ops"}).status_code == 200
+        r = c.post("/v1/chat/completions", json=BODY, headers={"Authorization": "Bearer ops"})
+        assert r.status_code == 401
+        ok = c.post("/v1/chat/completions", json=BODY, headers={"Authorization": "Bearer k1"})
+        assert ok.status_code == 200
+    parse = build_parser().parse_args
+    config = server_config(parse(["serve", "--metrics-key", "ops"]), "m")
+    assert config.metrics_key_digests == {key_digest("ops")}
+    monkeypatch.setenv("AGENTCACHE_METRICS_KEY", "a,b")
+    assert server_config(parse(["serve"]), "m").metrics_key_digests == {
+        key_digest("a"), key_digest("b")}  # fmt: skip
+    with pytest.raises(ConfigError, match="--metrics-key"):
+        server_config(parse(["serve", "--metrics-key", " "]), "m")

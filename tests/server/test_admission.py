@@ -1,0 +1,391 @@
+"""Admission shared fairly between tenants and bounded by work: a tenant's many requests
+cannot hold another tenant's request behind all of them, the line is bounded by prompt
+tokens as well as requests (503 with Retry-After beyond), a tenant holding the most of a full
+line gives up its newest place to another, and prompt text is bounded before it is tokenized
+(tool descriptions and schemas included). Order and positions are counted, never timed."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from starlette.testclient import TestClient
+
+from agentcache.model.loading import LoadedModel
+from agentcache.runtime.engine import Engine, EngineConfig
+from agentcache.server import ServerConfig, ServerLimits, create_app
+from agentcache.server.admission import AdmissionLine, Budget, QueueFull, Ticket
+from agentcache.server.config import key_digest
+from agentcache.server.inprocess import serve_in_thread
+from tests.server.conftest import MODEL
+from tests.server.test_turns import BODY, SlowEngine, wait_for
+
+
+def served_order(tickets: dict[str, Ticket]) -> list[str]:
+    """Release the served ticket, one at a time, and record which ticket is served next."""
+    order: list[str] = []
+    pending = dict(tickets)
+    while pending:
+        name = next(n for n, t in pending.items() if t.turn.done())
+        order.append(name)
+        pending.pop(name).release()
+    return order
+
+
+def test_a_tenant_with_many_waiting_requests_does_not_hold_another_behind_them() -> None:
+    async def run() -> list[str]:
+        line = AdmissionLine(max_queued=16, max_active=1)
+        tickets = {f"a{i}": line.take("A", 1000) for i in range(6)}  # a0 at the engine
+        tickets["b0"] = line.take("B", 1)
+        tickets["a6"] = line.take("A", 1000)
+        tickets["b1"] = line.take("B", 1)
+        return served_order(tickets)
+
+    # B's first request waits for the one at the engine only, then the tenants alternate
+    assert asyncio.run(run()) == ["a0", "b0", "a1", "b1", "a2", "a3", "a4", "a5", "a6"]
+
+
+def test_a_free_slot_goes_to_the_tenant_with_the_fewest_at_the_engine() -> None:
+    async def run() -> tuple[bool, bool]:
+        line = AdmissionLine(max_queued=16, max_active=4)
+        at_engine = [line.take("A", 100) for _ in range(4)]
+        a_waiting = [line.take("A", 100) for _ in range(10)]
+        b = line.take("B", 1)
+        at_engine[0].release()  # the first slot to free goes to B, not to A's 10 in line
+        return b.turn.done(), any(t.turn.done() for t in a_waiting)
+
+    assert asyncio.run(run()) == (True, False)
+
+
+def test_the_line_is_bounded_by_prompt_tokens() -> None:
+    async def run() -> None:
+        line = AdmissionLine(max_queued=100, max_active=1, max_queued_tokens=100)
+        line.take("A", 5000)  # served at once: the pool's bound, not the line's, limits it
+        line.take("A", 60)
+        line.take("A", 30)
+        assert line.waiting_tokens == 90
+        with pytest.raises(QueueFull, match="--max-queued-tokens 100"):
+            line.take("A", 20)
+        assert line.refusal("A", 10) is None and line.refusal("A", 11) is not None
+        assert line.waiting_of("A") == (2, 90)
+
+    asyncio.run(run())
+
+
+def test_a_lone_request_waits_whatever_its_tokens() -> None:
+    async def run() -> None:
+        line = AdmissionLine(max_queued=4, max_active=1, max_queued_tokens=10)
+        line.take("A", 1)
+        line.take("A", 500)  # nothing else waits: it may wait
+        with pytest.raises(QueueFull):
+            line.take("A", 1)
+
+    asyncio.run(run())
+
+
+def test_a_full_line_makes_room_by_the_tenant_holding_most_of_it() -> None:
+    async def run() -> None:
+        line = AdmissionLine(max_queued=4, max_active=1, max_queued_tokens=10_000)
+        line.take("A", 10)
+        a = [line.take("A", 10) for _ in range(4)]
+        assert line.full
+        with pytest.raises(QueueFull):  # A cannot push itself out
+            line.take("A", 10)
+        b = line.take("B", 10)  # takes the place of A's newest
+        assert a[3].turn.done() and isinstance(a[3].turn.exception(), QueueFull)
+        assert "another tenant" in str(a[3].turn.exception())
+        assert not any(t.turn.done() for t in a[:3]) and not b.turn.done()
+        assert line.waiting_of("A") == (3, 30) and line.waiting_of("B") == (1, 10)
+        a[3].release()  # a pushed-out ticket's release changes nothing
+        assert line.waiting == 4
+        line.take("B", 10)  # B (1 of 4) still holds less than A (3 of 4)
+        assert line.waiting_of("A") == (2, 20)
+        with pytest.raises(QueueFull):  # now equal shares: nobody is pushed
+            line.take("B", 10)
+
+    asyncio.run(run())
+
+
+def test_tokens_decide_whose_place_is_taken() -> None:
+    async def run() -> None:
+        line = AdmissionLine(max_queued=100, max_active=1, max_queued_tokens=100)
+        line.take("A", 1)
+        big = line.take("A", 60)
+        small = line.take("A", 40)
+        b = line.take("B", 1)  # 101 tokens do not fit: A's newest (40) makes room
+        assert isinstance(small.turn.exception(), QueueFull) and not big.turn.done()
+        assert line.waiting_tokens == 61 and not b.turn.done()
+
+    asyncio.run(run())
+
+
+def test_the_tokenizing_budget_is_shared_between_tenants() -> None:
+    budget = Budget(100)
+    with budget.hold("A", 50):
+        # A holds half already
+        with pytest.raises(QueueFull, match="--max-tokenizing-chars 100"), budget.hold("A", 1):
+            pass
+        with budget.hold("B", 40):
+            with pytest.raises(QueueFull), budget.hold("C", 11):
+                pass
+            assert budget.in_flight == 90
+    assert budget.in_flight == 0
+    with budget.hold("A", 5000):  # alone: the request limits bound it
+        pass
+
+
+def _keys_app(engine: SlowEngine, **config: object) -> object:
+    digests = frozenset(key_digest(k) for k in ("key-a", "key-b"))
+    return create_app(engine, ServerConfig("slow", api_key_digests=digests, **config))  # type: ignore[arg-type]
+
+
+def test_over_http_another_keys_request_passes_a_tenants_line() -> None:
+    """Tenant A has one long request at the engine and three in line; tenant B's 1-token
+    request is the next at the engine, before A's three (counted by what the engine ran)."""
+    engine = SlowEngine()
+    with serve_in_thread(_keys_app(engine, max_active=1)) as url:
+
+        def post(key: str, max_tokens: int) -> httpx.Response:
+            return httpx.post(f"{url}/v1/chat/completions", json={**BODY, "max_tokens": max_tokens},
+                              headers={"Authorization": f"Bearer {key}"}, timeout=120)  # fmt: skip
+
+        a = [threading.Thread(target=post, args=("key-a", 600))]
+        a[0].start()
+        engine.started.wait(30)
+        for n in (11, 12, 13):
+            a.append(threading.Thread(target=post, args=("key-a", n)))
+            a[-1].start()
+        auth = {"Authorization": "Bearer key-a"}
+        wait_for(lambda: "agentcache_requests_waiting 3.0" in httpx.get(
+            f"{url}/metrics", headers=auth).text)  # fmt: skip
+        r = post("key-b", 1)
+        for t in a:
+            t.join()
+    assert r.status_code == 200
+    assert engine.produced[:2] == [600, 1]
+    assert sorted(engine.produced[2:]) == [11, 12, 13]
+
+
+def test_over_http_a_full_token_line_answers_503_with_retry_after() -> None:
+    engine = SlowEngine()
+    app = _keys_app(engine, max_active=1, max_queued_tokens=8)
+    with serve_in_thread(app) as url:
+        auth = {"Authorization": "Bearer key-a"}
+        long_body = {**BODY, "max_tokens": 200}
+        busy = threading.Thread(target=lambda: httpx.post(
+            f"{url}/v1/chat/completions", json=long_body, headers=auth, timeout=60))  # fmt: skip
+        busy.start()
+        engine.started.wait(30)
+        waiting = threading.Thread(target=lambda: httpx.post(
+            f"{url}/v1/chat/completions", json={**BODY, "max_tokens": 1}, headers=auth,
+            timeout=60))  # fmt: skip
+        waiting.start()
+        wait_for(lambda: "agentcache_requests_waiting 1.0" in httpx.get(
+            f"{url}/metrics", headers=auth).text)  # fmt: skip
+        metrics = httpx.get(f"{url}/metrics", headers=auth).text
+        r = httpx.post(f"{url}/v1/chat/completions", json={**BODY, "max_tokens": 1}, headers=auth)
+        s = httpx.post(f"{url}/v1/chat/completions", headers=auth,
+                       json={**BODY, "max_tokens": 1, "stream": True})  # fmt: skip
+        busy.join()
+        waiting.join()
+    for response in (r, s):
+        assert response.status_code == 503
+        assert response.headers["retry-after"].isdigit()
+        err = response.json()["error"]
+        assert err["code"] == "server_overloaded"
+        assert "--max-queued-tokens 8" in err["message"]
+    waiting = [
+        ln for ln in metrics.splitlines() if ln.startswith("agentcache_requests_waiting_tokens ")
+    ]
+    assert len(waiting) == 1 and float(waiting[0].split()[1]) > 8  # the one waiting, alone
+    assert "agentcache_tokenizing_chars 0.0" in metrics
+
+
+EMPTY = {"type": "object", "properties": {}}
+TOOL = {
+    "type": "function",
+    "function": {"name": "f", "description": "d" * 300, "parameters": EMPTY},
+}
+
+
+@pytest.fixture(scope="module")
+def small_tools(tiny: LoadedModel) -> Iterator[TestClient]:
+    engine = Engine(tiny, EngineConfig(kv_pages=64))
+    limits = ServerLimits(max_tool_chars=200)
+    app = create_app(engine, ServerConfig(MODEL, default_max_tokens=2, limits=limits))
+    with TestClient(app) as c:
+        yield c
+
+
+def test_tool_text_is_bounded_before_tokenizing_on_every_api(small_tools: TestClient) -> None:
+    user = [{"role": "user", "content": "hi"}]
+    description = "d" * 300
+    bodies = {
+        "/v1/chat/completions": {"model": MODEL, "messages": user, "tools": [TOOL]},
+        "/v1/responses": {
+            "model": MODEL,
+            "input": "hi",
+            "tools": [
+                {"type": "function", "name": "f", "description": description, "parameters": EMPTY}
+            ],
+        },
+        "/v1/messages": {
+            "model": MODEL,
+            "max_tokens": 2,
+            "messages": user,
+            "tools": [
+                {"name": "f", "description": description, "input_schema": {"type": "object"}}
+            ],
+        },
+    }
+    for path, body in bodies.items():
+        r = small_tools.post(path, json=body)
+        assert r.status_code == 400, (path, r.text)
+        text = r.text
+        assert "--max-tool-chars 200" in text and "tool names, descriptions" in text, path
+        if path != "/v1/messages":
+            assert r.json()["error"]["param"] == "tools"
+            assert r.json()["error"]["code"] == "limit_exceeded"
+    properties = {f"p{i}": {"type": "string"} for i in range(20)}
+    schema_heavy = {"type": "object", "properties": properties}
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema_heavy}}
+    r = small_tools.post("/v1/chat/completions", json={"model": MODEL, "messages": user,
+                                                       "tools": [tool]})  # fmt: skip
+    assert r.status_code == 400 and "--max-tool-chars" in r.text  # the schema counts too
+    ok = {"type": "function", "function": {"name": "f", "description": "short"}}
+    r = small_tools.post("/v1/chat/completions", json={"model": MODEL, "messages": user,
+                                                       "tools": [ok]})  # fmt: skip
+    assert r.status_code == 200, r.text
+
+
+def test_a_text_that_cannot_fit_the_context_is_refused_before_tokenizing(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its characters alone prove it is more tokens than the context holds: a 400 naming the
+    field, and the tokenizer never ran (its calls are counted)."""
+    engine = Engine(tiny, EngineConfig(kv_pages=64))
+    calls: list[int] = []
+    tokenize = engine.tokenize
+    monkeypatch.setattr(engine, "tokenize", lambda p: calls.append(1) or tokenize(p))
+    app = create_app(engine, ServerConfig(MODEL, default_max_tokens=2))
+    longest = max(map(len, engine.tokenizer.vocab))
+    huge = "x" * (engine.max_context * longest * 2 + longest * 2 + 1)
+    fits = "x" * (engine.max_context // 2)  # too many tokens, but only the tokenizer can tell
+    user = [{"role": "user", "content": huge}]
+    with TestClient(app) as c:
+        anthropic = {"model": MODEL, "max_tokens": 2, "messages": user}
+        answers = {
+            "messages": c.post("/v1/chat/completions", json={"model": MODEL, "messages": user}),
+            "input": c.post("/v1/responses", json={"model": MODEL, "input": huge}),
+            "anthropic": c.post("/v1/messages", json=anthropic),
+            "count": c.post("/v1/messages/count_tokens", json=anthropic),
+        }
+        assert not calls
+        tokenized = c.post("/v1/chat/completions", json={"model": MODEL, "messages": [
+            {"role": "user", "content": fits * 3}]})  # fmt: skip
+    for param, r in answers.items():
+        assert r.status_code == 400, r.text
+        assert "refused before tokenizing" in r.text and f"{len(huge)} characters" in r.text
+        if param in ("messages", "input"):
+            assert r.json()["error"]["param"] == param
+            assert r.json()["error"]["code"] == "context_length_exceeded"
+    assert tokenized.status_code == 400 and "before tokenizing" not in tokenized.text
+    assert calls == [1]
+
+
+def test_a_tenant_leaves_slots_free_for_others() -> None:
+    async def run() -> None:
+        line = AdmissionLine(max_queued=16, max_active=4, tenant_slots=3)
+        a = [line.take("A", 100) for _ in range(5)]
+        assert [t.turn.done() for t in a] == [True, True, True, False, False]
+        assert (line.active, line.waiting) == (3, 2)
+        b = line.take("B", 1)  # the slot A may not take: at once
+        c = line.take("C", 1)
+        assert b.turn.done() and not c.turn.done()  # no slot left for C: it waits
+        b.release()  # the free slot goes to C, not to A's waiting ones
+        assert c.turn.done() and not a[3].turn.done()
+        c.release()
+        assert not a[3].turn.done() and line.active == 3  # a slot A may not take stays free
+        a[0].release()  # one of A's ends: its next one starts
+        assert a[3].turn.done() and not a[4].turn.done()
+
+    asyncio.run(run())
+
+
+def test_tenant_slots_default_to_all_but_an_eighth() -> None:
+    assert ServerConfig("m").tenant_slots == 14  # of 16
+    assert ServerConfig("m", max_active=4).tenant_slots == 4
+    assert ServerConfig("m", max_active=4, max_active_per_tenant=2).tenant_slots == 2
+    with pytest.raises(ValueError, match="max_active_per_tenant"):
+        ServerConfig("m", max_active=4, max_active_per_tenant=5)
+
+
+def test_over_http_another_tenants_request_starts_while_one_fills_the_engine() -> None:
+    """Tenant A keeps three long requests at the engine (its share of four slots) and two in
+    line; tenant B's short request takes the fourth slot at once and ends first."""
+    engine = SlowEngine()
+    app = _keys_app(engine, max_active=4, max_active_per_tenant=3)
+    with serve_in_thread(app) as url:
+
+        def post(key: str, max_tokens: int) -> httpx.Response:
+            return httpx.post(f"{url}/v1/chat/completions", json={**BODY, "max_tokens": max_tokens},
+                              headers={"Authorization": f"Bearer {key}"}, timeout=120)  # fmt: skip
+
+        a = [threading.Thread(target=post, args=("key-a", 400)) for _ in range(5)]
+        for t in a:
+            t.start()
+        auth = {"Authorization": "Bearer key-a"}
+        wait_for(lambda: "agentcache_requests_waiting 2.0" in httpx.get(
+            f"{url}/metrics", headers=auth).text)  # fmt: skip
+        r = post("key-b", 2)
+        ended_before = list(engine.produced)
+        for t in a:
+            t.join()
+    assert r.status_code == 200
+    assert ended_before == [2]  # B's ended while all of A's were still generating
+
+
+def test_over_http_the_text_being_tokenized_is_bounded_and_shared(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tenant A's long prompt is being tokenized (held there by the test); A's second long one
+    gets 503, while tenant B's short one is tokenized and answered."""
+    engine = Engine(tiny, EngineConfig(kv_pages=256))
+    release, entered = threading.Event(), threading.Event()
+    tokenize = engine.tokenize
+
+    def held(prompt: object) -> object:
+        if sum(len(s.text) for s in prompt.segments) > 1000:  # type: ignore[attr-defined]
+            entered.set()
+            assert release.wait(60)
+        return tokenize(prompt)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine, "tokenize", held)
+    digests = frozenset(key_digest(k) for k in ("key-a", "key-b"))
+    config = ServerConfig(MODEL, default_max_tokens=2, api_key_digests=digests,
+                          max_tokenizing_chars=3000)  # fmt: skip
+    long_body = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 1400}]}
+    short_body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+
+    def post(url: str, key: str, body: dict[str, object]) -> httpx.Response:
+        return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60,
+                          headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+
+    with serve_in_thread(create_app(engine, config)) as url:
+        first: list[httpx.Response] = []
+        t = threading.Thread(target=lambda: first.append(post(url, "key-a", long_body)))
+        t.start()
+        assert entered.wait(60)
+        metrics = httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer key-a"}).text
+        again = post(url, "key-a", long_body)
+        other = post(url, "key-b", short_body)
+        release.set()
+        t.join()
+    assert "agentcache_tokenizing_chars 1400.0" in metrics
+    assert again.status_code == 503 and again.headers["retry-after"].isdigit()
+    assert "--max-tokenizing-chars 3000" in again.json()["error"]["message"]
+    assert other.status_code == 200, other.text
+    assert first[0].status_code == 200, first[0].text
