@@ -10,9 +10,11 @@ sequence over its own pages, read in place (`decode.dense.paged_attention`).
 
 Rows are padded to a multiple of `ROW_BLOCK` because this CPU build's matmul computes a row the
 same whatever rows sit beside it only then (`tests/runtime/test_batch_step.py` checks it on
-the model's shapes): a sequence's logits are then the same bits in any batch, alone included,
-so its greedy output does not depend on what else runs. Padding rows attend nothing (their
-attention output is zero) and their logits are dropped.
+the model's shapes): a sequence's logits are then the same bits in any batch of two or more,
+and in a batch of itself alone (what a preempted turn's recompute replays). Padding rows
+attend nothing (their attention output is zero) and their logits are dropped. The scheduler
+feeds a turn that is alone in its step through the one-sequence step instead, which is faster
+(a one-row matmul reads the weights once, the padded one packs them).
 
 The reference is `decode.dense.dense_step`, one sequence at a time; the two agree to fp32
 rounding (a one-row matmul sums in another order).

@@ -4,13 +4,20 @@
     thread B  generate:      [admit]   wait   [prefill+commit] join -> tokens ... leave
     step k    choose a token for each turn (its own sampling, stops, max_new_tokens)
               -> finished turns leave -> feed the others: dense ones as one batch
-              (`batch_step.batched_dense_step`), any other decoder on its own
+              (`batch_step.batched_dense_step`), any other decoder on its own; a dense
+              turn alone in its step takes the one-sequence step (`decode.dense.dense_step`,
+              what the engine runs without batching), so a lone request decodes at its speed
     step k+1  turns that joined since step k take part; turns cancelled since leave
 
 There is no scheduler thread: a turn's thread that finds no token ready runs the next step
 itself unless another thread is running one, and waits otherwise. Each step, like each prefill,
 holds the engine's lock, so prefills and steps alternate in arrival order (a prefill runs as
 its own unit before its turn joins the batch).
+
+Alone and batched, a row's logits agree to fp32 rounding (a one-row matmul sums in another
+order than the padded batch's, `batch_step`), not bit for bit: a turn that decodes partly
+alone and partly in a batch gets the greedy ids it gets alone unless two logits tie to that
+rounding (`tests/runtime/test_scheduler.py`, `benchmarks/batch_decode.py` compare them).
 
 A step never calls back into the caller: chosen tokens go to each turn's `out`, and the
 turn's own thread hands them to its `on_token` (which may raise: the turn then leaves).
@@ -27,7 +34,7 @@ import torch
 from torch import Tensor
 
 from agentcache.decode.base import Decoder
-from agentcache.decode.dense import DenseDecoder, reads_in_place
+from agentcache.decode.dense import DenseDecoder, dense_step, reads_in_place
 from agentcache.errors import OutOfPagesError
 from agentcache.model.llama import LlamaForward
 from agentcache.runtime.batch_step import batched_dense_step
@@ -53,6 +60,7 @@ class BatchStats:
     batched_rows: int  # tokens fed through batched steps
     solo_feeds: int  # tokens fed one turn at a time (decoders other than the in-place dense)
     peak_batch: int  # most turns in one step
+    lone_steps: int = 0  # tokens of a dense turn that decoded alone (the one-sequence step)
 
 
 class BatchScheduler:
@@ -67,11 +75,11 @@ class BatchScheduler:
         self._active: list[Running] = []
         self._in_flight: list[Running] = []
         self._stepping = False
-        self._steps = self._rows = self._solo = self._peak = 0
+        self._steps = self._rows = self._solo = self._peak = self._lone = 0
 
     def stats(self) -> BatchStats:
         with self._cond:
-            return BatchStats(self._steps, self._rows, self._solo, self._peak)
+            return BatchStats(self._steps, self._rows, self._solo, self._peak, self._lone)
 
     @property
     def running(self) -> int:
@@ -159,31 +167,53 @@ class BatchScheduler:
 
     def _feed(self, batch: list[Running]) -> None:
         dense: list[Running] = []
-        slots: list[Tensor] = []
         for r in batch:
             d = r.decoder
             if self._batchable and isinstance(d, DenseDecoder):
                 if d.seq.num_tokens >= d.capacity:  # as DenseDecoder.feed: it holds no more
                     r.turn.fed(None)
                     continue
-                try:
-                    slots.append(d.seq.extend(1))
-                except OutOfPagesError as e:  # this turn's fault alone (past its reserved pages)
-                    r.error = e
-                    r.turn.finish = "length"
-                    continue
                 dense.append(r)
             else:
                 r.turn.fed(d.feed(*r.turn.feed()))
                 self._solo += 1
-        if dense:
-            feeds = [r.turn.feed() for r in dense]
-            seqs = [r.decoder.seq for r in dense]  # type: ignore[attr-defined]
-            tokens = [f.token for f in feeds]
-            positions = [f.position for f in feeds]
-            logits = batched_dense_step(self.forward, seqs, torch.cat(slots), tokens, positions)
-            for r, row in zip(dense, logits, strict=True):
-                r.turn.fed(row)
-            self._rows += len(dense)
+        if len(dense) == 1:  # nothing to batch with: the one-sequence step, as without batching
+            self._feed_one(dense[0])
+        elif dense:
+            self._feed_batch(dense)
         for r in batch:  # a decoder that holds no more, or the model's last position
             r.finished = r.turn.finish is not None
+
+    def _feed_one(self, r: Running) -> None:
+        feed = r.turn.feed()
+        seq = r.decoder.seq  # type: ignore[attr-defined]
+        try:
+            logits = dense_step(self.forward, seq, feed.token, feed.position)
+        except OutOfPagesError as e:  # this turn's fault alone (past its reserved pages)
+            r.error = e
+            r.turn.finish = "length"
+            return
+        r.turn.fed(logits)
+        self._lone += 1
+
+    def _feed_batch(self, dense: list[Running]) -> None:
+        fed: list[Running] = []
+        slots: list[Tensor] = []
+        for r in dense:
+            try:
+                slots.append(r.decoder.seq.extend(1))  # type: ignore[attr-defined]
+            except OutOfPagesError as e:  # this turn's fault alone (past its reserved pages)
+                r.error = e
+                r.turn.finish = "length"
+                continue
+            fed.append(r)
+        if not fed:
+            return
+        feeds = [r.turn.feed() for r in fed]
+        seqs = [r.decoder.seq for r in fed]  # type: ignore[attr-defined]
+        tokens = [f.token for f in feeds]
+        positions = [f.position for f in feeds]
+        logits = batched_dense_step(self.forward, seqs, torch.cat(slots), tokens, positions)
+        for r, row in zip(fed, logits, strict=True):
+            r.turn.fed(row)
+        self._rows += len(fed)
