@@ -24,6 +24,7 @@ from agentcache.decode.stats import DecodeStats
 from agentcache.errors import ConfigError, ContextLengthError, OutOfPagesError
 from agentcache.kv.memory_store import MemorySegmentStore
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
+from agentcache.kv.preemption import PREEMPTION_POLICIES, PreemptionPolicy, Swap
 from agentcache.kv.store import SegmentStore
 from agentcache.model.loading import LoadedModel
 from agentcache.model.tokenizer import TextTokenizer
@@ -86,7 +87,21 @@ class Engine:
         self.gathered_steps = 0  # dense decode steps that copied the context (Engine.step)
         self._lock = FairLock()
         self.gate = PageGate(self.ctx.pool, self._lock)
-        self.batch = BatchScheduler(model.forward, self._lock) if self.config.batch_decode else None
+        self.batch: BatchScheduler | None = None
+        if self.config.batch_decode:
+            policy = self._preemption_policy()
+            self.batch = BatchScheduler(model.forward, self._lock, policy, self.gate.wake)
+            if policy is not None:
+                batch = self.batch
+                self.gate.hold = lambda: batch.waiting_preempted > 0
+
+    def _preemption_policy(self) -> PreemptionPolicy | None:
+        name = self.config.preemption
+        if name is None:
+            return None
+        if name == "swap":
+            return Swap(self.config.preemption_host_bytes)
+        return PREEMPTION_POLICIES.get(name)()
 
     def _new_store(self, pool: PoolConfig) -> SegmentStore:
         tiers = self.config.tiers
@@ -185,7 +200,11 @@ class Engine:
                 ttft = time.perf_counter() - t0
                 if commit:  # the prompt's KV, before a sparse decoder lets its pages go
                     self._commit(strat, tokens, seq, pre)
-            ids, finish, decode = self._decode(seq, pre, params, on_token)
+
+            def refill(empty: SequenceKV) -> None:  # a preempted turn's prompt, recomputed
+                strat.prefill(self.ctx, tokens, empty)
+
+            ids, finish, decode = self._decode(seq, pre, params, on_token, refill)
             text = cut_at_stop(self.model.tokenizer.decode(ids), params.stop)
             reply_kv = None
             if commit and reply is not None:
@@ -197,7 +216,10 @@ class Engine:
         return Generation(text, tuple(ids), finish, pre.logits, stats)
 
     def _pages_for(self, prompt: TokenizedPrompt, params: GenerationParams) -> int:
-        """Pages a turn may fill: the prompt, its new tokens, the reply's closing tokens."""
+        """Pages a turn may fill: the prompt, its new tokens, the reply's closing tokens; with
+        preemption, the pages of its prompt and first new token (the rest taken as it goes)."""
+        if self.config.preemption is not None:
+            return -(-min(prompt.num_tokens + 1, self.max_context) // self.config.page_size)
         tokens = min(prompt.num_tokens + params.max_new_tokens + REPLY_CLOSING, self.max_context)
         return -(-tokens // self.config.page_size)
 
@@ -304,8 +326,10 @@ class Engine:
         pre: PrefillResult,
         params: GenerationParams,
         on_token: Callable[[int], None] | None = None,
+        refill: Callable[[SequenceKV], None] | None = None,
     ) -> tuple[list[int], str, DecodePart]:
-        """Decode after prefill into `seq` with the configured decode policy's decoder."""
+        """Decode after prefill into `seq` with the configured decode policy's decoder;
+        `refill` prefills the prompt again (the batched scheduler's preemption)."""
         max_pos = self.model.config.max_position_embeddings
         position = int(pre.positions.max().item()) + 1
         if position >= max_pos and params.max_new_tokens > 0:
@@ -316,7 +340,7 @@ class Engine:
         with self._lock, torch.inference_mode():
             inner = self.decode.decoder(self.model, seq, params.max_new_tokens, greedy, dense)
         if self.batch is not None:
-            ids, finish = self._decode_batched(inner, pre, position, params, on_token)
+            ids, finish = self._decode_batched(inner, pre, position, params, on_token, refill)
             decoder: Decoder = inner
         else:
             decoder = LockedDecoder(inner, self._lock)
@@ -340,6 +364,7 @@ class Engine:
         position: int,
         params: GenerationParams,
         on_token: Callable[[int], None] | None,
+        refill: Callable[[SequenceKV], None] | None = None,
     ) -> tuple[list[int], str]:
         """`decode_loop`'s result, the turn decoded in the scheduler's batch with the others."""
         assert self.batch is not None
@@ -347,7 +372,7 @@ class Engine:
         turn = TurnDecoding(pre.logits, position, params, max_pos, self.model.tokenizer)
         if turn.finish is not None:  # nothing to decode (max_new_tokens 0)
             return turn.ids, turn.finish
-        running = self.batch.join(turn, decoder)
+        running = self.batch.join(turn, decoder, refill)
         try:
             for token in self.batch.tokens(running):
                 if on_token is not None:

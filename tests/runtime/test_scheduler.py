@@ -156,7 +156,7 @@ def test_a_step_fault_reaches_the_turns_in_it(
         raise RuntimeError("step failed")
 
     monkeypatch.setattr("agentcache.runtime.scheduler.batched_dense_step", broken)
-    monkeypatch.setattr("agentcache.runtime.scheduler.dense_step", broken)
+    monkeypatch.setattr("agentcache.runtime.scheduler.one_step", broken)
     with pytest.raises(RuntimeError, match="step failed"):
         one(e, 1)  # alone: the one-sequence step
 
