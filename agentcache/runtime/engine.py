@@ -44,9 +44,16 @@ from agentcache.tiers.store import TieredSegmentStore
 from agentcache.tiers.versions import adopt_recomputed
 
 # the turn's types, imported from here by the session, the server and the vLLM backend
-__all__ = ["Engine", "EngineConfig", "Generation", "GenerationParams", "ReplyKV", "TurnStats"]
+__all__ = ["Engine", "EngineConfig", "Generation", "GenerationParams", "PoolCapacityError",
+           "ReplyKV", "TurnStats"]  # fmt: skip
 
 REPLY_CLOSING = 16  # tokens a turn's pages allow for after its reply (the message's closing)
+
+
+class PoolCapacityError(ContextLengthError):
+    """A request whose prompt and new tokens can never fit the engine's KV pool at once,
+    raised before it waits for pages, under preemption (a context-length error: the server
+    answers 400, as it does from its own check of prompt + max_tokens)."""
 
 
 class LockedDecoder(Decoder):
@@ -192,6 +199,7 @@ class Engine:
         if tokens.num_tokens > self.max_context:  # before any page is taken or compute spent
             n, holder = tokens.num_tokens, self.context_holder
             raise ContextLengthError(n, self.max_context, "prompt", holder)
+        self._check_fits(tokens, params)
         with self.gate.admit(self._pages_for(tokens, params)) as seq:
             with self._lock, torch.inference_mode():
                 strat = self.strategy(strategy)
@@ -214,6 +222,22 @@ class Engine:
         prefill = PrefillPart.of(strat.name, pre.stats, ttft)
         stats = TurnStats.of(prefill=prefill, decode=decode, reply_kv=reply_kv)
         return Generation(text, tuple(ids), finish, pre.logits, stats)
+
+    def _check_fits(self, prompt: TokenizedPrompt, params: GenerationParams) -> None:
+        """With preemption, PoolCapacityError when the prompt and its max_new_tokens (within
+        the model's positions) are more tokens than the whole pool holds: preempted by every
+        other turn, it could not finish. (Without, such a turn runs when no other does and
+        stops with "length" where the pool ends, as at the model's last position.)"""
+        if self.config.preemption is None:
+            return
+        positions = self.model.config.max_position_embeddings
+        n = min(prompt.num_tokens + params.max_new_tokens, positions)
+        if n > self._pool_tokens:
+            pool, c = self.pool_config, self.config
+            holder = (f"the engine's KV pool ({pool.num_pages} pages of {c.page_size} tokens, "
+                      f"{pool.pool_bytes} bytes)")  # fmt: skip
+            what = f"prompt ({prompt.num_tokens}) + max_new_tokens ({params.max_new_tokens})"
+            raise PoolCapacityError(n, self._pool_tokens, what, holder)
 
     def _pages_for(self, prompt: TokenizedPrompt, params: GenerationParams) -> int:
         """Pages a turn may fill: the prompt, its new tokens, the reply's closing tokens; with

@@ -4,20 +4,38 @@ them; every greedy output is its solo run's, and the preemptions are counted."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
-from agentcache.errors import ConfigError, UnknownStrategyError
+from agentcache.errors import ConfigError, ContextLengthError, UnknownStrategyError
 from agentcache.kv.pool import SequenceKV
 from agentcache.kv.preemption import Preempted, Recompute, Swap
 from agentcache.model.loading import LoadedModel
-from agentcache.runtime.engine import Engine, EngineConfig, Generation, GenerationParams
+from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
+from agentcache.runtime.engine import (
+    Engine,
+    EngineConfig,
+    Generation,
+    GenerationParams,
+    PoolCapacityError,
+)
 from agentcache.runtime.scheduler import BatchScheduler, Running
 from tests.conftest import at_once
-from tests.runtime.test_scheduler import prompt
+from tests.runtime.test_scheduler import prompt as long_prompt
 
-POOL_PAGES = 40  # 16-token pages: two of the longest requests below (about 19 pages each)
-NEW = (70, 17, 60, 9, 45, 63, 12, 68)  # max_new_tokens per request
+# short prompts, long replies: eight fit the pool at admission, then outgrow it as they decode
+POOL_PAGES = 32  # 16-token pages: two of the longest requests below (about 15 pages each)
+NEW = (200, 60, 170, 30, 120, 190, 45, 180)  # max_new_tokens per request
+
+
+def prompt(i: int) -> SegmentedPrompt:
+    """Request i's prompt: a few dozen tokens, its length growing with i."""
+    return SegmentedPrompt([Segment(SegmentKind.UPDATE, f"task {i}: count" + " up" * i, "u",
+                                    "user")])  # fmt: skip
+
+
 STRATEGIES = ("full", "prefix", "full", "full", "prefix", "full", "full", "prefix")
 
 
@@ -121,3 +139,67 @@ def test_a_resumed_turn_holds_the_kv_it_held_when_preempted(
     at_once(lambda i: request(e, i, "full"), len(NEW))
     assert checked and all(checked)
     assert len(checked) == e.batch.stats().resumed
+
+
+@pytest.mark.parametrize("policy", ["swap", "recompute"])
+def test_a_request_that_can_never_fit_the_pool_fails_before_it_queues(
+    tiny: LoadedModel, policy: str
+) -> None:
+    """Under preemption: named with its size and the pool's, as a context-length error (a 400
+    on the server); no page taken, nothing admitted; one that fits runs. (Without
+    preemption it runs alone and stops where the pool ends: tests/runtime/test_engine.py.)"""
+    config = EngineConfig(kv_pages=12, batch_decode=True, preemption=policy)  # 192 tokens
+    e = Engine(tiny, config)
+    tokens = e.tokenize(long_prompt(0))  # 140 tokens
+    with pytest.raises(PoolCapacityError, match=r"prompt \(140\) \+ max_new_tokens \(60\) is "
+                       r"200 tokens but the engine's KV pool \(12 pages of 16 tokens, \d+ bytes\) "
+                       r"holds 192 tokens") as err:  # fmt: skip
+        e.generate(tokens, GenerationParams(max_new_tokens=60), "full", commit=False)
+    assert isinstance(err.value, ContextLengthError)
+    assert e.ctx.pool.num_free == 12 and e.ctx.pool.peak_pages_used == 0
+    assert e.gate.running == 0 and e.gate.waited == 0
+    fits = e.generate(tokens, GenerationParams(max_new_tokens=52), "full", commit=False)
+    assert len(fits.token_ids) <= 52
+
+
+def test_a_turn_cancelled_mid_batch_gives_its_pages_back_while_the_others_run(
+    tiny: LoadedModel,
+) -> None:
+    """Counted in free pages: once the cancelled turn's thread is out, the pool holds only
+    the running turn's pages, before that turn's next token."""
+    e = Engine(tiny, EngineConfig(kv_pages=256, batch_decode=True))
+    gone = threading.Event()
+    free_after: list[int] = []
+
+    class Gone(Exception):
+        pass
+
+    def cancel_at_third(token: int, seen: list[int] = []) -> None:  # noqa: B006
+        seen.append(token)
+        if len(seen) == 3:
+            raise Gone
+
+    def long_turn(token: int, seen: list[int] = []) -> None:  # noqa: B006
+        seen.append(token)
+        if gone.is_set() and not free_after:
+            free_after.append(e.ctx.pool.num_free)
+            running = e.ctx.pool.num_used
+            free_after.append(running)
+
+    def work(i: int) -> str:
+        if i == 0:
+            with pytest.raises(Gone):
+                params = GenerationParams(max_new_tokens=30)
+                e.generate(long_prompt(1), params, "full", commit=False, on_token=cancel_at_third)
+            gone.set()
+            return "cancelled"
+        e.generate(long_prompt(7), GenerationParams(max_new_tokens=60), "full", commit=False,
+                   on_token=long_turn)  # fmt: skip
+        return "done"
+
+    assert at_once(work, 2) == ["cancelled", "done"]
+    assert free_after, "the long turn ended before the cancel"
+    free, used = free_after
+    long_pages = -(-(e.tokenize(long_prompt(7)).num_tokens + 60 + 16) // 16)  # its reservation
+    assert used == long_pages and free == 256 - long_pages
+    assert e.ctx.pool.num_free == 256
