@@ -12,7 +12,9 @@ are within one run:
     batched       EngineConfig(batch_decode=True): one step feeds every running turn
 
 Per run: aggregate decode tokens/s (tokens generated / wall time from the common start to the
-last reply, prefills included) and each agent's time to first token. Agent i's prompt is the
+last reply, prefills included), each agent's time to first token and its decode tokens/s
+(`TurnStats.decode_tokens_per_s`, prefill excluded: with one agent, the lone request's decode
+speed batched against interleaved, paired within each repeat). Agent i's prompt is the
 same at every N, so its greedy ids are compared with its run alone (the smallest N that ran it:
 N = 1 for agent 0) and with the interleaved engine's in the same repeat, where each turn steps
 on its own (the reference step). Writes results.json (with provenance) under --out.
@@ -62,6 +64,7 @@ def run(engine: Engine, agents: int, params: GenerationParams) -> dict[str, Any]
     start = threading.Barrier(agents + 1)
     ttft: list[float] = [0.0] * agents
     ids: list[list[int]] = [[] for _ in range(agents)]
+    decode_tps: list[float] = [0.0] * agents
     t0 = [0.0]
 
     def agent(i: int) -> None:
@@ -70,8 +73,9 @@ def run(engine: Engine, agents: int, params: GenerationParams) -> dict[str, Any]
                 ttft[i] = time.perf_counter() - t0[0]
 
         start.wait()
-        ids[i] = list(engine.generate(prompt(i), params, "full", commit=False,
-                                      on_token=first).token_ids)  # fmt: skip
+        g = engine.generate(prompt(i), params, "full", commit=False, on_token=first)
+        ids[i] = list(g.token_ids)
+        decode_tps[i] = g.stats.decode_tokens_per_s  # its decode alone, prefill excluded
 
     threads = [threading.Thread(target=agent, args=(i,)) for i in range(agents)]
     for th in threads:
@@ -83,7 +87,7 @@ def run(engine: Engine, agents: int, params: GenerationParams) -> dict[str, Any]
     wall = time.perf_counter() - t0[0]
     tokens = sum(len(x) for x in ids)
     return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "ttft_s": ttft,
-            "ids": ids}  # fmt: skip
+            "decode_tokens_per_s": decode_tps, "ids": ids}  # fmt: skip
 
 
 def percentile(xs: list[float], p: float) -> float:
@@ -130,7 +134,11 @@ def summarize(runs: list[dict[str, Any]], agents: list[int]) -> dict[str, Any]:
             row[c] = {"tokens_per_s_median": statistics.median(tps), "tokens_per_s": tps,
                       "ttft_p50_s": statistics.median(ttft), "ttft_p99_s": percentile(ttft, 0.99),
                       "ttft_n": len(ttft)}  # fmt: skip
-        # within each repeat: batched over interleaved at the same N
+        # within each repeat: batched over interleaved at the same N, agent 0's decode alone
+        row["decode_batched_over_interleaved_agent0"] = [
+            b["decode_tokens_per_s"][0] / i["decode_tokens_per_s"][0]
+            for b, i in zip(by["batched"], by["interleaved"], strict=True)
+        ]
         row["batched_over_interleaved"] = [
             b["tokens_per_s"] / i["tokens_per_s"]
             for b, i in zip(by["batched"], by["interleaved"], strict=True)
@@ -166,15 +174,18 @@ def report(results: dict[str, Any]) -> str:
         "new tokens per agent; ratios are within one repeat.",
         "",
         "| agents | interleaved tok/s (median) | batched tok/s (median) "
-        "| batched / interleaved per repeat | median |",
-        "|---|---|---|---|---|",
+        "| batched / interleaved per repeat | median | agent 0's decode tok/s, batched / "
+        "interleaved, median (range) |",
+        "|---|---|---|---|---|---|",
     ]
     for n, row in summary.items():
         ratios = row["batched_over_interleaved"]
+        dec = row["decode_batched_over_interleaved_agent0"]
         lines.append(
             f"| {n} | {row['interleaved']['tokens_per_s_median']:.2f} "
             f"| {row['batched']['tokens_per_s_median']:.2f} "
-            f"| {', '.join(f'{x:.2f}' for x in ratios)} | {statistics.median(ratios):.2f} |"
+            f"| {', '.join(f'{x:.2f}' for x in ratios)} | {statistics.median(ratios):.2f} "
+            f"| {statistics.median(dec):.2f} ({min(dec):.2f}-{max(dec):.2f}) |"
         )
     a = results["agreement"]
     lines += [
