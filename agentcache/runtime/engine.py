@@ -396,7 +396,14 @@ class Engine:
         turn = TurnDecoding(pre.logits, position, params, max_pos, self.model.tokenizer)
         if turn.finish is not None:  # nothing to decode (max_new_tokens 0)
             return turn.ids, turn.finish
-        running = self.batch.join(turn, decoder, refill)
+        # the first token comes from the prefill's logits: chosen and handed over here, not
+        # after the next step's forward (the turn joins with its token chosen, to be fed)
+        token = turn.choose()
+        if token is not None and on_token is not None:
+            on_token(token)
+        if turn.finish is not None:
+            return turn.ids, turn.finish
+        running = self.batch.join(turn, decoder, refill, chosen=True)
         try:
             for token in self.batch.tokens(running):
                 if on_token is not None:

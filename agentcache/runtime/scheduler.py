@@ -1,6 +1,6 @@
 """Continuous batching of decoding turns: one step advances every running turn by a token.
 
-    thread A  generate: [admit] [prefill+commit] join -> tokens ... leave
+    thread A  generate: [admit] [prefill+commit] first token, join -> tokens ... leave
     thread B  generate:      [admit]   wait   [prefill+commit] join -> tokens ... leave
     step k    choose a token for each turn (its own sampling, stops, max_new_tokens)
               -> finished turns leave -> feed the others: dense ones as one batch
@@ -74,7 +74,7 @@ class Running:
     prompt_tokens: int = 0
     batched: list[bool] = field(default_factory=list)
     preempted: Preempted | None = None  # its KV out of the pool
-    unfed: bool = False  # preempted after its token was chosen: fed next, not chosen
+    unfed: bool = False  # its token is chosen (joined so, or preempted then): fed next
 
 
 @dataclass(frozen=True)
@@ -132,11 +132,12 @@ class BatchScheduler:
 
     def join(
         self, turn: TurnDecoding, decoder: Decoder,
-        refill: Callable[[SequenceKV], None] | None = None,
+        refill: Callable[[SequenceKV], None] | None = None, chosen: bool = False,
     ) -> Running:  # fmt: skip
         """Add a prefilled turn; it takes part from the next step. `refill` prefills its
-        prompt into an empty sequence again (needed to preempt it by dropping its KV)."""
-        r = Running(turn, decoder, refill=refill, first_position=turn.position)
+        prompt into an empty sequence again (needed to preempt it by dropping its KV);
+        `chosen`: its thread chose its first token already (the step feeds it first)."""
+        r = Running(turn, decoder, refill=refill, first_position=turn.position, unfed=chosen)
         if isinstance(decoder, DenseDecoder):
             r.prompt_tokens = decoder.seq.num_tokens
         with self._cond:

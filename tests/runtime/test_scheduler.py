@@ -181,3 +181,15 @@ def test_a_lone_turn_takes_the_one_sequence_step(tiny: LoadedModel) -> None:
     together = at_once(lambda i: one(e, 7), 2)
     assert [t.token_ids for t in together] == [alone.token_ids] * 2
     assert e.batch is not None and e.batch.stats().batched_rows > 0
+
+
+def test_the_first_token_is_handed_over_before_any_step(tiny: LoadedModel) -> None:
+    """It comes from the prefill's logits: no step's forward stands between the prefill and
+    the caller's first token (counted in steps, as the caller sees them)."""
+    e = engine(tiny)
+    assert e.batch is not None
+    batch = e.batch
+    steps_seen: list[int] = []
+    gen = one(e, 7, on_token=lambda _: steps_seen.append(batch.stats().steps))
+    assert steps_seen[0] == 0 and len(steps_seen) == len(gen.token_ids) > 2
+    assert steps_seen[1:] == list(range(2, len(gen.token_ids) + 1))
