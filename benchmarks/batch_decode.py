@@ -14,7 +14,9 @@ are within one run:
 Per run: aggregate decode tokens/s (tokens generated / wall time from the common start to the
 last reply, prefills included), each agent's time to first token and its decode tokens/s
 (`TurnStats.decode_tokens_per_s`, prefill excluded: with one agent, the lone request's decode
-speed batched against interleaved, paired within each repeat). Agent i's prompt is the
+speed batched against interleaved, paired within each repeat), and the process's CPU seconds
+(`time.process_time`: tokens per CPU second is what the engine's work costs, which other jobs
+on a shared machine slow less than they slow the wall clock). Agent i's prompt is the
 same at every N, so its greedy ids are compared with its run alone (the smallest N that ran it:
 N = 1 for agent 0) and with the interleaved engine's in the same repeat, where each turn steps
 on its own (the reference step). Writes results.json (with provenance) under --out.
@@ -81,12 +83,15 @@ def run(engine: Engine, agents: int, params: GenerationParams) -> dict[str, Any]
     for th in threads:
         th.start()
     t0[0] = time.perf_counter()
+    cpu0 = time.process_time()
     start.wait()
     for th in threads:
         th.join()
     wall = time.perf_counter() - t0[0]
+    cpu = time.process_time() - cpu0  # this process's CPU seconds: other jobs' load left out
     tokens = sum(len(x) for x in ids)
-    return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "ttft_s": ttft,
+    return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "cpu_s": cpu,
+            "tokens_per_cpu_s": tokens / cpu, "ttft_s": ttft,
             "decode_tokens_per_s": decode_tps, "ids": ids}  # fmt: skip
 
 
@@ -139,6 +144,10 @@ def summarize(runs: list[dict[str, Any]], agents: list[int]) -> dict[str, Any]:
             b["decode_tokens_per_s"][0] / i["decode_tokens_per_s"][0]
             for b, i in zip(by["batched"], by["interleaved"], strict=True)
         ]
+        row["cpu_batched_over_interleaved"] = [  # tokens per CPU second, prefills included
+            b["tokens_per_cpu_s"] / i["tokens_per_cpu_s"]
+            for b, i in zip(by["batched"], by["interleaved"], strict=True)
+        ]
         row["batched_over_interleaved"] = [
             b["tokens_per_s"] / i["tokens_per_s"]
             for b, i in zip(by["batched"], by["interleaved"], strict=True)
@@ -175,17 +184,20 @@ def report(results: dict[str, Any]) -> str:
         "",
         "| agents | interleaved tok/s (median) | batched tok/s (median) "
         "| batched / interleaved per repeat | median | agent 0's decode tok/s, batched / "
-        "interleaved, median (range) |",
-        "|---|---|---|---|---|---|",
+        "interleaved, median (range) | tokens per CPU second, batched / interleaved, median "
+        "(range) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for n, row in summary.items():
         ratios = row["batched_over_interleaved"]
         dec = row["decode_batched_over_interleaved_agent0"]
+        cpu = row["cpu_batched_over_interleaved"]
         lines.append(
             f"| {n} | {row['interleaved']['tokens_per_s_median']:.2f} "
             f"| {row['batched']['tokens_per_s_median']:.2f} "
             f"| {', '.join(f'{x:.2f}' for x in ratios)} | {statistics.median(ratios):.2f} "
-            f"| {statistics.median(dec):.2f} ({min(dec):.2f}-{max(dec):.2f}) |"
+            f"| {statistics.median(dec):.2f} ({min(dec):.2f}-{max(dec):.2f}) "
+            f"| {statistics.median(cpu):.2f} ({min(cpu):.2f}-{max(cpu):.2f}) |"
         )
     a = results["agreement"]
     lines += [
@@ -219,7 +231,8 @@ def main() -> None:
     runs = []
     for rep in range(args.repeats):
         for n in args.agents:
-            for c, e in engines.items():
+            order = list(engines.items())
+            for c, e in order if rep % 2 == 0 else order[::-1]:  # which runs first alternates
                 r = run(e, n, params)
                 r |= {"repeat": rep, "agents": n, "config": c, "load_avg": os.getloadavg()[0]}
                 runs.append(r)
