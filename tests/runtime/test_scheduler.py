@@ -193,3 +193,11 @@ def test_the_first_token_is_handed_over_before_any_step(tiny: LoadedModel) -> No
     gen = one(e, 7, on_token=lambda _: steps_seen.append(batch.stats().steps))
     assert steps_seen[0] == 0 and len(steps_seen) == len(gen.token_ids) > 2
     assert steps_seen[1:] == list(range(2, len(gen.token_ids) + 1))
+
+
+def test_the_server_batches_unless_told_not_to() -> None:
+    from agentcache.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["serve"]).batch_decode is True
+    assert parse(["serve", "--no-batch-decode"]).batch_decode is False
