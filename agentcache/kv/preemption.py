@@ -52,6 +52,10 @@ class PreemptionPolicy(ABC):
     @abstractmethod
     def resume(self, seq: SequenceKV, preempted: Preempted) -> int: ...
 
+    def discard(self, preempted: Preempted) -> None:
+        """Let go of what `preempt` kept for a sequence that will not be resumed."""
+        return None
+
 
 @PREEMPTION_POLICIES.register("recompute")
 class Recompute(PreemptionPolicy):
@@ -93,6 +97,10 @@ class Swap(PreemptionPolicy):
         self.held_bytes += kept.nbytes
         self.counters.swapped_bytes += kept.nbytes
         return Preempted(n, kept)
+
+    def discard(self, preempted: Preempted) -> None:
+        if preempted.kept is not None:
+            self.held_bytes -= preempted.kept.nbytes
 
     def resume(self, seq: SequenceKV, preempted: Preempted) -> int:
         if preempted.kept is None:

@@ -25,6 +25,7 @@ class SwappedKV:
 
     keys: Tensor
     values: Tensor
+    holes: Tensor | None = None  # `SequenceKV.holes` when swapped out
 
     @property
     def num_tokens(self) -> int:
@@ -38,8 +39,9 @@ class SwappedKV:
 def swap_out(seq: SequenceKV) -> SwappedKV:
     """Copy the sequence's K/V out of the pool and free its pages."""
     keys, values = seq.gather_all(slice(None))  # copies, not views of the pool
+    holes = seq.holes
     seq.free()
-    return SwappedKV(keys, values)
+    return SwappedKV(keys, values, holes)
 
 
 def pages_for(seq: SequenceKV, num_tokens: int) -> int:
@@ -52,7 +54,7 @@ def swap_in(seq: SequenceKV, swapped: SwappedKV) -> None:
     if seq.num_tokens:
         raise ValueError(f"swap_in needs an empty sequence, this one holds {seq.num_tokens}")
     need = pages_for(seq, swapped.num_tokens)
-    if need > seq.pool.num_free:
+    if need - len(seq.table.pages) > seq.pool.num_free:  # (pages it holds already: reserved)
         c = seq.pool.config
         raise OutOfPagesError(
             f"swapping in {swapped.num_tokens} tokens needs {need} KV pages, only "
@@ -61,3 +63,4 @@ def swap_in(seq: SequenceKV, swapped: SwappedKV) -> None:
     seq.reserve(need)
     slots = seq.extend(swapped.num_tokens)
     seq.write_all(slots, swapped.keys, swapped.values)
+    seq.holes = swapped.holes

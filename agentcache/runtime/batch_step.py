@@ -10,22 +10,33 @@ sequence over its own pages, read in place (`decode.dense.paged_attention`).
 
 Rows are padded to a multiple of `ROW_BLOCK` because this CPU build's matmul computes a row the
 same whatever rows sit beside it only then (`tests/runtime/test_batch_step.py` checks it on
-the model's shapes): a sequence's logits are then the same bits in any batch, alone included,
-so its greedy output does not depend on what else runs. Padding rows attend nothing (their
-attention output is zero) and their logits are dropped.
+the model's shapes): a sequence's logits are then the same bits in any batch of two or more,
+and in a batch of itself alone (what a preempted turn's recompute replays). Padding rows
+attend nothing (their attention output is zero) and their logits are dropped. The scheduler
+feeds a turn that is alone in its step through the one-sequence step instead, which is faster
+(a one-row matmul reads the weights once, the padded one packs them).
 
 The reference is `decode.dense.dense_step`, one sequence at a time; the two agree to fp32
 rounding (a one-row matmul sums in another order).
+
+Layout: attention sums over keys in the order it reads them, so its bits depend on where a
+sequence's pages lie. Both steps here read a layer's context in place when its slots are one
+run in token order (pages in ascending order, as a sequence admitted with all its pages gets
+them) and otherwise from a token-order copy (`layer_reads`): a sequence whose pages were taken
+as it went, beside others, or given back and taken again (preemption), gets the bits it gets
+on consecutive pages. `one_step` is `dense_step` with that rule: the same bits on a sequence
+in token order, tested.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from agentcache.decode.dense import layer_spans, paged_attention
+from agentcache.decode.dense import paged_attention
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.llama import LlamaForward
 
@@ -34,6 +45,59 @@ ROW_BLOCK = 4
 
 def padded_rows(n: int) -> int:
     return max(ROW_BLOCK, -(-n // ROW_BLOCK) * ROW_BLOCK)
+
+
+Read = tuple[int, int] | Tensor  # a run [start, end) of slots in token order, or slots to copy
+
+
+def layer_reads(forward: LlamaForward, seq: SequenceKV) -> list[Read]:
+    """What each layer's decode query reads of `seq`: its slots (all, or a sliding window's
+    last W) as one run when they are consecutive in token order, else the slots in token order."""
+    slots = seq.slots()
+    pages = seq.table.pages
+    ordered = all(b - a == 1 for a, b in itertools.pairwise(pages))
+    whole: Read = (int(slots[0]), int(slots[-1]) + 1) if ordered and len(slots) else slots
+    n = seq.num_tokens
+    reads: list[Read] = []
+    windows: dict[int, Read] = {}
+    for la in forward.spec.layers:
+        w = la.window
+        if w is None or w >= n:
+            reads.append(whole)
+            continue
+        if w not in windows:
+            part = slots[-w:]
+            run = bool(torch.all(torch.diff(part) == 1))
+            windows[w] = (int(part[0]), int(part[-1]) + 1) if run else part
+        reads.append(windows[w])
+    return reads
+
+
+def attend(q: Tensor, keys: Tensor, values: Tensor, read: Read, scale: float) -> Tensor:
+    """One row's attention (1, H*Dh) over `read` of a pool layer `keys`/`values` (N, Hkv, Dh):
+    in place for a run, else over a token-order copy laid out as a run is (head-major)."""
+    if isinstance(read, tuple):
+        return paged_attention(q, keys, values, [read], scale)
+    n = read.shape[0]
+    k = keys[read].transpose(0, 1).contiguous().transpose(0, 1)  # (n, Hkv, Dh), head-major
+    v = values[read].transpose(0, 1).contiguous().transpose(0, 1)
+    return paged_attention(q, k, v, [(0, n)], scale)
+
+
+def one_step(forward: LlamaForward, seq: SequenceKV, token: int, position: int) -> Tensor:
+    """`decode.dense.dense_step` (append `token` at `position`, the logits after it (V,)),
+    reading each layer by `layer_reads`: alone, the scheduler's step."""
+    f, pool = forward, seq.pool
+    slot = seq.extend(1)
+    pos = torch.tensor([position])
+    hidden = f.embed(torch.tensor([token]))
+    reads = layer_reads(f, seq)
+    for layer in range(f.config.num_layers):
+        q, k, v = f.project(layer, hidden, pos)
+        seq.write(layer, slot, k, v)
+        attn = attend(q, pool.keys[layer], pool.values[layer], reads[layer], f.scale)
+        hidden = f.finish(layer, hidden, attn)
+    return f.logits(hidden)[0]
 
 
 def batched_dense_step(
@@ -55,7 +119,7 @@ def batched_dense_step(
     hidden = f.embed(ids)
     if pad:
         hidden[b:] = 0.0
-    spans = [layer_spans(f, s) for s in seqs]  # [seq][layer]
+    reads = [layer_reads(f, s) for s in seqs]  # [seq][layer]
     attn = torch.zeros(rows, f.config.num_heads * f.config.head_dim, dtype=hidden.dtype)
     for layer in range(f.config.num_layers):
         q, k, v = f.project(layer, hidden, pos)
@@ -63,6 +127,6 @@ def batched_dense_step(
         keys.index_copy_(0, slots, k[:b])
         values.index_copy_(0, slots, v[:b])
         for i in range(b):
-            attn[i] = paged_attention(q[i : i + 1], keys, values, spans[i][layer], f.scale)[0]
+            attn[i] = attend(q[i : i + 1], keys, values, reads[i][layer], f.scale)[0]
         hidden = f.finish(layer, hidden, attn)
     return f.logits(hidden)[:b]

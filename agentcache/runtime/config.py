@@ -8,6 +8,7 @@ from typing import Any
 
 from agentcache.decode.config import DecodeConfig
 from agentcache.errors import ConfigError
+from agentcache.kv.preemption import PREEMPTION_POLICIES
 from agentcache.reuse import DEFAULT_STRATEGY
 from agentcache.reuse.base import STRATEGIES
 from agentcache.tiers.config import TierConfig
@@ -33,6 +34,13 @@ class EngineConfig:
     # concurrent turns decode as one batch per step (runtime/scheduler.py); False: each turn
     # steps on its own, interleaved token by token with the others (runtime/sharing.py)
     batch_decode: bool = False
+    # with batch_decode: when the pool cannot give the running turns their next slots, the
+    # newest is preempted, its KV "swap"ped to host memory (at most preemption_host_bytes at
+    # once, else dropped) or dropped to "recompute" (kv/preemption.py), and resumed when pages
+    # are free; a turn is then admitted once its prompt's pages are free, its decode pages
+    # taken as it goes. None: a turn waits at admission until every page it may fill is free
+    preemption: str | None = None
+    preemption_host_bytes: int = GiB
 
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones
@@ -40,6 +48,14 @@ class EngineConfig:
             raise ConfigError("kv_pages must be >= 1")
         if self.kv_bytes is not None and self.kv_bytes < 1:
             raise ConfigError(f"kv_bytes must be >= 1 (bytes), got {self.kv_bytes}")
+        if self.preemption is not None:
+            PREEMPTION_POLICIES.get(self.preemption)  # unknown names fail, listing the known
+            if not self.batch_decode:
+                raise ConfigError(f"preemption={self.preemption!r} needs batch_decode=True "
+                                  "(the batched scheduler preempts)")  # fmt: skip
+        if self.preemption_host_bytes < 0:
+            raise ConfigError(f"preemption_host_bytes must be >= 0, got "
+                              f"{self.preemption_host_bytes}")  # fmt: skip
         for name, options in self.strategy_options.items():  # here, not at the first request
             strategy = STRATEGIES.get(name)
             if not isinstance(options, Mapping):

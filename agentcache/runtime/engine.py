@@ -24,6 +24,7 @@ from agentcache.decode.stats import DecodeStats
 from agentcache.errors import ConfigError, ContextLengthError, OutOfPagesError
 from agentcache.kv.memory_store import MemorySegmentStore
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
+from agentcache.kv.preemption import PREEMPTION_POLICIES, PreemptionPolicy, Swap
 from agentcache.kv.store import SegmentStore
 from agentcache.model.loading import LoadedModel
 from agentcache.model.tokenizer import TextTokenizer
@@ -43,9 +44,16 @@ from agentcache.tiers.store import TieredSegmentStore
 from agentcache.tiers.versions import adopt_recomputed
 
 # the turn's types, imported from here by the session, the server and the vLLM backend
-__all__ = ["Engine", "EngineConfig", "Generation", "GenerationParams", "ReplyKV", "TurnStats"]
+__all__ = ["Engine", "EngineConfig", "Generation", "GenerationParams", "PoolCapacityError",
+           "ReplyKV", "TurnStats"]  # fmt: skip
 
 REPLY_CLOSING = 16  # tokens a turn's pages allow for after its reply (the message's closing)
+
+
+class PoolCapacityError(ContextLengthError):
+    """A request whose prompt and new tokens can never fit the engine's KV pool at once,
+    raised before it waits for pages, under preemption (a context-length error: the server
+    answers 400, as it does from its own check of prompt + max_tokens)."""
 
 
 class LockedDecoder(Decoder):
@@ -86,7 +94,21 @@ class Engine:
         self.gathered_steps = 0  # dense decode steps that copied the context (Engine.step)
         self._lock = FairLock()
         self.gate = PageGate(self.ctx.pool, self._lock)
-        self.batch = BatchScheduler(model.forward, self._lock) if self.config.batch_decode else None
+        self.batch: BatchScheduler | None = None
+        if self.config.batch_decode:
+            policy = self._preemption_policy()
+            self.batch = BatchScheduler(model.forward, self._lock, policy, self.gate.wake)
+            if policy is not None:
+                batch = self.batch
+                self.gate.hold = lambda: batch.waiting_preempted > 0
+
+    def _preemption_policy(self) -> PreemptionPolicy | None:
+        name = self.config.preemption
+        if name is None:
+            return None
+        if name == "swap":
+            return Swap(self.config.preemption_host_bytes)
+        return PREEMPTION_POLICIES.get(name)()
 
     def _new_store(self, pool: PoolConfig) -> SegmentStore:
         tiers = self.config.tiers
@@ -177,6 +199,7 @@ class Engine:
         if tokens.num_tokens > self.max_context:  # before any page is taken or compute spent
             n, holder = tokens.num_tokens, self.context_holder
             raise ContextLengthError(n, self.max_context, "prompt", holder)
+        self._check_fits(tokens, params)
         with self.gate.admit(self._pages_for(tokens, params)) as seq:
             with self._lock, torch.inference_mode():
                 strat = self.strategy(strategy)
@@ -185,7 +208,11 @@ class Engine:
                 ttft = time.perf_counter() - t0
                 if commit:  # the prompt's KV, before a sparse decoder lets its pages go
                     self._commit(strat, tokens, seq, pre)
-            ids, finish, decode = self._decode(seq, pre, params, on_token)
+
+            def refill(empty: SequenceKV) -> None:  # a preempted turn's prompt, recomputed
+                strat.prefill(self.ctx, tokens, empty)
+
+            ids, finish, decode = self._decode(seq, pre, params, on_token, refill)
             text = cut_at_stop(self.model.tokenizer.decode(ids), params.stop)
             reply_kv = None
             if commit and reply is not None:
@@ -196,8 +223,27 @@ class Engine:
         stats = TurnStats.of(prefill=prefill, decode=decode, reply_kv=reply_kv)
         return Generation(text, tuple(ids), finish, pre.logits, stats)
 
+    def _check_fits(self, prompt: TokenizedPrompt, params: GenerationParams) -> None:
+        """With preemption, PoolCapacityError when the prompt and its max_new_tokens (within
+        the model's positions) are more tokens than the whole pool holds: preempted by every
+        other turn, it could not finish. (Without, such a turn runs when no other does and
+        stops with "length" where the pool ends, as at the model's last position.)"""
+        if self.config.preemption is None:
+            return
+        positions = self.model.config.max_position_embeddings
+        n = min(prompt.num_tokens + params.max_new_tokens, positions)
+        if n > self._pool_tokens:
+            pool, c = self.pool_config, self.config
+            holder = (f"the engine's KV pool ({pool.num_pages} pages of {c.page_size} tokens, "
+                      f"{pool.pool_bytes} bytes)")  # fmt: skip
+            what = f"prompt ({prompt.num_tokens}) + max_new_tokens ({params.max_new_tokens})"
+            raise PoolCapacityError(n, self._pool_tokens, what, holder)
+
     def _pages_for(self, prompt: TokenizedPrompt, params: GenerationParams) -> int:
-        """Pages a turn may fill: the prompt, its new tokens, the reply's closing tokens."""
+        """Pages a turn may fill: the prompt, its new tokens, the reply's closing tokens; with
+        preemption, the pages of its prompt and first new token (the rest taken as it goes)."""
+        if self.config.preemption is not None:
+            return -(-min(prompt.num_tokens + 1, self.max_context) // self.config.page_size)
         tokens = min(prompt.num_tokens + params.max_new_tokens + REPLY_CLOSING, self.max_context)
         return -(-tokens // self.config.page_size)
 
@@ -304,8 +350,10 @@ class Engine:
         pre: PrefillResult,
         params: GenerationParams,
         on_token: Callable[[int], None] | None = None,
+        refill: Callable[[SequenceKV], None] | None = None,
     ) -> tuple[list[int], str, DecodePart]:
-        """Decode after prefill into `seq` with the configured decode policy's decoder."""
+        """Decode after prefill into `seq` with the configured decode policy's decoder;
+        `refill` prefills the prompt again (the batched scheduler's preemption)."""
         max_pos = self.model.config.max_position_embeddings
         position = int(pre.positions.max().item()) + 1
         if position >= max_pos and params.max_new_tokens > 0:
@@ -316,7 +364,7 @@ class Engine:
         with self._lock, torch.inference_mode():
             inner = self.decode.decoder(self.model, seq, params.max_new_tokens, greedy, dense)
         if self.batch is not None:
-            ids, finish = self._decode_batched(inner, pre, position, params, on_token)
+            ids, finish = self._decode_batched(inner, pre, position, params, on_token, refill)
             decoder: Decoder = inner
         else:
             decoder = LockedDecoder(inner, self._lock)
@@ -340,6 +388,7 @@ class Engine:
         position: int,
         params: GenerationParams,
         on_token: Callable[[int], None] | None,
+        refill: Callable[[SequenceKV], None] | None = None,
     ) -> tuple[list[int], str]:
         """`decode_loop`'s result, the turn decoded in the scheduler's batch with the others."""
         assert self.batch is not None
@@ -347,7 +396,14 @@ class Engine:
         turn = TurnDecoding(pre.logits, position, params, max_pos, self.model.tokenizer)
         if turn.finish is not None:  # nothing to decode (max_new_tokens 0)
             return turn.ids, turn.finish
-        running = self.batch.join(turn, decoder)
+        # the first token comes from the prefill's logits: chosen and handed over here, not
+        # after the next step's forward (the turn joins with its token chosen, to be fed)
+        token = turn.choose()
+        if token is not None and on_token is not None:
+            on_token(token)
+        if turn.finish is not None:
+            return turn.ids, turn.finish
+        running = self.batch.join(turn, decoder, refill, chosen=True)
         try:
             for token in self.batch.tokens(running):
                 if on_token is not None:

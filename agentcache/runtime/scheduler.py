@@ -1,16 +1,32 @@
 """Continuous batching of decoding turns: one step advances every running turn by a token.
 
-    thread A  generate: [admit] [prefill+commit] join -> tokens ... leave
+    thread A  generate: [admit] [prefill+commit] first token, join -> tokens ... leave
     thread B  generate:      [admit]   wait   [prefill+commit] join -> tokens ... leave
     step k    choose a token for each turn (its own sampling, stops, max_new_tokens)
               -> finished turns leave -> feed the others: dense ones as one batch
-              (`batch_step.batched_dense_step`), any other decoder on its own
+              (`batch_step.batched_dense_step`), any other decoder on its own; a dense
+              turn alone in its step takes the one-sequence step (`batch_step.one_step`,
+              the engine's step without batching), so a lone request decodes at its speed
     step k+1  turns that joined since step k take part; turns cancelled since leave
 
 There is no scheduler thread: a turn's thread that finds no token ready runs the next step
 itself unless another thread is running one, and waits otherwise. Each step, like each prefill,
 holds the engine's lock, so prefills and steps alternate in arrival order (a prefill runs as
 its own unit before its turn joins the batch).
+
+Alone and batched, a row's logits agree to fp32 rounding (a one-row matmul sums in another
+order than the padded batch's, `batch_step`), not bit for bit: a turn that decodes partly
+alone and partly in a batch gets the greedy ids it gets alone unless two logits tie to that
+rounding (`tests/runtime/test_scheduler.py`, `benchmarks/batch_decode.py` compare them).
+
+Preemption (`EngineConfig.preemption`; `kv/preemption.py`): when the pool cannot give the
+step's dense turns their next slots, the newest running turn is preempted (its KV swapped to
+host memory, or dropped) until the rest fit; it waits, its token chosen and not yet fed, and
+is resumed at the start of a later step, oldest first, once its pages are free beside what the
+running turns need. A dropped turn is recomputed: its prompt by its own prefill (`refill`),
+its generated tokens replayed one by one through the step each was first fed by (alone or in
+a padded batch), so its KV is what it computed before. Turns wait at admission while any is
+preempted (`PageGate.hold`), so a preempted turn is not starved by new ones.
 
 A step never calls back into the caller: chosen tokens go to each turn's `out`, and the
 turn's own thread hands them to its `on_token` (which may raise: the turn then leaves).
@@ -20,7 +36,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -29,10 +45,14 @@ from torch import Tensor
 from agentcache.decode.base import Decoder
 from agentcache.decode.dense import DenseDecoder, reads_in_place
 from agentcache.errors import OutOfPagesError
+from agentcache.kv.pool import SequenceKV
+from agentcache.kv.preemption import Preempted, PreemptionPolicy
 from agentcache.model.llama import LlamaForward
-from agentcache.runtime.batch_step import batched_dense_step
+from agentcache.runtime.batch_step import batched_dense_step, one_step
 from agentcache.runtime.loop import TurnDecoding
 from agentcache.runtime.sharing import FairLock
+
+IDLE_WAIT_S = 0.005  # a step that advanced no turn (all preempted, none fits): wait this long
 
 
 @dataclass(eq=False)
@@ -45,6 +65,16 @@ class Running:
     finished: bool = False  # set by a step: `turn.finish` is final, or `error` is set
     error: BaseException | None = None
     left: bool = False  # set by the turn's thread: no step may touch it any more
+    # preemption: `refill` prefills the prompt into an empty sequence again (None: the turn
+    # cannot be preempted); `order` is when it joined; `batched[i]` whether generated token i
+    # was fed in a batch (else alone); `first_position` is generated token 0's
+    refill: Callable[[SequenceKV], None] | None = None
+    order: int = 0
+    first_position: int = 0
+    prompt_tokens: int = 0
+    batched: list[bool] = field(default_factory=list)
+    preempted: Preempted | None = None  # its KV out of the pool
+    unfed: bool = False  # its token is chosen (joined so, or preempted then): fed next
 
 
 @dataclass(frozen=True)
@@ -53,46 +83,88 @@ class BatchStats:
     batched_rows: int  # tokens fed through batched steps
     solo_feeds: int  # tokens fed one turn at a time (decoders other than the in-place dense)
     peak_batch: int  # most turns in one step
+    lone_steps: int = 0  # tokens of a dense turn that decoded alone (the one-sequence step)
+    preempted: int = 0  # turns preempted (a turn may be preempted more than once)
+    resumed: int = 0  # preempted turns resumed
+    swapped_bytes: int = 0  # K/V bytes copied to the host by preemptions
+    recomputed_tokens: int = 0  # tokens recomputed on resume (prompt and generated)
+    waiting_preempted: int = 0  # turns preempted and not yet resumed, now
 
 
 class BatchScheduler:
     """Owns the running turns of one engine. Thread-safe: `join`, `tokens` and `leave` are
-    called from each turn's thread; `step` holds the engine's `lock`."""
+    called from each turn's thread; `step` holds the engine's `lock`. With `preemption`, a
+    full pool preempts turns instead of failing them; `wake` is called (outside the engine
+    lock) after a step resumed turns, for whoever waits on `waiting_preempted` to clear."""
 
-    def __init__(self, forward: LlamaForward, lock: FairLock) -> None:
+    def __init__(
+        self,
+        forward: LlamaForward,
+        lock: FairLock,
+        preemption: PreemptionPolicy | None = None,
+        wake: Callable[[], None] | None = None,
+    ) -> None:
         self.forward, self._lock = forward, lock
+        self.preemption, self._wake = preemption, wake
         self._batchable = reads_in_place(forward)
         self._cond = threading.Condition(threading.Lock())
         self._joining: list[Running] = []
         self._active: list[Running] = []
         self._in_flight: list[Running] = []
         self._stepping = False
-        self._steps = self._rows = self._solo = self._peak = 0
+        self._steps = self._rows = self._solo = self._peak = self._lone = 0
+        self._joined = self._resumed = self._recomputed = 0
+        self.waiting_preempted = 0  # read without a lock by `PageGate.hold`
 
     def stats(self) -> BatchStats:
         with self._cond:
-            return BatchStats(self._steps, self._rows, self._solo, self._peak)
+            c = self.preemption.counters if self.preemption is not None else None
+            return BatchStats(
+                self._steps, self._rows, self._solo, self._peak, self._lone,
+                c.preempted if c else 0, self._resumed, c.swapped_bytes if c else 0,
+                self._recomputed, self.waiting_preempted,
+            )  # fmt: skip
 
     @property
     def running(self) -> int:
         with self._cond:
             return len(self._active) + len(self._joining)
 
-    def join(self, turn: TurnDecoding, decoder: Decoder) -> Running:
-        """Add a prefilled turn; it takes part from the next step."""
-        r = Running(turn, decoder)
+    def join(
+        self, turn: TurnDecoding, decoder: Decoder,
+        refill: Callable[[SequenceKV], None] | None = None, chosen: bool = False,
+    ) -> Running:  # fmt: skip
+        """Add a prefilled turn; it takes part from the next step. `refill` prefills its
+        prompt into an empty sequence again (needed to preempt it by dropping its KV);
+        `chosen`: its thread chose its first token already (the step feeds it first)."""
+        r = Running(turn, decoder, refill=refill, first_position=turn.position, unfed=chosen)
+        if isinstance(decoder, DenseDecoder):
+            r.prompt_tokens = decoder.seq.num_tokens
         with self._cond:
+            self._joined += 1
+            r.order = self._joined
             self._joining.append(r)
         return r
 
     def leave(self, r: Running) -> None:
-        """Take `r` out; once this returns no step touches its decoder or sequence."""
+        """Take `r` out; once this returns no step touches its decoder or sequence (a
+        preempted turn's host copy is let go)."""
         with self._cond:
             r.left = True
             if r in self._joining:
                 self._joining.remove(r)
             while r in self._in_flight:
                 self._cond.wait()
+            if r.preempted is not None:
+                if self.preemption is not None:
+                    self.preemption.discard(r.preempted)
+                r.preempted = None
+                self.waiting_preempted -= 1
+                woke = True
+            else:
+                woke = False
+        if woke and self._wake is not None:
+            self._wake()
 
     def tokens(self, r: Running) -> Iterator[int]:
         """`r`'s tokens as steps choose them, until its turn finishes (raises the step's error
@@ -110,12 +182,15 @@ class BatchScheduler:
                 r.out.clear()
                 finished = r.finished
             if lead:
+                advanced = 0
                 try:
-                    self.step()
+                    advanced = self.step()
                 finally:
                     with self._cond:
                         self._stepping = False
                         self._cond.notify_all()
+                        if not advanced and not r.out and not r.finished:
+                            self._cond.wait(IDLE_WAIT_S)  # all preempted: pages come back
                 continue
             yield from ready
             if finished:
@@ -124,17 +199,25 @@ class BatchScheduler:
                 return
 
     def step(self) -> int:
-        """Advance every running turn by one token; returns how many took part."""
+        """Advance every running turn by one token; returns how many took part (a preempted
+        turn that is not resumed does not)."""
+        resumed = 0
+        ready: list[Running] = []
         with self._lock, torch.inference_mode():
             with self._cond:
                 self._active = [r for r in self._active + self._joining if not r.left]
                 self._joining = []
                 batch = self._in_flight = list(self._active)
                 self._steps += 1
-                self._peak = max(self._peak, len(batch))
             try:
-                self._choose(batch)
-                self._feed([r for r in batch if not r.finished])
+                resumed = self._resume(batch)
+                ready = [r for r in batch if r.preempted is None]
+                with self._cond:
+                    self._peak = max(self._peak, len(ready))
+                self._choose([r for r in ready if not r.unfed])
+                for r in ready:
+                    r.unfed = False
+                self._feed([r for r in ready if not r.finished])
             except BaseException as e:  # a fault of the step, not of one turn: each turn gets it
                 for r in batch:
                     if not r.finished:
@@ -145,7 +228,9 @@ class BatchScheduler:
                     self._active = [r for r in self._active if not r.finished]
                     self._in_flight = []
                     self._cond.notify_all()
-        return len(batch)
+        if resumed and self._wake is not None:
+            self._wake()
+        return len(ready)
 
     def _choose(self, batch: list[Running]) -> None:
         """Each turn's next token, handed to its thread before the forward runs."""
@@ -159,31 +244,138 @@ class BatchScheduler:
 
     def _feed(self, batch: list[Running]) -> None:
         dense: list[Running] = []
-        slots: list[Tensor] = []
         for r in batch:
             d = r.decoder
             if self._batchable and isinstance(d, DenseDecoder):
                 if d.seq.num_tokens >= d.capacity:  # as DenseDecoder.feed: it holds no more
                     r.turn.fed(None)
                     continue
-                try:
-                    slots.append(d.seq.extend(1))
-                except OutOfPagesError as e:  # this turn's fault alone (past its reserved pages)
-                    r.error = e
-                    r.turn.finish = "length"
-                    continue
                 dense.append(r)
             else:
-                r.turn.fed(d.feed(*r.turn.feed()))
+                try:
+                    r.turn.fed(d.feed(*r.turn.feed()))
+                except OutOfPagesError as e:  # this turn's fault alone
+                    r.error = e
+                    r.turn.finish = "length"
                 self._solo += 1
-        if dense:
-            feeds = [r.turn.feed() for r in dense]
-            seqs = [r.decoder.seq for r in dense]  # type: ignore[attr-defined]
-            tokens = [f.token for f in feeds]
-            positions = [f.position for f in feeds]
-            logits = batched_dense_step(self.forward, seqs, torch.cat(slots), tokens, positions)
-            for r, row in zip(dense, logits, strict=True):
-                r.turn.fed(row)
-            self._rows += len(dense)
+        if self.preemption is not None:
+            dense = self._make_room(dense)
+        if len(dense) == 1:  # nothing to batch with: the one-sequence step, as without batching
+            self._feed_one(dense[0])
+        elif dense:
+            self._feed_batch(dense)
         for r in batch:  # a decoder that holds no more, or the model's last position
             r.finished = r.turn.finish is not None
+
+    def _make_room(self, dense: list[Running]) -> list[Running]:
+        """Preempt the newest of `dense` until the others' next slots fit the pool; the turns
+        left to feed. The last one is kept: alone and short of pages, it fails as before."""
+        assert self.preemption is not None
+        dense = list(dense)
+        while len(dense) > 1:
+            pool = _seq(dense[0]).pool
+            need = sum(_seq(r).table.pages_needed(_seq(r).num_tokens + 1) for r in dense)
+            if need <= pool.num_free:
+                break
+            victims = [r for r in dense if r.refill is not None]
+            if not victims:
+                break
+            victim = max(victims, key=lambda r: r.order)
+            dense.remove(victim)
+            self._preempt(victim)
+        return dense
+
+    def _preempt(self, r: Running) -> None:
+        assert self.preemption is not None
+        r.preempted = self.preemption.preempt(_seq(r))
+        r.unfed = True  # its token is chosen: fed, not chosen, once resumed
+        with self._cond:
+            self.waiting_preempted += 1
+
+    def _resume(self, batch: list[Running]) -> int:
+        """Resume preempted turns of `batch`, oldest first, while each fits beside the next
+        slots of the running ones; stops at the first that does not. Returns how many."""
+        waiting = sorted((r for r in batch if r.preempted is not None), key=lambda r: r.order)
+        if not waiting or self.preemption is None:
+            return 0
+        running = [r for r in batch if r.preempted is None and isinstance(r.decoder, DenseDecoder)]
+        need = sum(_seq(r).table.pages_needed(_seq(r).num_tokens + 1) for r in running)
+        done = 0
+        for r in waiting:
+            seq, p = _seq(r), r.preempted
+            assert p is not None
+            pages = -(-(p.num_tokens + 1) // seq.pool.config.page_size)
+            if need + pages > seq.pool.num_free:
+                break
+            seq.reserve(pages)  # one run of slots where the pool has one
+            restored = self.preemption.resume(seq, p)
+            if restored < p.num_tokens:
+                self._recompute(r, seq)
+                self._recomputed += p.num_tokens - restored
+            if seq.num_tokens != p.num_tokens:  # never resume a turn on other KV than its own
+                raise RuntimeError(f"resumed a turn with {seq.num_tokens} tokens of KV, it "
+                                   f"held {p.num_tokens} when preempted")  # fmt: skip
+            r.preempted = None
+            need += pages
+            done += 1
+            with self._cond:
+                self.waiting_preempted -= 1
+                self._resumed += 1
+        return done
+
+    def _recompute(self, r: Running, seq: SequenceKV) -> None:
+        """`r`'s KV computed again into the empty `seq`: the prompt by its own prefill, each
+        generated token fed as it first was (alone, or in a padded batch: the same bits)."""
+        assert r.refill is not None
+        r.refill(seq)
+        if seq.num_tokens != r.prompt_tokens:
+            raise RuntimeError(f"recomputing a preempted turn's prompt gave {seq.num_tokens} "
+                               f"tokens of KV, it had {r.prompt_tokens}")  # fmt: skip
+        f = self.forward
+        for i, batched in enumerate(r.batched):
+            token, position = r.turn.ids[i], r.first_position + i
+            if batched:
+                batched_dense_step(f, [seq], seq.extend(1), [token], [position])
+            else:
+                one_step(f, seq, token, position)
+
+    def _feed_one(self, r: Running) -> None:
+        feed = r.turn.feed()
+        try:
+            logits = one_step(self.forward, _seq(r), feed.token, feed.position)
+        except OutOfPagesError as e:  # this turn's fault alone (past its reserved pages)
+            r.error = e
+            r.turn.finish = "length"
+            return
+        r.turn.fed(logits)
+        r.batched.append(False)
+        self._lone += 1
+
+    def _feed_batch(self, dense: list[Running]) -> None:
+        fed: list[Running] = []
+        slots: list[Tensor] = []
+        for r in dense:
+            try:
+                slots.append(_seq(r).extend(1))
+            except OutOfPagesError as e:  # this turn's fault alone (past its reserved pages)
+                r.error = e
+                r.turn.finish = "length"
+                continue
+            fed.append(r)
+        if not fed:
+            return
+        feeds = [r.turn.feed() for r in fed]
+        seqs = [_seq(r) for r in fed]
+        tokens = [f.token for f in feeds]
+        positions = [f.position for f in feeds]
+        logits = batched_dense_step(self.forward, seqs, torch.cat(slots), tokens, positions)
+        for r, row in zip(fed, logits, strict=True):
+            r.turn.fed(row)
+            r.batched.append(True)
+        self._rows += len(fed)
+
+
+def _seq(r: Running) -> SequenceKV:
+    """A dense turn's sequence."""
+    assert isinstance(r.decoder, DenseDecoder)
+    return r.decoder.seq

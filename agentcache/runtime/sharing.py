@@ -15,13 +15,15 @@ max_new_tokens, the reply's closing tokens), taken as one run of slots where the
 so a running turn never finds the pool empty and its KV stays in few runs. Turns are admitted
 in arrival order; a turn that waits holds no lock. A turn that needs more than the whole pool
 runs when no other turn does (and then takes pages as it goes, as a lone turn always did).
+With preemption (`runtime/scheduler.py`) a turn asks only for its prompt's pages, and no turn
+is admitted while `hold()` says preempted turns wait to resume (`wake` when that changes).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from agentcache.kv.pool import PagePool, SequenceKV
@@ -81,6 +83,12 @@ class PageGate:
         self.running = 0  # turns admitted and not yet out
         self.peak_running = 0
         self.waited = 0  # turns that found the pool short and waited for pages
+        self.hold: Callable[[], bool] = lambda: False  # admit none while this holds
+
+    def wake(self) -> None:
+        """Look again at the waiting turns (`hold` may have changed)."""
+        with self._cond:
+            self._cond.notify_all()
 
     @contextmanager
     def admit(self, pages: int) -> Iterator[SequenceKV]:
@@ -113,7 +121,7 @@ class PageGate:
 
     def _take(self, seq: SequenceKV, pages: int) -> bool:
         with self._lock:
-            if self.pool.num_free >= pages or self.running == 0:
+            if self.running == 0 or (self.pool.num_free >= pages and not self.hold()):
                 seq.reserve(pages)
                 return True
             return False

@@ -134,11 +134,10 @@ def add_security(p: argparse.ArgumentParser) -> None:
                    f"short request is not held behind a long one (default: {MAX_ACTIVE} on the "
                    "embedded backend; 1 on vllm, whose engine the backend drives one request "
                    "at a time)")  # fmt: skip
-    p.add_argument("--batch-decode", action=argparse.BooleanOptionalAction, default=False,
-                   help="embedded backend: the active requests decode as one batch per step "
-                   "(more tokens/s with many agents at once; a lone request decodes slower "
-                   "than without it, see docs/server.md); default: each steps alone, "
-                   "interleaved")  # fmt: skip
+    p.add_argument("--batch-decode", action=argparse.BooleanOptionalAction, default=True,
+                   help="embedded backend: the active requests decode as one batch per step, "
+                   "a lone one as without batching (default; --no-batch-decode: each steps "
+                   "alone, interleaved; see docs/server.md)")  # fmt: skip
     p.add_argument("--conversation-bytes", type=positive_int, default=64 * MiB,
                    help="memory for what the server remembers of conversations (default: "
                    "64 MiB; the least recently used are forgotten)")  # fmt: skip

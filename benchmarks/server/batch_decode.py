@@ -12,7 +12,11 @@ are within one run:
     batched       EngineConfig(batch_decode=True): one step feeds every running turn
 
 Per run: aggregate decode tokens/s (tokens generated / wall time from the common start to the
-last reply, prefills included) and each agent's time to first token. Agent i's prompt is the
+last reply, prefills included), each agent's time to first token and its decode tokens/s
+(`TurnStats.decode_tokens_per_s`, prefill excluded: with one agent, the lone request's decode
+speed batched against interleaved, paired within each repeat), and the process's CPU seconds
+(`time.process_time`: tokens per CPU second is what the engine's work costs, which other jobs
+on a shared machine slow less than they slow the wall clock). Agent i's prompt is the
 same at every N, so its greedy ids are compared with its run alone (the smallest N that ran it:
 N = 1 for agent 0) and with the interleaved engine's in the same repeat, where each turn steps
 on its own (the reference step). Writes results.json (with provenance) under --out.
@@ -62,6 +66,7 @@ def run(engine: Engine, agents: int, params: GenerationParams) -> dict[str, Any]
     start = threading.Barrier(agents + 1)
     ttft: list[float] = [0.0] * agents
     ids: list[list[int]] = [[] for _ in range(agents)]
+    decode_tps: list[float] = [0.0] * agents
     t0 = [0.0]
 
     def agent(i: int) -> None:
@@ -70,20 +75,24 @@ def run(engine: Engine, agents: int, params: GenerationParams) -> dict[str, Any]
                 ttft[i] = time.perf_counter() - t0[0]
 
         start.wait()
-        ids[i] = list(engine.generate(prompt(i), params, "full", commit=False,
-                                      on_token=first).token_ids)  # fmt: skip
+        g = engine.generate(prompt(i), params, "full", commit=False, on_token=first)
+        ids[i] = list(g.token_ids)
+        decode_tps[i] = g.stats.decode_tokens_per_s  # its decode alone, prefill excluded
 
     threads = [threading.Thread(target=agent, args=(i,)) for i in range(agents)]
     for th in threads:
         th.start()
     t0[0] = time.perf_counter()
+    cpu0 = time.process_time()
     start.wait()
     for th in threads:
         th.join()
     wall = time.perf_counter() - t0[0]
+    cpu = time.process_time() - cpu0  # this process's CPU seconds: other jobs' load left out
     tokens = sum(len(x) for x in ids)
-    return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "ttft_s": ttft,
-            "ids": ids}  # fmt: skip
+    return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "cpu_s": cpu,
+            "tokens_per_cpu_s": tokens / cpu, "ttft_s": ttft,
+            "decode_tokens_per_s": decode_tps, "ids": ids}  # fmt: skip
 
 
 def percentile(xs: list[float], p: float) -> float:
@@ -130,7 +139,15 @@ def summarize(runs: list[dict[str, Any]], agents: list[int]) -> dict[str, Any]:
             row[c] = {"tokens_per_s_median": statistics.median(tps), "tokens_per_s": tps,
                       "ttft_p50_s": statistics.median(ttft), "ttft_p99_s": percentile(ttft, 0.99),
                       "ttft_n": len(ttft)}  # fmt: skip
-        # within each repeat: batched over interleaved at the same N
+        # within each repeat: batched over interleaved at the same N, agent 0's decode alone
+        row["decode_batched_over_interleaved_agent0"] = [
+            b["decode_tokens_per_s"][0] / i["decode_tokens_per_s"][0]
+            for b, i in zip(by["batched"], by["interleaved"], strict=True)
+        ]
+        row["cpu_batched_over_interleaved"] = [  # tokens per CPU second, prefills included
+            b["tokens_per_cpu_s"] / i["tokens_per_cpu_s"]
+            for b, i in zip(by["batched"], by["interleaved"], strict=True)
+        ]
         row["batched_over_interleaved"] = [
             b["tokens_per_s"] / i["tokens_per_s"]
             for b, i in zip(by["batched"], by["interleaved"], strict=True)
@@ -151,6 +168,46 @@ def summarize(runs: list[dict[str, Any]], agents: list[int]) -> dict[str, Any]:
             x["tokens_per_s"] / o["tokens_per_s"] for x, o in zip(bs, ones, strict=True)
         ]
     return out
+
+
+def report(results: dict[str, Any]) -> str:
+    """results.json's summary as a table: per N, tokens/s of each configuration (median over
+    repeats) and batched over interleaved within each repeat."""
+    p, summary = results["provenance"], results["summary"]
+    lines = [
+        "# Batched decode against interleaved, concurrent agents on one engine",
+        "",
+        f"`{p['command']}` at commit {p['commit']} ({p['date']}; "
+        f"{p['machine']['cores']} cores, {p['machine']['torch_threads']} torch thread(s)).",
+        f"Model {results['settings']['model']}, greedy, {results['settings']['new_tokens']} "
+        "new tokens per agent; ratios are within one repeat.",
+        "",
+        "| agents | interleaved tok/s (median) | batched tok/s (median) "
+        "| batched / interleaved per repeat | median | agent 0's decode tok/s, batched / "
+        "interleaved, median (range) | tokens per CPU second, batched / interleaved, median "
+        "(range) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for n, row in summary.items():
+        ratios = row["batched_over_interleaved"]
+        dec = row["decode_batched_over_interleaved_agent0"]
+        cpu = row["cpu_batched_over_interleaved"]
+        lines.append(
+            f"| {n} | {row['interleaved']['tokens_per_s_median']:.2f} "
+            f"| {row['batched']['tokens_per_s_median']:.2f} "
+            f"| {', '.join(f'{x:.2f}' for x in ratios)} | {statistics.median(ratios):.2f} "
+            f"| {statistics.median(dec):.2f} ({min(dec):.2f}-{max(dec):.2f}) "
+            f"| {statistics.median(cpu):.2f} ({min(cpu):.2f}-{max(cpu):.2f}) |"
+        )
+    a = results["agreement"]
+    lines += [
+        "",
+        f"Every agent's greedy ids equal to its run alone: {a['all_equal_alone']}; "
+        f"equal to the interleaved engine's in the same repeat: {a['all_equal_interleaved']}.",
+        f"Scheduler counts (batched engine, all runs): {results['scheduler']}.",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -174,7 +231,8 @@ def main() -> None:
     runs = []
     for rep in range(args.repeats):
         for n in args.agents:
-            for c, e in engines.items():
+            order = list(engines.items())
+            for c, e in order if rep % 2 == 0 else order[::-1]:  # which runs first alternates
                 r = run(e, n, params)
                 r |= {"repeat": rep, "agents": n, "config": c, "load_avg": os.getloadavg()[0]}
                 runs.append(r)
@@ -199,6 +257,7 @@ def main() -> None:
     }  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "report.md").write_text(report(results))
     print(json.dumps(results["summary"], indent=1))
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from agentcache.decode.dense import dense_step
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
 from agentcache.model.loading import LoadedModel
-from agentcache.runtime.batch_step import ROW_BLOCK, batched_dense_step, padded_rows
+from agentcache.runtime.batch_step import ROW_BLOCK, batched_dense_step, one_step, padded_rows
 from agentcache.testing import tiny_family_model, tiny_model
 
 LENGTHS = (3, 17, 40, 9, 33)  # prompt tokens per sequence: pages part-filled, several spans
@@ -98,3 +98,38 @@ def test_bad_arguments_are_refused(tiny: LoadedModel) -> None:
     seqs, tokens = batch(tiny, (3, 5))
     with pytest.raises(ValueError, match="one slot, token and position per sequence"):
         batched_dense_step(tiny.forward, seqs, torch.tensor([1, 2]), tokens[:1], [3, 5])
+
+
+def test_one_step_is_the_dense_step_and_reads_any_layout_as_consecutive_pages(
+    tiny: LoadedModel,
+) -> None:
+    """On consecutive pages `one_step` is `dense_step` bit for bit; on pages taken beside
+    another sequence, or in descending order, it gives those same bits (a token-order copy),
+    and so does the batched step."""
+    f = tiny.forward
+    ordered, token = prefilled(tiny, pool_of(tiny), 7, 40)
+    reference, _ = prefilled(tiny, pool_of(tiny), 7, 40)
+    keys, values = ordered.gather_all(slice(None))
+    want = dense_step(f, reference, token, 40)
+    got = one_step(f, ordered, token, 40)
+    assert torch.equal(got, want)
+
+    pool = pool_of(tiny)
+    scattered, other = SequenceKV(pool), SequenceKV(pool)
+    for start in range(0, 40, 16):  # pages alternate with another sequence's
+        n = min(16, 40 - start)
+        scattered.write_all(scattered.extend(n), keys[:, start : start + n],
+                            values[:, start : start + n])  # fmt: skip
+        other.extend(16)
+    backwards = SequenceKV(pool)
+    backwards.table.pages = list(reversed(pool.allocate(3)))  # pages in descending order
+    backwards.write_all(backwards.extend(40), keys, values)
+    for seq in (scattered, backwards):
+        assert len(seq.spans()) > 1 or seq.table.pages != sorted(seq.table.pages)
+        assert torch.equal(one_step(f, seq, token, 40), want)
+    again, _ = prefilled(tiny, pool_of(tiny), 7, 40)
+    rows = step(tiny, [again], [token])[0]
+    fresh = SequenceKV(pool)
+    fresh.table.pages = list(reversed(pool.allocate(3)))
+    fresh.write_all(fresh.extend(40), keys, values)
+    assert torch.equal(step(tiny, [fresh], [token])[0], rows)

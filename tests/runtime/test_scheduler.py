@@ -156,6 +156,48 @@ def test_a_step_fault_reaches_the_turns_in_it(
         raise RuntimeError("step failed")
 
     monkeypatch.setattr("agentcache.runtime.scheduler.batched_dense_step", broken)
+    monkeypatch.setattr("agentcache.runtime.scheduler.one_step", broken)
     with pytest.raises(RuntimeError, match="step failed"):
-        one(e, 1)
+        one(e, 1)  # alone: the one-sequence step
+
+    def caught(i: int) -> str:
+        with pytest.raises(RuntimeError, match="step failed"):
+            one(e, 7)
+        return "raised"
+
+    assert at_once(caught, 2) == ["raised", "raised"]  # together: the batched step
     assert e.ctx.pool.num_free == KV_PAGES and e.batch is not None and e.batch.running == 0
+
+
+def test_a_lone_turn_takes_the_one_sequence_step(tiny: LoadedModel) -> None:
+    """Alone, a turn decodes as the engine without batching does (same step, same ids); with
+    company, its steps batch. Counted, not timed."""
+    e, ref = engine(tiny), engine(tiny, batch=False)
+    alone = one(e, 7)
+    assert alone.token_ids == one(ref, 7).token_ids
+    stats = e.batch.stats() if e.batch else None
+    assert stats is not None and stats.batched_rows == 0
+    assert stats.lone_steps == stats.steps - 1 == len(alone.token_ids) - 1  # last: no feed
+    together = at_once(lambda i: one(e, 7), 2)
+    assert [t.token_ids for t in together] == [alone.token_ids] * 2
+    assert e.batch is not None and e.batch.stats().batched_rows > 0
+
+
+def test_the_first_token_is_handed_over_before_any_step(tiny: LoadedModel) -> None:
+    """It comes from the prefill's logits: no step's forward stands between the prefill and
+    the caller's first token (counted in steps, as the caller sees them)."""
+    e = engine(tiny)
+    assert e.batch is not None
+    batch = e.batch
+    steps_seen: list[int] = []
+    gen = one(e, 7, on_token=lambda _: steps_seen.append(batch.stats().steps))
+    assert steps_seen[0] == 0 and len(steps_seen) == len(gen.token_ids) > 2
+    assert steps_seen[1:] == list(range(2, len(gen.token_ids) + 1))
+
+
+def test_the_server_batches_unless_told_not_to() -> None:
+    from agentcache.cli import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["serve"]).batch_decode is True
+    assert parse(["serve", "--no-batch-decode"]).batch_decode is False

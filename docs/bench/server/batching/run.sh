@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# The batched-decode runs that docs/server.md ("Batched decode") points to: 1, 4 and 16 concurrent agents of 48 greedy
-# tokens each on one embedded engine, batched against interleaved, two repeats, ratios within
-# each repeat. Run from the repository root (as root, nice gives it priority).
+# The batched-decode runs that docs/server.md ("Batched decode") points to, on one embedded
+# engine, batched against interleaved, ratios within each repeat (which runs first alternates):
+#   smollm2-lone-32   one agent of 32 greedy tokens, 10 repeats (a lone request's speed)
+#   smollm2-48-lone   1, 4 and 16 concurrent agents of 48 greedy tokens, 3 repeats
+# (smollm2-48 and smollm2-48-quiet, older: 1/4/16 agents, 2 repeats, with the command
+# `nice -n -5 python benchmarks/server/batch_decode.py --agents 1 4 16 --new-tokens 48 --repeats 2
+# --out <dir>` at the commits their results.json record.)
+# Run from the repository root.
 set -euo pipefail
 uptime
-HF_HUB_OFFLINE=1 nice -n -5 python benchmarks/server/batch_decode.py --agents 1 4 16 --new-tokens 48 \
-    --repeats 2 --out docs/bench/server/batching/smollm2-48-quiet
+HF_HUB_OFFLINE=1 nice -n 5 python benchmarks/server/batch_decode.py --agents 1 --new-tokens 32 \
+    --repeats 10 --out docs/bench/server/batching/smollm2-lone-32
+uptime
+HF_HUB_OFFLINE=1 nice -n 5 python benchmarks/server/batch_decode.py --agents 1 4 16 --new-tokens 48 \
+    --repeats 3 --out docs/bench/server/batching/smollm2-48-lone
 uptime
