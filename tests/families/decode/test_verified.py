@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agentcache.bench.decode_prompts import tokenized_prompt
+from agentcache.heads.prompts import tokenized_prompt
 from agentcache.model.loading import LoadedModel
 from agentcache.runtime.engine import GenerationParams
 from tests.decode.conftest import TOP_K_POLICIES
