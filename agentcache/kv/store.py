@@ -107,6 +107,21 @@ def segment_content_id(
     return content_id(token_ids, scoped_namespace(namespace, scope), start)
 
 
+def exact_copy_id(
+    token_ids: Sequence[int],
+    scope: str | None,
+    context_id: str,
+    start: int,
+    namespace: str = SEGMENT_NAMESPACE,
+) -> str:
+    """The content id of a segment's exact copy for one context: its KV as computed after the
+    tokens of chained id `context_id`, starting at position `start` (equal, up to rounding, to
+    full recompute's there). Kept beside the segment's first copy (`segment_content_id`), in
+    the segment's scope only: a prompt with that very context finds it as an exact run."""
+    space = scoped_namespace(f"{namespace}/exact", scope)
+    return _digest(space, context_id, start, tuple(token_ids))
+
+
 def store_key(model_id: str, tokenizer_id: str, cid: str) -> SegmentKey:
     """The key an entry of content id `cid` is held under: model and tokenizer included."""
     return SegmentKey(_digest(model_id, tokenizer_id, cid))
