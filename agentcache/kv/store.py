@@ -108,18 +108,15 @@ def segment_content_id(
 
 
 def exact_copy_id(
-    token_ids: Sequence[int],
-    scope: str | None,
-    context_id: str,
-    start: int,
-    namespace: str = SEGMENT_NAMESPACE,
+    through_id: str, scope: str | None, start: int, namespace: str = SEGMENT_NAMESPACE
 ) -> str:
     """The content id of a segment's exact copy for one context: its KV as computed after the
-    tokens of chained id `context_id`, starting at position `start` (equal, up to rounding, to
-    full recompute's there). Kept beside the segment's first copy (`segment_content_id`), in
-    the segment's scope only: a prompt with that very context finds it as an exact run."""
-    space = scoped_namespace(f"{namespace}/exact", scope)
-    return _digest(space, context_id, start, tuple(token_ids))
+    tokens before it, starting at position `start` (equal, up to rounding, to full
+    recompute's there). `through_id` is the chained id of every token up to the segment's
+    end (`chain_id(context id, segment ids)`: context and tokens both, no second hash of the
+    tokens). Kept beside the segment's first copy (`segment_content_id`), in the segment's
+    scope only: a prompt with that very context finds it as an exact run."""
+    return _digest(scoped_namespace(f"{namespace}/exact", scope), through_id, start)
 
 
 def store_key(model_id: str, tokenizer_id: str, cid: str) -> SegmentKey:

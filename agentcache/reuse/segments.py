@@ -73,13 +73,30 @@ def scoped(namespace: str, seg: TokenizedSegment) -> str:
     return scoped_namespace(namespace, seg.segment.scope)
 
 
+# the last prompt's chain: (its ids, its segments, the chain), matched by identity
+_last_chain: tuple[tuple[int, ...], tuple[TokenizedSegment, ...], tuple[str, ...]] = ((), (), ())
+
+
+def chain_ids(prompt: TokenizedPrompt) -> tuple[str, ...]:
+    """Chained id of the tokens before each segment, then of the whole prompt (n + 1 ids):
+    `chain_ids(p)[i + 1]` identifies everything through segment i. The last prompt's are
+    kept (its prefill, its runs and its commit read them)."""
+    global _last_chain
+    ids, segments, chain = _last_chain
+    if ids is prompt.ids and segments is prompt.segments:
+        return chain
+    out, prev = [], "context-root"
+    for seg in prompt.segments:
+        out.append(prev)
+        prev = chain_id(prev, seg.ids)
+    out.append(prev)
+    _last_chain = (prompt.ids, prompt.segments, tuple(out))
+    return _last_chain[2]
+
+
 def context_ids(prompt: TokenizedPrompt) -> list[str]:
     """Chained id of the tokens before each segment."""
-    ids, prev = [], "context-root"
-    for seg in prompt.segments:
-        ids.append(prev)
-        prev = chain_id(prev, seg.ids)
-    return ids
+    return list(chain_ids(prompt)[:-1])
 
 
 def find_hits(
@@ -94,14 +111,14 @@ def find_hits(
     t0 = time.perf_counter()
     m = ctx.model
     model_id, tokenizer_id = m.model_id, m.tokenizer.tokenizer_id
-    contexts = None if at_start else context_ids(prompt)
+    chain = None if at_start else chain_ids(prompt)
     hits = []
     for i, seg in enumerate(prompt.segments):
         if seg.kind not in REUSABLE:
             continue
         found = None
-        if contexts is not None:  # a presence check first: an absent copy counts no miss
-            cid = exact_copy_id(seg.ids, seg.segment.scope, contexts[i], seg.start, namespace)
+        if chain is not None:  # a presence check first: an absent copy counts no miss
+            cid = exact_copy_id(chain[i + 1], seg.segment.scope, seg.start, namespace)
             if ctx.store.contains_content(model_id, tokenizer_id, cid):
                 found = ctx.store.lookup_content(model_id, tokenizer_id, cid)
         copy = found is not None and found.kv is not None
@@ -204,10 +221,11 @@ def commit_segments(
     m = ctx.model
     left = None if at_start else exact_left(seq)
     copies = () if left is None or left.exact_for(prompt) == 0 else left.recomputed
-    for seg, context in zip(prompt.segments, context_ids(prompt), strict=True):
-        start = seg.start if at_start else None
+    chain = chain_ids(prompt)
+    for i, seg in enumerate(prompt.segments):
+        start, context = (seg.start if at_start else None), chain[i]
         if (seg.start, seg.end) in copies:
-            cid = exact_copy_id(seg.ids, seg.segment.scope, context, seg.start, namespace)
+            cid = exact_copy_id(chain[i + 1], seg.segment.scope, seg.start, namespace)
         else:
             cid = segment_content_id(seg.ids, seg.segment.scope, namespace, start)
         if ctx.store.contains_content(m.model_id, m.tokenizer.tokenizer_id, cid):

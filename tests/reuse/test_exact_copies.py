@@ -19,7 +19,7 @@ from agentcache.model.loading import LoadedModel
 from agentcache.prompt import Segment, SegmentedPrompt
 from agentcache.prompt import SegmentKind as K
 from agentcache.reuse.base import PrefillResult
-from agentcache.reuse.segments import context_ids, exact_left
+from agentcache.reuse.segments import chain_ids, exact_left
 from agentcache.reuse.strategies import RPDC
 from agentcache.runtime import Engine, EngineConfig, GenerationParams, TurnStats
 
@@ -52,7 +52,7 @@ def run(tiny: LoadedModel, strategy: str, *prompts: SegmentedPrompt) -> tuple[En
 def tools_copy(engine: Engine, p: SegmentedPrompt, scope: str | None = None) -> str:
     t = engine.tokenize(p)
     seg = t.segments[1]
-    return exact_copy_id(seg.ids, scope, context_ids(t)[1], seg.start)
+    return exact_copy_id(chain_ids(t)[2], scope, seg.start)
 
 
 def held(engine: Engine, cid: str) -> bool:
