@@ -17,6 +17,7 @@ nice -n 5 $py benchmarks/long_prompts.py --sizes 4000:2 --cases system+tools,his
   --strategies full,prefix,rpdc --server-strategies "" --threads 1 --out "$out/exact-4k"
 nice -n 5 $py benchmarks/long_prompts.py --sizes 4000:1 --cases no-reuse,system+tools,history \
   --strategies full,prefix,rpdc --server-strategies "" --threads 1 --out "$out/exact-4k-stamped"
+nice -n 5 $py benchmarks/exact_turns.py --size 4000 --reps 7 --threads 1 --out "$out/exact-pairs"
 for w in ${FAMILIES:-memgpt swe_agent}; do
   nice -n 5 $ac bench "benchmarks/workloads/$w.jsonl" --split validate \
     --sessions "$w-08,$w-09" --max-turns "${TURNS:-4}" --new-tokens 8 \
