@@ -72,6 +72,8 @@ MOVED = {
     "benchmarks/family_seam_speed.py": "benchmarks/decode/family_seam_speed.py",
     "benchmarks/scaling_sim.py": "benchmarks/scaling/sim.py",
     "benchmarks/cope_drift.py": "benchmarks/cope/drift.py",
+    "benchmarks/exact_turns.py": "benchmarks/reuse/exact_turns.py",
+    "benchmarks/exact_turns_bench.sh": "benchmarks/reuse/exact_turns.sh",
 }
 
 

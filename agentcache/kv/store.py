@@ -107,6 +107,18 @@ def segment_content_id(
     return content_id(token_ids, scoped_namespace(namespace, scope), start)
 
 
+def exact_copy_id(
+    through_id: str, scope: str | None, start: int, namespace: str = SEGMENT_NAMESPACE
+) -> str:
+    """The content id of a segment's exact copy for one context: its KV as computed after the
+    tokens before it, starting at position `start` (equal, up to rounding, to full
+    recompute's there). `through_id` is the chained id of every token up to the segment's
+    end (`chain_id(context id, segment ids)`: context and tokens both, no second hash of the
+    tokens). Kept beside the segment's first copy (`segment_content_id`), in the segment's
+    scope only: a prompt with that very context finds it as an exact run."""
+    return _digest(scoped_namespace(f"{namespace}/exact", scope), through_id, start)
+
+
 def store_key(model_id: str, tokenizer_id: str, cid: str) -> SegmentKey:
     """The key an entry of content id `cid` is held under: model and tokenizer included."""
     return SegmentKey(_digest(model_id, tokenizer_id, cid))

@@ -75,6 +75,7 @@ class ReuseStats:
     compute_s: float = 0.0  # time inside the model's layer calls (TimedForward)
     model_calls: int = 0  # calls into the model: embed, per-layer project/attend, logits
     loaded_tokens: int = 0  # tokens whose cached K/V was written into the sequence
+    copies_found: int = 0  # segments found as their exact copy for this context (segments.py)
     # the cost guard's decision on the plan (reuse/guard.py); None: no plan beside `full`'s
     guard: GuardDecision | None = None
     # what the prefill spent besides computing tokens: lookup, loading, re-rotation,

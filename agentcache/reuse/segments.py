@@ -1,19 +1,42 @@
 """Finding a prompt's reusable segments in the store, and storing a turn's segments.
 
-A segment's KV is stored once, the first time it is computed, under its content key (model +
+A segment's KV is stored the first time it is computed, under its content key (model +
 tokenizer + token ids), with the positions it was encoded at and the id of everything before
-it. Later copies are not stored over it: reused KV is approximate, the first copy is not.
+it (its context): the first copy. A later prompt with that context at those positions reuses
+it as an exact run; elsewhere it is reused approximately.
+
+Exact copies: when a turn found a segment's copy but not exact here (another context or
+position) and then computed every token of it, with every token before it computed or reused
+exactly (`ExactKV`), the commit stores that KV as the segment's exact copy for this context
+(`exact_copy_id`, in the segment's scope). A later prompt with the same context finds it
+first, as an exact run. Reused (approximate) KV is never stored as a copy. Copies are
+ordinary entries: bounded by the store's bytes and evicted by its policy.
+
+    prompt 1 : [ sys t1 ][ tools ][ q1 ]   tools' first copy, context "sys t1"
+    prompt 2 : [ sys t2 ][ tools ][ long q2 ]   tools found, not exact; all computed
+               -> tools' exact copy for context "sys t2"
+    prompt 3 : [ sys t2 ][ tools ][ q3 ]   tools found exact: loaded, nothing recomputed
 """
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from agentcache.kv.pool import SequenceKV
-from agentcache.kv.store import StoredKV, chain_id, scoped_namespace, segment_content_id
+from agentcache.kv.store import (
+    StoredKV,
+    chain_id,
+    exact_copy_id,
+    scoped_namespace,
+    segment_content_id,
+)
 from agentcache.prompt.segments import SegmentKind
 from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment
 from agentcache.reuse.base import ReuseContext, ReuseStats, SegmentMiss
@@ -26,6 +49,7 @@ class SegmentHit:
     segment: TokenizedSegment
     kv: StoredKV
     num_tokens: int  # tokens reused: the whole segment, less the prompt's last token
+    copy: bool = False  # found as the segment's exact copy for this prompt's context
 
     @property
     def start(self) -> int:
@@ -49,13 +73,30 @@ def scoped(namespace: str, seg: TokenizedSegment) -> str:
     return scoped_namespace(namespace, seg.segment.scope)
 
 
+# the last prompt's chain: (its ids, its segments, the chain), matched by identity
+_last_chain: tuple[tuple[int, ...], tuple[TokenizedSegment, ...], tuple[str, ...]] = ((), (), ())
+
+
+def chain_ids(prompt: TokenizedPrompt) -> tuple[str, ...]:
+    """Chained id of the tokens before each segment, then of the whole prompt (n + 1 ids):
+    `chain_ids(p)[i + 1]` identifies everything through segment i. The last prompt's are
+    kept (its prefill, its runs and its commit read them)."""
+    global _last_chain
+    ids, segments, chain = _last_chain
+    if ids is prompt.ids and segments is prompt.segments:
+        return chain
+    out, prev = [], "context-root"
+    for seg in prompt.segments:
+        out.append(prev)
+        prev = chain_id(prev, seg.ids)
+    out.append(prev)
+    _last_chain = (prompt.ids, prompt.segments, tuple(out))
+    return _last_chain[2]
+
+
 def context_ids(prompt: TokenizedPrompt) -> list[str]:
     """Chained id of the tokens before each segment."""
-    ids, prev = [], "context-root"
-    for seg in prompt.segments:
-        ids.append(prev)
-        prev = chain_id(prev, seg.ids)
-    return ids
+    return list(chain_ids(prompt)[:-1])
 
 
 def find_hits(
@@ -65,24 +106,35 @@ def find_hits(
     namespace: str = "segment",
     at_start: bool = False,
 ) -> list[SegmentHit]:
-    """Look up every system/fixed segment; record misses (and the time, `stats.lookup_s`).
-    `at_start` keys by absolute start."""
+    """Look up every system/fixed segment, its exact copy for this context first; record
+    misses (and the time, `stats.lookup_s`). `at_start` keys by absolute start (no copies)."""
     t0 = time.perf_counter()
     m = ctx.model
+    model_id, tokenizer_id = m.model_id, m.tokenizer.tokenizer_id
+    chain = None if at_start else chain_ids(prompt)
     hits = []
-    for seg in prompt.segments:
+    for i, seg in enumerate(prompt.segments):
         if seg.kind not in REUSABLE:
             continue
-        start = seg.start if at_start else None
-        space = scoped(namespace, seg)
-        found = ctx.store.lookup(m.model_id, m.tokenizer.tokenizer_id, seg.ids, space, start)
+        found = None
+        if chain is not None:  # a presence check first: an absent copy counts no miss
+            cid = exact_copy_id(chain[i + 1], seg.segment.scope, seg.start, namespace)
+            if ctx.store.contains_content(model_id, tokenizer_id, cid):
+                found = ctx.store.lookup_content(model_id, tokenizer_id, cid)
+        copy = found is not None and found.kv is not None
+        if not copy:
+            start = seg.start if at_start else None
+            space = scoped(namespace, seg)
+            found = ctx.store.lookup(model_id, tokenizer_id, seg.ids, space, start)
+        assert found is not None
         if found.kv is None:
             assert found.miss is not None
             stats.misses.append(SegmentMiss(seg.segment.id, seg.kind, len(seg.ids), found.miss))
             continue
+        stats.copies_found += copy
         n = reusable_tokens(prompt, seg)
         if n > 0:
-            hits.append(SegmentHit(seg, found.kv, n))
+            hits.append(SegmentHit(seg, found.kv, n, copy))
     stats.lookup_s += time.perf_counter() - t0
     return hits
 
@@ -91,6 +143,68 @@ def reusable_tokens(prompt: TokenizedPrompt, seg: TokenizedSegment) -> int:
     """Tokens of a stored segment a prompt reuses: all of them but the prompt's last token,
     which is always computed (it gives the first output token)."""
     return min(len(seg.ids), prompt.num_tokens - 1 - seg.start)
+
+
+@dataclass(frozen=True)
+class ExactKV:
+    """What a prefill leaves its commit about the sequence's K/V: the first `exact_tokens`
+    tokens of the prompt (`ids`) hold K/V equal, up to rounding, to full recompute's at their
+    own indices (each computed fresh through every layer, or reused from a copy exact here,
+    after only such tokens), and the (start, end) of every segment found in the store but not
+    exact here whose tokens all lie inside them (computed fresh in this context: what the
+    store has no exact copy of)."""
+
+    ids: tuple[int, ...]
+    exact_tokens: int
+    recomputed: tuple[tuple[int, int], ...]
+
+    def exact_for(self, prompt: TokenizedPrompt) -> int:
+        """Exact leading tokens of `prompt`: this prefill's prompt, or it continued by the
+        tokens decoded after it (exact when the whole prompt was); 0 for another prompt."""
+        n = len(self.ids)
+        if prompt.num_tokens < n or prompt.ids[:n] != self.ids:
+            return 0
+        return prompt.num_tokens if self.exact_tokens == n else self.exact_tokens
+
+
+_LEFT: weakref.WeakKeyDictionary[SequenceKV, ExactKV] = weakref.WeakKeyDictionary()
+_LEFT_LOCK = threading.Lock()
+
+
+def exact_prefix(exact: Tensor, positions: Tensor) -> int:
+    """Leading tokens of mask `exact` (T,) that are exact at their own indices."""
+    ok = exact & (positions == torch.arange(len(positions)))
+    bad = (~ok).nonzero()
+    return len(ok) if len(bad) == 0 else int(bad[0])
+
+
+def leave_exact(
+    seq: SequenceKV,
+    prompt: TokenizedPrompt,
+    hits: Sequence[SegmentHit],
+    exact_kv: Tensor,
+    exact_runs: Tensor,
+    positions: Tensor,
+) -> ExactKV:
+    """Record for `commit_segments` which of `seq`'s K/V is exact: `exact_kv` (T,) marks the
+    tokens computed fresh through every layer or reused exactly, `exact_runs` (T,) the
+    reused ones whose stored copy is exact here."""
+    n = exact_prefix(exact_kv, positions)
+    recomputed = tuple(
+        (h.segment.start, h.segment.end)
+        for h in hits
+        if h.segment.end <= n and not bool(exact_runs[h.start : h.end].all())
+    )
+    record = ExactKV(prompt.ids, n, recomputed)
+    with _LEFT_LOCK:
+        _LEFT[seq] = record
+    return record
+
+
+def exact_left(seq: SequenceKV) -> ExactKV | None:
+    """The record the last prefill into `seq` left (None: none did, or not a selective one)."""
+    with _LEFT_LOCK:
+        return _LEFT.get(seq)
 
 
 def commit_segments(
@@ -102,11 +216,18 @@ def commit_segments(
     at_start: bool = False,
 ) -> None:
     """Store every segment of the prompt not stored yet (update segments too: today's update
-    is tomorrow's history)."""
+    is tomorrow's history), and the exact copy of every segment the prefill found not exact
+    and computed exactly (`ExactKV.recomputed`), unless one is stored for this context."""
     m = ctx.model
-    for seg, context in zip(prompt.segments, context_ids(prompt), strict=True):
-        start = seg.start if at_start else None
-        cid = segment_content_id(seg.ids, seg.segment.scope, namespace, start)
+    left = None if at_start else exact_left(seq)
+    copies = () if left is None or left.exact_for(prompt) == 0 else left.recomputed
+    chain = chain_ids(prompt)
+    for i, seg in enumerate(prompt.segments):
+        start, context = (seg.start if at_start else None), chain[i]
+        if (seg.start, seg.end) in copies:
+            cid = exact_copy_id(chain[i + 1], seg.segment.scope, seg.start, namespace)
+        else:
+            cid = segment_content_id(seg.ids, seg.segment.scope, namespace, start)
         if ctx.store.contains_content(m.model_id, m.tokenizer.tokenizer_id, cid):
             continue
         span = slice(seg.start, seg.end)

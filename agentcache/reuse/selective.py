@@ -16,7 +16,7 @@ they were computed with: their KV is exact, so they are neither recomputed nor c
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 import torch
@@ -42,7 +42,7 @@ from agentcache.reuse.positions import PLANS
 from agentcache.reuse.probe import probed, select_all
 from agentcache.reuse.ranking import RankingView
 from agentcache.reuse.runs import ReusedRun, exact_mask, reused_runs
-from agentcache.reuse.segments import SegmentHit, commit_segments, find_hits
+from agentcache.reuse.segments import SegmentHit, commit_segments, find_hits, leave_exact
 from agentcache.reuse.upfront import UpFrontSelection, select_up_front
 from agentcache.reuse.windowed import layer_loads
 from agentcache.tiers.overlay import DirectKV, OverlayKV, PendingLoad
@@ -67,6 +67,10 @@ class SelectiveRecompute(ReuseStrategy):
     # a sliding-window layer loads only the reused rows a query may read; False loads every
     # row on every layer (the reference path)
     skip_window_loads: ClassVar[bool] = True
+    # a plan whose computed tokens are known up front, every token at its own index, runs as
+    # exact prefix reuse's prefill (`compute_subset`, the context read in place); False runs
+    # it through the layer executor (the reference path the fast one is tested against)
+    prefix_compute: ClassVar[bool] = True
 
     def __init__(self, **options: Any) -> None:
         known = {f.name for f in fields(SelectiveOptions)}
@@ -100,15 +104,17 @@ class SelectiveRecompute(ReuseStrategy):
         seq.extend(prompt.num_tokens)
         if not hits:  # nothing to reuse: `full`'s own prefill, no selection machinery
             logits = compute_subset(ctx, prompt, seq, torch.arange(prompt.num_tokens), stats)
+            done = _Done(logits, _every(prompt), ~_every(prompt), torch.arange(prompt.num_tokens))
         else:
-            logits = self._reuse(ctx, prompt, seq, hits, positions, stats)
+            done = self._reuse(ctx, prompt, seq, hits, positions, stats)
+        leave_exact(seq, prompt, hits, done.exact_kv, done.exact_runs, done.positions)
         stats.close()
-        return PrefillResult(logits, positions, stats)
+        return PrefillResult(done.logits, done.positions, stats)
 
     def _reuse(
         self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV,
         hits: list[SegmentHit], positions: Tensor, stats: ReuseStats,
-    ) -> Tensor:  # fmt: skip
+    ) -> _Done:  # fmt: skip
         runs = reused_runs(prompt, hits, positions, self.options)
         sel = select_up_front(self.options, prompt.num_tokens, runs)
         computed = self._computed_up_front(sel, ctx.model.config.num_layers)
@@ -119,8 +125,10 @@ class SelectiveRecompute(ReuseStrategy):
         rows = self._layer_loads(ctx, sel, computed, load)
         num_loaded = int(load.sum()) if rows is None else round(int(rows.sum()) / num_layers)
         cost = selective_cost(self.options, sel, computed, num_loaded, num_layers)
+        natural = torch.arange(prompt.num_tokens)
         if guarded(ctx, prompt.num_tokens, cost, stats):  # `full`'s prefill is cheaper
-            return compute_subset(ctx, prompt, seq, torch.arange(prompt.num_tokens), stats)
+            logits = compute_subset(ctx, prompt, seq, natural, stats)
+            return _Done(logits, _every(prompt), ~_every(prompt), natural)
         kv = self._load(ctx, seq, hits, positions, load, rows)
         stats.reused_tokens = int(sel.reused.sum())
         stats.loaded_tokens = num_loaded
@@ -130,21 +138,33 @@ class SelectiveRecompute(ReuseStrategy):
         # the probe would only have ranked tokens computed anyway (`probed` skips it alike)
         probing = self.options.evidence_pass == "probe" and bool(sel.candidates.any())
         stats.probe_skipped = computed is not None and probing
-        ex = LayerExecutor(ctx, prompt, positions, stats, kv, self.options.fusion == "wca")
-        if computed is not None:
-            logits = ex.plain(computed.nonzero().flatten())
+        as_prefix = self.prefix_compute and not ctx.decoupled_load
+        if computed is not None and as_prefix and bool(torch.equal(positions, natural)):
+            # the computed tokens known, every token at its own index: exact prefix reuse's
+            # prefill over the loaded K/V (read in place), not the layer executor's
+            logits = compute_subset(ctx, prompt, seq, computed.nonzero().flatten(), stats)
+            ever_computed = computed
+            dirty = computed if num_layers > 1 else torch.zeros_like(computed)
         else:
-            logits = self._layers(ex, sel, runs)
+            ex = LayerExecutor(ctx, prompt, positions, stats, kv, self.options.fusion == "wca")
+            if computed is not None:
+                logits = ex.plain(computed.nonzero().flatten())
+            else:
+                logits = self._layers(ex, sel, runs)
+            ever_computed, dirty = ex.ever_computed, ex.dirty
         stats.load_overlap = kv.finish()
         stats.load_s = kv.load_s  # decoupled: the loader thread's time, hidden or not
         for reason in kv.fallbacks:
             stats.fallback(reason)
-        stats.recomputed_tokens = int(ex.ever_computed.sum())
-        stats.dirty = ex.dirty & sel.reused
+        stats.recomputed_tokens = int(ever_computed.sum())
+        stats.dirty = dirty & sel.reused
         stats.reused = sel.reused
         exact = sel.exact if self.options.exact_prefix else exact_mask(prompt, hits, positions)
         stats.exact = exact
-        return logits
+        # computed through every layer (a ranking pass: only the tokens it computes anyway),
+        # or reused from a copy exact here
+        fresh = computed if computed is not None else ~sel.reused
+        return _Done(logits, fresh | exact, exact, positions)
 
     def _layer_loads(
         self, ctx: ReuseContext, sel: UpFrontSelection, computed: Tensor | None, load: Tensor
@@ -222,6 +242,22 @@ class SelectiveRecompute(ReuseStrategy):
         self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV, positions: Tensor
     ) -> None:
         commit_segments(ctx, prompt, seq, positions)
+
+
+@dataclass(frozen=True)
+class _Done:
+    """A selective prefill's outcome: first-token logits, the (T,) masks of tokens whose K/V
+    is exact (computed fresh through every layer, or reused exactly) and of reused tokens
+    whose stored copy is exact here, and the positions the prompt was encoded at."""
+
+    logits: Tensor
+    exact_kv: Tensor
+    exact_runs: Tensor
+    positions: Tensor
+
+
+def _every(prompt: TokenizedPrompt) -> Tensor:
+    return torch.ones(prompt.num_tokens, dtype=torch.bool)
 
 
 def _runs(mask: Tensor) -> list[tuple[int, int]]:

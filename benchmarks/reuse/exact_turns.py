@@ -1,0 +1,196 @@
+"""Exact turns at prefix speed, paired: the same hit request prefilled again and again by the
+default (`rpdc`) and by `prefix`, alternating, each on its own engine and store filled by the
+same setup requests (benchmarks/reuse/long_prompts.py's cases). One pair per repetition, the order
+alternating, so drift on a shared machine hits both alike; the statistic is the median over
+repetitions of the per-pair TTFT ratio, with its range.
+
+    fresh    the setup request is the first: every segment's first copy is computed in the
+             context the hits repeat (the default's runs are exact)
+    stamped  a request with another time stamp comes first: the tools block's first copy is
+             computed after it, and the setup reuses it approximately (no exact KV for the
+             default in the hits' context: it probes)
+
+The prefills are not committed (the stores stay as the setup left them).
+
+    PYTHONPATH=.:templates:adapters HF_HUB_OFFLINE=1 .venv/bin/python \\
+        benchmarks/reuse/exact_turns.py --reps 7 --threads 1 \\
+        --out docs/bench/long-prompts/exact-pairs
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # siblings, when loaded by path
+
+from long_prompts import Request, bfcl_tools, requests, run_request
+
+from agentcache.bench.provenance import provenance, specs_of
+from agentcache.chat.segmenter import ConversationTracker
+from agentcache.model.loading import load_model
+from agentcache.runtime.engine import Engine, EngineConfig
+
+LABELS = ("prefix", "rpdc")
+HITS = ("system+tools", "history")
+
+
+def scenario(reqs: list[Request], stamped: bool) -> tuple[list[Request], list[Request]]:
+    """(setup requests, hit requests): the first setup (and, stamped, the no-reuse request
+    before it), then the first request of each hit case."""
+    first = [r for r in reqs if r.case == "no-reuse"][:1] if stamped else []
+    setup = [r for r in reqs if r.case == "setup"][:1]
+    hits = [next(r for r in reqs if r.case == c) for c in HITS]
+    return first + setup, hits
+
+
+def prefill_once(engine: Engine, tracker: ConversationTracker, r: Request) -> dict[str, Any]:
+    chat = tracker.segment(r.messages, r.tools)
+    tokens = engine.tokenize(chat.prompt)
+    t0 = time.perf_counter()
+    seq, pre = engine.prefill(tokens)
+    ttft = time.perf_counter() - t0
+    seq.free()
+    s = pre.stats
+    return {
+        "ttft_ms": ttft * 1e3, "prompt_tokens": s.prompt_tokens, "model_calls": s.model_calls,
+        "loaded_tokens": s.loaded_tokens, "recomputed_tokens": s.recomputed_tokens,
+        "exact_plan": s.exact_plan, "copies_found": s.copies_found,
+        "probe_skipped": s.probe_skipped, "lookup_ms": s.lookup_s * 1e3,
+        "load_ms": s.load_s * 1e3, "assemble_ms": s.assemble_s * 1e3,
+        "compute_ms": s.compute_s * 1e3, "overhead_ms": s.overhead_s * 1e3,
+    }  # fmt: skip
+
+
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for scen in sorted({r["scenario"] for r in rows}):
+        for case in HITS:
+            pairs: dict[int, dict[str, float]] = {}
+            for r in rows:
+                if (r["scenario"], r["case"]) == (scen, case):
+                    pairs.setdefault(r["rep"], {})[r["strategy"]] = r["ttft_ms"]
+            ratios = [p["rpdc"] / p["prefix"] for p in pairs.values() if len(p) == 2]
+            out.append({
+                "scenario": scen, "case": case, "n": len(ratios),
+                "rpdc_vs_prefix_median": statistics.median(ratios),
+                "rpdc_vs_prefix_min": min(ratios), "rpdc_vs_prefix_max": max(ratios),
+                "prefix_ms_median": statistics.median(p["prefix"] for p in pairs.values()),
+                "rpdc_ms_median": statistics.median(p["rpdc"] for p in pairs.values()),
+            })  # fmt: skip
+    return out
+
+
+def report(results: dict[str, Any]) -> str:
+    lines = [
+        "# Exact turns at prefix speed: the default against `prefix`, paired per repetition",
+        "",
+        f"Command: `{results['command']}`  ",
+        f"Commit {results['commit']}, {results['date']}, {results['machine']}, load average "
+        f"{results['load_average']} (1, 5, 15 min) when written.",
+        "",
+        "TTFT of `rpdc` / `prefix`'s in the same repetition (the order alternating): median "
+        "[min-max] over n repetitions.",
+        "",
+        "| scenario | case | n | rpdc / prefix | prefix ms (median) | rpdc ms (median) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in results["summary"]:
+        lines.append(
+            f"| {s['scenario']} | {s['case']} | {s['n']} | {s['rpdc_vs_prefix_median']:.3f} "
+            f"[{s['rpdc_vs_prefix_min']:.3f}-{s['rpdc_vs_prefix_max']:.3f}] "
+            f"| {s['prefix_ms_median']:.0f} | {s['rpdc_ms_median']:.0f} |"
+        )
+    lines += [
+        "",
+        "The work of each prefill (counted; the same in every repetition) and where its time "
+        "went (ms, first repetition):",
+        "",
+        "| scenario | case | strategy | model calls | loaded | computed | exact plan | copies "
+        "found | lookup | load | assemble | compute | overhead |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results["rows"]:
+        if r["rep"] != 0:
+            continue
+        lines.append(
+            f"| {r['scenario']} | {r['case']} | {r['strategy']} | {r['model_calls']} "
+            f"| {r['loaded_tokens']} | {r['recomputed_tokens']} | {r['exact_plan']} "
+            f"| {r['copies_found']} | {r['lookup_ms']:.1f} | {r['load_ms']:.1f} "
+            f"| {r['assemble_ms']:.1f} | {r['compute_ms']:.0f} | {r['overhead_ms']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", type=int, default=4000)
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--scenarios", default="fresh,stamped")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    model = load_model()
+    reqs = list(requests(a.size, 1, model, bfcl_tools()))
+    rows: list[dict[str, Any]] = []
+    a.out.mkdir(parents=True, exist_ok=True)
+    for scen in a.scenarios.split(","):
+        setup, hits = scenario(reqs, scen == "stamped")
+        engines = {
+            label: (Engine(model, EngineConfig(strategy=label, kv_pages=1024)),
+                    ConversationTracker())
+            for label in LABELS
+        }  # fmt: skip
+        for r in setup:
+            for engine, tracker in engines.values():
+                run_request("engine", engine, tracker, r)
+        for r in hits:
+            for rep in range(a.reps):
+                order = LABELS if rep % 2 == 0 else LABELS[::-1]
+                for label in order:
+                    engine, tracker = engines[label]
+                    x = prefill_once(engine, tracker, r)
+                    rows.append({"scenario": scen, "case": r.case, "rep": rep,
+                                 "strategy": label, **x})  # fmt: skip
+                    print(f"{scen} {r.case} #{rep} {label}: {x['ttft_ms']:.0f} ms, calls "
+                          f"{x['model_calls']}, computed {x['recomputed_tokens']}",
+                          file=sys.stderr, flush=True)  # fmt: skip
+            engine_stats = [run_request("engine", e, t, r) for e, t in engines.values()]
+            del engine_stats  # each store takes the hit request, as a served one would
+        write(a, rows)
+
+
+def write(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
+    argv = sys.argv[1:]
+    prov = provenance(specs_of(LABELS), argv=argv)
+    prov["command"] = " ".join(["python benchmarks/reuse/exact_turns.py", *argv])
+    results = {
+        "provenance": prov,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "command": prov["command"],
+        "commit": commit.stdout.strip(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch "
+        f"{torch.__version__}, cores {os.cpu_count()}",
+        "summary": summarize(rows),
+        "rows": rows,
+    }
+    (a.out / "results.json").write_text(json.dumps(results, indent=1))
+    (a.out / "report.md").write_text(report(results))
+
+
+if __name__ == "__main__":
+    main()

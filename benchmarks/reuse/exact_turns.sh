@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Regenerates the exact-turn comparisons of docs/bench/long-prompts/findings.md ("Exact turns
+# at prefix speed"): the default (`rpdc`) against `prefix` and `full` on long prompts (engine
+# path; once with the tools block's first copy computed in the same context, once after
+# another time stamp) and on validation sessions of the agent families whose warm turns are
+# covered (exact). Strategies alternate per request / per turn within each run.
+#
+#   bash benchmarks/reuse/exact_turns.sh          # tens of minutes on 2 shared cores
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+py=${PY:-.venv/bin/python}
+ac=${AC:-.venv/bin/agentcache}
+export PYTHONPATH=.:templates:adapters HF_HUB_OFFLINE=1
+out=docs/bench/long-prompts
+
+nice -n 5 $py benchmarks/reuse/long_prompts.py --sizes 4000:2 --cases system+tools,history \
+  --strategies full,prefix,rpdc --server-strategies "" --threads 1 --out "$out/exact-4k"
+nice -n 5 $py benchmarks/reuse/long_prompts.py --sizes 4000:1 --cases no-reuse,system+tools,history \
+  --strategies full,prefix,rpdc --server-strategies "" --threads 1 --out "$out/exact-4k-stamped"
+nice -n 5 $py benchmarks/reuse/exact_turns.py --size 4000 --reps 7 --threads 1 --out "$out/exact-pairs"
+for w in ${FAMILIES:-memgpt swe_agent}; do
+  nice -n 5 $ac bench "benchmarks/workloads/$w.jsonl" --split validate \
+    --sessions "$w-08,$w-09" --max-turns "${TURNS:-4}" --new-tokens 8 \
+    --strategies full,prefix,default --threads 1 --out "$out/exact-$w"
+done
