@@ -74,6 +74,7 @@ MOVED = {
     "benchmarks/cope_drift.py": "benchmarks/cope/drift.py",
     "benchmarks/exact_turns.py": "benchmarks/reuse/exact_turns.py",
     "benchmarks/exact_turns_bench.sh": "benchmarks/reuse/exact_turns.sh",
+    "benchmarks/server_append.py": "benchmarks/server/append.py",
 }
 
 
