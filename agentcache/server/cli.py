@@ -138,6 +138,14 @@ def add_security(p: argparse.ArgumentParser) -> None:
                    help="embedded backend: the active requests decode as one batch per step, "
                    "a lone one as without batching (default; --no-batch-decode: each steps "
                    "alone, interleaved; see docs/server.md)")  # fmt: skip
+    p.add_argument("--preemption", choices=("swap", "recompute"), default=None,
+                   help="embedded backend, with batching: when the KV pool is full, the newest "
+                   "running request is preempted, its KV copied to host memory (swap) or "
+                   "dropped and recomputed (recompute), and resumed when pages free up "
+                   "(default: off; a request then runs to what the pool holds)")  # fmt: skip
+    p.add_argument("--preemption-host-bytes", type=byte_size, default=None, metavar="SIZE",
+                   help="with --preemption swap: host memory for swapped KV at once; beyond "
+                   "it a preempted request is recomputed (default: 1GiB)")  # fmt: skip
     p.add_argument("--conversation-bytes", type=positive_int, default=64 * MiB,
                    help="memory for what the server remembers of conversations (default: "
                    "64 MiB; the least recently used are forgotten)")  # fmt: skip
@@ -183,6 +191,11 @@ def server_config(args: argparse.Namespace, model_name: str) -> ServerConfig:
     secret = args.conversation_secret or os.environ.get(SECRET_ENV) or None
     if secret is not None and len(secret) < 16:
         raise ConfigError(f"--conversation-secret (or ${SECRET_ENV}) needs >= 16 characters")
+    if args.preemption is not None and (args.backend != "embedded" or not args.batch_decode):
+        raise ConfigError("--preemption needs the embedded backend with batched decode "
+                          "(drop --no-batch-decode / --backend vllm)")  # fmt: skip
+    if args.preemption_host_bytes is not None and args.preemption != "swap":
+        raise ConfigError("--preemption-host-bytes applies to --preemption swap only")
     limits = ServerLimits(**{f.name: getattr(args, f.name) for f in fields(ServerLimits)})
     max_active = args.max_active or (1 if args.backend == "vllm" else MAX_ACTIVE)
     if args.max_active_per_tenant is not None and args.max_active_per_tenant > max_active:
@@ -310,8 +323,12 @@ def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path)
     except (ValueError, AgentCacheError) as e:
         raise AgentCacheError(f"--decode {args.decode}: {e}") from e
     loaded = load_model(model, cache_dir)
-    store = {} if args.store_bytes is None else {"store_bytes": args.store_bytes}
+    options: dict[str, int] = {}
+    if args.store_bytes is not None:
+        options["store_bytes"] = args.store_bytes
+    if args.preemption_host_bytes is not None:
+        options["preemption_host_bytes"] = args.preemption_host_bytes
     engine_config = EngineConfig(
         strategy, kv_pages=args.kv_pages, kv_bytes=args.kv_bytes, decode=decode,
-        batch_decode=args.batch_decode, **store)  # fmt: skip
+        batch_decode=args.batch_decode, preemption=args.preemption, **options)  # fmt: skip
     return Engine(loaded, engine_config)

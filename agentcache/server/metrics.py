@@ -7,19 +7,33 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from agentcache.chat.diagnostics import ReuseReport
+from agentcache.runtime.scheduler import BatchScheduler, BatchStats
 from agentcache.server.heap import heap_usage, resident_bytes
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # The embedded engine's store is one in-memory tier; the vLLM backend's is the shared folder.
 STORE_TIER = "memory"
+BATCH_KINDS = (
+    "steps", "peak_batch", "preempted", "resumed", "swapped_bytes", "recomputed_tokens",
+    "waiting_preempted",
+)  # fmt: skip
+
+
+def batch_stats(engine: object) -> BatchStats | None:
+    """The counts of an engine's batched scheduler; None for one without (the vLLM backend,
+    the embedded engine with `--no-batch-decode`)."""
+    batch = getattr(engine, "batch", None)
+    return batch.stats() if isinstance(batch, BatchScheduler) else None
 
 
 class ServerMetrics:
     """`store_bytes` gives the segment store's bytes per tier (`ServingEngine.store_bytes`),
     `line` the requests at the engine and waiting for it, `work` the prompt tokens waiting
     and the characters being tokenized, `conversations` the tracker's
-    estimated bytes and conversations; all are read at each scrape, with the process's memory
-    (resident, and malloc's bytes in use and free but held, where the platform says)."""
+    estimated bytes and conversations, `batch` the batched scheduler's counts (None without
+    one: the vLLM backend, `--no-batch-decode`); all are read at each scrape, with the
+    process's memory (resident, and malloc's bytes in use and free but held, where the
+    platform says)."""
 
     def __init__(
         self,
@@ -27,9 +41,10 @@ class ServerMetrics:
         line: Callable[[], tuple[int, int]] = lambda: (0, 0),
         conversations: Callable[[], tuple[int, int]] = lambda: (0, 0),
         work: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        batch: Callable[[], BatchStats | None] = lambda: None,
     ) -> None:
         self._store_bytes, self._line, self._conversations = store_bytes, line, conversations
-        self._work = work
+        self._work, self._batch = work, batch
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "agentcache_requests", "HTTP requests", ["endpoint", "status"], registry=r
@@ -103,6 +118,13 @@ class ServerMetrics:
             "but kept by the process)", ["kind"], registry=r,
         )  # fmt: skip
 
+        self.batch = Gauge(
+            "agentcache_batch", "the batched scheduler's counts since start: steps, peak_batch "
+            "(most requests in one step), preempted, resumed, swapped_bytes (KV copied to the "
+            "host by preemptions), recomputed_tokens (on resume); waiting_preempted is now",
+            ["kind"], registry=r,
+        )  # fmt: skip
+
     def record_turn(self, report: ReuseReport, completion_tokens: int, fallbacks: int) -> None:
         """A turn as its client's report tells it, with the engine's own fallback count."""
         self.ttft.observe(report.ttft_s)
@@ -129,6 +151,9 @@ class ServerMetrics:
         nbytes, count = self._conversations()
         self.conversation_bytes.set(nbytes)
         self.conversations.set(count)
+        if (b := self._batch()) is not None:
+            for kind in BATCH_KINDS:
+                self.batch.labels(kind).set(getattr(b, kind))
         if (rss := resident_bytes()) is not None:
             self.resident_bytes.set(rss)
         if (heap := heap_usage()) is not None:

@@ -217,3 +217,54 @@ def test_serve_holds_its_port_from_the_check_until_uvicorn_serves_on_it(
     assert main(["serve", "--port", "0"]) == 0
     assert len(served) == 1 and served[0].fileno() == -1  # closed once the server is done
     assert f"on http://127.0.0.1:{held[0]} (Ctrl+C to quit)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "policy", "host_bytes"),
+    [
+        ([], None, 1 << 30),
+        (["--preemption", "recompute"], "recompute", 1 << 30),
+        (["--preemption", "swap", "--preemption-host-bytes", "64MiB"], "swap", 64 << 20),
+    ],
+)
+def test_serve_sets_the_preemption_policy(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, argv: list[str],
+    policy: str | None, host_bytes: int,
+) -> None:  # fmt: skip
+    import agentcache.model.loading as loading
+    from agentcache.server.cli import serving_engine
+
+    monkeypatch.setattr(loading, "load_model", lambda model, cache_dir: tiny)
+    engine = serving_engine(build_parser().parse_args(["serve", *argv]), None, tmp_path)
+    assert (engine.config.preemption, engine.config.preemption_host_bytes) == (policy, host_bytes)
+    assert (engine.batch is not None and engine.batch.preemption is not None) == (
+        policy is not None
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--preemption", "swap", "--no-batch-decode"], "--preemption needs"),
+        (["--preemption", "recompute", "--backend", "vllm"], "--preemption needs"),
+        (["--preemption-host-bytes", "1GiB"], "--preemption-host-bytes applies"),
+        (["--preemption", "recompute", "--preemption-host-bytes", "1GiB"], "applies to"),
+    ],
+)
+def test_bad_preemption_flags_fail_before_the_model_loads(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv: list[str],
+    message: str,
+) -> None:  # fmt: skip
+    import agentcache.model.loading as loading
+
+    monkeypatch.setattr(loading, "load_model", no_model)
+    assert main(["serve", "--port", "0", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_an_unknown_preemption_policy_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    err = usage_error(["serve", "--preemption", "drop"], capsys)
+    assert "--preemption" in err and "swap" in err

@@ -158,3 +158,20 @@ def test_serve_caps_the_arenas_before_loading_the_model(
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--malloc-arenas", "-1"])
     assert "--malloc-arenas" in capsys.readouterr().err
+
+
+def test_metrics_report_the_batched_schedulers_counts() -> None:
+    from agentcache.runtime.scheduler import BatchStats
+    from agentcache.server.metrics import BATCH_KINDS, ServerMetrics, batch_stats
+
+    stats = BatchStats(steps=9, batched_rows=30, solo_feeds=0, peak_batch=4, preempted=3,
+                       resumed=2, swapped_bytes=4096, recomputed_tokens=17,
+                       waiting_preempted=1)  # fmt: skip
+    text = ServerMetrics(lambda: {}, batch=lambda: stats).render().decode()
+    found = dict(line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("agentcache"))
+    for kind in BATCH_KINDS:
+        assert float(found[f'agentcache_batch{{kind="{kind}"}}']) == getattr(stats, kind)
+    # an engine without a batched scheduler reports no batch counts
+    assert batch_stats(ScriptedEngine()) is None
+    bare = ServerMetrics(lambda: {}).render().decode()
+    assert 'agentcache_batch{kind="steps"}' not in bare
