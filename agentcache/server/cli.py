@@ -323,12 +323,12 @@ def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path)
     except (ValueError, AgentCacheError) as e:
         raise AgentCacheError(f"--decode {args.decode}: {e}") from e
     loaded = load_model(model, cache_dir)
-    options: dict[str, int] = {}
-    if args.store_bytes is not None:
-        options["store_bytes"] = args.store_bytes
-    if args.preemption_host_bytes is not None:
-        options["preemption_host_bytes"] = args.preemption_host_bytes
+    default = EngineConfig()
     engine_config = EngineConfig(
         strategy, kv_pages=args.kv_pages, kv_bytes=args.kv_bytes, decode=decode,
-        batch_decode=args.batch_decode, preemption=args.preemption, **options)  # fmt: skip
+        batch_decode=args.batch_decode, preemption=args.preemption,
+        store_bytes=default.store_bytes if args.store_bytes is None else args.store_bytes,
+        preemption_host_bytes=default.preemption_host_bytes
+        if args.preemption_host_bytes is None else args.preemption_host_bytes,
+    )  # fmt: skip
     return Engine(loaded, engine_config)
