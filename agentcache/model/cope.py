@@ -135,6 +135,9 @@ class NoRotation(RotaryEmbedding):
     def apply(self, x: Tensor, positions: Tensor) -> Tensor:
         return x
 
+    def apply_qk(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        return q, k
+
     def rerotate(self, k: Tensor, old_positions: Tensor, new_positions: Tensor) -> Tensor:
         return k
 

@@ -160,7 +160,8 @@ class LlamaForward:
         rope = self.rotary.layers[layer]
         if rope is None:
             return QKV(q, k, v)
-        return QKV(rope.apply(q, positions), rope.apply(k, positions), v)
+        q, k = rope.apply_qk(q, k, positions)  # one cos/sin lookup for both
+        return QKV(q, k, v)
 
     def linear(
         self, layer: int, target: str, x: Tensor, weight: Tensor, bias: Tensor | None = None

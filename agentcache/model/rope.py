@@ -110,6 +110,14 @@ class RotaryEmbedding:
         cos, sin = self.cos_sin(positions)
         return _rotate(x, cos.to(x.dtype), sin.to(x.dtype))
 
+    def apply_qk(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """`apply` to q (T, H, D) and k (T, Hkv, D) at the same `positions` (T,): one cos/sin
+        lookup for both, the values `apply` reads for each (a subclass overriding `apply`
+        overrides this too)."""
+        cos, sin = self.cos_sin(positions)
+        q = _rotate(q, cos.to(q.dtype), sin.to(q.dtype))
+        return q, _rotate(k, cos.to(k.dtype), sin.to(k.dtype))
+
     def rerotate(self, k: Tensor, old_positions: Tensor, new_positions: Tensor) -> Tensor:
         """Move keys (..., T, H, D) rotated at old_positions (T,) to new_positions (T,)."""
         delta = self.angles(new_positions).double() - self.angles(old_positions).double()

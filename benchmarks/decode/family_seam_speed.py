@@ -5,7 +5,8 @@ forward of `--prompt` tokens and `--steps` dense decode steps over the page pool
 the engine's decode). Each process reports the median of `--repeats` timings and saves its
 logits, so the trees are compared for identical outputs (bit for bit) and speed (ratio of
 medians per round). Each tree is a snapshot of one commit, so edits made while it runs do not
-leak in. Usage:
+leak in. `--warmup N` runs N untimed forwards and a decode step first, so that no timed
+repeat pays the process's one-off setup. Usage:
 
     for c in BASE NEW; do mkdir -p /tmp/$c && git archive $c agentcache | tar -x -C /tmp/$c; done
     python benchmarks/decode/family_seam_speed.py --base /tmp/BASE --new /tmp/NEW \\
@@ -32,12 +33,17 @@ from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
 from agentcache.model.loading import load_model
 
 prompt, steps, repeats, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+warmup = int(sys.argv[5])
 torch.set_num_threads(1)
 m = load_model()
 f, c = m.forward, m.config
 ids = torch.randint(0, c.vocab_size, (prompt,), generator=torch.Generator().manual_seed(0))
 fwd_s, dec_s = [], []
 with torch.inference_mode():
+    for _ in range(warmup):  # untimed: the process's first calls pay one-off setup
+        f.forward(ids)
+        warm = SequenceKV(PagePool(PoolConfig(c.num_layers, c.num_kv_heads, c.head_dim, 64)))
+        dense_step(f, warm, 0, 0)
     for _ in range(repeats):
         t0 = time.perf_counter()
         ref = f.forward(ids)
@@ -63,7 +69,7 @@ json.dump({"forward_s": statistics.median(fwd_s), "decode_s": statistics.median(
 def run(tree: Path, args: argparse.Namespace, out: Path) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
     argv = [sys.executable, "-c", CHILD, str(args.prompt), str(args.steps), str(args.repeats)]
-    subprocess.run([*argv, str(out)], env=env, check=True, cwd=tree)
+    subprocess.run([*argv, str(out), str(args.warmup)], env=env, check=True, cwd=tree)
     return dict(json.loads(out.read_text()))
 
 
@@ -75,6 +81,12 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="untimed forwards (and a decode step) before the timed repeats",
+    )
     ap.add_argument("--note", default="", help="what the trees are (their commits)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()

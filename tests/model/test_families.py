@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from agentcache.errors import ConfigError, ModelLoadError
+from agentcache.model.cope import NoRotation
 from agentcache.model.families import FAMILIES, family_for, model_types
 from agentcache.model.families.base import VLLM_REROTATION
 from agentcache.model.loading import LoadedModel, from_hf
@@ -120,6 +121,20 @@ def test_partial_rotary_moves_only_the_rotated_share() -> None:
     assert torch.equal(rotated[..., 8:], k[..., 8:])
     moved = rope.rerotate(rope.apply(k, pos), pos, pos + 3)
     assert torch.allclose(moved, rotated, atol=1e-5)
+
+
+@pytest.mark.parametrize("partial", [1.0, 0.5])
+@pytest.mark.parametrize("start", [0, 30])  # in the cos/sin table, and past its 32 positions
+def test_rotating_q_and_k_together_equals_rotating_each(partial: float, start: int) -> None:
+    params = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": partial}
+    rope = RotaryEmbedding.from_parameters(params, None, head_dim=16, max_positions=32)
+    q, k = torch.randn(5, 4, 16), torch.randn(5, 2, 16)
+    pos = torch.arange(start, start + 5)
+    q2, k2 = rope.apply_qk(q, k, pos)
+    assert torch.equal(q2, rope.apply(q, pos)) and torch.equal(k2, rope.apply(k, pos))
+    assert not torch.equal(k2, k)
+    q3, k3 = NoRotation(rope).apply_qk(q, k, pos)  # CoPE's slot: nothing rotates
+    assert q3 is q and k3 is k
 
 
 @pytest.mark.parametrize(
