@@ -119,6 +119,17 @@ def exact_copy_id(
     return _digest(scoped_namespace(f"{namespace}/exact", scope), through_id, start)
 
 
+def context_copy_id(
+    through_id: str, scope: str | None, start: int, namespace: str = SEGMENT_NAMESPACE
+) -> str:
+    """The content id of a segment's context copy for one context: the KV a turn that reused
+    the segment approximately there actually used for it (after its recompute or fusion),
+    keyed like its exact copy (`exact_copy_id`) but apart from it, in the segment's scope
+    only. A prompt with that very context finds it after an exact copy, before the first copy,
+    and uses it as it is: the same context always gets the same KV."""
+    return _digest(scoped_namespace(f"{namespace}/context", scope), through_id, start)
+
+
 def store_key(model_id: str, tokenizer_id: str, cid: str) -> SegmentKey:
     """The key an entry of content id `cid` is held under: model and tokenizer included."""
     return SegmentKey(_digest(model_id, tokenizer_id, cid))

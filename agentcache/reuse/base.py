@@ -34,6 +34,9 @@ class ReuseContext:
     # a plan predicted to cost more than full recompute is not taken (reuse/guard.py);
     # False takes every plan (the mechanics of a strategy, measured as they are)
     cost_guard: bool = True
+    # a segment's context copy (reuse/segments.py) may serve as an exact run; False where the
+    # output must equal full recompute's (the planner's exact floor)
+    context_copies: bool = True
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,10 @@ class ReuseStats:
     model_calls: int = 0  # calls into the model: embed, per-layer project/attend, logits
     loaded_tokens: int = 0  # tokens whose cached K/V was written into the sequence
     copies_found: int = 0  # segments found as their exact copy for this context (segments.py)
+    # segments found as their context copy for this context (segments.py), and their tokens
+    # reused: KV an earlier turn used there approximately, not full recompute's
+    context_copies_found: int = 0
+    context_copy_tokens: int = 0
     # the cost guard's decision on the plan (reuse/guard.py); None: no plan beside `full`'s
     guard: GuardDecision | None = None
     # what the prefill spent besides computing tokens: lookup, loading, re-rotation,

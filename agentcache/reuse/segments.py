@@ -9,8 +9,18 @@ Exact copies: when a turn found a segment's copy but not exact here (another con
 position) and then computed every token of it, with every token before it computed or reused
 exactly (`ExactKV`), the commit stores that KV as the segment's exact copy for this context
 (`exact_copy_id`, in the segment's scope). A later prompt with the same context finds it
-first, as an exact run. Reused (approximate) KV is never stored as a copy. Copies are
-ordinary entries: bounded by the store's bytes and evicted by its policy.
+first, as an exact run. Reused (approximate) KV is never stored as an exact copy. Copies
+are ordinary entries: bounded by the store's bytes and evicted by its policy.
+
+Context copies: a segment a turn found but not exact here and reused approximately (a
+selection recomputed, the rest re-rotated or fused) is stored after the turn, at the
+positions it was encoded at, as its context copy for this context (`context_copy_id`, in
+the segment's scope): the KV the turn used for it. A later prompt with the same context
+finds the exact copy first, then the context copy, then the first copy; a context copy is
+stored after this very context at these positions, so it is an exact run there: loaded as it
+is, nothing probed or recomputed, the same KV the earlier turn's output was computed with
+(counted apart: `ReuseStats.context_copy_tokens`). Not used where outputs must equal full
+recompute's (`context_copies=False`: the planner's exact floor).
 
     prompt 1 : [ sys t1 ][ tools ][ q1 ]   tools' first copy, context "sys t1"
     prompt 2 : [ sys t2 ][ tools ][ long q2 ]   tools found, not exact; all computed
@@ -33,6 +43,7 @@ from agentcache.kv.pool import SequenceKV
 from agentcache.kv.store import (
     StoredKV,
     chain_id,
+    context_copy_id,
     exact_copy_id,
     scoped_namespace,
     segment_content_id,
@@ -50,6 +61,7 @@ class SegmentHit:
     kv: StoredKV
     num_tokens: int  # tokens reused: the whole segment, less the prompt's last token
     copy: bool = False  # found as the segment's exact copy for this prompt's context
+    context_copy: bool = False  # found as its context copy for this prompt's context
 
     @property
     def start(self) -> int:
@@ -106,8 +118,9 @@ def find_hits(
     namespace: str = "segment",
     at_start: bool = False,
 ) -> list[SegmentHit]:
-    """Look up every system/fixed segment, its exact copy for this context first; record
-    misses (and the time, `stats.lookup_s`). `at_start` keys by absolute start (no copies)."""
+    """Look up every system/fixed segment: its exact copy for this context first, then (with
+    `ctx.context_copies`) its context copy for this context, then its first copy; record misses
+    (and the time, `stats.lookup_s`). `at_start` keys by absolute start (no copies)."""
     t0 = time.perf_counter()
     m = ctx.model
     model_id, tokenizer_id = m.model_id, m.tokenizer.tokenizer_id
@@ -116,13 +129,18 @@ def find_hits(
     for i, seg in enumerate(prompt.segments):
         if seg.kind not in REUSABLE:
             continue
-        found = None
+        found, copy, context_copy = None, False, False
         if chain is not None:  # a presence check first: an absent copy counts no miss
-            cid = exact_copy_id(chain[i + 1], seg.segment.scope, seg.start, namespace)
-            if ctx.store.contains_content(model_id, tokenizer_id, cid):
-                found = ctx.store.lookup_content(model_id, tokenizer_id, cid)
-        copy = found is not None and found.kv is not None
-        if not copy:
+            ids = [exact_copy_id(chain[i + 1], seg.segment.scope, seg.start, namespace)]
+            if ctx.context_copies:
+                ids.append(context_copy_id(chain[i + 1], seg.segment.scope, seg.start, namespace))
+            for k, cid in enumerate(ids):
+                if ctx.store.contains_content(model_id, tokenizer_id, cid):
+                    found = ctx.store.lookup_content(model_id, tokenizer_id, cid)
+                    if found.kv is not None:
+                        copy, context_copy = k == 0, k == 1
+                        break
+        if not (copy or context_copy):
             start = seg.start if at_start else None
             space = scoped(namespace, seg)
             found = ctx.store.lookup(model_id, tokenizer_id, seg.ids, space, start)
@@ -132,9 +150,11 @@ def find_hits(
             stats.misses.append(SegmentMiss(seg.segment.id, seg.kind, len(seg.ids), found.miss))
             continue
         stats.copies_found += copy
+        stats.context_copies_found += context_copy
         n = reusable_tokens(prompt, seg)
         if n > 0:
-            hits.append(SegmentHit(seg, found.kv, n, copy))
+            hits.append(SegmentHit(seg, found.kv, n, copy, context_copy))
+            stats.context_copy_tokens += n if context_copy else 0
     stats.lookup_s += time.perf_counter() - t0
     return hits
 
@@ -152,11 +172,13 @@ class ExactKV:
     own indices (each computed fresh through every layer, or reused from a copy exact here,
     after only such tokens), and the (start, end) of every segment found in the store but not
     exact here whose tokens all lie inside them (computed fresh in this context: what the
-    store has no exact copy of)."""
+    store has no exact copy of), and of every such segment reused approximately instead, whole
+    and at its own positions (`approximate`: what the store has no context copy of)."""
 
     ids: tuple[int, ...]
     exact_tokens: int
     recomputed: tuple[tuple[int, int], ...]
+    approximate: tuple[tuple[int, int], ...] = ()
 
     def exact_for(self, prompt: TokenizedPrompt) -> int:
         """Exact leading tokens of `prompt`: this prefill's prompt, or it continued by the
@@ -195,7 +217,16 @@ def leave_exact(
         for h in hits
         if h.segment.end <= n and not bool(exact_runs[h.start : h.end].all())
     )
-    record = ExactKV(prompt.ids, n, recomputed)
+    natural = torch.arange(len(positions))
+    approximate = tuple(
+        (h.segment.start, h.segment.end)
+        for h in hits
+        if (h.segment.start, h.segment.end) not in recomputed
+        and h.num_tokens == len(h.segment.ids)
+        and not bool(exact_runs[h.start : h.end].all())
+        and bool(torch.equal(positions[h.start : h.end], natural[h.start : h.end]))
+    )
+    record = ExactKV(prompt.ids, n, recomputed, approximate)
     with _LEFT_LOCK:
         _LEFT[seq] = record
     return record
@@ -216,16 +247,22 @@ def commit_segments(
     at_start: bool = False,
 ) -> None:
     """Store every segment of the prompt not stored yet (update segments too: today's update
-    is tomorrow's history), and the exact copy of every segment the prefill found not exact
-    and computed exactly (`ExactKV.recomputed`), unless one is stored for this context."""
+    is tomorrow's history), the exact copy of every segment the prefill found not exact and
+    computed exactly (`ExactKV.recomputed`), and the context copy of every one it reused
+    approximately (`ExactKV.approximate`), unless one is stored for this context. Hits come
+    from the segment's own scope only, so a copy never holds another scope's KV."""
     m = ctx.model
     left = None if at_start else exact_left(seq)
     copies = () if left is None or left.exact_for(prompt) == 0 else left.recomputed
+    ours = left is not None and prompt.ids[: len(left.ids)] == left.ids
+    approximate = left.approximate if left is not None and ours else ()
     chain = chain_ids(prompt)
     for i, seg in enumerate(prompt.segments):
         start, context = (seg.start if at_start else None), chain[i]
         if (seg.start, seg.end) in copies:
             cid = exact_copy_id(chain[i + 1], seg.segment.scope, seg.start, namespace)
+        elif (seg.start, seg.end) in approximate:
+            cid = context_copy_id(chain[i + 1], seg.segment.scope, seg.start, namespace)
         else:
             cid = segment_content_id(seg.ids, seg.segment.scope, namespace, start)
         if ctx.store.contains_content(m.model_id, m.tokenizer.tokenizer_id, cid):

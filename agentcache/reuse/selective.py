@@ -134,7 +134,11 @@ class SelectiveRecompute(ReuseStrategy):
         stats.loaded_tokens = num_loaded
         stats.candidates = int((sel.candidates & ~sel.base).sum())
         stats.computed_anyway = int(sel.base.sum())
-        stats.exact_plan = computed is not None and not bool((sel.candidates & ~computed).any())
+        stats.exact_plan = (
+            computed is not None
+            and not bool((sel.candidates & ~computed).any())
+            and stats.context_copies_found == 0  # a context copy is not full recompute's KV
+        )
         # the probe would only have ranked tokens computed anyway (`probed` skips it alike)
         probing = self.options.evidence_pass == "probe" and bool(sel.candidates.any())
         stats.probe_skipped = computed is not None and probing
@@ -160,7 +164,8 @@ class SelectiveRecompute(ReuseStrategy):
         stats.dirty = dirty & sel.reused
         stats.reused = sel.reused
         exact = sel.exact if self.options.exact_prefix else exact_mask(prompt, hits, positions)
-        stats.exact = exact
+        # a context copy's tokens run as exact here, but are not full recompute's KV
+        stats.exact = exact & ~_context_copied(prompt, hits)
         # computed through every layer (a ranking pass: only the tokens it computes anyway),
         # or reused from a copy exact here
         fresh = computed if computed is not None else ~sel.reused
@@ -254,6 +259,15 @@ class _Done:
     exact_kv: Tensor
     exact_runs: Tensor
     positions: Tensor
+
+
+def _context_copied(prompt: TokenizedPrompt, hits: list[SegmentHit]) -> Tensor:
+    """(T,) the tokens of hits found as their context copy."""
+    mask = torch.zeros(prompt.num_tokens, dtype=torch.bool)
+    for h in hits:
+        if h.context_copy:
+            mask[h.start : h.end] = True
+    return mask
 
 
 def _every(prompt: TokenizedPrompt) -> Tensor:

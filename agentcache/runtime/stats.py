@@ -145,6 +145,9 @@ class PrefillFields(PromptTotals):
     model_calls: int = 0
     loaded_tokens: int = 0
     exact_plan: bool = False  # a selective plan computed every reused token whose context changed
+    # reused tokens loaded from a context copy (reuse/segments.py): an earlier turn's KV in
+    # this very context, used as it is; not counted exact (not full recompute's KV)
+    context_copy_tokens: int = 0
     # the cost guard (reuse/guard.py): the plan's predicted cost and full recompute's, in
     # token-layers of dense compute (None: no plan beside full's), and whether the plan was
     # not taken because it cost more (then `full`'s prefill ran)
@@ -176,6 +179,7 @@ class PrefillPart(PrefillFields):
             misses=tuple(s.misses), token_reuse=uses, load_overlap=s.load_overlap,
             probe_skipped=s.probe_skipped, **split,
             model_calls=s.model_calls, loaded_tokens=s.loaded_tokens, exact_plan=s.exact_plan,
+            context_copy_tokens=s.context_copy_tokens,
             plan_cost=None if s.guard is None else s.guard.plan_units,
             full_cost=None if s.guard is None else s.guard.full_units, guarded=s.guarded,
             plan=s.plan if isinstance(s, PlannedStats) else None,

@@ -10,6 +10,8 @@ same context finds it as an exact run and does exact prefix reuse's work. Counte
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -159,7 +161,10 @@ def test_approximate_kv_is_never_stored_as_a_copy(tiny: LoadedModel, strategy: s
     engine, turn = run(tiny, strategy, FIRST, short)
     assert turn.reused_tokens > 0 and not turn.exact_plan
     assert not held(engine, tools_copy(engine, short))
-    seq, pre = prefill(engine, short)
+    # the same prompt again, its context copy (test_context_copies.py) not used: approximate
+    t, seq = engine.tokenize(short), SequenceKV(engine.ctx.pool)
+    ctx = replace(engine.ctx, context_copies=False)
+    pre = engine.strategy(strategy).prefill(ctx, t, seq)
     left = exact_left(seq)
     tools = engine.tokenize(short).segments[1]
     # epic computes the first 64 tools tokens: exact, those after them not

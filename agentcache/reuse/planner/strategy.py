@@ -15,6 +15,7 @@ nothing stored is not a fallback: every plan computes everything, and `full` run
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
@@ -113,9 +114,12 @@ class PlannedReuse(ReuseStrategy):
         predictor = self.predictor(ctx.model.model_id)  # before any model work
         floor = self._floor(predictor)
         estimates, why = self.estimates(ctx, prompt, predictor, floor)
-        chosen = choose(estimates, EXACT_FLOOR if why else floor, self.min_gain)
+        used = EXACT_FLOOR if why else floor
+        chosen = choose(estimates, used, self.min_gain)
         report = PlanReport(chosen.plan, floor.name, chosen, tuple(estimates),
                             time.perf_counter() - started, why)  # fmt: skip
+        if used.exact_only:  # a context copy is not full recompute's KV
+            ctx = replace(ctx, context_copies=False)
         pre = self.strategies[chosen.plan].prefill(ctx, prompt, seq)
         stats = PlannedStats.of(pre.stats, report, started)
         if why:
