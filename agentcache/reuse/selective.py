@@ -168,8 +168,10 @@ class SelectiveRecompute(ReuseStrategy):
         stats.exact = exact & ~_context_copied(prompt, hits)
         # computed through every layer (a ranking pass: only the tokens it computes anyway),
         # or reused from a copy exact here
+        # (a context copy's tokens are not: nothing after them counts as exact either, so no
+        # exact copy is ever stored from KV computed after a context copy)
         fresh = computed if computed is not None else ~sel.reused
-        return _Done(logits, fresh | exact, exact, positions)
+        return _Done(logits, fresh | stats.exact, exact, positions)
 
     def _layer_loads(
         self, ctx: ReuseContext, sel: UpFrontSelection, computed: Tensor | None, load: Tensor

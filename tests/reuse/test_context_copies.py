@@ -19,7 +19,7 @@ from agentcache.model.loading import LoadedModel
 from agentcache.prompt import Segment, SegmentedPrompt
 from agentcache.prompt import SegmentKind as K
 from agentcache.reuse.base import ReuseStats
-from agentcache.reuse.segments import chain_ids, find_hits
+from agentcache.reuse.segments import chain_ids, exact_left, find_hits
 from agentcache.runtime import Engine, EngineConfig, GenerationParams
 
 ONE = GenerationParams(max_new_tokens=1)
@@ -150,3 +150,17 @@ def test_the_exact_floor_does_not_use_a_context_copy(tiny: LoadedModel) -> None:
     options = {"plan": {"fidelity": "exact"}}
     planned = Engine(tiny, EngineConfig(strategy="plan", strategy_options=options), engine.store)
     assert planned.generate(C, ONE).stats.context_copy_tokens == 0
+
+
+def test_nothing_after_a_context_copy_counts_as_exact(tiny: LoadedModel) -> None:
+    # C loads the tools' context copy: the exact prefix its commit sees ends where it starts,
+    # so no exact copy is stored from K/V computed after approximate K/V
+    engine = Engine(tiny, EngineConfig(strategy="rpdc"))
+    for p in (A, B):
+        engine.generate(p, ONE)
+    t = engine.tokenize(C)
+    seq, pre = engine.prefill(t)
+    assert pre.stats.context_copy_tokens > 0
+    left = exact_left(seq)
+    assert left is not None and left.exact_tokens <= t.segments[1].start
+    seq.free()
