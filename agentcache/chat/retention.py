@@ -168,12 +168,12 @@ class TurnRetention:
             seconds, source = self.default_s(tenant), "learned"
         else:
             seconds, source = None, "none"
-        pinned, nbytes, refused = (), 0, 0
+        pinned, nbytes, refused = 0, 0, 0
         held: Held | None = None
         if seconds is not None and self.store is not None and self._engine is not None:
             held = self._held(tokens, reply_segment, tool_call)
             got = self.store.retain(held.model_id, held.tokenizer_id, held.cids, seconds)
-            pinned, nbytes, refused = got.pinned, got.nbytes, len(got.refused)
+            pinned, nbytes, refused = len(got.pinned), got.nbytes, len(got.refused)
         if resumed is not None and self.store is not None:
             again = set(held.cids) if held is not None else set()
             old = resumed.held
@@ -183,7 +183,7 @@ class TurnRetention:
             self._pause(prepared_chat, tenant, reply, held, tool_call)
         return RetentionReport(
             requested_s, seconds, source, self.store is not None and self._engine is not None,
-            len(pinned), nbytes, refused,
+            pinned, nbytes, refused,
             None if resumed is None else resumed.gap_s,
             0 if resumed is None else resumed.prefetched_pages,
         )  # fmt: skip
@@ -191,8 +191,9 @@ class TurnRetention:
     def _held(self, tokens: TokenizedPrompt, reply_segment: Segment, tool_call: bool) -> Held:
         """The entries of this turn the store holds: the prompt's and, closed in place of the
         generation prompt, the reply's (as `Engine.generate` stores them)."""
-        engine, store = self._engine, self.store
-        assert engine is not None and store is not None
+        engine = self._engine
+        assert engine is not None
+        store = engine.store
         model_id, tokenizer_id = engine.model_id, engine.tokenizer.tokenizer_id
         page = engine.config.page_size
         ids = stored_ids(tokens, page)

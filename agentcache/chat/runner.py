@@ -304,9 +304,9 @@ class ChatEngine:
         message = result.message()
         if kept is not None:
             segment = self.tracker.reply_segment(prepared.chat, message)
-            report = kept.end(prepared.chat, prepared.tokens, req.tenant, message, segment,
-                              req.retention_s, resumed)  # fmt: skip
-            result = replace(result, retention=report)
+            kept_for = kept.end(prepared.chat, prepared.tokens, req.tenant, message, segment,
+                                req.retention_s, resumed)  # fmt: skip
+            result = replace(result, retention=kept_for)
         self.tracker.record(prepared.chat, message)
         return result
 

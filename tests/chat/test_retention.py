@@ -70,9 +70,15 @@ def tokens(result: ChatResult, ids: set[str]) -> int:
 
 def conversation_bytes(tiny: LoadedModel) -> int:
     """What one opening turn stores (every opening here is the same size)."""
-    ce = ChatEngine(Engine(tiny, EngineConfig(kv_pages=256)))
-    turn(ce, opening("A"), tool_call=True)
-    return ce.engine.store.stats.bytes
+    eng = Engine(tiny, EngineConfig(kv_pages=256))
+    turn(ChatEngine(eng), opening("A"), tool_call=True)
+    return eng.store.stats.bytes
+
+
+def store_of(ce: ChatEngine) -> MemorySegmentStore:
+    store = getattr(ce.engine, "store", None)
+    assert isinstance(store, MemorySegmentStore)
+    return store
 
 
 def engine(
@@ -123,7 +129,7 @@ def test_an_expired_retention_is_evictable_at_once(tiny: LoadedModel) -> None:
     ra = turn(ce, a, tool_call=True)
     assert ra.retention is not None and ra.retention.granted_s == 30
     clock.now = 30.0  # expired: no sleeping, the store's clock says so
-    assert ce.engine.store.retention_stats().pinned_bytes == 0  # type: ignore[attr-defined]
+    assert store_of(ce).retention_stats().pinned_bytes == 0
     pressure(ce, "CDE")
     next_a = turn(ce, resume(a, ra))
     assert loaded(next_a, own(ra)) == 0
@@ -152,8 +158,7 @@ def test_retained_bytes_stay_within_the_share(tiny: LoadedModel) -> None:
     one = conversation_bytes(tiny)
     capacity = 4 * one
     ce = engine(tiny, clock, capacity, share=0.3)  # 1.2 conversations may be retained
-    store = ce.engine.store
-    assert isinstance(store, MemorySegmentStore)
+    store = store_of(ce)
     results = [turn(ce, opening(name), tool_call=True) for name in "ABCDEF"]
     for r in results:
         assert r.retention is not None
@@ -196,8 +201,7 @@ def test_the_learned_default_follows_the_observed_gaps(tiny: LoadedModel) -> Non
 def test_a_tenants_retention_never_protects_or_reports_anothers(tiny: LoadedModel) -> None:
     clock = Clock()
     ce = engine(tiny, clock, int(2.5 * conversation_bytes(tiny)))
-    store = ce.engine.store
-    assert isinstance(store, MemorySegmentStore)
+    store = store_of(ce)
     a = opening("A")  # the same messages for both tenants
     ra = turn(ce, a, tool_call=True, tenant="tenant-a")
     pinned = store.retention_stats().pinned_entries
