@@ -3,6 +3,10 @@ memory store's retention (skipped by eviction, within its share, per scope); the
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from agentcache.kv.memory_store import MemorySegmentStore
@@ -15,7 +19,9 @@ from agentcache.kv.retention import (
     parse_retention,
 )
 from agentcache.kv.store import MissReason
-from tests.kv.test_store_contract import ENTRY, M, T, cid, entry
+from agentcache.tiers.config import TierConfig
+from agentcache.tiers.store import TieredSegmentStore
+from tests.kv.test_store_contract import ENTRY, PAGE_SIZE, M, T, cid, entry
 
 
 @pytest.mark.parametrize(
@@ -158,3 +164,72 @@ def test_a_pause_is_resumed_once_by_any_of_its_keys_and_the_book_is_bounded() ->
     assert len(book) == 2 and book.resume([("t", "fp0")], now=9.0) is None  # the oldest left
     book.pause([("t", "fp2")], "again", now=10.0)  # a key waiting again: the newest pause
     assert book.resume([("t", "fp2")], now=12.0) == (2.0, "again")
+
+
+# ---- the RetainingStore contract, over every store that retains ----
+
+RETAINING = ["memory", "tiered-memory", "tiered-disk"]
+
+
+@pytest.fixture(params=RETAINING)
+def retaining(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Any, Clock]]:
+    """A store of four entries (the tiered-disk one: two in fast, four on disk) on a clock."""
+    clock = Clock()
+    store: MemorySegmentStore | TieredSegmentStore
+    if request.param == "memory":
+        store = MemorySegmentStore(4 * ENTRY, clock=clock)
+    elif request.param == "tiered-memory":
+        store = TieredSegmentStore(TierConfig(fast_bytes=4 * ENTRY, page_size=PAGE_SIZE),
+                                   clock=clock)  # fmt: skip
+    else:
+        config = TierConfig(fast_bytes=2 * ENTRY, disk_dir=tmp_path, disk_bytes=4 * ENTRY,
+                            page_size=PAGE_SIZE, fsync=False)  # fmt: skip
+        store = TieredSegmentStore(config, clock=clock)
+    store.set_retain_share(0.5)
+    yield store, clock
+    if isinstance(store, TieredSegmentStore):
+        store.close()
+
+
+def test_contract_a_retained_entry_outlives_pressure_until_it_expires(
+    retaining: tuple[Any, Clock],
+) -> None:
+    s, clock = retaining
+    s.put_content(cid(0), entry(0.0))
+    assert len(s.retain(M, T, [cid(0)], seconds=10).pinned) == 1
+    for n in range(1, 12):
+        assert s.put_content(cid(n), entry(float(n)))
+    assert s.lookup_content(M, T, cid(0)).hit  # LRU's first victim, eleven times over
+    clock.now = 10.0
+    for n in range(12, 24):
+        s.put_content(cid(n), entry(float(n)))
+    assert s.lookup_content(M, T, cid(0)).miss is MissReason.EVICTED
+
+
+def test_contract_retained_bytes_never_exceed_the_share(retaining: tuple[Any, Clock]) -> None:
+    s, _ = retaining
+    cap = s.retention_stats().max_bytes
+    assert cap > 0
+    for n in range(8):
+        s.put_content(cid(n), entry(float(n)))
+        s.retain(M, T, [cid(n)], seconds=60)
+        assert s.retention_stats().pinned_bytes <= cap
+    assert s.retention_stats().refused > 0
+
+
+def test_contract_a_pin_protects_its_scope_only_and_release_ends_it(
+    retaining: tuple[Any, Clock],
+) -> None:
+    s, _ = retaining
+    s.put_content(cid(0, "a"), entry(0.0))
+    s.put_content(cid(0, "b"), entry(0.0))
+    assert s.retain(M, T, [cid(0, "a")], seconds=60).pinned
+    for n in range(1, 8):
+        s.put_content(cid(n), entry(float(n)))
+    assert s.lookup_content(M, T, cid(0, "a")).hit
+    assert s.lookup_content(M, T, cid(0, "b")).miss is MissReason.EVICTED
+    s.release(M, T, [cid(0, "a")])
+    assert s.retention_stats().pinned_entries == 0
+    for n in range(8, 16):
+        s.put_content(cid(n), entry(float(n)))
+    assert s.lookup_content(M, T, cid(0, "a")).miss is MissReason.EVICTED
