@@ -1,7 +1,8 @@
 """Retention across tool pauses on a tiny model, counted in tokens the next request loads: a
 paused conversation's segments survive the pressure that evicts an unpaused one's, an expired
 retention protects nothing, the retained share holds, the learned default follows the
-observed gaps, and one tenant's retention never protects or reports another's entries."""
+observed gaps, one tenant's retention never protects or reports another's entries, and with
+tiers what is not retained spills to the host tier instead of being dropped."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from agentcache.kv.memory_store import MemorySegmentStore
 from agentcache.kv.retention import GapLearner, RetentionConfig
 from agentcache.model.loading import LoadedModel
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
+from agentcache.tiers import TierConfig, TieredSegmentStore
 
 PARAMS = GenerationParams(max_new_tokens=1)
 TOOL = ToolSpec("ls", "list files", {"type": "object", "properties": {}})
@@ -219,3 +221,31 @@ def test_a_tenants_retention_never_protects_or_reports_anothers(tiny: LoadedMode
     assert next_a.retention is not None and next_a.retention.resumed_after_s == 5.0
     assert loaded(next_b, own(ra)) == 0  # identical text, another scope: not protected
     assert next_b.retention is not None and next_b.retention.pinned_segments == 0
+
+
+def test_with_tiers_the_rest_spills_to_host_and_the_resumed_turn_is_prefetched(
+    tiny: LoadedModel,
+) -> None:
+    clock = Clock()
+    one = conversation_bytes(tiny)
+    tiers = TierConfig(fast_bytes=int(1.5 * one), host_bytes=20 * one)
+    store = TieredSegmentStore(tiers, clock=clock)
+    eng = Engine(tiny, EngineConfig(kv_pages=256), store=store)
+    config = RetentionConfig(default_s=30, max_s=600, pinned_share=0.3)  # less than A's bytes
+    ce = ChatEngine(eng, retention=TurnRetention(eng, config, clock))
+    a, b = opening("A"), opening("B")
+    ra = turn(ce, a, tool_call=True)
+    rb = turn(ce, b)
+    assert ra.retention is not None and ra.retention.pinned_segments > 0
+    assert ra.retention.refused_segments > 0  # beyond the share: left to the spill policy
+    clock.now = 10.0
+    pressure(ce)
+    assert store.stats.evictions == 0 and store.tier_stats.written_pages > 0  # spilled, kept
+    next_a = turn(ce, resume(a, ra))
+    assert next_a.retention is not None and next_a.retention.prefetched_pages > 0
+    assert loaded(next_a, own(ra)) == tokens(next_a, own(ra)) > 0
+    host_loads = store.tier("host").counters.loads
+    next_b = turn(ce, [*b, ChatMessage("user", "and then?")])  # not retained: from host
+    assert loaded(next_b, own(rb)) == tokens(next_b, own(rb)) > 0
+    assert store.tier("host").counters.loads > host_loads
+    store.close()
