@@ -13,9 +13,12 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from agentcache.cli import build_parser
 from agentcache.model.loading import LoadedModel
 from agentcache.server import ServerConfig
+from agentcache.server.cli import server_config
 from agentcache.server.config import key_digest
+from tests.conftest import usage_error
 from tests.server.conftest import MODEL, tiny_app
 from tests.server.test_bad_input import check_error
 
@@ -176,3 +179,15 @@ def test_the_retention_settings_are_checked() -> None:
         ServerConfig(MODEL, retention_share=1.5)
     config = ServerConfig(MODEL, max_retention_s=30, retention_default_s=60)
     assert (config.retention.default_s, config.retention.max_s) == (30, 30)
+
+
+def test_the_retention_flags_reach_the_config(capsys: pytest.CaptureFixture[str]) -> None:
+    parse = build_parser().parse_args
+    default = server_config(parse(["serve"]), "m").retention
+    assert (default.default_s, default.max_s, default.pinned_share) == (60, 3600, 0.25)
+    argv = ["serve", "--max-retention", "120", "--retention-default", "300",
+            "--retention-share", "0.1"]  # fmt: skip
+    c = server_config(parse(argv), "m").retention
+    assert (c.default_s, c.max_s, c.pinned_share) == (120, 120, 0.1)  # the default capped
+    assert "a number from 0 to 1" in usage_error(["serve", "--retention-share", "1.5"], capsys)
+    assert "--retention-default" in usage_error(["serve", "--retention-default", "-1"], capsys)
