@@ -7,8 +7,9 @@
     turn ends ------- end: the request asked for retention (a cache control), or the turn
                        ended in a tool call -> every entry the turn's prompt and reply may be
                        stored under is retained in the store for the asked time (granted up
-                       to the cap) or the learned one; a resumed pause's pins are released
-                       (what this turn retains again stays pinned)
+                       to the cap) or the learned one; a resumed pause kept for the learned
+                       time is released (what this turn retains again stays pinned); one
+                       kept for an asked time stays until it ends
 
 Pins name entries by content id, and a chat segment's content id carries its scope (the
 tenant's, its conversation's, or a prefix scope that names the tenant: chat/segmenter.py), so
@@ -65,6 +66,7 @@ class Held:
     tokenizer_id: str
     cids: tuple[str, ...]
     tool_call: bool  # the turn ended in a tool call (its gap teaches the learner)
+    learned: bool  # kept for the learned time: released when its conversation goes on
 
 
 @dataclass(frozen=True)
@@ -171,16 +173,16 @@ class TurnRetention:
         pinned, nbytes, refused = 0, 0, 0
         held: Held | None = None
         if seconds is not None and self.store is not None and self._engine is not None:
-            held = self._held(tokens, reply_segment, tool_call)
+            held = self._held(tokens, reply_segment, tool_call, source == "learned")
             got = self.store.retain(held.model_id, held.tokenizer_id, held.cids, seconds)
             pinned, nbytes, refused = len(got.pinned), got.nbytes, len(got.refused)
-        if resumed is not None and self.store is not None:
+        if resumed is not None and resumed.held.learned and self.store is not None:
             again = set(held.cids) if held is not None else set()
             old = resumed.held
             gone = [c for c in old.cids if c not in again]
             self.store.release(old.model_id, old.tokenizer_id, gone)
         if seconds is not None:
-            self._pause(prepared_chat, tenant, reply, held, tool_call)
+            self._pause(prepared_chat, tenant, reply, held, tool_call, source == "learned")
         return RetentionReport(
             requested_s, seconds, source, self.store is not None and self._engine is not None,
             pinned, nbytes, refused,
@@ -188,7 +190,9 @@ class TurnRetention:
             0 if resumed is None else resumed.prefetched_pages,
         )  # fmt: skip
 
-    def _held(self, tokens: TokenizedPrompt, reply_segment: Segment, tool_call: bool) -> Held:
+    def _held(
+        self, tokens: TokenizedPrompt, reply_segment: Segment, tool_call: bool, learned: bool
+    ) -> Held:
         """The entries of this turn the store holds: the prompt's and, closed in place of the
         generation prompt, the reply's (as `Engine.generate` stores them)."""
         engine = self._engine
@@ -202,16 +206,17 @@ class TurnRetention:
             ids += stored_ids(full, page)
         held = [c for c in dict.fromkeys(ids)
                 if store.contains_content(model_id, tokenizer_id, c)]  # fmt: skip
-        return Held(model_id, tokenizer_id, tuple(held), tool_call)
+        return Held(model_id, tokenizer_id, tuple(held), tool_call, learned)
 
     def _pause(
         self, chat: ChatPrompt, tenant: str, reply: ChatMessage, held: Held | None,
-        tool_call: bool,
+        tool_call: bool, learned: bool,
     ) -> None:  # fmt: skip
-        """Remember the pause under the reply's fingerprint (what the next request resends)
-        and the conversation, both within the tenant."""
-        fp = fingerprint(reply.chat_role, message_text(reply))
-        keys = [(tenant, fp), (tenant, "conversation:" + chat.conversation.id)]
-        value = held or Held("", "", (), tool_call)
+        """Remember the pause under the conversation and, for a tool call, the call's
+        fingerprint (what the next request resends), both within the tenant."""
+        keys = [(tenant, "conversation:" + chat.conversation.id)]
+        if tool_call:
+            keys.append((tenant, fingerprint(reply.chat_role, message_text(reply))))
+        value = held or Held("", "", (), tool_call, learned)
         with self._lock:
             self.pauses.pause(keys, value, self.clock())

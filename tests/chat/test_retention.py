@@ -249,3 +249,19 @@ def test_with_tiers_the_rest_spills_to_host_and_the_resumed_turn_is_prefetched(
     assert loaded(next_b, own(rb)) == tokens(next_b, own(rb)) > 0
     assert store.tier("host").counters.loads > host_loads
     store.close()
+
+
+@pytest.mark.parametrize("asked", [None, 300.0])
+def test_the_next_request_releases_a_learned_retention_not_an_asked_one(
+    tiny: LoadedModel, asked: float | None
+) -> None:
+    clock = Clock()
+    ce = engine(tiny, clock, 64 * conversation_bytes(tiny))
+    a = opening("A")
+    ra = turn(ce, a, tool_call=True, retention_s=asked)
+    assert ra.retention is not None and ra.retention.pinned_segments > 0
+    clock.now = 5.0
+    nxt = turn(ce, resume(a, ra))  # not a tool call, asks for nothing: keeps nothing itself
+    assert nxt.retention is not None and nxt.retention.resumed_after_s == 5.0
+    pinned = store_of(ce).retention_stats().pinned_entries
+    assert pinned == (0 if asked is None else ra.retention.pinned_segments)
