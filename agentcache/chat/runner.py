@@ -13,6 +13,7 @@ from agentcache.backends import ServingEngine
 from agentcache.chat.diagnostics import ReuseReport, build_report
 from agentcache.chat.logprobs import LogprobRecorder, TokenLogprob
 from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec
+from agentcache.chat.retention import RetentionReport, TurnRetention
 from agentcache.chat.segmenter import ChatPrompt, ConversationTracker
 from agentcache.chat.stream import TextStream
 from agentcache.chat.structured import GrammarConstraint, Grammars, OutputFormat, SchemaError
@@ -36,6 +37,9 @@ class ChatRequest:
     cache_key: str | None = None  # prompt_cache_key: groups reports, never scopes reuse
     output: OutputFormat | None = None  # structured outputs: the reply held to a grammar
     logprobs: int | None = None  # record each token's logprob and this many top ones
+    # keep what the turn stores this many seconds (a cache control, granted up to the
+    # server's cap); None: only a turn ending in a tool call is kept, for the learned time
+    retention_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class ChatResult:
     # decoder that chose them); 0 when the reply was constrained throughout
     format_violations: int = 0
     logprobs: tuple[TokenLogprob, ...] | None = None  # when the request asked for them
+    retention: RetentionReport | None = None  # with a ChatEngine that retains
 
     @property
     def prompt_tokens(self) -> int:
@@ -141,9 +146,14 @@ class ChatEngine:
     Thread-safe: the engine interleaves (embedded) or serializes (vLLM) generations, the
     tracker locks its own state."""
 
-    def __init__(self, engine: ServingEngine, tracker: ConversationTracker | None = None) -> None:
+    def __init__(
+        self, engine: ServingEngine, tracker: ConversationTracker | None = None,
+        retention: TurnRetention | None = None,
+    ) -> None:  # fmt: skip
+        """`retention`: keep turns that end in a tool call or ask for it (chat/retention.py)."""
         self.engine = engine
         self.tracker = tracker or ConversationTracker()
+        self.retention = retention
         self._grammars: Grammars | None = None
         self._longest: int | None = None  # the tokenizer's longest token, in characters
 
@@ -246,6 +256,8 @@ class ChatEngine:
         Once `cancel` is set, generation stops at the next token with `GenerationCancelled`
         and the turn is not recorded."""
         req = prepared.request
+        kept = self.retention
+        resumed = kept.begin(prepared.chat, req.tenant) if kept is not None else None
         tok = self.engine.tokenizer
         holds = (TOOL_CALL_OPEN,) if req.tools else ()
         stream = TextStream(tok.decode, req.params.stop, holds, req.prefill or "")
@@ -289,7 +301,13 @@ class ChatEngine:
             format_violations=getattr(req.params.constraint, "violations", 0),
             logprobs=recorder.finish(gen.token_ids) if recorder is not None else None,
         )  # fmt: skip
-        self.tracker.record(prepared.chat, result.message())
+        message = result.message()
+        if kept is not None:
+            segment = self.tracker.reply_segment(prepared.chat, message)
+            kept_for = kept.end(prepared.chat, prepared.tokens, req.tenant, message, segment,
+                                req.retention_s, resumed)  # fmt: skip
+            result = replace(result, retention=kept_for)
+        self.tracker.record(prepared.chat, message)
         return result
 
     def complete(

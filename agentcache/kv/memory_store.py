@@ -1,10 +1,14 @@
 """`MemorySegmentStore`: the `SegmentStore` seam (agentcache/kv/store.py) in memory, bounded in
-bytes, asking its eviction policy for victims when full."""
+bytes, asking its eviction policy for victims when full; retained entries (`RetainingStore`,
+agentcache/kv/retention.py) are skipped until they expire."""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable, Sequence
 
+from agentcache.kv.retention import PinResult, PinTable, RetainingStore, RetentionStats
 from agentcache.kv.store import (
     Lookup,
     MissLedger,
@@ -17,11 +21,16 @@ from agentcache.kv.store import (
 from agentcache.policy.eviction import EVICTION_POLICIES, EvictionPolicy
 
 
-class MemorySegmentStore(SegmentStore):
-    """Entries in memory, at most `capacity_bytes` of K/V; when full, `policy` picks victims.
-    A lookup returns the entry that was put (the same tensors)."""
+class MemorySegmentStore(SegmentStore, RetainingStore):
+    """Entries in memory, at most `capacity_bytes` of K/V; when full, `policy` picks victims,
+    retained ones skipped. A lookup returns the entry that was put (the same tensors).
+    `retain_share`: of `capacity_bytes`, the most retained entries hold; `clock`: seconds,
+    what retentions expire on."""
 
-    def __init__(self, capacity_bytes: int, policy: EvictionPolicy | str = "lru") -> None:
+    def __init__(
+        self, capacity_bytes: int, policy: EvictionPolicy | str = "lru",
+        retain_share: float = 0.25, clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
         if capacity_bytes < 0:
             raise ValueError("capacity_bytes must be >= 0")
         self.capacity_bytes = capacity_bytes
@@ -30,6 +39,9 @@ class MemorySegmentStore(SegmentStore):
         self._entries: dict[SegmentKey, StoredKV] = {}
         self._ledger = MissLedger()
         self._lock = threading.RLock()
+        self.retained = PinTable(0)
+        self.clock = clock
+        self.set_retain_share(retain_share)
 
     def lookup_content(self, model_id: str, tokenizer_id: str, cid: str) -> Lookup:
         key = store_key(model_id, tokenizer_id, cid)
@@ -56,11 +68,9 @@ class MemorySegmentStore(SegmentStore):
             if key in self._entries:
                 self.policy.on_access(key)
                 return True
-            if kv.nbytes > self.capacity_bytes:
+            if kv.nbytes > self.capacity_bytes or not self._make_room(kv.nbytes):
                 self.stats.rejected += 1
                 return False
-            while self.stats.bytes + kv.nbytes > self.capacity_bytes:
-                self._evict_one()
             self._entries[key] = kv
             self._ledger.stored(key, cid, kv.model_id, kv.tokenizer_id)
             self.policy.on_insert(key, kv.nbytes)
@@ -69,13 +79,31 @@ class MemorySegmentStore(SegmentStore):
             self.stats.peak_bytes = max(self.stats.peak_bytes, self.stats.bytes)
             return True
 
-    def _evict_one(self) -> None:
-        victim = self.policy.victim()
-        if victim is None:
-            raise RuntimeError("eviction policy returned no victim for a non-empty store")
-        key = SegmentKey(victim)
+    def _make_room(self, need: int) -> bool:
+        """Evict unretained entries in policy order until `need` bytes fit; False, evicting
+        nothing, when the retained entries leave too little room."""
+        now = self.clock()
+        if self.retained.pinned_bytes(now) + need > self.capacity_bytes:
+            return False
+        skipped = []
+        while self.stats.bytes + need > self.capacity_bytes:
+            victim = self.policy.victim()
+            if victim is None:
+                raise RuntimeError("eviction policy returned no victim for a non-empty store")
+            key = SegmentKey(victim)
+            if self.retained.is_pinned(key, now):  # retained: skipped this round
+                self.policy.on_remove(key)
+                skipped.append(key)
+                continue
+            self._evict(key)
+        for key in skipped:
+            self.policy.on_insert(key, self._entries[key].nbytes)
+        return True
+
+    def _evict(self, key: SegmentKey) -> None:
         kv = self._entries.pop(key)
         self.policy.on_remove(key)
+        self.retained.unpin([key])
         self.stats.evictions += 1
         self.stats.entries -= 1
         self.stats.bytes -= kv.nbytes
@@ -85,7 +113,39 @@ class MemorySegmentStore(SegmentStore):
         with self._lock:
             for key in list(self._entries):
                 self.policy.on_remove(key)
+            self.retained.unpin(list(self._entries))
             self._entries.clear()
             self._ledger.clear()
             self.stats.entries = 0
             self.stats.bytes = 0
+
+    # ---- retention (RetainingStore) ----
+
+    def retain(
+        self, model_id: str, tokenizer_id: str, cids: Sequence[str], seconds: float
+    ) -> PinResult:
+        with self._lock:
+            sizes, absent = [], []
+            for cid in cids:
+                key = store_key(model_id, tokenizer_id, cid)
+                kv = self._entries.get(key)
+                if kv is None:
+                    absent.append(key)
+                else:
+                    sizes.append((key, kv.nbytes))
+            got = self.retained.pin(sizes, seconds, self.clock())
+            return PinResult(got.pinned, (*got.refused, *absent), got.until, got.nbytes)
+
+    def release(self, model_id: str, tokenizer_id: str, cids: Sequence[str]) -> None:
+        with self._lock:
+            self.retained.unpin([store_key(model_id, tokenizer_id, c) for c in cids])
+
+    def set_retain_share(self, share: float) -> None:
+        if not 0 <= share <= 1:
+            raise ValueError(f"retain_share must be from 0 to 1, got {share}")
+        with self._lock:
+            self.retained.max_bytes = int(share * self.capacity_bytes)
+
+    def retention_stats(self) -> RetentionStats:
+        with self._lock:
+            return self.retained.stats(self.clock())

@@ -10,6 +10,10 @@
     PinTable                        segment -> (bytes, expiry); pinned bytes never exceed
                                     `max_bytes` (a share of the pool), an expired pin is no
                                     pin: evictable at once, without a timer
+    RetainingStore                  the seam of a store that keeps entries for a time
+                                    (the memory and the tiered store implement it)
+    PauseBook                       the tool pauses waiting for their conversation's next
+                                    request: when each ended and what it retained
 
 Mechanism only: what a pin protects (which tier, what eviction skips) is the store's.
 """
@@ -18,9 +22,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections import deque
-from collections.abc import Hashable, Iterable
+from abc import ABC, abstractmethod
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|min|m|h)?\s*")
@@ -95,6 +101,17 @@ class PinResult:
     pinned: tuple[Hashable, ...]  # pinned (or re-pinned) until `until`
     refused: tuple[Hashable, ...]  # would exceed the pinned-bytes cap: not pinned
     until: float
+    nbytes: int = 0  # bytes of the pinned keys
+
+
+@dataclass(frozen=True)
+class RetentionStats:
+    """A store's pins now: live pins and their bytes, the cap, pins refused for it so far."""
+
+    pinned_entries: int
+    pinned_bytes: int
+    max_bytes: int
+    refused: int
 
 
 class PinTable:
@@ -124,7 +141,8 @@ class PinTable:
                 continue
             self._pins[key] = (nbytes, max(until, held[1] if held else until))
             pinned.append(key)
-        return PinResult(tuple(pinned), tuple(refused), until)
+        total = sum(self._pins[k][0] for k in pinned)
+        return PinResult(tuple(pinned), tuple(refused), until, total)
 
     def is_pinned(self, key: Hashable, now: float) -> bool:
         held = self._pins.get(key)
@@ -142,3 +160,94 @@ class PinTable:
         gone = [k for k, (_, until) in self._pins.items() if until <= now]
         self.unpin(gone)
         return gone
+
+    def stats(self, now: float) -> RetentionStats:
+        live = [b for b, until in self._pins.values() if until > now]
+        return RetentionStats(len(live), sum(live), self.max_bytes, self.refused)
+
+
+class RetainingStore(ABC):
+    """A segment store that keeps entries for a time (a conversation across a tool pause).
+
+    Contract:
+    - `retain` pins the entries it holds of these content ids (model and tokenizer as in a
+      lookup) until `seconds` from the store's clock, in order, while the pinned bytes stay
+      within the retained share of the store (`set_retain_share`); the rest are refused
+      (`PinResult.refused`, with the ids it does not hold). A pin is extended, never
+      shortened. `seconds` was checked by the caller (`parse_retention`).
+    - A pinned entry is never evicted before it expires; an expired pin protects nothing (the
+      entry is evictable at once, in its policy's turn). A put that cannot fit beside the
+      pinned entries is rejected, never served by evicting one.
+    - Pins are per entry, and an entry's key carries its scope (`segment_content_id`), so a
+      pin protects only the entries of the scope whose ids were named.
+    - `release` drops these entries' pins (they stay stored, evictable as any other).
+    """
+
+    @abstractmethod
+    def retain(
+        self, model_id: str, tokenizer_id: str, cids: Sequence[str], seconds: float
+    ) -> PinResult: ...
+
+    @abstractmethod
+    def release(self, model_id: str, tokenizer_id: str, cids: Sequence[str]) -> None: ...
+
+    @abstractmethod
+    def set_retain_share(self, share: float) -> None:
+        """Pinned bytes may be at most `share` (0 to 1) of the bytes retained entries stay in
+        (the store's, or its fast tier's); pins above a lowered cap stay until they expire."""
+
+    @abstractmethod
+    def retention_stats(self) -> RetentionStats: ...
+
+
+V = TypeVar("V")
+
+
+class PauseBook(Generic[V]):
+    """Tool pauses waiting for their conversation's next request, each under one or more keys
+    (e.g. the tenant and the fingerprint of the tool-call message the next request resends):
+    when it ended and a value (what it retained). Bounded: the oldest `max_pauses` are
+    forgotten first. Not thread-safe (its owner locks)."""
+
+    def __init__(self, max_pauses: int = 4096) -> None:
+        if max_pauses < 1:
+            raise ValueError(f"max_pauses must be >= 1, got {max_pauses}")
+        self.max_pauses = max_pauses
+        self._pauses: OrderedDict[int, tuple[float, V, tuple[Hashable, ...]]] = OrderedDict()
+        self._by_key: dict[Hashable, int] = {}
+        self._next = 0
+
+    def __len__(self) -> int:
+        return len(self._pauses)
+
+    def pause(self, keys: Iterable[Hashable], value: V, now: float) -> None:
+        """A turn ended in a tool call at `now`; a later request naming any of `keys` resumes
+        it (a key already waiting is taken over by this pause)."""
+        keys = tuple(keys)
+        for key in keys:
+            self._drop(self._by_key.get(key))
+        self._next += 1
+        self._pauses[self._next] = (now, value, keys)
+        for key in keys:
+            self._by_key[key] = self._next
+        while len(self._pauses) > self.max_pauses:
+            self._drop(next(iter(self._pauses)))
+
+    def resume(self, keys: Iterable[Hashable], now: float) -> tuple[float, V] | None:
+        """The first waiting pause any of `keys` names, forgotten: (its gap in seconds, its
+        value); None when none waits."""
+        for key in keys:
+            pid = self._by_key.get(key)
+            if pid is not None:
+                ended, value, _ = self._pauses[pid]
+                self._drop(pid)
+                return now - ended, value
+        return None
+
+    def _drop(self, pid: int | None) -> None:
+        if pid is None or pid not in self._pauses:
+            return
+        _, _, keys = self._pauses.pop(pid)
+        for key in keys:
+            if self._by_key.get(key) == pid:
+                del self._by_key[key]

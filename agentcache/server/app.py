@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request, Response
@@ -28,11 +29,12 @@ from starlette.exceptions import HTTPException
 
 from agentcache.backends import ServingEngine
 from agentcache.chat.identity import tenant_id
+from agentcache.chat.retention import TurnRetention
 from agentcache.chat.runner import ChatEngine, ChatRequest, ChatResult, PreparedChat
 from agentcache.chat.segmenter import ConversationTracker
 from agentcache.errors import AgentCacheError
 from agentcache.server.admission import AdmissionLine, Budget, QueueFull
-from agentcache.server.cache_control import openai_retention, retention
+from agentcache.server.cache_control import openai_cache_controls
 from agentcache.server.config import ServerConfig
 from agentcache.server.convert import chunk, completion_body, reuse_headers, to_chat_request
 from agentcache.server.errors import (
@@ -64,6 +66,9 @@ from agentcache.server.turns import (
 )
 
 T = TypeVar("T")
+# the content parts an OpenAI prompt_cache_breakpoint may sit on, per API
+CHAT_PARTS = frozenset({"text"})
+RESPONSES_PARTS = frozenset({"input_text"})
 CONVERSATION_HEADER = "X-Agentcache-Conversation"
 CLIENT_GONE = 499  # the status recorded (and sent to no one) when the client left
 
@@ -74,7 +79,8 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         isolate=config.isolate_conversations, max_bytes=config.tracker_bytes,
         secret=config.conversation_secret,
     )  # fmt: skip
-    chat = ChatEngine(engine, tracker)
+    kept_turns = TurnRetention(engine, config.retention)
+    chat = ChatEngine(engine, tracker, kept_turns)
     line = AdmissionLine(config.max_queued, config.max_active, config.max_queued_tokens,
                          config.tenant_slots)  # fmt: skip
     tokenizing = Budget(config.max_tokenizing_chars)
@@ -82,6 +88,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
     metrics = ServerMetrics(
         engine.store_bytes, lambda: (line.active, line.waiting), lambda: (book.nbytes, len(book)),
         lambda: (line.waiting_tokens, tokenizing.in_flight), lambda: batch_stats(engine),
+        kept_turns,
     )  # fmt: skip
     docs = config.enable_docs
     stored = ResponseStore(config.max_stored_responses, config.stored_response_bytes,
@@ -166,6 +173,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
             metrics.cancelled.inc()
         else:
             metrics.record_turn(result.report, result.completion_tokens, result.fallbacks)
+            metrics.record_retention(result.retention)
         return result
 
     @app.post("/v1/chat/completions", response_model=None)
@@ -175,11 +183,11 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         tenant = tenant_id(getattr(request.state, "key_digest", None), body.cache_salt)
         token = request.headers.get(CONVERSATION_HEADER)
         req, clamp = to_chat_request(body, token, tenant, config.default_max_tokens)
-        kept = retention(
-            0,
-            openai_retention(body.prompt_cache_retention, body.prompt_cache_options),
-            config.max_retention_s,
-        )
+        kept = openai_cache_controls(
+            [m.model_dump() for m in body.messages], "messages", CHAT_PARTS,
+            body.prompt_cache_retention, body.prompt_cache_options, config.max_retention_s,
+        )  # fmt: skip
+        req = replace(req, retention_s=kept.granted_s)
         prepared = await prepare(req, clamp)
         if prepared.chat.conversation.rejected_token:
             metrics.rejected_tokens.inc()
@@ -188,13 +196,13 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             send = functools.partial(chunk, rid, created, body.model)
-            emitter = ChatEmitter(send, include_usage, kept.to_dict(), engine.tokenizer.decode)
+            emitter = ChatEmitter(send, include_usage, kept, engine.tokenizer.decode)
             return streamed(turn, emitter)
         result = await finished(turn, request)
         if result is None:
             return Response(status_code=CLIENT_GONE)
         body_out = completion_body(result, rid, created, body.model, engine.tokenizer.decode)
-        body_out["agentcache"]["cache_control"] = kept.to_dict()
+        body_out["agentcache"]["cache_control"] = kept.to_dict(result.retention)
         return JSONResponse(body_out, headers=reuse_headers(result))
 
     @app.post("/v1/responses", response_model=None)
@@ -213,11 +221,11 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         req, turn_messages, clamp = responses_request(
             body, history, token, tenant, config.default_max_tokens, config.limits
         )
-        kept = retention(
-            0,
-            openai_retention(body.prompt_cache_retention, body.prompt_cache_options),
-            config.max_retention_s,
-        )
+        kept = openai_cache_controls(
+            body.input if isinstance(body.input, list) else (), "input", RESPONSES_PARTS,
+            body.prompt_cache_retention, body.prompt_cache_options, config.max_retention_s,
+        )  # fmt: skip
+        req = replace(req, retention_s=kept.granted_s)
         try:
             prepared = await prepare(req, clamp)
         except APIError as err:
@@ -237,14 +245,14 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
                 stored.put(ids.rid, tenant, messages, result.report.conversation_id)
 
         if body.stream:
-            emitter = ResponsesEmitter(body, ids, created, keep, kept.to_dict(),
+            emitter = ResponsesEmitter(body, ids, created, keep, kept,
                                        engine.tokenizer.decode)  # fmt: skip
             return streamed(turn, emitter)
         result = await finished(turn, request)
         if result is None:
             return Response(status_code=CLIENT_GONE)
         keep(result)
-        out = response_body(body, ids, created, result, kept.to_dict(), engine.tokenizer.decode)
+        out = response_body(body, ids, created, result, kept, engine.tokenizer.decode)
         return JSONResponse(out, headers=reuse_headers(result))
 
     @app.post("/v1/messages", response_model=None)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from agentcache.argtypes import (
     byte_size,
+    fraction,
     non_negative_float,
     non_negative_int,
     port_number,
@@ -158,8 +159,18 @@ def add_security(p: argparse.ArgumentParser) -> None:
                    metavar="SECONDS", help="how long a stored response is kept (default: "
                    "3600)")  # fmt: skip
     p.add_argument("--max-retention", type=positive_int, default=3600, metavar="SECONDS",
-                   help="the longest cache retention a request's cache_control ttl or "
-                   "prompt_cache_retention is granted (reported; default: 3600)")  # fmt: skip
+                   help="the longest cache retention a request's cache_control ttl, "
+                   "prompt_cache_retention or prompt_cache_options.ttl is granted, and the cap "
+                   "on the retention learned for turns that end in a tool call (default: "
+                   "3600)")  # fmt: skip
+    p.add_argument("--retention-default", type=non_negative_float, default=60.0,
+                   metavar="SECONDS", help="how long a turn that ends in a tool call keeps its "
+                   "segments before enough tool pauses are seen to learn it (default: 60; "
+                   "capped at --max-retention)")  # fmt: skip
+    p.add_argument("--retention-share", type=fraction, default=0.25, metavar="FRACTION",
+                   help="of the segment store (with tiers: its fast tier), the most bytes "
+                   "retained segments may hold; beyond it a retention is refused and reported "
+                   "(default: 0.25)")  # fmt: skip
     p.add_argument("--trim-interval", type=non_negative_float, default=10.0, metavar="SECONDS",
                    help="seconds between handing freed heap memory back to the system, so "
                    "resident memory stays flat under load (glibc only; 0: never; "
@@ -216,7 +227,8 @@ def server_config(args: argparse.Namespace, model_name: str) -> ServerConfig:
         max_stored_responses=args.stored_responses,
         stored_response_bytes=args.stored_response_bytes,
         stored_response_ttl_s=args.stored_response_ttl,
-        max_retention_s=args.max_retention,
+        max_retention_s=args.max_retention, retention_default_s=args.retention_default,
+        retention_share=args.retention_share,
     )  # fmt: skip
 
 

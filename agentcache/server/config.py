@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field, fields
 
+from agentcache.kv.retention import RetentionConfig
+
 MiB = 1 << 20
 MAX_ACTIVE = 16  # requests the embedded engine runs at once, by default
 
@@ -66,8 +68,12 @@ class ServerConfig:
     stored_response_ttl_s: float = 3600.0
     trim_interval_s: float = 10.0  # seconds between returning freed heap memory (0: never)
     # the longest cache retention a request may ask for (cache_control ttl,
-    # prompt_cache_retention): granted up to this and reported (server/cache_control.py)
+    # prompt_cache_retention): granted up to this and reported (server/cache_control.py);
+    # also the cap on the retention learned for turns that end in a tool call
     max_retention_s: int = 3600
+    # a tool-call turn's retention before enough pauses are seen to learn it (capped above)
+    retention_default_s: float = 60.0
+    retention_share: float = 0.25  # of the store (its fast tier), the most retained bytes
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -89,6 +95,15 @@ class ServerConfig:
             raise ValueError("trim_interval_s must be >= 0")
         if self.max_retention_s < 1:
             raise ValueError("max_retention_s must be >= 1")
+        _ = self.retention  # checks the retention settings
+
+    @property
+    def retention(self) -> RetentionConfig:
+        """Retention of turns across tool pauses (chat/retention.py)."""
+        return RetentionConfig(
+            min(self.retention_default_s, self.max_retention_s), self.max_retention_s,
+            self.retention_share,
+        )  # fmt: skip
 
     @property
     def tenant_slots(self) -> int:

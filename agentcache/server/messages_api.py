@@ -331,9 +331,9 @@ def to_turn(
         name = tools[0].name
     shown = tuple(tools) if offered else ()
     output = output_for(fmt, shown, strict if offered else [], forced, name)
-    request = ChatRequest(chat, params, shown, conversation, forced or prefill or None, None,
-                          tenant, output=output)  # fmt: skip
     kept = retention(len(marks.ttls), marks.longest(), cap_s)
+    request = ChatRequest(chat, params, shown, conversation, forced or prefill or None, None,
+                          tenant, output=output, retention_s=kept.granted_s)  # fmt: skip
     return MessagesTurn(request, prefill, kept, tuple(body.stop_sequences or ()))
 
 
@@ -412,7 +412,7 @@ def _found(s: SegmentReport) -> int:
 
 def extension(result: ChatResult, kept: Retention) -> dict[str, Any]:
     """The `agentcache` report, with the request's cache controls."""
-    return {**result.report.to_dict(), "cache_control": kept.to_dict()}
+    return {**result.report.to_dict(), "cache_control": kept.to_dict(result.retention)}
 
 
 def message_body(

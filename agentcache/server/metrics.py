@@ -7,6 +7,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from agentcache.chat.diagnostics import ReuseReport
+from agentcache.chat.retention import RetentionReport, TurnRetention
 from agentcache.runtime.scheduler import BatchScheduler, BatchStats
 from agentcache.server.heap import heap_usage, resident_bytes
 
@@ -42,9 +43,10 @@ class ServerMetrics:
         conversations: Callable[[], tuple[int, int]] = lambda: (0, 0),
         work: Callable[[], tuple[int, int]] = lambda: (0, 0),
         batch: Callable[[], BatchStats | None] = lambda: None,
+        retention: TurnRetention | None = None,
     ) -> None:
         self._store_bytes, self._line, self._conversations = store_bytes, line, conversations
-        self._work, self._batch = work, batch
+        self._work, self._batch, self._retention = work, batch, retention
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "agentcache_requests", "HTTP requests", ["endpoint", "status"], registry=r
@@ -125,6 +127,29 @@ class ServerMetrics:
             ["kind"], registry=r,
         )  # fmt: skip
 
+        self.retained = Gauge(
+            "agentcache_retained", "the store's retained entries now (segments, bytes), the "
+            "most bytes they may hold (cap_bytes: --retention-share), retentions refused for "
+            "the cap since start (refused)", ["kind"], registry=r,
+        )  # fmt: skip
+        self.retained_turns = Counter(
+            "agentcache_retained_turns", "turns whose segments were retained, by where the "
+            "time came from (request: a cache control; learned: a tool call)", ["source"],
+            registry=r,
+        )  # fmt: skip
+        self.resumed_pauses = Counter(
+            "agentcache_resumed_pauses", "requests that resumed a retained turn's conversation",
+            registry=r,
+        )  # fmt: skip
+
+    def record_retention(self, kept: RetentionReport | None) -> None:
+        if kept is None:
+            return
+        if kept.granted_s is not None:
+            self.retained_turns.labels(kept.source).inc()
+        if kept.resumed_after_s is not None:
+            self.resumed_pauses.inc()
+
     def record_turn(self, report: ReuseReport, completion_tokens: int, fallbacks: int) -> None:
         """A turn as its client's report tells it, with the engine's own fallback count."""
         self.ttft.observe(report.ttft_s)
@@ -154,6 +179,11 @@ class ServerMetrics:
         if (b := self._batch()) is not None:
             for kind in BATCH_KINDS:
                 self.batch.labels(kind).set(getattr(b, kind))
+        if (kept := self._retention) is not None and kept.store is not None:
+            s = kept.store.retention_stats()
+            for kind, n in (("segments", s.pinned_entries), ("bytes", s.pinned_bytes),
+                            ("cap_bytes", s.max_bytes), ("refused", s.refused)):  # fmt: skip
+                self.retained.labels(kind).set(n)
         if (rss := resident_bytes()) is not None:
             self.resident_bytes.set(rss)
         if (heap := heap_usage()) is not None:

@@ -25,6 +25,7 @@ from agentcache.chat.runner import ChatRequest, ChatResult
 from agentcache.chat.tools import TOOL_CALL_CLOSE, forced_call_prefix
 from agentcache.errors import PromptError
 from agentcache.runtime.engine import GenerationParams
+from agentcache.server.cache_control import Retention
 from agentcache.server.config import ServerLimits
 from agentcache.server.convert import check_no_reasoning
 from agentcache.server.errors import APIError
@@ -307,7 +308,7 @@ def output_items(
 
 def response_body(
     body: ResponsesRequest, ids: ResponseIds, created: int, result: ChatResult | None,
-    cache_control: dict[str, Any] | None = None, decode: Decode | None = None,
+    cache_control: Retention | None = None, decode: Decode | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The response object; `result` None: one in progress (the stream's first events).
     `decode` (token ids -> text) names the tokens of logprobs, when they were asked for."""
@@ -335,7 +336,7 @@ def response_body(
         out["usage"] = usage(result)
         out["agentcache"] = result.report.to_dict()
         if cache_control is not None:
-            out["agentcache"]["cache_control"] = cache_control
+            out["agentcache"]["cache_control"] = cache_control.to_dict(result.retention)
     return out
 
 
@@ -347,7 +348,7 @@ class ResponsesEmitter:
 
     def __init__(self, body: ResponsesRequest, ids: ResponseIds, created: int,
                  on_result: Callable[[ChatResult], None],
-                 cache_control: dict[str, Any] | None = None,
+                 cache_control: Retention | None = None,
                  decode: Decode | None = None) -> None:  # fmt: skip
         self.body, self.ids, self.created, self.on_result = body, ids, created, on_result
         self.cache_control, self.decode = cache_control, decode

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from agentcache.chat.runner import ChatEngine, ChatResult, PreparedChat
 from agentcache.errors import AgentCacheError
 from agentcache.server.admission import AdmissionLine, QueueFull, Ticket
+from agentcache.server.cache_control import Retention
 from agentcache.server.convert import logprobs_body, message_body, sse, usage_body
 from agentcache.server.errors import APIError, api_error, internal_error
 from agentcache.server.metrics import ServerMetrics
@@ -205,6 +206,7 @@ async def stream(turn: Turn, metrics: ServerMetrics, emit: Emitter) -> AsyncIter
                 yield emit.error(internal_error(e))
                 raise
             metrics.record_turn(result.report, result.completion_tokens, result.fallbacks)
+            metrics.record_retention(result.retention)
             if result.stream_mismatch:
                 metrics.stream_mismatches.inc()
             for event in emit.finish(result):
@@ -225,7 +227,7 @@ class ChatEmitter:
 
     send: Callable[..., str]
     include_usage: bool
-    cache_control: dict[str, Any] | None = None  # the retention report (cache_control.py)
+    cache_control: Retention | None = None  # the request's cache controls (cache_control.py)
     decode: Callable[..., str] | None = None  # token ids -> text, for logprobs
 
     def start(self) -> Iterator[str]:
@@ -239,7 +241,7 @@ class ChatEmitter:
             yield self.send({"tool_calls": message_body(result)["tool_calls"]}, None)
         report = result.report.to_dict()
         if self.cache_control is not None:
-            report["cache_control"] = self.cache_control
+            report["cache_control"] = self.cache_control.to_dict(result.retention)
         # logprobs, when asked for, come whole with the finish chunk
         lp = logprobs_body(result, self.decode)
         yield self.send({}, result.finish_reason, lp, agentcache=report)

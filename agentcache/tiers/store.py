@@ -27,7 +27,7 @@ from contextlib import AbstractContextManager
 
 import torch
 
-from agentcache.kv.retention import PinResult
+from agentcache.kv.retention import PinResult, RetainingStore, RetentionStats
 from agentcache.kv.store import Lookup, MissReason, SegmentKey, SegmentStore, StoredKV, store_key
 from agentcache.policy.eviction import EvictionPolicy
 from agentcache.policy.spill import PageInfo
@@ -37,7 +37,7 @@ from agentcache.tiers.entries import SegmentEntry, mask_slots
 from agentcache.tiers.placement import NoRoom, TierPlacement
 
 
-class TieredSegmentStore(SegmentStore):
+class TieredSegmentStore(SegmentStore, RetainingStore):
     """A SegmentStore whose entries live as pages in tiers; see the module docstring.
     `capacity_bytes` is the sum of the tiers' capacities; segments leave the store only when
     the lowest tier is full. A lookup returns new tensors, assembled from the pages. Every
@@ -136,7 +136,23 @@ class TieredSegmentStore(SegmentStore):
                     continue
                 sizes.append((key, sum(at.page(pk).nbytes for pk in seg.pages)))
             got = at.retained.pin(sizes, seconds, at.clock())
-            return PinResult(got.pinned, (*got.refused, *absent), got.until)
+            return PinResult(got.pinned, (*got.refused, *absent), got.until, got.nbytes)
+
+    def release(self, model_id: str, tokenizer_id: str, cids: Sequence[str]) -> None:
+        with self._lock:
+            self._placement.retained.unpin([store_key(model_id, tokenizer_id, c) for c in cids])
+
+    def set_retain_share(self, share: float) -> None:
+        """Of the fast tier's bytes (`TierConfig.retain_share` until set)."""
+        if not 0 <= share <= 1:
+            raise ValueError(f"retain_share must be from 0 to 1, got {share}")
+        with self._lock:
+            self._placement.retained.max_bytes = int(share * self.config.fast_bytes)
+
+    def retention_stats(self) -> RetentionStats:
+        at = self._placement
+        with self._lock:
+            return at.retained.stats(at.clock())
 
     def prefetch(self, model_id: str, tokenizer_id: str, cids: Sequence[str]) -> int:
         """Bring these segments' pages up to the fast tier ahead of the request that reads

@@ -1,10 +1,27 @@
-"""Retention times from requests and learned from tool-pause gaps; the pin table's cap."""
+"""Retention times from requests and learned from tool-pause gaps; the pin table's cap; the
+memory store's retention (skipped by eviction, within its share, per scope); the pause book."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from agentcache.kv.retention import GapLearner, PinTable, RetentionConfig, parse_retention
+from agentcache.kv.memory_store import MemorySegmentStore
+from agentcache.kv.retention import (
+    GapLearner,
+    PauseBook,
+    PinTable,
+    RetentionConfig,
+    RetentionStats,
+    parse_retention,
+)
+from agentcache.kv.store import MissReason
+from agentcache.tiers.config import TierConfig
+from agentcache.tiers.store import TieredSegmentStore
+from tests.kv.test_store_contract import ENTRY, PAGE_SIZE, M, T, cid, entry
 
 
 @pytest.mark.parametrize(
@@ -71,3 +88,148 @@ def test_a_pin_is_extended_never_shortened() -> None:
     assert table.is_pinned("a", now=61)
     table.unpin(["a"])
     assert not table.is_pinned("a", now=3)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def memory_store(clock: Clock, entries: int = 4, share: float = 0.5) -> MemorySegmentStore:
+    return MemorySegmentStore(entries * ENTRY, retain_share=share, clock=clock)
+
+
+def test_a_retained_entry_is_skipped_by_eviction_until_it_expires() -> None:
+    clock = Clock()
+    s = memory_store(clock)
+    for n in range(4):
+        assert s.put_content(cid(n), entry(float(n)))
+    got = s.retain(M, T, [cid(0)], seconds=30)
+    assert len(got.pinned) == 1 and got.nbytes == ENTRY and got.until == 30
+    s.put_content(cid(4), entry(4.0))  # LRU would take 0: 1 goes instead
+    assert s.lookup_content(M, T, cid(0)).hit
+    assert s.lookup_content(M, T, cid(1)).miss is MissReason.EVICTED
+    assert s.stats.evictions == 1
+    clock.now = 30.0  # expired: evictable at once, no timer
+    assert s.retention_stats() == RetentionStats(0, 0, 2 * ENTRY, 0)
+    for n in (5, 6, 7, 8):
+        s.put_content(cid(n), entry(float(n)))
+    assert s.lookup_content(M, T, cid(0)).miss is MissReason.EVICTED
+
+
+def test_retained_bytes_stay_within_the_share_and_a_put_never_evicts_a_pin() -> None:
+    clock = Clock()
+    s = memory_store(clock, share=0.5)  # two of four entries may be retained
+    for n in range(4):
+        s.put_content(cid(n), entry(float(n)))
+    got = s.retain(M, T, [cid(0), cid(1), cid(2), cid(9)], seconds=30)
+    assert len(got.pinned) == 2 and len(got.refused) == 2  # the cap, and 9 not held
+    assert s.retention_stats() == RetentionStats(2, 2 * ENTRY, 2 * ENTRY, 1)
+    for n in range(10, 20):  # churn: only the two unretained slots turn over
+        assert s.put_content(cid(n), entry(float(n)))
+        assert s.retention_stats().pinned_bytes <= 2 * ENTRY
+    assert s.lookup_content(M, T, cid(0)).hit and s.lookup_content(M, T, cid(1)).hit
+    s.set_retain_share(1.0)
+    s.retain(M, T, [cid(18), cid(19)], seconds=30)
+    assert not s.put_content(cid(20), entry(20.0))  # every entry retained: rejected
+    assert s.stats.rejected == 1 and s.lookup_content(M, T, cid(18)).hit
+    s.release(M, T, [cid(18)])
+    assert s.put_content(cid(20), entry(20.0))
+    assert s.lookup_content(M, T, cid(18)).miss is MissReason.EVICTED
+
+
+def test_a_pin_in_one_scope_protects_nothing_in_another() -> None:
+    clock = Clock()
+    s = memory_store(clock, entries=2, share=0.5)
+    s.put_content(cid(0, "tenant-a"), entry(0.0))
+    s.put_content(cid(0, "tenant-b"), entry(0.0))  # the same tokens, another scope
+    got = s.retain(M, T, [cid(0, "tenant-a")], seconds=30)
+    assert len(got.pinned) == 1
+    s.put_content(cid(1), entry(1.0))
+    assert s.lookup_content(M, T, cid(0, "tenant-a")).hit
+    assert s.lookup_content(M, T, cid(0, "tenant-b")).miss is MissReason.EVICTED
+
+
+def test_a_pause_is_resumed_once_by_any_of_its_keys_and_the_book_is_bounded() -> None:
+    book: PauseBook[str] = PauseBook(max_pauses=2)
+    book.pause([("t", "fp1"), ("t", "conv1")], "one", now=1.0)
+    assert book.resume([("u", "fp1")], now=2.0) is None  # another tenant's key
+    assert book.resume([("t", "x"), ("t", "conv1")], now=4.5) == (3.5, "one")
+    assert book.resume([("t", "fp1")], now=5.0) is None  # resumed once
+    for n in range(3):
+        book.pause([("t", f"fp{n}")], str(n), now=float(n))
+    assert len(book) == 2 and book.resume([("t", "fp0")], now=9.0) is None  # the oldest left
+    book.pause([("t", "fp2")], "again", now=10.0)  # a key waiting again: the newest pause
+    assert book.resume([("t", "fp2")], now=12.0) == (2.0, "again")
+
+
+# ---- the RetainingStore contract, over every store that retains ----
+
+RETAINING = ["memory", "tiered-memory", "tiered-disk"]
+
+
+@pytest.fixture(params=RETAINING)
+def retaining(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Any, Clock]]:
+    """A store of four entries (the tiered-disk one: two in fast, four on disk) on a clock."""
+    clock = Clock()
+    store: MemorySegmentStore | TieredSegmentStore
+    if request.param == "memory":
+        store = MemorySegmentStore(4 * ENTRY, clock=clock)
+    elif request.param == "tiered-memory":
+        store = TieredSegmentStore(TierConfig(fast_bytes=4 * ENTRY, page_size=PAGE_SIZE),
+                                   clock=clock)  # fmt: skip
+    else:
+        config = TierConfig(fast_bytes=2 * ENTRY, disk_dir=tmp_path, disk_bytes=4 * ENTRY,
+                            page_size=PAGE_SIZE, fsync=False)  # fmt: skip
+        store = TieredSegmentStore(config, clock=clock)
+    store.set_retain_share(0.5)
+    yield store, clock
+    if isinstance(store, TieredSegmentStore):
+        store.close()
+
+
+def test_contract_a_retained_entry_outlives_pressure_until_it_expires(
+    retaining: tuple[Any, Clock],
+) -> None:
+    s, clock = retaining
+    s.put_content(cid(0), entry(0.0))
+    assert len(s.retain(M, T, [cid(0)], seconds=10).pinned) == 1
+    for n in range(1, 12):
+        assert s.put_content(cid(n), entry(float(n)))
+    assert s.lookup_content(M, T, cid(0)).hit  # LRU's first victim, eleven times over
+    clock.now = 10.0
+    for n in range(12, 24):
+        s.put_content(cid(n), entry(float(n)))
+    assert s.lookup_content(M, T, cid(0)).miss is MissReason.EVICTED
+
+
+def test_contract_retained_bytes_never_exceed_the_share(retaining: tuple[Any, Clock]) -> None:
+    s, _ = retaining
+    cap = s.retention_stats().max_bytes
+    assert cap > 0
+    for n in range(8):
+        s.put_content(cid(n), entry(float(n)))
+        s.retain(M, T, [cid(n)], seconds=60)
+        assert s.retention_stats().pinned_bytes <= cap
+    assert s.retention_stats().refused > 0
+
+
+def test_contract_a_pin_protects_its_scope_only_and_release_ends_it(
+    retaining: tuple[Any, Clock],
+) -> None:
+    s, _ = retaining
+    s.put_content(cid(0, "a"), entry(0.0))
+    s.put_content(cid(0, "b"), entry(0.0))
+    assert s.retain(M, T, [cid(0, "a")], seconds=60).pinned
+    for n in range(1, 8):
+        s.put_content(cid(n), entry(float(n)))
+    assert s.lookup_content(M, T, cid(0, "a")).hit
+    assert s.lookup_content(M, T, cid(0, "b")).miss is MissReason.EVICTED
+    s.release(M, T, [cid(0, "a")])
+    assert s.retention_stats().pinned_entries == 0
+    for n in range(8, 16):
+        s.put_content(cid(n), entry(float(n)))
+    assert s.lookup_content(M, T, cid(0, "a")).miss is MissReason.EVICTED

@@ -162,8 +162,8 @@ def test_fields_without_effect_are_accepted_and_retention_is_reported(
                                 "prompt_cache_options": {"ttl": 600}})  # fmt: skip
     assert r.status_code == 200, r.text
     kept = r.json()["agentcache"]["cache_control"]
-    got = (kept["requested_ttl_s"], kept["granted_ttl_s"], kept["enforced"])
-    assert got == (86400, 3600, False)
+    got = (kept["requested_ttl_s"], kept["granted_ttl_s"], kept["retained_ttl_s"])
+    assert got == (86400, 3600, 3600) and kept["enforced"]
     r = client.post(RESP, json={**RGOOD, "prompt_cache_retention": "in_memory"})
     assert r.json()["agentcache"]["cache_control"]["requested_ttl_s"] == 300
 

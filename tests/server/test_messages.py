@@ -77,8 +77,12 @@ def test_a_messages_conversation_reuses_and_matches_full(tiny: LoadedModel) -> N
     assert all(r.usage.cache_read_input_tokens == 0 for r in full)
     assert reused[0].usage.cache_creation_input_tokens > 0
     report = reused[1].model_extra["agentcache"]
-    assert report["cache_control"] == {"breakpoints": 2, "requested_ttl_s": 300,
-                                       "granted_ttl_s": 300, "enforced": False}  # fmt: skip
+    kept = report["cache_control"]
+    asked = {k: kept[k] for k in ("breakpoints", "requested_ttl_s", "granted_ttl_s")}
+    assert asked == {"breakpoints": 2, "requested_ttl_s": 300, "granted_ttl_s": 300}
+    # the ttl is enforced: the turn's segments are pinned in the store for it
+    assert kept["enforced"] and kept["retention_source"] == "request"
+    assert kept["retained_ttl_s"] == 300 and kept["pinned_segments"] > 0
 
 
 def test_cache_control_does_not_change_the_reply(server_url: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agentcache.kv.retention import RetentionStats
 from agentcache.kv.store import MissReason, content_id
 from agentcache.tiers import TierConfig, TieredSegmentStore
 from tests.tiers.test_store import PAGE, M, T, equal, ids, kv
@@ -80,3 +81,20 @@ def test_a_retained_segment_stays_in_fast_while_others_spill_and_prefetch_brings
     assert equal(s.lookup(M, T, ids(1)).kv, kv(1))
     assert s.prefetch(M, T, [cid(2), cid(99)]) == 0  # already up; unknown: skipped
     s.close()
+
+
+def test_a_released_or_reshared_retention_and_its_stats() -> None:
+    clock = Clock()
+    s = store(clock, fast=10 * PAGE, share=0.5)
+    for i in (1, 2):
+        s.put(ids(i), kv(i))
+    got = s.retain(M, T, [cid(1)], seconds=30)
+    assert got.nbytes == 3 * PAGE
+    assert s.retention_stats() == RetentionStats(1, 3 * PAGE, 5 * PAGE, 0)
+    s.set_retain_share(0.2)  # two pages: segment 2 (three) no longer fits
+    assert s.retain(M, T, [cid(2)], seconds=30).refused != ()
+    s.release(M, T, [cid(1)])
+    assert s.retention_stats().pinned_bytes == 0
+    for i in (3, 4):  # segment 1 released: LRU evicts it
+        s.put(ids(i), kv(i))
+    assert s.lookup(M, T, ids(1)).miss is MissReason.EVICTED

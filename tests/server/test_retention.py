@@ -1,0 +1,193 @@
+"""Retention through the server: the cache controls of each API (OpenAI
+`prompt_cache_breakpoint`, `prompt_cache_options`, `prompt_cache_retention`; Anthropic
+`cache_control`) become a retention that is granted up to --max-retention, enforced by pins in
+the store and reported (`agentcache.cache_control`, /metrics); each malformed one is a 400
+naming the field."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from agentcache.cli import build_parser
+from agentcache.model.loading import LoadedModel
+from agentcache.server import ServerConfig
+from agentcache.server.cli import server_config
+from agentcache.server.config import key_digest
+from tests.conftest import usage_error
+from tests.server.conftest import MODEL, tiny_app
+from tests.server.test_bad_input import check_error
+
+CHAT, RESP, MSG = "/v1/chat/completions", "/v1/responses", "/v1/messages"
+V = "invalid_value"
+BP = {"mode": "explicit"}
+
+
+def chat(*parts: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    content = [{"type": "text", "text": "hi there"}, *parts]
+    return {"model": MODEL, "max_tokens": 2,
+            "messages": [{"role": "user", "content": content}], **fields}  # fmt: skip
+
+
+def resp(*parts: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    content = [{"type": "input_text", "text": "hi there"}, *parts]
+    return {"model": MODEL, "max_output_tokens": 2,
+            "input": [{"role": "user", "content": content}], **fields}  # fmt: skip
+
+
+def marked(kind: str, mark: Any) -> dict[str, Any]:
+    return {"type": kind, "text": " more", "prompt_cache_breakpoint": mark}
+
+
+P0 = "messages.0.content.1.prompt_cache_breakpoint"
+I0 = "input.0.content.1.prompt_cache_breakpoint"
+CASES: list[tuple[str, str, dict[str, Any], str, str]] = [
+    ("bp-string", CHAT, chat(marked("text", "explicit")), P0, "object is required"),
+    ("bp-list", CHAT, chat(marked("text", [BP])), P0, "got list"),
+    ("bp-no-mode", CHAT, chat(marked("text", {})), f"{P0}.mode", "'explicit'"),
+    ("bp-mode-implicit", CHAT, chat(marked("text", {"mode": "implicit"})), f"{P0}.mode",
+     "'implicit'"),
+    ("bp-ttl-5m", CHAT, chat(marked("text", {**BP, "ttl": "5m"})), f"{P0}.ttl", "'5m'"),
+    ("bp-ttl-seconds", CHAT, chat(marked("text", {**BP, "ttl": 1800})), f"{P0}.ttl", "1800"),
+    ("bp-ttl-negative", CHAT, chat(marked("text", {**BP, "ttl": "-30m"})), f"{P0}.ttl",
+     "'-30m'"),
+    ("bp-unknown-field", CHAT, chat(marked("text", {**BP, "scope": "org"})), f"{P0}.scope",
+     "unknown field"),
+    ("options-mode", CHAT, chat(prompt_cache_options={"mode": "auto"}),
+     "prompt_cache_options.mode", "'auto'"),
+    ("options-ttl-negative", CHAT, chat(prompt_cache_options={"ttl": -30}),
+     "prompt_cache_options.ttl", "-30"),
+    ("options-ttl-not-a-duration", CHAT, chat(prompt_cache_options={"ttl": "soon"}),
+     "prompt_cache_options.ttl", "'soon'"),
+    ("resp-bp-ttl", RESP, resp(marked("input_text", {**BP, "ttl": "1d"})), f"{I0}.ttl",
+     "'1d'"),
+    ("resp-bp-mode", RESP, resp(marked("input_text", {"mode": True})), f"{I0}.mode", "True"),
+    ("resp-bp-on-output", RESP,
+     {"model": MODEL, "max_output_tokens": 2, "input": [
+         {"role": "user", "content": "hi"},
+         {"role": "assistant", "content": [marked("output_text", BP)]},
+         {"role": "user", "content": "again"}]},
+     "input.1.content.0.prompt_cache_breakpoint", "input text parts only"),
+    ("resp-options-mode", RESP, resp(prompt_cache_options={"mode": 1}),
+     "prompt_cache_options.mode", "'implicit' or 'explicit'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("url", "body", "param", "needle"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])  # fmt: skip
+def test_a_bad_cache_control_is_a_400_naming_the_field(
+    client: TestClient, url: str, body: dict[str, Any], param: str, needle: str
+) -> None:
+    err = check_error(client.post(url, json=body), 400, V, needle)
+    assert err["param"] == param and err["message"].startswith(f"{param}: ")
+
+
+def test_a_negative_anthropic_ttl_is_a_400_naming_the_mark(client: TestClient) -> None:
+    body = {
+        "model": MODEL,
+        "max_tokens": 2,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "text",
+                        "text": "hi",
+                        "cache_control": {"type": "ephemeral", "ttl": "-5m"},
+                    }
+                ],
+            }
+        ],
+    }
+    r = client.post(MSG, json=body)
+    assert r.status_code == 400 and "Traceback" not in r.text
+    assert "messages.0.content.0.cache_control.ttl" in r.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def kept(tiny: LoadedModel) -> Iterator[TestClient]:
+    """A server with a cap of 600 s on retention."""
+    with TestClient(tiny_app(tiny, kv_pages=64, max_retention_s=600)) as c:
+        yield c
+
+
+def test_breakpoints_are_counted_and_their_ttl_is_granted_up_to_the_cap(
+    kept: TestClient,
+) -> None:
+    body = chat(marked("text", {**BP, "ttl": "12h"}), marked("text", BP),
+                prompt_cache_options={"mode": "explicit", "ttl": "30m"})  # fmt: skip
+    r = kept.post(CHAT, json=body)
+    assert r.status_code == 200, r.text
+    cc = r.json()["agentcache"]["cache_control"]
+    assert (cc["breakpoints"], cc["requested_ttl_s"], cc["granted_ttl_s"]) == (2, 43200, 600)
+    assert cc["enforced"] and cc["retention_source"] == "request"
+    assert cc["retained_ttl_s"] == 600 and cc["pinned_segments"] > 0 and cc["pinned_bytes"] > 0
+    r = kept.post(RESP, json=resp(marked("input_text", BP)))
+    cc = r.json()["agentcache"]["cache_control"]
+    assert (cc["breakpoints"], cc["requested_ttl_s"], cc["enforced"]) == (1, None, False)
+    assert cc["retention_source"] == "none" and cc["pinned_segments"] == 0
+
+
+def test_a_marked_request_gets_the_same_reply_as_an_unmarked_one(kept: TestClient) -> None:
+    plain = chat(temperature=0)
+    mark = chat(marked("text", BP), temperature=0)
+    mark["messages"][0]["content"][1].pop("prompt_cache_breakpoint")
+    unmarked = kept.post(CHAT, json=mark).json()["choices"][0]["message"]["content"]
+    mark = chat(marked("text", {**BP, "ttl": "30m"}), temperature=0)
+    got = kept.post(CHAT, json=mark).json()["choices"][0]["message"]["content"]
+    assert got == unmarked
+    assert kept.post(CHAT, json=plain).status_code == 200
+
+
+def metric(text: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    assert m is not None, name
+    return float(m.group(1))
+
+
+def test_retained_bytes_are_in_the_metrics_and_a_tenant_reports_only_its_own(
+    tiny: LoadedModel,
+) -> None:
+    keys = ("key-a", "key-b")
+    app = tiny_app(tiny, kv_pages=64, api_key_digests=frozenset(map(key_digest, keys)),
+                   retention_share=0.5)  # fmt: skip
+    with TestClient(app) as c:
+        auth = [{"Authorization": f"Bearer {k}"} for k in keys]
+        before = c.get("/metrics", headers=auth[0]).text
+        assert metric(before, 'agentcache_retained{kind="bytes"}') == 0
+        body = chat(prompt_cache_retention="in_memory")
+        a = c.post(CHAT, json=body, headers=auth[0]).json()["agentcache"]["cache_control"]
+        assert a["enforced"] and a["pinned_bytes"] > 0
+        text = c.get("/metrics", headers=auth[0]).text
+        assert metric(text, 'agentcache_retained{kind="bytes"}') == a["pinned_bytes"]
+        assert metric(text, 'agentcache_retained{kind="segments"}') == a["pinned_segments"]
+        assert metric(text, 'agentcache_retained_turns_total{source="request"}') == 1
+        cap = metric(text, 'agentcache_retained{kind="cap_bytes"}')
+        assert cap == int(0.5 * app.state.chat.engine.store.capacity_bytes)
+        # the same messages from tenant b: its own entries, none of a's pins in its report
+        b = c.post(CHAT, json=chat(), headers=auth[1]).json()["agentcache"]["cache_control"]
+        assert b["pinned_segments"] == 0 and b["pinned_bytes"] == 0
+        assert b["retention_source"] == "none" and b["resumed_after_s"] is None
+
+
+def test_the_retention_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="pinned_share"):
+        ServerConfig(MODEL, retention_share=1.5)
+    config = ServerConfig(MODEL, max_retention_s=30, retention_default_s=60)
+    assert (config.retention.default_s, config.retention.max_s) == (30, 30)
+
+
+def test_the_retention_flags_reach_the_config(capsys: pytest.CaptureFixture[str]) -> None:
+    parse = build_parser().parse_args
+    default = server_config(parse(["serve"]), "m").retention
+    assert (default.default_s, default.max_s, default.pinned_share) == (60, 3600, 0.25)
+    argv = ["serve", "--max-retention", "120", "--retention-default", "300",
+            "--retention-share", "0.1"]  # fmt: skip
+    c = server_config(parse(argv), "m").retention
+    assert (c.default_s, c.max_s, c.pinned_share) == (120, 120, 0.1)  # the default capped
+    assert "a number from 0 to 1" in usage_error(["serve", "--retention-share", "1.5"], capsys)
+    assert "--retention-default" in usage_error(["serve", "--retention-default", "-1"], capsys)
