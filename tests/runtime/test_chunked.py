@@ -217,3 +217,16 @@ def test_no_budget_runs_every_prefill_whole(tiny: LoadedModel) -> None:
         e = engine(tiny, chunk)
         e.generate(prompt(14), GenerationParams(max_new_tokens=2), "full", commit=False)
         assert e.batch is not None and e.batch.stats().prefill_chunks == 0
+
+
+def test_the_server_takes_a_chunk_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    from agentcache.cli import build_parser
+    from tests.conftest import usage_error
+
+    parse = build_parser().parse_args
+    assert parse(["serve"]).prefill_chunk_tokens is None  # EngineConfig's default
+    assert parse(["serve", "--prefill-chunk-tokens", "0"]).prefill_chunk_tokens == 0
+    assert parse(["serve", "--prefill-chunk-tokens", "64"]).prefill_chunk_tokens == 64
+    assert "--prefill-chunk-tokens" in usage_error(
+        ["serve", "--prefill-chunk-tokens", "-1"], capsys
+    )
