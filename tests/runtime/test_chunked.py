@@ -18,6 +18,7 @@ from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.runtime import chunked
 from agentcache.runtime.engine import Engine, EngineConfig, Generation, GenerationParams
 from agentcache.runtime.scheduler import TurnCancelled
+from agentcache.testing import tiny_family_model
 from tests.conftest import at_once
 
 KV_PAGES = 256
@@ -64,6 +65,27 @@ def test_chunks_agree_with_the_whole_prefill(tiny: LoadedModel, n: int, chunk: i
     assert s.token_layers_computed == tokens.num_tokens * tiny.config.num_layers
     layers = tiny.config.num_layers
     assert s.model_calls == work.num_chunks * (2 + 2 * layers)  # embed, project+attend, logits
+
+
+@pytest.mark.parametrize("family", ["qwen2-window", "gemma3"])
+def test_chunks_agree_on_families_with_sliding_windows(family: str) -> None:
+    """A window shorter than the prompt: each chunk's queries see their own window's keys."""
+    model = tiny_family_model(family)
+    assert model.forward.spec.windowed
+    e = engine(model, 0)
+    tokens = e.tokenize(prompt(6))
+    assert tokens.num_tokens > 200
+    full = e.strategy("full")
+    whole_seq, chunked_seq = SequenceKV(e.ctx.pool), SequenceKV(e.ctx.pool)
+    with torch.inference_mode():
+        whole = full.prefill(e.ctx, tokens, whole_seq)
+        work = chunked.plan(full, e.ctx, tokens, chunked_seq, 24)
+        assert work is not None
+        got = work.run_all()
+    assert torch.allclose(got.logits, whole.logits, atol=ATOL, rtol=0)
+    for layer in range(model.config.num_layers):
+        for a, b in zip(chunked_seq.gather(layer), whole_seq.gather(layer), strict=True):
+            assert torch.allclose(a, b, atol=ATOL, rtol=0)
 
 
 def test_a_prompt_within_one_chunk_and_other_plans_run_whole(tiny: LoadedModel) -> None:
