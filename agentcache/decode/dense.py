@@ -17,7 +17,10 @@ of the sequence's last W tokens:
     tokens   [0 ........ n-W-1][n-W ............ n-1]
     slots    not read          runs of these slots (`window_spans`)
 
-`DenseDecoder` is the engine's dense decoder over its page pool.
+`dense_step` is one decode step over a `ReadPlan`, the seam that says what each layer's query
+reads and how it attends it: `InPlaceRuns` (the runs above, the engine's default) here, the
+batched scheduler's token-order reads in `runtime/batch_step.py`. `DenseDecoder` is the
+engine's dense decoder over its page pool.
 
 `reference_step` is the reference path: it gathers the context into a token-order copy
 (`SequenceKV.gather`) and calls the forward's own `attend`. Forwards whose attention depends
@@ -27,7 +30,9 @@ on token order or adds terms (`attend` overridden, e.g. CoPE) decode through it.
 from __future__ import annotations
 
 import itertools
+from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import Tensor
@@ -84,18 +89,60 @@ def layer_spans(forward: LlamaForward, seq: SequenceKV) -> list[list[tuple[int, 
     return [spans if w is None else runs.get(w, spans) for w in windows]
 
 
-def dense_step(forward: LlamaForward, seq: SequenceKV, token: int, position: int) -> Tensor:
-    """Append `token` at `position` to `seq` and return the logits after it (V,), reading the
-    context in place. Only for forwards where `reads_in_place` holds."""
+R = TypeVar("R")  # what one layer's query reads
+
+
+class ReadPlan(ABC, Generic[R]):
+    """How a decode query reads its sequence's context in the pool: the mechanism of a dense
+    step (`dense_step`) apart from this policy.
+
+    Contract: `reads` is called once per step, after the new token's slot is taken and before
+    any layer's K/V is written, and returns one read per layer of `forward` (what that layer's
+    query sees: every token of `seq`, or its window's). `attend` returns one query's attention
+    output (1, H*Dh), a new tensor owned by the caller, over `read` of a pool layer
+    `keys`/`values` (N, Hkv, Dh); it reads nothing but the slots of its read and writes
+    nothing. Only for forwards where `reads_in_place` holds."""
+
+    @abstractmethod
+    def reads(self, forward: LlamaForward, seq: SequenceKV) -> list[R]:
+        """One read per layer of `seq`'s context."""
+
+    @abstractmethod
+    def attend(self, q: Tensor, keys: Tensor, values: Tensor, read: R, scale: float) -> Tensor:
+        """q (1, H, Dh) over `read` -> (1, H*Dh)."""
+
+
+class InPlaceRuns(ReadPlan[list[tuple[int, int]]]):
+    """Each layer's slot runs (`layer_spans`), read in place and merged by log-sum-exp."""
+
+    def reads(self, forward: LlamaForward, seq: SequenceKV) -> list[list[tuple[int, int]]]:
+        return layer_spans(forward, seq)
+
+    def attend(
+        self, q: Tensor, keys: Tensor, values: Tensor, read: list[tuple[int, int]], scale: float
+    ) -> Tensor:
+        return paged_attention(q, keys, values, read, scale)
+
+
+IN_PLACE = InPlaceRuns()
+
+
+def dense_step(
+    forward: LlamaForward, seq: SequenceKV, token: int, position: int,
+    plan: ReadPlan[Any] = IN_PLACE,
+) -> Tensor:  # fmt: skip
+    """Append `token` at `position` to `seq` and return the logits after it (V,), each layer's
+    context read as `plan` says (default: in place). Only for forwards where `reads_in_place`
+    holds."""
     f, pool = forward, seq.pool
     slot = seq.extend(1)
     pos = torch.tensor([position])
     hidden = f.embed(torch.tensor([token]))
-    spans = layer_spans(f, seq)
+    reads = plan.reads(f, seq)
     for layer in range(f.config.num_layers):
         q, k, v = f.project(layer, hidden, pos)
         seq.write(layer, slot, k, v)
-        attn = paged_attention(q, pool.keys[layer], pool.values[layer], spans[layer], f.scale)
+        attn = plan.attend(q, pool.keys[layer], pool.values[layer], reads[layer], f.scale)
         hidden = f.finish(layer, hidden, attn)
     return f.logits(hidden)[0]
 

@@ -24,8 +24,8 @@ sequence's pages lie. Both steps here read a layer's context in place when its s
 run in token order (pages in ascending order, as a sequence admitted with all its pages gets
 them) and otherwise from a token-order copy (`layer_reads`): a sequence whose pages were taken
 as it went, beside others, or given back and taken again (preemption), gets the bits it gets
-on consecutive pages. `one_step` is `dense_step` with that rule: the same bits on a sequence
-in token order, tested.
+on consecutive pages. That rule is a read plan (`TokenOrderReads`, `decode.dense.ReadPlan`);
+`one_step` is `dense_step` over it: the same bits on a sequence in token order, tested.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from agentcache.decode.dense import paged_attention
+from agentcache.decode.dense import ReadPlan, dense_step, paged_attention
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.llama import LlamaForward
 
@@ -84,20 +84,23 @@ def attend(q: Tensor, keys: Tensor, values: Tensor, read: Read, scale: float) ->
     return paged_attention(q, k, v, [(0, n)], scale)
 
 
+class TokenOrderReads(ReadPlan[Read]):
+    """Each layer's context as one run when its slots are consecutive in token order, else a
+    token-order copy (`layer_reads`, `attend`): the same bits in any page layout."""
+
+    def reads(self, forward: LlamaForward, seq: SequenceKV) -> list[Read]:
+        return layer_reads(forward, seq)
+
+    def attend(self, q: Tensor, keys: Tensor, values: Tensor, read: Read, scale: float) -> Tensor:
+        return attend(q, keys, values, read, scale)
+
+
+TOKEN_ORDER = TokenOrderReads()
+
+
 def one_step(forward: LlamaForward, seq: SequenceKV, token: int, position: int) -> Tensor:
-    """`decode.dense.dense_step` (append `token` at `position`, the logits after it (V,)),
-    reading each layer by `layer_reads`: alone, the scheduler's step."""
-    f, pool = forward, seq.pool
-    slot = seq.extend(1)
-    pos = torch.tensor([position])
-    hidden = f.embed(torch.tensor([token]))
-    reads = layer_reads(f, seq)
-    for layer in range(f.config.num_layers):
-        q, k, v = f.project(layer, hidden, pos)
-        seq.write(layer, slot, k, v)
-        attn = attend(q, pool.keys[layer], pool.values[layer], reads[layer], f.scale)
-        hidden = f.finish(layer, hidden, attn)
-    return f.logits(hidden)[0]
+    """`decode.dense.dense_step` over `TokenOrderReads`: alone, the scheduler's step."""
+    return dense_step(forward, seq, token, position, TOKEN_ORDER)
 
 
 def batched_dense_step(

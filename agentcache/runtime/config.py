@@ -41,6 +41,11 @@ class EngineConfig:
     # taken as it goes. None: a turn waits at admission until every page it may fill is free
     preemption: str | None = None
     preemption_host_bytes: int = GiB
+    # with batch_decode: a prefill the runtime can run in chunks (runtime/chunked.py: `full`'s
+    # plan) computes at most this many tokens per scheduler step, each step also advancing
+    # every decoding turn; a prompt of at most this many tokens runs whole. 0 or None: every
+    # prefill runs whole, as its own unit (the reference path)
+    prefill_chunk_tokens: int | None = 512
 
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones
@@ -56,6 +61,11 @@ class EngineConfig:
         if self.preemption_host_bytes < 0:
             raise ConfigError(f"preemption_host_bytes must be >= 0, got "
                               f"{self.preemption_host_bytes}")  # fmt: skip
+        chunk = self.prefill_chunk_tokens
+        whole = isinstance(chunk, int) and not isinstance(chunk, bool)
+        if chunk is not None and not (whole and chunk >= 0):
+            raise ConfigError(f"prefill_chunk_tokens must be a whole number of tokens >= 0 (0 or "
+                              f"None: prefills run whole), got {chunk!r}")  # fmt: skip
         for name, options in self.strategy_options.items():  # here, not at the first request
             strategy = STRATEGIES.get(name)
             if not isinstance(options, Mapping):

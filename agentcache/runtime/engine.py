@@ -10,6 +10,7 @@ one.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -33,6 +34,7 @@ from agentcache.prompt.segments import Segment, SegmentedPrompt
 from agentcache.prompt.tokenize import TokenizedPrompt, tokenize_prompt
 from agentcache.reuse.base import STRATEGIES, PrefillResult, ReuseContext, ReuseStrategy
 from agentcache.reuse.segments import REUSABLE
+from agentcache.runtime import chunked
 from agentcache.runtime.config import EngineConfig
 from agentcache.runtime.loop import TurnDecoding, decode_loop
 from agentcache.runtime.params import GenerationParams
@@ -97,7 +99,8 @@ class Engine:
         self.batch: BatchScheduler | None = None
         if self.config.batch_decode:
             policy = self._preemption_policy()
-            self.batch = BatchScheduler(model.forward, self._lock, policy, self.gate.wake)
+            chunk = self.config.prefill_chunk_tokens or 0
+            self.batch = BatchScheduler(model.forward, self._lock, policy, self.gate.wake, chunk)
             if policy is not None:
                 batch = self.batch
                 self.gate.hold = lambda: batch.waiting_preempted > 0
@@ -188,8 +191,13 @@ class Engine:
         commit: bool = True,
         on_token: Callable[[int], None] | None = None,
         reply: Callable[[str], Segment | None] | None = None,
+        cancel: threading.Event | None = None,
     ) -> Generation:
         """`on_token` is called with each new token id as it is chosen (for streaming).
+
+        `cancel`, once set, stops a prefill that runs in chunks (`EngineConfig.
+        prefill_chunk_tokens`) before its next chunk, raising `scheduler.TurnCancelled`; its
+        pages are freed. (Decode stops when `on_token` raises.)
 
         `reply` maps the reply's text to the segment it will be in the next turn's prompt (an
         assistant message); with `commit`, the KV of that closed message, computed here in its
@@ -201,16 +209,14 @@ class Engine:
             raise ContextLengthError(n, self.max_context, "prompt", holder)
         self._check_fits(tokens, params)
         with self.gate.admit(self._pages_for(tokens, params)) as seq:
-            with self._lock, torch.inference_mode():
-                strat = self.strategy(strategy)
-                t0 = time.perf_counter()
-                pre = strat.prefill(self.ctx, tokens, seq)
-                ttft = time.perf_counter() - t0
-                if commit:  # the prompt's KV, before a sparse decoder lets its pages go
-                    self._commit(strat, tokens, seq, pre)
+            strat, pre, ttft = self._prefill_commit(strategy, tokens, seq, commit, cancel)
 
             def refill(empty: SequenceKV) -> None:  # a preempted turn's prompt, recomputed
-                strat.prefill(self.ctx, tokens, empty)
+                work = self._chunked(strat, tokens, empty)  # as it first ran: the same bits
+                if work is None:
+                    strat.prefill(self.ctx, tokens, empty)
+                else:
+                    work.run_all()
 
             ids, finish, decode = self._decode(seq, pre, params, on_token, refill)
             text = cut_at_stop(self.model.tokenizer.decode(ids), params.stop)
@@ -222,6 +228,41 @@ class Engine:
         prefill = PrefillPart.of(strat.name, pre.stats, ttft)
         stats = TurnStats.of(prefill=prefill, decode=decode, reply_kv=reply_kv)
         return Generation(text, tuple(ids), finish, pre.logits, stats)
+
+    def _prefill_commit(
+        self, strategy: str | None, tokens: TokenizedPrompt, seq: SequenceKV, commit: bool,
+        cancel: threading.Event | None,
+    ) -> tuple[ReuseStrategy, PrefillResult, float]:  # fmt: skip
+        """The turn's prefill and (with `commit`) the prompt's commit, under the engine's lock;
+        a prefill the scheduler runs in chunks (`_chunked`) runs in its steps, beside the
+        decoding turns. Returns the strategy, the prefill and its time to the first token."""
+        with self._lock, torch.inference_mode():
+            strat = self.strategy(strategy)
+            t0 = time.perf_counter()
+            work = self._chunked(strat, tokens, seq)
+            if work is None:
+                pre = strat.prefill(self.ctx, tokens, seq)
+                ttft = time.perf_counter() - t0
+                if commit:  # the prompt's KV, before a sparse decoder lets its pages go
+                    self._commit(strat, tokens, seq, pre)
+                return strat, pre, ttft
+        assert self.batch is not None
+        pre = self.batch.prefill(work, cancel)
+        ttft = time.perf_counter() - t0
+        if commit:
+            with self._lock, torch.inference_mode():
+                self._commit(strat, tokens, seq, pre)
+        return strat, pre, ttft
+
+    def _chunked(
+        self, strat: ReuseStrategy, tokens: TokenizedPrompt, seq: SequenceKV
+    ) -> chunked.ChunkedPrefill | None:
+        """The prefill as chunks for the scheduler's steps: with batching, a chunk budget, and
+        a plan the runtime runs in chunks (`runtime/chunked.py`); None: it runs whole."""
+        chunk = self.config.prefill_chunk_tokens
+        if self.batch is None or not chunk:
+            return None
+        return chunked.plan(strat, self.ctx, tokens, seq, chunk)
 
     def _check_fits(self, prompt: TokenizedPrompt, params: GenerationParams) -> None:
         """With preemption, PoolCapacityError when the prompt and its max_new_tokens (within

@@ -14,6 +14,18 @@ itself unless another thread is running one, and waits otherwise. Each step, lik
 holds the engine's lock, so prefills and steps alternate in arrival order (a prefill runs as
 its own unit before its turn joins the batch).
 
+Chunked prefill (`EngineConfig.prefill_chunk_tokens`, `runtime/chunked.py`): a long prefill
+whose plan the runtime runs in chunks is handed to the scheduler instead (`prefill`), and each
+step runs chunks of the waiting prefills, oldest first, up to the step's token budget (at
+least one chunk), after feeding the decoding turns:
+
+    step k     decode: every running turn + 1 token    prefill: A's chunk 3
+    step k+1   decode: every running turn + 1 token    prefill: A's last chunk -> A joins
+    step k+2   decode: ... A too                       prefill: B's chunk 0
+
+A prefill's thread waits for its result as a turn's waits for tokens (running steps itself
+when none is running); set, its `cancel` stops it before its next chunk (`TurnCancelled`).
+
 Alone and batched, a row's logits agree to fp32 rounding (a one-row matmul sums in another
 order than the padded batch's, `batch_step`), not bit for bit: a turn that decodes partly
 alone and partly in a batch gets the greedy ids it gets alone unless two logits tie to that
@@ -44,11 +56,13 @@ from torch import Tensor
 
 from agentcache.decode.base import Decoder
 from agentcache.decode.dense import DenseDecoder, reads_in_place
-from agentcache.errors import OutOfPagesError
+from agentcache.errors import AgentCacheError, OutOfPagesError
 from agentcache.kv.pool import SequenceKV
 from agentcache.kv.preemption import Preempted, PreemptionPolicy
 from agentcache.model.llama import LlamaForward
+from agentcache.reuse.base import PrefillResult
 from agentcache.runtime.batch_step import batched_dense_step, one_step
+from agentcache.runtime.chunked import ChunkedPrefill
 from agentcache.runtime.loop import TurnDecoding
 from agentcache.runtime.sharing import FairLock
 
@@ -77,6 +91,26 @@ class Running:
     unfed: bool = False  # its token is chosen (joined so, or preempted then): fed next
 
 
+class TurnCancelled(AgentCacheError):
+    """The turn's `cancel` was set while its prefill ran in chunks: it stopped before its next
+    chunk."""
+
+
+@dataclass(eq=False)
+class Prefilling:
+    """One chunked prefill waiting in the scheduler: its work, and what its thread reads."""
+
+    work: ChunkedPrefill
+    cancel: threading.Event | None = None
+    result: PrefillResult | None = None
+    error: BaseException | None = None
+    left: bool = False  # set by its thread: no step may touch it any more
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None or self.error is not None
+
+
 @dataclass(frozen=True)
 class BatchStats:
     steps: int  # scheduler steps run
@@ -89,6 +123,8 @@ class BatchStats:
     swapped_bytes: int = 0  # K/V bytes copied to the host by preemptions
     recomputed_tokens: int = 0  # tokens recomputed on resume (prompt and generated)
     waiting_preempted: int = 0  # turns preempted and not yet resumed, now
+    prefill_chunks: int = 0  # chunks of chunked prefills run by steps
+    mixed_steps: int = 0  # steps that ran a prefill chunk and advanced a decoding turn
 
 
 class BatchScheduler:
@@ -103,8 +139,12 @@ class BatchScheduler:
         lock: FairLock,
         preemption: PreemptionPolicy | None = None,
         wake: Callable[[], None] | None = None,
+        prefill_tokens: int = 0,
     ) -> None:
+        """`prefill_tokens`: the tokens of chunked prefills a step computes (at least one
+        chunk); prefills are handed over by `prefill`."""
         self.forward, self._lock = forward, lock
+        self.prefill_tokens = prefill_tokens
         self.preemption, self._wake = preemption, wake
         self._batchable = reads_in_place(forward)
         self._cond = threading.Condition(threading.Lock())
@@ -112,6 +152,9 @@ class BatchScheduler:
         self._active: list[Running] = []
         self._in_flight: list[Running] = []
         self._stepping = False
+        self._prefills: list[Prefilling] = []
+        self._prefills_in_flight: list[Prefilling] = []
+        self._chunks = self._mixed = 0
         self._steps = self._rows = self._solo = self._peak = self._lone = 0
         self._joined = self._resumed = self._recomputed = 0
         self.waiting_preempted = 0  # read without a lock by `PageGate.hold`
@@ -122,7 +165,7 @@ class BatchScheduler:
             return BatchStats(
                 self._steps, self._rows, self._solo, self._peak, self._lone,
                 c.preempted if c else 0, self._resumed, c.swapped_bytes if c else 0,
-                self._recomputed, self.waiting_preempted,
+                self._recomputed, self.waiting_preempted, self._chunks, self._mixed,
             )  # fmt: skip
 
     @property
@@ -208,7 +251,9 @@ class BatchScheduler:
                 self._active = [r for r in self._active + self._joining if not r.left]
                 self._joining = []
                 batch = self._in_flight = list(self._active)
+                jobs = self._prefills_in_flight = [j for j in self._prefills if not j.left]
                 self._steps += 1
+            chunks = 0
             try:
                 resumed = self._resume(batch)
                 ready = [r for r in batch if r.preempted is None]
@@ -218,19 +263,83 @@ class BatchScheduler:
                 for r in ready:
                     r.unfed = False
                 self._feed([r for r in ready if not r.finished])
+                chunks = self._prefill_chunks(jobs)
             except BaseException as e:  # a fault of the step, not of one turn: each turn gets it
                 for r in batch:
                     if not r.finished:
                         r.finished, r.error = True, e
+                for j in jobs:
+                    if not j.finished:
+                        j.error = e
                 raise
             finally:
                 with self._cond:
                     self._active = [r for r in self._active if not r.finished]
-                    self._in_flight = []
+                    self._in_flight, self._prefills_in_flight = [], []
+                    self._prefills = [j for j in self._prefills if not j.finished]
+                    self._chunks += chunks
+                    self._mixed += int(chunks > 0 and len(ready) > 0)
                     self._cond.notify_all()
         if resumed and self._wake is not None:
             self._wake()
-        return len(ready)
+        return len(ready) + chunks
+
+    def prefill(self, work: ChunkedPrefill, cancel: threading.Event | None = None) -> PrefillResult:
+        """Run `work` in the steps, chunk by chunk beside the decoding turns; its result. Runs
+        steps on this thread when no other thread is running one. Raises its chunk's error,
+        or `TurnCancelled` once `cancel` is set (no chunk runs after); once it returns or
+        raises, no step touches `work`'s sequence."""
+        job = Prefilling(work, cancel)
+        with self._cond:
+            self._prefills.append(job)
+        try:
+            while True:
+                lead = False
+                with self._cond:
+                    while not job.finished:
+                        if not self._stepping:
+                            self._stepping = lead = True
+                            break
+                        self._cond.wait()
+                    if not lead:
+                        break
+                try:
+                    self.step()
+                finally:
+                    with self._cond:
+                        self._stepping = False
+                        self._cond.notify_all()
+        finally:
+            with self._cond:
+                job.left = True
+                while job in self._prefills_in_flight:
+                    self._cond.wait()
+                if job in self._prefills:
+                    self._prefills.remove(job)
+        if job.error is not None:
+            raise job.error
+        assert job.result is not None
+        return job.result
+
+    def _prefill_chunks(self, jobs: list[Prefilling]) -> int:
+        """Chunks of `jobs`, oldest first, while the step's token budget lasts (at least one
+        chunk); returns how many ran. A job's error is its own; a cancelled job runs no more."""
+        ran = tokens = 0
+        for j in jobs:
+            while not j.finished:
+                n = j.work.next_size
+                if ran and tokens + n > self.prefill_tokens:
+                    return ran
+                if j.cancel is not None and j.cancel.is_set():  # looked at once per chunk
+                    j.error = TurnCancelled("cancelled before its prefill finished")
+                    break
+                try:
+                    j.result = j.work.run_chunk()
+                except Exception as e:  # this prefill's fault alone
+                    j.error = e
+                ran += 1
+                tokens += n
+        return ran
 
     def _choose(self, batch: list[Running]) -> None:
         """Each turn's next token, handed to its thread before the forward runs."""

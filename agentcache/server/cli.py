@@ -139,6 +139,11 @@ def add_security(p: argparse.ArgumentParser) -> None:
                    help="embedded backend: the active requests decode as one batch per step, "
                    "a lone one as without batching (default; --no-batch-decode: each steps "
                    "alone, interleaved; see docs/server.md)")  # fmt: skip
+    p.add_argument("--prefill-chunk-tokens", type=non_negative_int, default=None, metavar="N",
+                   help="embedded backend, with batching: a long prefill that can run in chunks "
+                   "(the full strategy's) computes at most N tokens per step, each step also "
+                   "decoding the active requests (default: 512; 0: every prefill runs whole, "
+                   "stalling decoding for its duration)")  # fmt: skip
     p.add_argument("--preemption", choices=("swap", "recompute"), default=None,
                    help="embedded backend, with batching: when the KV pool is full, the newest "
                    "running request is preempted, its KV copied to host memory (swap) or "
@@ -342,5 +347,7 @@ def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path)
         store_bytes=default.store_bytes if args.store_bytes is None else args.store_bytes,
         preemption_host_bytes=default.preemption_host_bytes
         if args.preemption_host_bytes is None else args.preemption_host_bytes,
+        prefill_chunk_tokens=default.prefill_chunk_tokens
+        if args.prefill_chunk_tokens is None else args.prefill_chunk_tokens,
     )  # fmt: skip
     return Engine(loaded, engine_config)

@@ -20,12 +20,7 @@ The prefills are not committed (the stores stay as the setup left them).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,9 +30,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # siblings, when loaded by path
 
-from long_prompts import Request, bfcl_tools, requests, run_request
+from long_prompts import Request, bfcl_tools, requests, run_request, write_results
 
-from agentcache.bench.provenance import provenance, specs_of
+from agentcache.bench.provenance import specs_of
 from agentcache.chat.segmenter import ConversationTracker
 from agentcache.model.loading import load_model
 from agentcache.runtime.engine import Engine, EngineConfig
@@ -173,23 +168,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def write(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
-    argv = sys.argv[1:]
-    prov = provenance(specs_of(LABELS), argv=argv)
-    prov["command"] = " ".join(["python benchmarks/reuse/exact_turns.py", *argv])
-    results = {
-        "provenance": prov,
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-        "command": prov["command"],
-        "commit": commit.stdout.strip(),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch "
-        f"{torch.__version__}, cores {os.cpu_count()}",
-        "summary": summarize(rows),
-        "rows": rows,
-    }
-    (a.out / "results.json").write_text(json.dumps(results, indent=1))
-    (a.out / "report.md").write_text(report(results))
+    specs = specs_of(LABELS)
+    write_results(a.out, "benchmarks/reuse/exact_turns.py", specs, rows, summarize(rows), report)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ from agentcache.chat.runner import ChatEngine
 from agentcache.chat.segmenter import ConversationTracker
 from agentcache.chat.tools import render_tools
 from agentcache.model.loading import LoadedModel, load_model
+from agentcache.reuse.spec import StrategySpec
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams, TurnStats
 
 CASES = ("no-reuse", "system+tools", "history", "system", "history-stamp")
@@ -331,23 +332,36 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def write(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    specs = specs_of(r["strategy"] for r in rows)
+    command = " ".join(["python", *sys.argv])
+    write_results(a.out, "benchmarks/reuse/long_prompts.py", specs, rows, summarize(rows), report,
+                  command)  # fmt: skip
+
+
+def write_results(
+    out: Path, script: str, specs: list[StrategySpec], rows: list[dict[str, Any]], summary: Any,
+    report: Callable[[dict[str, Any]], str], command: str | None = None,
+) -> None:  # fmt: skip
+    """`out`/results.json (provenance, command, commit, date, machine, summary, rows) and
+    `out`/report.md (`report` of those results). `command`: the one recorded beside the
+    provenance's (`python <script> <args>`), which it is when None."""
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
     argv = sys.argv[1:]
-    prov = provenance(specs_of(r["strategy"] for r in rows), argv=argv)
-    prov["command"] = " ".join(["python benchmarks/reuse/long_prompts.py", *argv])
+    prov = provenance(specs, argv=argv)
+    prov["command"] = " ".join([f"python {script}", *argv])
     results = {
         "provenance": prov,
         "load_average": [round(x, 2) for x in os.getloadavg()],
-        "command": " ".join(["python", *sys.argv]),
+        "command": prov["command"] if command is None else command,
         "commit": commit.stdout.strip(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch "
         f"{torch.__version__}, cores {os.cpu_count()}",
-        "summary": summarize(rows),
+        "summary": summary,
         "rows": rows,
     }
-    (a.out / "results.json").write_text(json.dumps(results, indent=1))
-    (a.out / "report.md").write_text(report(results))
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "report.md").write_text(report(results))
 
 
 if __name__ == "__main__":
