@@ -44,8 +44,10 @@ class EngineConfig:
     # with batch_decode: a prefill the runtime can run in chunks (runtime/chunked.py: `full`'s
     # plan) computes at most this many tokens per scheduler step, each step also advancing
     # every decoding turn; a prompt of at most this many tokens runs whole. 0 or None: every
-    # prefill runs whole, as its own unit (the reference path)
-    prefill_chunk_tokens: int | None = 512
+    # prefill runs whole, as its own unit (the reference path), the default: chunks cut the
+    # decoding turns' stalls but delay the long prompt's first token, and only `full`'s plan
+    # chunks today, so a `full` baseline would run another prefill than the reuse strategies
+    prefill_chunk_tokens: int | None = 0
 
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones

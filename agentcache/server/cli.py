@@ -142,8 +142,8 @@ def add_security(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk-tokens", type=non_negative_int, default=None, metavar="N",
                    help="embedded backend, with batching: a long prefill that can run in chunks "
                    "(the full strategy's) computes at most N tokens per step, each step also "
-                   "decoding the active requests (default: 512; 0: every prefill runs whole, "
-                   "stalling decoding for its duration)")  # fmt: skip
+                   "decoding the active requests (default: 0, every prefill runs whole, "
+                   "stalling decoding for its duration; e.g. 512 with many agents)")  # fmt: skip
     p.add_argument("--preemption", choices=("swap", "recompute"), default=None,
                    help="embedded backend, with batching: when the KV pool is full, the newest "
                    "running request is preempted, its KV copied to host memory (swap) or "
