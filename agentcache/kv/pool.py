@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import mmap
 from dataclasses import dataclass, field
 from typing import NewType
@@ -78,9 +79,7 @@ class PoolConfig:
 def _reserve(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
     """A zero tensor of `shape` whose memory the OS provides on first write: an anonymous
     private mapping (zero-filled by the OS, resident only where written)."""
-    numel = 1
-    for n in shape:
-        numel *= n
+    numel = math.prod(shape)
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     if nbytes == 0:
         return torch.zeros(shape, dtype=dtype)
