@@ -170,3 +170,28 @@ def test_over_http_a_client_that_leaves_while_tokenized_holds_nothing_in_line(
     assert (line.active, line.waiting, line.waiting_tokens) == (0, 0, 0)
     assert r.status_code == 200 and engine.produced == [2]  # only the second one ran
     assert metric_line(metrics, "agentcache_cancelled_total") == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_over_http_a_client_that_leaves_while_in_line_gives_its_place_and_tokens_back(
+    stream: bool,
+) -> None:
+    """One long request holds the only slot; a second waits in line with its prompt tokens;
+    its client leaves: its place and tokens are given back while the first still runs."""
+    engine = SlowEngine()
+    app: Any = create_app(engine, ServerConfig("slow", max_active=1))  # type: ignore[arg-type]
+    line = app.state.line
+    with serve_in_thread(app) as url:
+        busy = raw_post(url, "/v1/chat/completions", {**BODY, "max_tokens": 4000})
+        assert engine.started.wait(60)
+        waiting = raw_post(url, "/v1/chat/completions", {**BODY, "max_tokens": 5,
+                                                         "stream": stream})  # fmt: skip
+        wait_for(lambda: line.waiting == 1)
+        assert line.waiting_tokens > 0
+        waiting.close()
+        wait_for(lambda: line.waiting == 0)
+        left = (line.waiting_tokens, line.active, list(engine.produced))
+        busy.close()
+        wait_for(lambda: line.active == 0)
+    assert left == (0, 1, [])  # the first still at the engine, nothing else generated
+    assert engine.produced[0] < 4000
