@@ -86,15 +86,17 @@ class RetentionReport:
     enforced: bool  # the store pins entries (False: the backend's store cannot)
     pinned_segments: int  # entries of this turn pinned (its own scope's only)
     pinned_bytes: int
-    refused_segments: int  # held but beyond the store's retained share: not pinned
+    refused_segments: int  # held but beyond the retained share or the tenant's: not pinned
     resumed_after_s: float | None  # this request resumed a tool pause that long after it
     prefetched_pages: int  # pages of the resumed pause moved up to the fast tier
+    tenant_refused_segments: int = 0  # of refused_segments, those over the tenant's part
 
     def to_dict(self) -> dict[str, Any]:
         return {"retention_source": self.source, "retained_ttl_s": self.granted_s,
                 "enforced": self.enforced and self.granted_s is not None,
                 "pinned_segments": self.pinned_segments,
                 "pinned_bytes": self.pinned_bytes, "refused_segments": self.refused_segments,
+                "tenant_refused_segments": self.tenant_refused_segments,
                 "resumed_after_s": self.resumed_after_s,
                 "prefetched_pages": self.prefetched_pages}  # fmt: skip
 
@@ -102,7 +104,9 @@ class RetentionReport:
 class TurnRetention:
     """Retention for the turns of one `ChatEngine`; see the module docstring. Thread-safe.
     `clock`: seconds, what gaps are measured on (the store's own clock expires its pins).
-    The store's retained share is set to `config.pinned_share` when it can pin. Each tenant
+    The store's retained share is set to `config.pinned_share` when it can pin (a share of 0
+    turns pinning off: reports say `enforced` false, as on a store that cannot pin), and a
+    tenant's part of it to `config.tenant_share` (pins are owned by their tenant). Each tenant
     learns its own default from its own pauses (`learner` is the empty one each starts from;
     the `max_tenants` most recent are remembered), so no tenant's traffic shows in another's."""
 
@@ -120,9 +124,10 @@ class TurnRetention:
         self._lock = threading.Lock()
         self._engine = engine if isinstance(engine, Engine) else None
         store = getattr(engine, "store", None)
-        self.store = store if isinstance(store, RetainingStore) else None
+        can_pin = isinstance(store, RetainingStore) and self.config.pinned_share > 0
+        self.store = store if can_pin else None  # a share of 0: retention off
         if self.store is not None:
-            self.store.set_retain_share(self.config.pinned_share)
+            self.store.set_retain_share(self.config.pinned_share, self.config.tenant_share)
 
     def default_s(self, tenant: str) -> float:
         """The retention a tool-call turn of `tenant` gets without a request: learned from
@@ -170,12 +175,13 @@ class TurnRetention:
             seconds, source = self.default_s(tenant), "learned"
         else:
             seconds, source = None, "none"
-        pinned, nbytes, refused = 0, 0, 0
+        pinned, nbytes, refused, over_share = 0, 0, 0, 0
         held: Held | None = None
         if seconds is not None and self.store is not None and self._engine is not None:
             held = self._held(tokens, reply_segment, tool_call, source == "learned")
-            got = self.store.retain(held.model_id, held.tokenizer_id, held.cids, seconds)
+            got = self.store.retain(held.model_id, held.tokenizer_id, held.cids, seconds, tenant)
             pinned, nbytes, refused = len(got.pinned), got.nbytes, len(got.refused)
+            over_share = len(got.owner_refused)
         if resumed is not None and resumed.held.learned and self.store is not None:
             again = set(held.cids) if held is not None else set()
             old = resumed.held
@@ -187,7 +193,7 @@ class TurnRetention:
             requested_s, seconds, source, self.store is not None and self._engine is not None,
             pinned, nbytes, refused,
             None if resumed is None else resumed.gap_s,
-            0 if resumed is None else resumed.prefetched_pages,
+            0 if resumed is None else resumed.prefetched_pages, over_share,
         )  # fmt: skip
 
     def _held(

@@ -6,9 +6,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import replace
 
-from agentcache.kv.retention import PinResult, PinTable, RetainingStore, RetentionStats
+from agentcache.kv.retention import (
+    PinResult,
+    PinTable,
+    RetainingStore,
+    RetentionStats,
+    check_shares,
+)
 from agentcache.kv.store import (
     Lookup,
     MissLedger,
@@ -122,8 +129,9 @@ class MemorySegmentStore(SegmentStore, RetainingStore):
     # ---- retention (RetainingStore) ----
 
     def retain(
-        self, model_id: str, tokenizer_id: str, cids: Sequence[str], seconds: float
-    ) -> PinResult:
+        self, model_id: str, tokenizer_id: str, cids: Sequence[str], seconds: float,
+        owner: Hashable = None,
+    ) -> PinResult:  # fmt: skip
         with self._lock:
             sizes, absent = [], []
             for cid in cids:
@@ -133,18 +141,18 @@ class MemorySegmentStore(SegmentStore, RetainingStore):
                     absent.append(key)
                 else:
                     sizes.append((key, kv.nbytes))
-            got = self.retained.pin(sizes, seconds, self.clock())
-            return PinResult(got.pinned, (*got.refused, *absent), got.until, got.nbytes)
+            got = self.retained.pin(sizes, seconds, self.clock(), owner)
+            return replace(got, refused=(*got.refused, *absent))
 
     def release(self, model_id: str, tokenizer_id: str, cids: Sequence[str]) -> None:
         with self._lock:
             self.retained.unpin([store_key(model_id, tokenizer_id, c) for c in cids])
 
-    def set_retain_share(self, share: float) -> None:
-        if not 0 <= share <= 1:
-            raise ValueError(f"retain_share must be from 0 to 1, got {share}")
+    def set_retain_share(self, share: float, owner_share: float = 1.0) -> None:
+        check_shares(share, owner_share)
         with self._lock:
             self.retained.max_bytes = int(share * self.capacity_bytes)
+            self.retained.owner_share = owner_share
 
     def retention_stats(self) -> RetentionStats:
         with self._lock:

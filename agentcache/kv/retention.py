@@ -2,13 +2,16 @@
 
     parse_retention(value, field)   "30s", "5m", "1.5h", "250ms" or seconds -> seconds; a
                                     negative value, a non-duration, or one above the cap is a
-                                    ValueError naming `field` (the server answers 400)
+                                    ValueError naming `field` (a strict check for a duration
+                                    of one's own; a provider API's retention fields are
+                                    granted up to the cap instead: server/cache_control.py)
     GapLearner                      the default retention, learned from the observed gaps
                                     between a turn that ended in a tool call and the
                                     conversation's next request (CacheTTL, Continuum): a
                                     high quantile of the recent gaps, capped
-    PinTable                        segment -> (bytes, expiry); pinned bytes never exceed
-                                    `max_bytes` (a share of the pool), an expired pin is no
+    PinTable                        segment -> (bytes, expiry, owner); pinned bytes never
+                                    exceed `max_bytes` (a share of the pool), nor an owner's
+                                    (a tenant's) `owner_share` of that; an expired pin is no
                                     pin: evictable at once, without a timer
     RetainingStore                  the seam of a store that keeps entries for a time
                                     (the memory and the tiered store implement it)
@@ -36,12 +39,14 @@ _DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|min|m|h)?\s*")
 class RetentionConfig:
     """`default_s`: retention before any gap is observed; `max_s`: the cap on any retention
     (from a request or learned); `pinned_share`: of the pool's bytes, the most pins may hold;
-    `quantile`: of the observed gaps, the learned retention covers this many."""
+    `tenant_share`: of those, the most one tenant's pins may hold; `quantile`: of the
+    observed gaps, the learned retention covers this many."""
 
     default_s: float = 60.0
     max_s: float = 600.0
     pinned_share: float = 0.25
     quantile: float = 0.9
+    tenant_share: float = 0.5
 
     def __post_init__(self) -> None:
         if not 0 <= self.default_s <= self.max_s < math.inf:
@@ -50,12 +55,15 @@ class RetentionConfig:
             )
         if not 0 <= self.pinned_share <= 1:
             raise ValueError(f"pinned_share must be from 0 to 1, got {self.pinned_share}")
+        if not 0 < self.tenant_share <= 1:
+            raise ValueError(f"tenant_share must be above 0 and at most 1, got {self.tenant_share}")
         if not 0 < self.quantile <= 1:
             raise ValueError(f"quantile must be in (0, 1], got {self.quantile}")
 
 
 def parse_retention(value: object, field: str, max_s: float) -> float:
-    """Seconds from a number of seconds or a duration string; ValueError naming `field`."""
+    """Seconds from a number of seconds or a duration string; ValueError naming `field`,
+    also above `max_s` (the server grants its API fields up to the cap instead)."""
     if isinstance(value, bool):
         seconds = math.nan
     elif isinstance(value, int | float):
@@ -73,6 +81,15 @@ def parse_retention(value: object, field: str, max_s: float) -> float:
     if seconds > max_s:
         raise ValueError(f"{field}: {value!r} is above the server's cap of {max_s:g} s")
     return seconds
+
+
+def check_shares(share: float, owner_share: float) -> None:
+    """ValueError unless `share` is from 0 to 1 and `owner_share` above 0 and at most 1
+    (`RetainingStore.set_retain_share`)."""
+    if not 0 <= share <= 1:
+        raise ValueError(f"retain_share must be from 0 to 1, got {share}")
+    if not 0 < owner_share <= 1:
+        raise ValueError(f"owner_share must be above 0 and at most 1, got {owner_share}")
 
 
 class GapLearner:
@@ -99,57 +116,84 @@ class GapLearner:
 @dataclass(frozen=True)
 class PinResult:
     pinned: tuple[Hashable, ...]  # pinned (or re-pinned) until `until`
-    refused: tuple[Hashable, ...]  # would exceed the pinned-bytes cap: not pinned
+    refused: tuple[Hashable, ...]  # would exceed a cap (or not held): not pinned
     until: float
     nbytes: int = 0  # bytes of the pinned keys
+    owner_refused: tuple[Hashable, ...] = ()  # of `refused`, those over the owner's share
 
 
 @dataclass(frozen=True)
 class RetentionStats:
-    """A store's pins now: live pins and their bytes, the cap, pins refused for it so far."""
+    """A store's pins now: live pins and their bytes, the cap, pins refused for it so far,
+    and of those, pins refused for their owner's share."""
 
     pinned_entries: int
     pinned_bytes: int
     max_bytes: int
     refused: int
+    owner_refused: int = 0
 
 
 class PinTable:
-    """Pins on keys (a store's segments) with a byte size and an expiry on the caller's clock
-    (`now`, seconds). Contract: `pinned_bytes(now) <= max_bytes` always; `pin` never evicts
-    another pin to make room (it refuses, and says which); an expired pin counts nowhere."""
+    """Pins on keys (a store's segments) with a byte size, an expiry on the caller's clock
+    (`now`, seconds) and an owner (a tenant; None: no one's). Contract: `pinned_bytes(now) <=
+    max_bytes` always, and an owner's live pins hold at most `owner_share` of `max_bytes`
+    (None's: no bound but the table's); `pin` never evicts another pin to make room (it
+    refuses, and says which); an expired pin counts nowhere."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, owner_share: float = 1.0) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = max_bytes
-        self._pins: dict[Hashable, tuple[int, float]] = {}  # key -> (bytes, expiry)
-        self.refused = 0  # pins refused for the cap
+        self.owner_share = owner_share
+        # key -> (bytes, expiry, owner)
+        self._pins: dict[Hashable, tuple[int, float, Hashable]] = {}
+        self.refused = 0  # pins refused for a cap (the table's or an owner's)
+        self.owner_refused = 0  # of those, for the owner's share
 
-    def pin(self, sizes: Iterable[tuple[Hashable, int]], seconds: float, now: float) -> PinResult:
-        """Pin each (key, bytes) until now + seconds (an existing pin is extended, never
-        shortened), in order, while the cap allows."""
+    @property
+    def owner_max_bytes(self) -> int:
+        return int(self.owner_share * self.max_bytes)
+
+    def pin(
+        self, sizes: Iterable[tuple[Hashable, int]], seconds: float, now: float,
+        owner: Hashable = None,
+    ) -> PinResult:  # fmt: skip
+        """Pin each (key, bytes) for `owner` until now + seconds (an existing pin is extended,
+        never shortened), in order, while the caps allow."""
         self.expire(now)
         until = now + seconds
-        pinned, refused = [], []
+        total, mine = self.pinned_bytes(now), self.owner_bytes(owner, now)
+        pinned, refused, over_share = [], [], []
         for key, nbytes in sizes:
             held = self._pins.get(key)
             grow = nbytes - (held[0] if held else 0)
-            if self.pinned_bytes(now) + max(grow, 0) > self.max_bytes:
+            grow_mine = nbytes - (held[0] if held and held[2] == owner else 0)
+            over_table = total + max(grow, 0) > self.max_bytes
+            over_mine = owner is not None and mine + max(grow_mine, 0) > self.owner_max_bytes
+            if over_table or over_mine:
                 refused.append(key)
                 self.refused += 1
+                if not over_table:
+                    over_share.append(key)
+                    self.owner_refused += 1
                 continue
-            self._pins[key] = (nbytes, max(until, held[1] if held else until))
+            self._pins[key] = (nbytes, max(until, held[1] if held else until), owner)
+            total, mine = total + grow, mine + grow_mine
             pinned.append(key)
-        total = sum(self._pins[k][0] for k in pinned)
-        return PinResult(tuple(pinned), tuple(refused), until, total)
+        nbytes_pinned = sum(self._pins[k][0] for k in pinned)
+        return PinResult(tuple(pinned), tuple(refused), until, nbytes_pinned, tuple(over_share))
+
+    def owner_bytes(self, owner: Hashable, now: float) -> int:
+        """Bytes of `owner`'s live pins."""
+        return sum(b for b, until, o in self._pins.values() if until > now and o == owner)
 
     def is_pinned(self, key: Hashable, now: float) -> bool:
         held = self._pins.get(key)
         return held is not None and held[1] > now
 
     def pinned_bytes(self, now: float) -> int:
-        return sum(b for b, until in self._pins.values() if until > now)
+        return sum(b for b, until, _ in self._pins.values() if until > now)
 
     def unpin(self, keys: Iterable[Hashable]) -> None:
         for key in keys:
@@ -157,13 +201,15 @@ class PinTable:
 
     def expire(self, now: float) -> list[Hashable]:
         """Forget the pins that expired; returns their keys."""
-        gone = [k for k, (_, until) in self._pins.items() if until <= now]
+        gone = [k for k, (_, until, _) in self._pins.items() if until <= now]
         self.unpin(gone)
         return gone
 
     def stats(self, now: float) -> RetentionStats:
-        live = [b for b, until in self._pins.values() if until > now]
-        return RetentionStats(len(live), sum(live), self.max_bytes, self.refused)
+        live = [b for b, until, _ in self._pins.values() if until > now]
+        return RetentionStats(
+            len(live), sum(live), self.max_bytes, self.refused, self.owner_refused
+        )
 
 
 class RetainingStore(ABC):
@@ -171,10 +217,12 @@ class RetainingStore(ABC):
 
     Contract:
     - `retain` pins the entries it holds of these content ids (model and tokenizer as in a
-      lookup) until `seconds` from the store's clock, in order, while the pinned bytes stay
-      within the retained share of the store (`set_retain_share`); the rest are refused
-      (`PinResult.refused`, with the ids it does not hold). A pin is extended, never
-      shortened. `seconds` was checked by the caller (`parse_retention`).
+      lookup) for `owner` (a tenant; None: no one's) until `seconds` from the store's clock,
+      in order, while the pinned bytes stay within the retained share of the store, and the
+      owner's within its part of that share (`set_retain_share`); the rest are refused
+      (`PinResult.refused`, with the ids it does not hold; those over the owner's part also
+      in `PinResult.owner_refused`). A pin is extended, never shortened. `seconds` was
+      checked by the caller (`parse_retention`).
     - A pinned entry is never evicted before it expires; an expired pin protects nothing (the
       entry is evictable at once, in its policy's turn). A put that cannot fit beside the
       pinned entries is rejected, never served by evicting one.
@@ -185,16 +233,18 @@ class RetainingStore(ABC):
 
     @abstractmethod
     def retain(
-        self, model_id: str, tokenizer_id: str, cids: Sequence[str], seconds: float
-    ) -> PinResult: ...
+        self, model_id: str, tokenizer_id: str, cids: Sequence[str], seconds: float,
+        owner: Hashable = None,
+    ) -> PinResult: ...  # fmt: skip
 
     @abstractmethod
     def release(self, model_id: str, tokenizer_id: str, cids: Sequence[str]) -> None: ...
 
     @abstractmethod
-    def set_retain_share(self, share: float) -> None:
+    def set_retain_share(self, share: float, owner_share: float = 1.0) -> None:
         """Pinned bytes may be at most `share` (0 to 1) of the bytes retained entries stay in
-        (the store's, or its fast tier's); pins above a lowered cap stay until they expire."""
+        (the store's, or its fast tier's), and one owner's at most `owner_share` (above 0, at
+        most 1) of that; pins above a lowered cap stay until they expire."""
 
     @abstractmethod
     def retention_stats(self) -> RetentionStats: ...

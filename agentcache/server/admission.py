@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 
@@ -258,9 +258,9 @@ class Budget:
         self.in_flight = 0
         self._by_tenant: dict[str, int] = {}
 
-    @contextlib.contextmanager
-    def hold(self, tenant: str, chars: int) -> Iterator[None]:
-        """Raises QueueFull when `chars` more do not fit."""
+    def take(self, tenant: str, chars: int) -> Callable[[], None]:
+        """Hold `chars` for `tenant`; returns their release (a second call does nothing).
+        Raises QueueFull when they do not fit."""
         mine = self._by_tenant.get(tenant, 0)
         if self.in_flight and (
             self.in_flight + chars > self.limit or (mine and mine + chars > self.limit // 2)
@@ -272,12 +272,31 @@ class Budget:
             )
         self.in_flight += chars
         self._by_tenant[tenant] = mine + chars
+        held = [chars]
+
+        def release() -> None:
+            if held:
+                self._give_back(tenant, held.pop())
+
+        return release
+
+    @contextlib.contextmanager
+    def hold(self, tenant: str, chars: int) -> Iterator[None]:
+        """`take` for the length of a block."""
+        release = self.take(tenant, chars)
         try:
             yield
         finally:
-            self.in_flight -= chars
-            left = self._by_tenant[tenant] - chars
-            if left:
-                self._by_tenant[tenant] = left
-            else:
-                del self._by_tenant[tenant]
+            release()
+
+    def of(self, tenant: str) -> int:
+        """Characters `tenant` has being tokenized."""
+        return self._by_tenant.get(tenant, 0)
+
+    def _give_back(self, tenant: str, chars: int) -> None:
+        self.in_flight -= chars
+        left = self._by_tenant[tenant] - chars
+        if left:
+            self._by_tenant[tenant] = left
+        else:
+            del self._by_tenant[tenant]

@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from agentcache.backends import ServingEngine
@@ -56,6 +55,7 @@ from agentcache.server.responses import ResponseIds, ResponsesEmitter, response_
 from agentcache.server.responses import to_chat_request as responses_request
 from agentcache.server.responses_schema import ResponsesRequest
 from agentcache.server.schemas import ChatCompletionRequest
+from agentcache.server.tokenizing import ClientLeft, tokenize_held
 from agentcache.server.turns import (
     ChatEmitter,
     Emitter,
@@ -112,6 +112,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
     )  # fmt: skip
     app.state.chat, app.state.metrics = chat, metrics
     app.state.line, app.state.trimmer, app.state.responses = line, trimmer, stored
+    app.state.tokenizing = tokenizing
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(HTTPException, on_http_error)
@@ -150,21 +151,28 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
             headers={CONVERSATION_HEADER: turn.prepared.chat.conversation_id},
         )
 
-    async def tokenized(work: Callable[..., T], req: ChatRequest, *args: Any) -> T:
+    async def tokenized(
+        work: Callable[..., T], req: ChatRequest, request: Request, *args: Any
+    ) -> T:  # fmt: skip
         """`work(req, *args)` (which tokenizes `req`) in a worker thread, the request's size
         bounded first: tools by --max-tool-chars (contents were checked by each API), and
-        the characters being tokenized at once by --max-tokenizing-chars (503 beyond)."""
+        the characters being tokenized at once by --max-tokenizing-chars (503 beyond). A
+        client that leaves meanwhile gets CLIENT_GONE at once (server/tokenizing.py)."""
         check_tools(req.tools, config.limits)
+        call = functools.partial(work, req, *args)
         try:
-            with tokenizing.hold(req.tenant, prompt_chars(req)):
-                return await run_in_threadpool(work, req, *args)
+            return await tokenize_held(tokenizing, req.tenant, prompt_chars(req), call, request)
         except QueueFull as e:
             raise overloaded(str(e)) from None
+        except ClientLeft:
+            metrics.cancelled.inc()
+            raise APIError(CLIENT_GONE, "the client left while its request was being "
+                           "tokenized", "client_gone") from None  # fmt: skip
         except AgentCacheError as e:
             raise api_error(e) from None
 
-    async def prepare(req: ChatRequest, clamp: bool) -> PreparedChat:
-        return await tokenized(chat.prepare, req, clamp)
+    async def prepare(req: ChatRequest, request: Request, clamp: bool) -> PreparedChat:
+        return await tokenized(chat.prepare, req, request, clamp)
 
     async def finished(turn: Turn, request: Request) -> ChatResult | None:
         """The turn's result, counted in the metrics; None when its client left."""
@@ -188,7 +196,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
             body.prompt_cache_retention, body.prompt_cache_options, config.max_retention_s,
         )  # fmt: skip
         req = replace(req, retention_s=kept.granted_s)
-        prepared = await prepare(req, clamp)
+        prepared = await prepare(req, request, clamp)
         if prepared.chat.conversation.rejected_token:
             metrics.rejected_tokens.inc()
         turn = Turn(chat, line, prepared, config.request_timeout_s, threading.Event(), workers)
@@ -227,7 +235,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         )  # fmt: skip
         req = replace(req, retention_s=kept.granted_s)
         try:
-            prepared = await prepare(req, clamp)
+            prepared = await prepare(req, request, clamp)
         except APIError as err:
             # this API's names for them
             err.param = {"max_tokens": "max_output_tokens", "messages": "input"}.get(
@@ -261,7 +269,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         tenant = tenant_id(getattr(request.state, "key_digest", None), body.cache_salt)
         token = request.headers.get(CONVERSATION_HEADER)
         turn_in = to_turn(body, token, tenant, config.limits, config.max_retention_s)
-        prepared = await prepare(turn_in.request, False)
+        prepared = await prepare(turn_in.request, request, False)
         if prepared.chat.conversation.rejected_token:
             metrics.rejected_tokens.inc()
         turn = Turn(chat, line, prepared, config.request_timeout_s, threading.Event(), workers)
@@ -282,6 +290,6 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         check_model(body.model)
         tenant = tenant_id(getattr(request.state, "key_digest", None), body.cache_salt)
         turn_in = to_turn(body, None, tenant, config.limits, config.max_retention_s)
-        return {"input_tokens": await tokenized(chat.count_tokens, turn_in.request)}
+        return {"input_tokens": await tokenized(chat.count_tokens, turn_in.request, request)}
 
     return app

@@ -176,6 +176,10 @@ def add_security(p: argparse.ArgumentParser) -> None:
                    help="of the segment store (with tiers: its fast tier), the most bytes "
                    "retained segments may hold; beyond it a retention is refused and reported "
                    "(default: 0.25)")  # fmt: skip
+    p.add_argument("--retention-tenant-share", type=share_of_share, default=0.5,
+                   metavar="FRACTION", help="of --retention-share, the most one tenant's "
+                   "retained segments may hold, so one tenant cannot fill it; beyond it a "
+                   "retention is refused and reported (default: 0.5)")  # fmt: skip
     p.add_argument("--trim-interval", type=non_negative_float, default=10.0, metavar="SECONDS",
                    help="seconds between handing freed heap memory back to the system, so "
                    "resident memory stays flat under load (glibc only; 0: never; "
@@ -234,7 +238,16 @@ def server_config(args: argparse.Namespace, model_name: str) -> ServerConfig:
         stored_response_ttl_s=args.stored_response_ttl,
         max_retention_s=args.max_retention, retention_default_s=args.retention_default,
         retention_share=args.retention_share,
+        retention_tenant_share=args.retention_tenant_share,
     )  # fmt: skip
+
+
+def share_of_share(text: str) -> float:
+    """A fraction above 0 and at most 1 (a tenant's part of the retained share)."""
+    value = fraction(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be a number above 0 and at most 1, got {text!r}")
+    return value
 
 
 def allowed_hosts(bind: str, extra: list[str]) -> frozenset[str] | None:

@@ -74,6 +74,8 @@ class ServerConfig:
     # a tool-call turn's retention before enough pauses are seen to learn it (capped above)
     retention_default_s: float = 60.0
     retention_share: float = 0.25  # of the store (its fast tier), the most retained bytes
+    # of those, the most one tenant's retained bytes (one tenant cannot fill the share)
+    retention_tenant_share: float = 0.5
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -102,7 +104,7 @@ class ServerConfig:
         """Retention of turns across tool pauses (chat/retention.py)."""
         return RetentionConfig(
             min(self.retention_default_s, self.max_retention_s), self.max_retention_s,
-            self.retention_share,
+            self.retention_share, tenant_share=self.retention_tenant_share,
         )  # fmt: skip
 
     @property

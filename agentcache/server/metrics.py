@@ -130,7 +130,8 @@ class ServerMetrics:
         self.retained = Gauge(
             "agentcache_retained", "the store's retained entries now (segments, bytes), the "
             "most bytes they may hold (cap_bytes: --retention-share), retentions refused for "
-            "the cap since start (refused)", ["kind"], registry=r,
+            "a cap since start (refused), and of those, for the tenant's part of the share "
+            "(refused_tenant: --retention-tenant-share)", ["kind"], registry=r,
         )  # fmt: skip
         self.retained_turns = Counter(
             "agentcache_retained_turns", "turns whose segments were retained, by where the "
@@ -182,7 +183,8 @@ class ServerMetrics:
         if (kept := self._retention) is not None and kept.store is not None:
             s = kept.store.retention_stats()
             for kind, n in (("segments", s.pinned_entries), ("bytes", s.pinned_bytes),
-                            ("cap_bytes", s.max_bytes), ("refused", s.refused)):  # fmt: skip
+                            ("cap_bytes", s.max_bytes), ("refused", s.refused),
+                            ("refused_tenant", s.owner_refused)):  # fmt: skip
                 self.retained.labels(kind).set(n)
         if (rss := resident_bytes()) is not None:
             self.resident_bytes.set(rss)

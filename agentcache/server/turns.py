@@ -112,7 +112,9 @@ def release_when_done(worker: asyncio.Future[Any] | None, release: Callable[[], 
 
 async def complete(turn: Turn, request: Request) -> ChatResult | None:
     """The result, or None when the client left. Raises APIError (504 at the deadline, 503
-    when the line is full, the engine's errors)."""
+    when the line is full, the engine's errors). A client gone already takes no ticket."""
+    if await request.is_disconnected():
+        return None
     ticket = turn.take()
     deadline = asyncio.get_running_loop().time() + turn.timeout_s
     worker = None

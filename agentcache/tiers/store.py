@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 
 import torch
 
-from agentcache.kv.retention import PinResult, RetainingStore, RetentionStats
+from agentcache.kv.retention import PinResult, RetainingStore, RetentionStats, check_shares
 from agentcache.kv.store import Lookup, MissReason, SegmentKey, SegmentStore, StoredKV, store_key
 from agentcache.policy.eviction import EvictionPolicy
 from agentcache.policy.spill import PageInfo
@@ -117,8 +118,9 @@ class TieredSegmentStore(SegmentStore, RetainingStore):
     # ---- retention across tool pauses (agentcache/kv/retention.py) ----
 
     def retain(
-        self, model_id: str, tokenizer_id: str, cids: Sequence[str], seconds: float
-    ) -> PinResult:
+        self, model_id: str, tokenizer_id: str, cids: Sequence[str], seconds: float,
+        owner: Hashable = None,
+    ) -> PinResult:  # fmt: skip
         """Keep these stored segments (a conversation's) for `seconds` from now: their pages
         stay in the fast tier while the retained bytes stay within `TierConfig.retain_share`
         of it (segments beyond that are refused, in `PinResult.refused`, and left to the
@@ -135,19 +137,19 @@ class TieredSegmentStore(SegmentStore, RetainingStore):
                     absent.append(key)
                     continue
                 sizes.append((key, sum(at.page(pk).nbytes for pk in seg.pages)))
-            got = at.retained.pin(sizes, seconds, at.clock())
-            return PinResult(got.pinned, (*got.refused, *absent), got.until, got.nbytes)
+            got = at.retained.pin(sizes, seconds, at.clock(), owner)
+            return replace(got, refused=(*got.refused, *absent))
 
     def release(self, model_id: str, tokenizer_id: str, cids: Sequence[str]) -> None:
         with self._lock:
             self._placement.retained.unpin([store_key(model_id, tokenizer_id, c) for c in cids])
 
-    def set_retain_share(self, share: float) -> None:
+    def set_retain_share(self, share: float, owner_share: float = 1.0) -> None:
         """Of the fast tier's bytes (`TierConfig.retain_share` until set)."""
-        if not 0 <= share <= 1:
-            raise ValueError(f"retain_share must be from 0 to 1, got {share}")
+        check_shares(share, owner_share)
         with self._lock:
             self._placement.retained.max_bytes = int(share * self.config.fast_bytes)
+            self._placement.retained.owner_share = owner_share
 
     def retention_stats(self) -> RetentionStats:
         at = self._placement

@@ -85,11 +85,13 @@ def store_of(ce: ChatEngine) -> MemorySegmentStore:
 
 def engine(
     tiny: LoadedModel, clock: Clock, capacity: int, retain: bool = True, share: float = 0.5,
-    min_gaps: int = 8,
+    min_gaps: int = 8, tenant_share: float = 1.0,
 ) -> ChatEngine:  # fmt: skip
+    """`tenant_share` 1 by default: these tests are of one tenant and the whole share."""
     store = MemorySegmentStore(capacity, clock=clock)
     eng = Engine(tiny, EngineConfig(kv_pages=256), store=store)
-    config = RetentionConfig(default_s=30, max_s=600, pinned_share=share)
+    config = RetentionConfig(default_s=30, max_s=600, pinned_share=share,
+                             tenant_share=tenant_share)  # fmt: skip
     kept = TurnRetention(eng, config, clock, GapLearner(config, min_gaps=min_gaps))
     return ChatEngine(eng, retention=kept if retain else None)
 
@@ -153,6 +155,32 @@ def test_a_requested_retention_is_kept_for_its_time_capped(tiny: LoadedModel) ->
     plain = turn(ce, opening("G"))
     assert plain.retention is not None and plain.retention.granted_s is None
     assert plain.retention.pinned_segments == 0
+
+
+@pytest.mark.parametrize("tenant_share", [0.5, 1.0])
+def test_one_tenant_cannot_fill_the_share_another_still_gets_pins(
+    tiny: LoadedModel, tenant_share: float
+) -> None:
+    """Tenant A pauses three conversations in a share that holds two, a tenant's part one:
+    A's pins stop at its part (counted as refused for it) and B's pause is pinned whole.
+    The reference, without a tenant's part, lets A fill the share and B is refused."""
+    clock = Clock()
+    one = conversation_bytes(tiny)
+    ce = engine(tiny, clock, 4 * one + 1, share=0.5, tenant_share=tenant_share)
+    store = store_of(ce)
+    a = [turn(ce, opening(name), tool_call=True, tenant="A") for name in "ACD"]
+    b = turn(ce, opening("B"), tool_call=True, tenant="B")
+    assert all(r.retention is not None for r in (*a, b))
+    a_refused = sum(r.retention.tenant_refused_segments for r in a if r.retention is not None)
+    assert b.retention is not None
+    stats = store.retention_stats()
+    if tenant_share < 1:
+        assert store.retained.owner_bytes("A", clock()) <= one  # half the share
+        assert a_refused > 0 and stats.owner_refused == a_refused
+        assert b.retention.refused_segments == 0 and b.retention.pinned_bytes > 0
+    else:
+        assert a_refused == 0 and stats.owner_refused == 0
+        assert b.retention.refused_segments > 0
 
 
 def test_retained_bytes_stay_within_the_share(tiny: LoadedModel) -> None:

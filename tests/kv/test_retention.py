@@ -90,6 +90,21 @@ def test_a_pin_is_extended_never_shortened() -> None:
     assert not table.is_pinned("a", now=3)
 
 
+def test_an_owner_holds_at_most_its_part_of_the_cap_and_another_still_pins() -> None:
+    table = PinTable(max_bytes=100, owner_share=0.4)  # an owner's part: 40 bytes
+    got = table.pin([("a1", 30), ("a2", 10), ("a3", 10)], seconds=10, now=0, owner="A")
+    assert got.pinned == ("a1", "a2") and got.refused == got.owner_refused == ("a3",)
+    assert table.owner_bytes("A", now=1) == 40 and (table.refused, table.owner_refused) == (1, 1)
+    assert table.pin([("a1", 30)], seconds=20, now=1, owner="A").pinned == ("a1",)  # no growth
+    got = table.pin([("b1", 30), ("b2", 20)], seconds=10, now=1, owner="B")
+    assert got.pinned == ("b1",) and got.owner_refused == ("b2",)  # B gets its own part
+    got = table.pin([("c1", 40)], seconds=10, now=1, owner="C")
+    assert got.refused == ("c1",) and got.owner_refused == ()  # the table's cap, not C's part
+    assert table.stats(now=1) == RetentionStats(3, 70, 100, 3, 2)
+    assert table.pin([("x", 10)], seconds=10, now=1).pinned == ("x",)  # no owner: no part
+    assert table.pin([("a3", 10)], seconds=10, now=10, owner="A").pinned == ("a3",)  # a2 expired
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0
@@ -233,3 +248,22 @@ def test_contract_a_pin_protects_its_scope_only_and_release_ends_it(
     for n in range(8, 16):
         s.put_content(cid(n), entry(float(n)))
     assert s.lookup_content(M, T, cid(0, "a")).miss is MissReason.EVICTED
+
+
+def test_contract_one_owner_holds_at_most_its_part_and_another_still_pins(
+    retaining: tuple[Any, Clock],
+) -> None:
+    s, _ = retaining
+    s.set_retain_share(1.0, owner_share=0.5)
+    part = s.retention_stats().max_bytes // 2
+    for n in range(4):
+        s.put_content(cid(n, "a"), entry(float(n)))
+        s.retain(M, T, [cid(n, "a")], seconds=60, owner="A")
+    stats = s.retention_stats()
+    assert 0 < stats.pinned_bytes <= part
+    assert stats.owner_refused > 0 and stats.owner_refused == stats.refused
+    s.put_content(cid(0, "b"), entry(0.0))
+    got = s.retain(M, T, [cid(0, "b")], seconds=60, owner="B")
+    assert len(got.pinned) == 1 and got.owner_refused == ()
+    with pytest.raises(ValueError, match="owner_share"):
+        s.set_retain_share(0.5, owner_share=0.0)

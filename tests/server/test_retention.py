@@ -15,7 +15,8 @@ from starlette.testclient import TestClient
 
 from agentcache.cli import build_parser
 from agentcache.model.loading import LoadedModel
-from agentcache.server import ServerConfig
+from agentcache.runtime.engine import Engine, EngineConfig
+from agentcache.server import ServerConfig, create_app
 from agentcache.server.cli import server_config
 from agentcache.server.config import key_digest
 from tests.conftest import usage_error
@@ -132,6 +133,28 @@ def test_breakpoints_are_counted_and_their_ttl_is_granted_up_to_the_cap(
     assert cc["retention_source"] == "none" and cc["pinned_segments"] == 0
 
 
+@pytest.mark.parametrize(
+    ("url", "fields", "requested"),
+    [(CHAT, {"prompt_cache_retention": "24h"}, 86400),
+     (RESP, {"prompt_cache_retention": "24h"}, 86400),
+     (CHAT, {"prompt_cache_options": {"ttl": "12h"}}, 43200),
+     (CHAT, {"prompt_cache_options": {"ttl": 5000}}, 5000),  # whole seconds
+     (RESP, {"prompt_cache_options": {"ttl": 86400}}, 86400)],
+)  # fmt: skip
+def test_a_valid_retention_above_the_cap_is_granted_up_to_it_and_reported(
+    kept: TestClient, url: str, fields: dict[str, Any], requested: int
+) -> None:
+    """API values and numbers of seconds alike: never an error, capped at --max-retention
+    (600 here), what was asked and what was granted both reported."""
+    body = chat(**fields) if url == CHAT else resp(**fields)
+    r = kept.post(url, json=body)
+    assert r.status_code == 200, r.text
+    cc = r.json()["agentcache"]["cache_control"]
+    assert (cc["requested_ttl_s"], cc["granted_ttl_s"], cc["retained_ttl_s"]) == (
+        requested, 600, 600)  # fmt: skip
+    assert cc["retention_source"] == "request" and cc["enforced"]
+
+
 def test_a_marked_request_gets_the_same_reply_as_an_unmarked_one(kept: TestClient) -> None:
     plain = chat(temperature=0)
     mark = chat(marked("text", BP), temperature=0)
@@ -177,6 +200,9 @@ def test_retained_bytes_are_in_the_metrics_and_a_tenant_reports_only_its_own(
 def test_the_retention_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="pinned_share"):
         ServerConfig(MODEL, retention_share=1.5)
+    for bad_share in (0.0, 1.5):
+        with pytest.raises(ValueError, match="tenant_share"):
+            ServerConfig(MODEL, retention_tenant_share=bad_share)
     config = ServerConfig(MODEL, max_retention_s=30, retention_default_s=60)
     assert (config.retention.default_s, config.retention.max_s) == (30, 30)
 
@@ -185,9 +211,115 @@ def test_the_retention_flags_reach_the_config(capsys: pytest.CaptureFixture[str]
     parse = build_parser().parse_args
     default = server_config(parse(["serve"]), "m").retention
     assert (default.default_s, default.max_s, default.pinned_share) == (60, 3600, 0.25)
+    assert default.tenant_share == 0.5  # one tenant holds at most half the share
     argv = ["serve", "--max-retention", "120", "--retention-default", "300",
-            "--retention-share", "0.1"]  # fmt: skip
+            "--retention-share", "0.1", "--retention-tenant-share", "0.25"]  # fmt: skip
     c = server_config(parse(argv), "m").retention
     assert (c.default_s, c.max_s, c.pinned_share) == (120, 120, 0.1)  # the default capped
+    assert c.tenant_share == 0.25
     assert "a number from 0 to 1" in usage_error(["serve", "--retention-share", "1.5"], capsys)
+    for bad_share in ("0", "1.5", "half"):
+        why = usage_error(["serve", "--retention-tenant-share", bad_share], capsys)
+        assert "--retention-tenant-share" in why
+        assert "above 0 and at most 1" in why or "a number from 0 to 1" in why
     assert "--retention-default" in usage_error(["serve", "--retention-default", "-1"], capsys)
+
+
+# ---- a tool-call turn kept across its pause, through the HTTP API ----
+
+LS = {"type": "function", "function": {
+    "name": "ls", "description": "list files", "strict": True,
+    "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}}  # fmt: skip
+FORCE_LS = {"type": "function", "function": {"name": "ls"}}
+
+
+def opening(name: str) -> list[dict[str, Any]]:
+    return [{"role": "system", "content": f"You are agent {name}. " * 6},
+            {"role": "user", "content": f"task for {name}: list the files"}]  # fmt: skip
+
+
+def call_ls(c: TestClient, name: str, auth: dict[str, str] | None = None) -> dict[str, Any]:
+    """A conversation's first turn, its reply forced to be a call of `ls`."""
+    body = {"model": MODEL, "messages": opening(name), "tools": [LS], "tool_choice": FORCE_LS,
+            "max_tokens": 40, "temperature": 0}  # fmt: skip
+    r = c.post(CHAT, json=body, headers=auth or {})
+    assert r.status_code == 200, r.text
+    out: dict[str, Any] = r.json()
+    assert out["choices"][0]["finish_reason"] == "tool_calls"
+    return out
+
+
+def tool_app(tiny: LoadedModel, store_bytes: int, **config: Any) -> Any:
+    engine = Engine(tiny, EngineConfig(kv_pages=256, store_bytes=store_bytes))
+    return create_app(engine, ServerConfig(MODEL, default_max_tokens=2, **config))
+
+
+def one_conversation(tiny: LoadedModel) -> int:
+    """What the store holds after one opening turn ending in a tool call (all the same size)."""
+    app = tool_app(tiny, 1 << 30)
+    with TestClient(app) as c:
+        call_ls(c, "A")
+    return int(app.state.chat.engine.store.stats.bytes)
+
+
+def press(c: TestClient, n: int) -> None:
+    """`n` other conversations of the same tenant, no tools, each a long message of its own."""
+    for i in range(n):
+        words = " ".join(f"w{i}x{j}" for j in range(150))
+        body = {"model": MODEL, "messages": [{"role": "user", "content": words}]}
+        assert c.post(CHAT, json=body).status_code == 200
+
+
+@pytest.mark.parametrize("share", [1.0, 0.0])
+def test_a_tool_call_turn_is_kept_across_its_pause_under_pressure(
+    tiny: LoadedModel, share: float
+) -> None:
+    """A's reply is a tool call (forced): the turn is retained for the learned time. Other
+    conversations of the tenant then fill the store several times over; A's next request
+    (the call and its result resent) loads A's history: cached_tokens counts every token the
+    first turn stored. The reference, with --retention-share 0 (retention off), loads none."""
+    one = one_conversation(tiny)
+    app = tool_app(tiny, int(2.5 * one), retention_share=share)
+    store = app.state.chat.engine.store
+    with TestClient(app) as c:
+        first = call_ls(c, "A")
+        kept = first["agentcache"]["cache_control"]
+        press(c, 12)
+        assert store.stats.evictions > 0
+        call = first["choices"][0]["message"]
+        result = {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"],
+                  "content": "a.txt b.txt"}  # fmt: skip
+        body = {"model": MODEL, "messages": [*opening("A"), call, result], "tools": [LS]}
+        again = c.post(CHAT, json=body).json()
+    cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+    # the first prompt's messages and tools block (its forced call's opening is a prefill,
+    # computed and not stored)
+    stored = sum(s["num_tokens"] for s in first["agentcache"]["segments"] if s["status"] == "new")
+    assert kept["retention_source"] == "learned" and kept["retained_ttl_s"] == 60
+    assert again["agentcache"]["cache_control"]["resumed_after_s"] is not None
+    if share > 0:
+        assert kept["enforced"] and kept["pinned_segments"] > 0
+        assert kept["refused_segments"] == 0
+        assert cached >= stored > 0  # every message the first turn stored, loaded
+    else:  # retention off: reported as not enforced, and A was evicted like the others
+        assert not kept["enforced"] and kept["pinned_segments"] == 0
+        assert cached == 0
+
+
+def test_one_tenant_fills_only_its_part_of_the_share_over_http(tiny: LoadedModel) -> None:
+    """Tenant A pauses three conversations in a share that holds two, a tenant's part one
+    (--retention-tenant-share 0.5): the turns past its part report `tenant_refused_segments`,
+    /metrics counts them, and tenant B's pause is still pinned whole."""
+    one = one_conversation(tiny)
+    keys = ("key-a", "key-b")
+    app = tool_app(tiny, 4 * one + 1, retention_share=0.5, retention_tenant_share=0.5,
+                   api_key_digests=frozenset(map(key_digest, keys)))  # fmt: skip
+    with TestClient(app) as c:
+        auth = [{"Authorization": f"Bearer {k}"} for k in keys]
+        a = [call_ls(c, name, auth[0])["agentcache"]["cache_control"] for name in "ACD"]
+        b = call_ls(c, "B", auth[1])["agentcache"]["cache_control"]
+        text = c.get("/metrics", headers=auth[0]).text
+    refused = sum(r["tenant_refused_segments"] for r in a)
+    assert a[0]["tenant_refused_segments"] == 0 and refused > 0
+    assert metric(text, 'agentcache_retained{kind="refused_tenant"}') == refused
+    assert b["pinned_segments"] > 0 and b["refused_segments"] == 0
