@@ -40,6 +40,10 @@ class ChatRequest:
     # keep what the turn stores this many seconds (a cache control, granted up to the
     # server's cap); None: only a turn ending in a tool call is kept, for the learned time
     retention_s: float | None = None
+    # the reply may be a tool call: its call blocks are held back while streaming and parsed
+    # into calls. False (tool_choice none): the tools stay in the prompt, but whatever the
+    # model writes is the reply's text, a call's markup included
+    tool_calls: bool = True
 
 
 @dataclass(frozen=True)
@@ -259,7 +263,8 @@ class ChatEngine:
         kept = self.retention
         resumed = kept.begin(prepared.chat, req.tenant) if kept is not None else None
         tok = self.engine.tokenizer
-        holds = (TOOL_CALL_OPEN,) if req.tools else ()
+        calls = bool(req.tools) and req.tool_calls
+        holds = (TOOL_CALL_OPEN,) if calls else ()
         stream = TextStream(tok.decode, req.params.stop, holds, req.prefill or "")
         if on_text is not None:
             on_text(stream.start())
@@ -272,7 +277,7 @@ class ChatEngine:
 
         def parse(generated: str) -> ParsedReply:
             text = (req.prefill or "") + generated
-            return parse_tool_calls(text) if req.tools else ParsedReply(text, (), ())
+            return parse_tool_calls(text) if calls else ParsedReply(text, (), ())
 
         def reply(generated: str) -> Segment:
             p = parse(generated)

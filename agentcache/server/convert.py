@@ -34,8 +34,9 @@ def to_chat_request(
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else (body.max_tokens)
     )
+    calls = body.tool_choice != "none"  # none: the tools are shown, the reply is text
     stops = body.stop_strings()
-    if tools and body.parallel_tool_calls is False:
+    if calls and tools and body.parallel_tool_calls is False:
         stops = (*stops, TOOL_CALL_CLOSE)  # the first call ends the reply (tools.py parses it)
     params = GenerationParams(
         max_new_tokens=default_max_tokens if max_tokens is None else max_tokens,
@@ -43,10 +44,10 @@ def to_chat_request(
     )  # fmt: skip
     prefill = _prefill(body, tools)
     strict = [bool(t.function.strict) for t in body.tools or ()] if tools else []
-    output = output_for(fmt, tools, strict, prefill, _forced_name(body, tools))
+    output = output_for(fmt, tools if calls else (), strict, prefill, _forced_name(body, tools))
     request = ChatRequest(
         messages, params, tools, conversation, prefill, None, tenant, body.prompt_cache_key,
-        output, _logprobs(body),
+        output, _logprobs(body), tool_calls=calls,
     )  # fmt: skip
     return request, max_tokens is None
 
@@ -96,7 +97,9 @@ def check_no_reasoning(value: Any, param: str) -> None:
 
 
 def _tools(body: ChatCompletionRequest) -> tuple[ToolSpec, ...]:
-    if not body.tools or body.tool_choice == "none":
+    """The tools the prompt shows: under tool_choice none too (as vLLM renders them), so that
+    an agent's last, tool-less step extends the prompt of its tool steps."""
+    if not body.tools:
         return ()
     specs = []
     for i, tool in enumerate(body.tools):

@@ -212,8 +212,8 @@ def tools_of(body: MessagesRequest, limits: ServerLimits, marks: Breakpoints) ->
 
 
 def _choice(body: MessagesRequest, tools: list[ToolSpec]) -> tuple[str | None, bool, bool]:
-    """(the forced call's prefill, whether tools are offered, whether parallel calls are
-    allowed) from tool_choice."""
+    """(the forced call's prefill, whether the reply may call a tool, whether parallel calls
+    are allowed) from tool_choice. Under none the tools are still shown (to_turn)."""
     choice = body.tool_choice
     if choice is None:
         return None, True, True
@@ -310,7 +310,7 @@ def to_turn(
         marks.read(body.model_dump(include={"cache_control"}), "")
     marks.check_order()
     messages = reader.out
-    forced, offered, parallel = _choice(body, tools)
+    forced, calls, parallel = _choice(body, tools)
     prefill = _prefill(messages)
     if prefill and forced:
         raise bad("tool_choice", "a forced tool call cannot continue a last assistant message")
@@ -320,7 +320,7 @@ def to_turn(
     chat = (*head, *messages)
     _check_chars(chat, limits)
     stops = _stops(body, limits)
-    if offered and tools and not parallel:
+    if calls and tools and not parallel:
         stops = (*stops, "</tool_call>")  # the first call ends the reply (tools.py parses it)
     params = GenerationParams(max_new_tokens=body.max_tokens, temperature=body.temperature,
                               top_p=body.top_p, stop=stops)  # fmt: skip
@@ -329,11 +329,12 @@ def to_turn(
     name = (body.tool_choice or {}).get("name") if forced else None
     if forced and name is None and len(tools) == 1:
         name = tools[0].name
-    shown = tuple(tools) if offered else ()
-    output = output_for(fmt, shown, strict if offered else [], forced, name)
+    callable_ = tuple(tools) if calls else ()
+    output = output_for(fmt, callable_, strict if calls else [], forced, name)
     kept = retention(len(marks.ttls), marks.longest(), cap_s)
-    request = ChatRequest(chat, params, shown, conversation, forced or prefill or None, None,
-                          tenant, output=output, retention_s=kept.granted_s)  # fmt: skip
+    request = ChatRequest(chat, params, tuple(tools), conversation, forced or prefill or None,
+                          None, tenant, output=output, retention_s=kept.granted_s,
+                          tool_calls=calls)  # fmt: skip
     return MessagesTurn(request, prefill, kept, tuple(body.stop_sequences or ()))
 
 

@@ -135,7 +135,8 @@ def _add_call(
 
 
 def tools_of(body: ResponsesRequest, limits: ServerLimits) -> tuple[ToolSpec, ...]:
-    if not body.tools or body.tool_choice == "none":
+    """The tools the prompt shows, under tool_choice none too (convert.py `_tools`)."""
+    if not body.tools:
         return ()
     if len(body.tools) > limits.max_tools:
         raise limit_error(limits, "max_tools", f"{len(body.tools)} tools", "tools")
@@ -242,15 +243,17 @@ def to_chat_request(
     tools = tools_of(body, limits)
     prefill = _prefill(body, tools)
     max_tokens = body.max_output_tokens
-    stops = (TOOL_CALL_CLOSE,) if tools and body.parallel_tool_calls is False else ()
+    calls = body.tool_choice != "none"  # none: the tools are shown, the reply is text
+    stops = (TOOL_CALL_CLOSE,) if calls and tools and body.parallel_tool_calls is False else ()
     params = GenerationParams(
         max_new_tokens=default_max_tokens if max_tokens is None else max_tokens,
         temperature=body.temperature, top_p=body.top_p, stop=stops,
     )  # fmt: skip
     strict = [bool(t.get("strict")) for t in body.tools or ()] if tools else []
-    output = output_for(fmt, tools, strict, prefill, _forced_name(body, tools))
+    output = output_for(fmt, tools if calls else (), strict, prefill, _forced_name(body, tools))
     request = ChatRequest(messages, params, tools, conversation, prefill, None, tenant,
-                          body.prompt_cache_key, output, _logprobs(body))  # fmt: skip
+                          body.prompt_cache_key, output, _logprobs(body),
+                          tool_calls=calls)  # fmt: skip
     return request, turn, max_tokens is None
 
 

@@ -115,19 +115,22 @@ def test_tool_output_matches_full_and_reuses(servers: Servers) -> None:
     assert_reuse_reported(replies, logs)
 
 
-def test_native_output_tool_steps_match_full_and_reuse(servers: Servers) -> None:
-    """The last step sends `tool_choice="none"`, under which the server renders no tools: its
-    prompt does not extend the step before, so the default strategy's reuse there is not exact
-    prefix reuse and its reply may differ from full's (it does on the 135M model). The steps
-    before it are compared; the last one is held to the schema on both servers."""
+def test_native_output_matches_full_and_reuses(servers: Servers) -> None:
+    """The last step sends `tool_choice="none"`, under which the server still renders the
+    tools (as vLLM does) and parses no call: its prompt extends the step before, whose prompt
+    it reuses whole as an exact prefix, and the whole run equals full's."""
     logs = {s: ReuseLog() for s in STRATEGIES}
     results = {s: run(servers[s].base_url, True, logs[s], turns=1) for s in STRATEGIES}
     replies = {s: responses(results[s]) for s in STRATEGIES}
-    assert transcript(replies["default"][:2]) == transcript(replies["full"][:2])
+    said = {s: transcript(results[s][-1].all_messages()) for s in STRATEGIES}
+    assert said["default"] == said["full"]
+    assert results["default"][-1].output == results["full"][-1].output
     calls = [p.tool_name for m in replies["default"] for p in m.tool_calls]
-    assert calls == ["get_temperature", "to_fahrenheit"], transcript(replies["default"])
+    assert calls == ["get_temperature", "to_fahrenheit"], said["default"]
     for s in STRATEGIES:  # the final reply is text, the schema's JSON
         last = replies[s][-1]
         assert len(replies[s]) == 3 and not last.tool_calls, transcript(replies[s])
         assert Report.model_validate_json(last.text or "") == results[s][-1].output
     assert_reuse_reported(replies["default"], logs)
+    before = replies["default"][-2].usage.input_tokens  # the last tool step's prompt
+    assert logs["default"].exchanges[-1].reused_tokens >= before
