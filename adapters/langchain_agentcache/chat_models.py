@@ -156,8 +156,6 @@ class ChatAgentCache(BaseChatModel):
     ) -> tuple[ChatRequest, bool]:
         tools = tuple(ToolSpec.from_openai(t) for t in kwargs.get("tools") or ())
         choice = kwargs.get("tool_choice")
-        if choice == "none":
-            tools = ()
         max_tokens = kwargs.get("max_tokens", self.max_tokens)
         stops = stop or kwargs.get("stop") or self.stop or ()
         params = self._params(max_tokens, stops, **kwargs)
@@ -167,6 +165,7 @@ class ChatAgentCache(BaseChatModel):
         request = ChatRequest(
             to_chat_messages(messages), params, tools, self._conversation or self.conversation_id,
             prefill, self.strategy,
+            tool_calls=choice != "none",  # the tools stay in the prompt, as the server keeps them
         )  # fmt: skip
         return request, max_tokens is None
 

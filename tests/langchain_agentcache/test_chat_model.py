@@ -89,6 +89,22 @@ def test_bind_tools_forced_choice_prefills_the_call(tiny: LoadedModel) -> None:
     assert reply.invalid_tool_calls[0]["args"].startswith('{"name": "Lookup", "arguments": ')
 
 
+def test_tool_choice_none_keeps_the_tools_in_the_prompt_and_parses_no_call(
+    tiny: LoadedModel,
+) -> None:
+    # as the server does: the prompt under "none" is the prompt under "auto" (the tools block
+    # stays, so the next step extends the one before), and the reply is text, never a call
+    none = make(tiny).bind_tools([Lookup], tool_choice="none")
+    auto = make(tiny).bind_tools([Lookup], tool_choice="auto")
+    ask = [HumanMessage("look up 'cache'")]
+    for chat in (none, auto):
+        segments = chat.invoke(ask).response_metadata["agentcache"]["segments"]
+        assert segments[0]["segment_id"].startswith("__tools__")
+    model = make(tiny)
+    request, _ = model._request(ask, None, {"tools": none.kwargs["tools"], "tool_choice": "none"})
+    assert request.tools and request.tool_calls is False
+
+
 def test_bind_tools_rejects_a_schema_that_is_not_json_schema(tiny: LoadedModel) -> None:
     bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}
     with pytest.raises(PromptError, match="objekt"):
