@@ -149,9 +149,9 @@ server() {
   $py benchmarks/server/fidelity.py --sessions chat-09,chat-11,chat-13,chat-15 --max-tokens 32 \
     --threads 1 --out docs/bench/server/fidelity-tool-use
   # docs/benchmarks.md "Edited histories": append-only bfcl conversations in no workload file,
-  # each step to a default, a --strategy prefix and a --strategy full server in one run
-  $py benchmarks/server/append.py --conversations 4 --steps 6 --max-tokens 128 \
-    --out docs/bench/server/append-only
+  # each step to a default and a --strategy prefix server in one run
+  $py benchmarks/server/append.py --conversations 4 --steps 6 --max-tokens 128 --no-full \
+    --out docs/bench/server/append-only-copies
   # docs/server.md "Under load" (about 100 minutes): first one request at a time at the engine
   export AGENTCACHE_NUM_THREADS=1
   $py benchmarks/server/load.py --clients 8 --duration 60 --model tiny --max-active 1 \

@@ -20,6 +20,8 @@ nice -n 5 $py benchmarks/reuse/long_prompts.py --sizes 4000:1 --cases no-reuse,s
 nice -n 5 $py benchmarks/reuse/exact_turns.py --size 4000 --reps 7 --threads 1 --out "$out/exact-pairs"
 nice -n 5 $py benchmarks/reuse/exact_turns.py --size 4000 --reps 5 --scenarios stamped --threads 1 \
   --out "$out/exact-pairs-ctxcopy"
+nice -n 5 $py benchmarks/reuse/exact_turns.py --size 8000 --reps 3 --scenarios stamped --threads 1 \
+  --out "$out/exact-pairs-8k"
 for w in ${FAMILIES:-memgpt swe_agent}; do
   nice -n 5 $ac bench "benchmarks/workloads/$w.jsonl" --split validate \
     --sessions "$w-08,$w-09" --max-turns "${TURNS:-4}" --new-tokens 8 \

@@ -12,11 +12,12 @@ nice=(nice -n -5)
 [ "$(id -u)" = 0 ] || nice=()
 export PYTHONPATH=.:templates:adapters HF_HUB_OFFLINE=1
 out=docs/bench/long-prompts
-threads=${THREADS:-2}
 
 "${nice[@]}" $py benchmarks/reuse/prefill_profile.py --size 1000 --cases no-reuse,system+tools,history \
-  --strategies full,prefix,rpdc --requests 2 --threads "$threads" --out "$out/profile"
-"${nice[@]}" $py benchmarks/reuse/long_prompts.py --sizes "${SIZES:-4000:1,8000:1}" \
-  --cases no-reuse,system,system+tools,history --strategies "${STRATEGIES:-full,prefix,rpdc}" \
-  --server-strategies "${SERVER_STRATEGIES:-full,prefix,rpdc}" --threads "$threads" \
-  --out "$out/${RUN:-sizes}"
+  --strategies full,prefix,rpdc --requests 2 --threads "${THREADS:-2}" --out "$out/profile"
+# every case, every strategy and `full`, engine and server path, in one run (all-4k-8k: 1
+# thread, about 80 minutes on 2 cores)
+all=full,prefix,promptcache,pic,epic,cacheblend,cacheslide,rpdc
+"${nice[@]}" $py benchmarks/reuse/long_prompts.py --sizes "${SIZES:-4000:2,8000:1}" \
+  --strategies "${STRATEGIES:-$all}" --server-strategies "${SERVER_STRATEGIES:-$all}" \
+  --threads "${THREADS:-1}" --out "$out/${RUN:-all-4k-8k}"
