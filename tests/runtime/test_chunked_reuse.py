@@ -125,7 +125,8 @@ def test_chunks_of_a_reuse_plan_agree_with_the_whole_plan(
         assert getattr(g, field) == getattr(w, field), field
     for mask in ("reused", "exact", "dirty"):
         a, b = getattr(g, mask), getattr(w, mask)
-        assert (a is None and b is None) or torch.equal(a, b), mask
+        assert (a is None) == (b is None), mask
+        assert a is None or torch.equal(a, b), mask
     assert g.model_calls == n * w.model_calls
     assert exact_left(seq) == exact_left(whole_seq)
     if strategy == "rpdc":
