@@ -177,6 +177,10 @@ class ReuseStrategy(ABC):
     - `stats` is made when `prefill` starts and closed (`ReuseStats.close`) when it returns;
       model calls go through `TimedForward`, so `stats.overhead_s` is what the strategy
       spent besides computing tokens.
+    - `plan_prefill` may hand the plan over instead (`PlannedPrefill`): everything `prefill`
+      does but computing the planned tokens and what follows them (`PlannedPrefill.finish`),
+      so the runtime may compute them in chunks (`runtime/chunked.py`); run whole
+      (`run_planned`) it is `prefill`.
     """
 
     name: ClassVar[str]
