@@ -194,3 +194,26 @@ def test_a_strategy_that_plans_nothing_runs_whole(tiny: LoadedModel) -> None:
     assert not isinstance(out, chunked.ChunkedPrefill)
     assert out.stats.recomputed_tokens == e.tokenize(FIRST).num_tokens
     seq.free()
+
+
+def test_a_guarded_selective_plan_runs_fulls_plan_in_chunks(tiny: LoadedModel) -> None:
+    """cacheblend computing every candidate costs more than full recompute: the guard runs
+    `full`'s plan, in chunks, with the whole prefill's counts and commit (its exact copy)."""
+    options = {"cacheblend": {"ratio": 1.0}}
+    engines = [
+        Engine(tiny, EngineConfig(strategy="cacheblend", strategy_options=options,
+                                  batch_decode=True, prefill_chunk_tokens=chunk))
+        for chunk in (0, CHUNK)
+    ]  # fmt: skip
+    whole, split = engines
+    assert split.batch is not None
+    short = prompt(2, "Item 5?")
+    for p in (FIRST, short):
+        before = split.batch.stats().prefill_chunks
+        want, got = whole.generate(p, PARAMS), split.generate(p, PARAMS)
+        assert got.token_ids == want.token_ids
+        assert counted(got.stats) == counted(want.stats)
+        assert astuple(split.store.stats) == astuple(whole.store.stats)
+        n = chunks(want.stats.recomputed_tokens)
+        assert n > 0 and split.batch.stats().prefill_chunks - before == n
+    assert got.stats.guarded and got.stats.recomputed_tokens == got.stats.prompt_tokens
