@@ -123,6 +123,43 @@ class PrefillResult:
     stats: ReuseStats
 
 
+@dataclass(eq=False)
+class PlannedPrefill:
+    """A prefill handed over before any layer runs: lookup, load and guard done, `seq` extended
+    to the prompt and the loaded K/V written; left to do: compute tokens `computed` (sorted,
+    the last token last) at their natural positions (`compute_subset`: in one pass, `run`, or
+    a few at a time, `runtime/chunked.py`), then `finish` with the last token's logits.
+
+        lookup -> load -> guard -> PlannedPrefill -> compute `computed` -> finish(logits)
+
+    `after` is the strategy's bookkeeping once every computed token ran (its stats fields,
+    the exact K/V it leaves for `commit`): the same whichever way the tokens were computed."""
+
+    computed: Tensor
+    positions: Tensor  # (T,) the positions the prompt is encoded at (its tokens' own indices)
+    stats: ReuseStats
+    after: Callable[[], None] | None = None
+
+    def finish(self, logits: Tensor) -> PrefillResult:
+        """The prefill's result, once every computed token ran; `logits`: the last token's."""
+        if self.after is not None:
+            self.after()
+        self.stats.close()
+        return PrefillResult(logits, self.positions, self.stats)
+
+    def run(self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV) -> PrefillResult:
+        """Every computed token in one pass: the whole prefill (the reference for chunks)."""
+        return self.finish(compute_subset(ctx, prompt, seq, self.computed, self.stats))
+
+
+def natural_plan(ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV) -> PlannedPrefill:
+    """`full`'s plan: every token computed at its own position, nothing loaded."""
+    stats = ReuseStats(prompt.num_tokens, ctx.model.config.num_layers)
+    seq.extend(prompt.num_tokens)
+    natural = torch.arange(prompt.num_tokens)
+    return PlannedPrefill(natural, natural, stats)
+
+
 STRATEGIES: Registry[ReuseStrategy] = Registry("reuse strategy")
 
 
@@ -140,6 +177,10 @@ class ReuseStrategy(ABC):
     - `stats` is made when `prefill` starts and closed (`ReuseStats.close`) when it returns;
       model calls go through `TimedForward`, so `stats.overhead_s` is what the strategy
       spent besides computing tokens.
+    - `plan_prefill` may hand the plan over instead (`PlannedPrefill`): everything `prefill`
+      does but computing the planned tokens and what follows them (`PlannedPrefill.finish`),
+      so the runtime may compute them in chunks (`runtime/chunked.py`); run whole
+      (`run_planned`) it is `prefill`.
     """
 
     name: ClassVar[str]
@@ -164,11 +205,29 @@ class ReuseStrategy(ABC):
         self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV
     ) -> PrefillResult: ...
 
+    def plan_prefill(
+        self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV
+    ) -> PlannedPrefill | PrefillResult:
+        """`prefill`, handing its plan over before any layer runs when its computed tokens are
+        known up front at their natural positions (`PlannedPrefill`: the caller computes them,
+        whole or in chunks, and finishes it); else the prefill run whole, as `prefill` runs it
+        (its lookup is done once either way). Default: whole. A strategy that plans runs
+        `prefill` as `run_planned(self.plan_prefill(...))`."""
+        return self.prefill(ctx, prompt, seq)
+
     def commit(
         self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV, positions: Tensor
     ) -> None:
         """Store KV for later turns. Default: nothing."""
         return None
+
+
+def run_planned(
+    planned: PlannedPrefill | PrefillResult, ctx: ReuseContext, prompt: TokenizedPrompt,
+    seq: SequenceKV,
+) -> PrefillResult:  # fmt: skip
+    """`plan_prefill`'s outcome, run whole."""
+    return planned.run(ctx, prompt, seq) if isinstance(planned, PlannedPrefill) else planned
 
 
 def guarded(ctx: ReuseContext, num_tokens: int, plan: PlanCost, stats: ReuseStats) -> bool:

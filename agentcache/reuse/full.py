@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import torch
-
 from agentcache.kv.pool import SequenceKV
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse.base import (
     STRATEGIES,
+    PlannedPrefill,
     PrefillResult,
     ReuseContext,
-    ReuseStats,
     ReuseStrategy,
-    compute_subset,
+    natural_plan,
+    run_planned,
 )
 
 
@@ -21,8 +20,9 @@ class FullRecompute(ReuseStrategy):
     name = "full"
 
     def prefill(self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV) -> PrefillResult:
-        stats = ReuseStats(prompt.num_tokens, ctx.model.config.num_layers)
-        seq.extend(prompt.num_tokens)
-        logits = compute_subset(ctx, prompt, seq, torch.arange(0, prompt.num_tokens), stats)
-        stats.close()
-        return PrefillResult(logits, torch.arange(prompt.num_tokens), stats)
+        return run_planned(self.plan_prefill(ctx, prompt, seq), ctx, prompt, seq)
+
+    def plan_prefill(
+        self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV
+    ) -> PlannedPrefill:
+        return natural_plan(ctx, prompt, seq)

@@ -21,12 +21,13 @@ from agentcache.kv.store import StoredKV, chain_id
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse.base import (
     STRATEGIES,
+    PlannedPrefill,
     PrefillResult,
     ReuseContext,
     ReuseStats,
     ReuseStrategy,
-    compute_subset,
     guarded,
+    run_planned,
 )
 from agentcache.reuse.guard import computed_cost, loaded
 
@@ -64,6 +65,12 @@ class PrefixReuse(ReuseStrategy):
     name = "prefix"
 
     def prefill(self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV) -> PrefillResult:
+        return run_planned(self.plan_prefill(ctx, prompt, seq), ctx, prompt, seq)
+
+    def plan_prefill(
+        self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV
+    ) -> PlannedPrefill:
+        """Always up front: the matching blocks loaded, the tokens after them computed."""
         stats = ReuseStats(prompt.num_tokens, ctx.model.config.num_layers)
         t0 = time.perf_counter()
         blocks = self._matching_blocks(ctx, prompt)
@@ -83,9 +90,7 @@ class PrefixReuse(ReuseStrategy):
         stats.reused_tokens = stats.loaded_tokens = num_reused
         stats.reused = torch.arange(prompt.num_tokens) < num_reused  # exact: same tokens before
         stats.exact = stats.reused
-        logits = compute_subset(ctx, prompt, seq, computed, stats)
-        stats.close()
-        return PrefillResult(logits, torch.arange(prompt.num_tokens), stats)
+        return PlannedPrefill(computed, torch.arange(prompt.num_tokens), stats)
 
     def _matching_blocks(self, ctx: ReuseContext, prompt: TokenizedPrompt) -> list[StoredKV]:
         m = ctx.model

@@ -16,6 +16,7 @@ they were computed with: their KV is exact, so they are neither recomputed nor c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
@@ -26,12 +27,13 @@ from agentcache.errors import ConfigError
 from agentcache.kv.pool import SequenceKV
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse.base import (
+    PlannedPrefill,
     PrefillResult,
     ReuseContext,
     ReuseStats,
     ReuseStrategy,
-    compute_subset,
     guarded,
+    run_planned,
 )
 from agentcache.reuse.check import checked
 from agentcache.reuse.config import SelectiveOptions
@@ -97,24 +99,43 @@ class SelectiveRecompute(ReuseStrategy):
         return self.options.plan == "true" and self.options.evidence_pass is None
 
     def prefill(self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV) -> PrefillResult:
+        return run_planned(self.plan_prefill(ctx, prompt, seq), ctx, prompt, seq)
+
+    def plan_prefill(
+        self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV
+    ) -> PlannedPrefill | PrefillResult:
+        """Handed over when the computed tokens are known up front at their own indices
+        (nothing to reuse, the guard's `full`, or `prefix_compute`'s branch); else run whole
+        through the layer executor (a ranking pass, moved positions, a decoupled load)."""
         stats = ReuseStats(prompt.num_tokens, ctx.model.config.num_layers)
         hits = find_hits(ctx, prompt, stats)
         hits = self.plan.filter(ctx.model.forward, ctx.model.model_id, prompt, hits, stats)
         positions = self.plan.positions(prompt, hits)
         seq.extend(prompt.num_tokens)
+        natural = torch.arange(prompt.num_tokens)
         if not hits:  # nothing to reuse: `full`'s own prefill, no selection machinery
-            logits = compute_subset(ctx, prompt, seq, torch.arange(prompt.num_tokens), stats)
-            done = _Done(logits, _every(prompt), ~_every(prompt), torch.arange(prompt.num_tokens))
+            out: _Compute | _Done = _everything(prompt)
         else:
-            done = self._reuse(ctx, prompt, seq, hits, positions, stats)
-        leave_exact(seq, prompt, hits, done.exact_kv, done.exact_runs, done.positions)
+            out = self._reuse(ctx, prompt, seq, hits, positions, stats)
+        if isinstance(out, _Compute):
+            compute = out
+
+            def after() -> None:
+                e = compute.after()
+                leave_exact(seq, prompt, hits, e.exact_kv, e.exact_runs, e.positions)
+
+            return PlannedPrefill(compute.idx, natural, stats, after)
+        e = out.exact
+        leave_exact(seq, prompt, hits, e.exact_kv, e.exact_runs, e.positions)
         stats.close()
-        return PrefillResult(done.logits, done.positions, stats)
+        return PrefillResult(out.logits, e.positions, stats)
 
     def _reuse(
         self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV,
         hits: list[SegmentHit], positions: Tensor, stats: ReuseStats,
-    ) -> _Done:  # fmt: skip
+    ) -> _Compute | _Done:  # fmt: skip
+        """The plan over `hits`: computed tokens handed over (`_Compute`) when known up front
+        at their own indices, else run here (`_Done`)."""
         runs = reused_runs(prompt, hits, positions, self.options)
         sel = select_up_front(self.options, prompt.num_tokens, runs)
         computed = self._computed_up_front(sel, ctx.model.config.num_layers)
@@ -127,8 +148,7 @@ class SelectiveRecompute(ReuseStrategy):
         cost = selective_cost(self.options, sel, computed, num_loaded, num_layers)
         natural = torch.arange(prompt.num_tokens)
         if guarded(ctx, prompt.num_tokens, cost, stats):  # `full`'s prefill is cheaper
-            logits = compute_subset(ctx, prompt, seq, natural, stats)
-            return _Done(logits, _every(prompt), ~_every(prompt), natural)
+            return _everything(prompt)
         kv = self._load(ctx, seq, hits, positions, load, rows)
         stats.reused_tokens = int(sel.reused.sum())
         stats.loaded_tokens = num_loaded
@@ -142,36 +162,40 @@ class SelectiveRecompute(ReuseStrategy):
         # the probe would only have ranked tokens computed anyway (`probed` skips it alike)
         probing = self.options.evidence_pass == "probe" and bool(sel.candidates.any())
         stats.probe_skipped = computed is not None and probing
+
+        def after(ever_computed: Tensor, dirty: Tensor) -> _Exact:
+            """Once every computed token ran: the load's outcome, the counts, the masks."""
+            stats.load_overlap = kv.finish()
+            stats.load_s = kv.load_s  # decoupled: the loader thread's time, hidden or not
+            for reason in kv.fallbacks:
+                stats.fallback(reason)
+            stats.recomputed_tokens = int(ever_computed.sum())
+            stats.dirty = dirty & sel.reused
+            stats.reused = sel.reused
+            exact = sel.exact if self.options.exact_prefix else exact_mask(prompt, hits, positions)
+            # a context copy's tokens run as exact here, but are not full recompute's KV
+            stats.exact = exact & ~_context_copied(prompt, hits)
+            # computed through every layer (a ranking pass: only the tokens it computes
+            # anyway), or reused from a copy exact here
+            # (a context copy's tokens are not: nothing after them counts as exact either, so
+            # no exact copy is ever stored from KV computed after a context copy)
+            fresh = computed if computed is not None else ~sel.reused
+            return _Exact(fresh | stats.exact, exact, positions)
+
         as_prefix = self.prefix_compute and not ctx.decoupled_load
         if computed is not None and as_prefix and bool(torch.equal(positions, natural)):
             # the computed tokens known, every token at its own index: exact prefix reuse's
-            # prefill over the loaded K/V (read in place), not the layer executor's
-            logits = compute_subset(ctx, prompt, seq, computed.nonzero().flatten(), stats)
-            ever_computed = computed
+            # prefill over the loaded K/V (read in place), not the layer executor's; handed
+            # over (`PlannedPrefill`) so it may run in chunks
+            fresh = computed
             dirty = computed if num_layers > 1 else torch.zeros_like(computed)
+            return _Compute(computed.nonzero().flatten(), lambda: after(fresh, dirty))
+        ex = LayerExecutor(ctx, prompt, positions, stats, kv, self.options.fusion == "wca")
+        if computed is not None:
+            logits = ex.plain(computed.nonzero().flatten())
         else:
-            ex = LayerExecutor(ctx, prompt, positions, stats, kv, self.options.fusion == "wca")
-            if computed is not None:
-                logits = ex.plain(computed.nonzero().flatten())
-            else:
-                logits = self._layers(ex, sel, runs)
-            ever_computed, dirty = ex.ever_computed, ex.dirty
-        stats.load_overlap = kv.finish()
-        stats.load_s = kv.load_s  # decoupled: the loader thread's time, hidden or not
-        for reason in kv.fallbacks:
-            stats.fallback(reason)
-        stats.recomputed_tokens = int(ever_computed.sum())
-        stats.dirty = dirty & sel.reused
-        stats.reused = sel.reused
-        exact = sel.exact if self.options.exact_prefix else exact_mask(prompt, hits, positions)
-        # a context copy's tokens run as exact here, but are not full recompute's KV
-        stats.exact = exact & ~_context_copied(prompt, hits)
-        # computed through every layer (a ranking pass: only the tokens it computes anyway),
-        # or reused from a copy exact here
-        # (a context copy's tokens are not: nothing after them counts as exact either, so no
-        # exact copy is ever stored from KV computed after a context copy)
-        fresh = computed if computed is not None else ~sel.reused
-        return _Done(logits, fresh | stats.exact, exact, positions)
+            logits = self._layers(ex, sel, runs)
+        return _Done(logits, after(ex.ever_computed, ex.dirty))
 
     def _layer_loads(
         self, ctx: ReuseContext, sel: UpFrontSelection, computed: Tensor | None, load: Tensor
@@ -252,15 +276,38 @@ class SelectiveRecompute(ReuseStrategy):
 
 
 @dataclass(frozen=True)
-class _Done:
-    """A selective prefill's outcome: first-token logits, the (T,) masks of tokens whose K/V
-    is exact (computed fresh through every layer, or reused exactly) and of reused tokens
-    whose stored copy is exact here, and the positions the prompt was encoded at."""
+class _Exact:
+    """What a selective prefill leaves for `commit_segments` (`leave_exact`): the (T,) masks
+    of tokens whose K/V is exact (computed fresh through every layer, or reused exactly) and
+    of reused tokens whose stored copy is exact here, and the positions the prompt was
+    encoded at."""
 
-    logits: Tensor
     exact_kv: Tensor
     exact_runs: Tensor
     positions: Tensor
+
+
+@dataclass(frozen=True)
+class _Done:
+    """A selective prefill run here: first-token logits and what it leaves."""
+
+    logits: Tensor
+    exact: _Exact
+
+
+@dataclass(frozen=True)
+class _Compute:
+    """A selective plan whose computed tokens `idx` are known up front at their own indices:
+    compute them (`compute_subset`), then `after` (the stats it sets then, what it leaves)."""
+
+    idx: Tensor
+    after: Callable[[], _Exact]
+
+
+def _everything(prompt: TokenizedPrompt) -> _Compute:
+    """`full`'s plan: every token computed, every token's K/V exact, none reused."""
+    every, natural = _every(prompt), torch.arange(prompt.num_tokens)
+    return _Compute(natural, lambda: _Exact(every, ~every, natural))
 
 
 def _context_copied(prompt: TokenizedPrompt, hits: list[SegmentHit]) -> Tensor:

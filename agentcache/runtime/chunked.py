@@ -16,13 +16,15 @@ the first-token logits agree with the whole prefill's to that (`tests/runtime/te
 The chunks are fixed by the prompt and `chunk` alone, so a turn's bits do not depend on what
 else a step runs, and a preempted turn's prompt recomputed through `run_all` is the same bits.
 
-Which plans: `full`'s (every token computed, nothing read from the store; `plan`). Exact prefix
-reuse (`prefix`) and the selective strategies' plans whose computed tokens are known up front
-at natural positions (the `compute_subset` branch of `SelectiveRecompute`) fit this executor
-too once `ReuseStrategy` hands its plan over (lookup, load, guard, then the computed tokens)
-rather than running it; until then they run whole, as one unit, and so do the approximate
-plans that need their probe or check pass (its evidence is read over every computed token at
-once).
+Which plans: those a strategy hands over before any layer runs (`ReuseStrategy.plan_prefill`:
+lookup, load, guard done; the computed tokens known, at their natural positions): `full`'s,
+exact prefix reuse's (`prefix`), and the selective strategies' whose computed tokens are known
+up front at their own indices (`SelectiveRecompute`'s `compute_subset` branch: no ranking pass,
+or the probe's shortcut). After the last chunk the plan finishes exactly as the whole prefill
+does (`PlannedPrefill.finish`: the strategy's stats, the exact K/V it leaves for `commit`).
+Other plans run whole, as one unit, as `prefill` runs them: the approximate plans that need
+their probe or check pass (its evidence is read over every computed token at once), moved
+positions, a decoupled load.
 """
 
 from __future__ import annotations
@@ -30,40 +32,41 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor
 
 from agentcache.kv.pool import SequenceKV
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse.base import (
+    PlannedPrefill,
     PrefillResult,
     ReuseContext,
-    ReuseStats,
     ReuseStrategy,
     compute_subset,
 )
-from agentcache.reuse.full import FullRecompute
 
 
 @dataclass(eq=False)
 class ChunkedPrefill:
-    """One prefill's computed tokens `computed` (sorted, the last token last), run `chunk` at a
-    time into `seq` (already extended to the prompt, loaded tokens written). Not thread-safe:
-    its owner (the scheduler's step, under the engine's lock) runs it."""
+    """One prefill's planned computed tokens (`planned.computed`: sorted, the last token last),
+    run `chunk` at a time into `seq` (already extended to the prompt, loaded tokens written).
+    Not thread-safe: its owner (the scheduler's step, under the engine's lock) runs it."""
 
     ctx: ReuseContext
     prompt: TokenizedPrompt
     seq: SequenceKV
-    computed: Tensor
-    positions: Tensor  # (T,) the positions the prompt is encoded at
+    planned: PlannedPrefill
     chunk: int
-    stats: ReuseStats
     done: int = 0  # computed tokens run so far
-    busy_s: float = field(default=0.0, repr=False)  # time inside `run_chunk`
+    # time inside `run_chunk`, and before it the planning (lookup, load, guard)
+    busy_s: float = field(default=0.0, repr=False)
 
     def __post_init__(self) -> None:
         if self.chunk < 1:
             raise ValueError(f"chunk must be >= 1 token, got {self.chunk}")
+
+    @property
+    def computed(self) -> Tensor:
+        return self.planned.computed
 
     @property
     def num_chunks(self) -> int:
@@ -78,15 +81,17 @@ class ChunkedPrefill:
         """Compute the next chunk; the prefill's result after the last, else None."""
         t0 = time.perf_counter()
         idx = self.computed[self.done : self.done + self.chunk]
-        logits = compute_subset(self.ctx, self.prompt, self.seq, idx, self.stats)
+        s = self.planned.stats
+        logits = compute_subset(self.ctx, self.prompt, self.seq, idx, s)
         self.done += len(idx)
-        self.busy_s += time.perf_counter() - t0
         if self.done < len(self.computed):
+            self.busy_s += time.perf_counter() - t0
             return None
-        s = self.stats
-        s.close()  # its overhead: the time in chunks not spent computing, not steps waited
+        result = self.planned.finish(logits)
+        self.busy_s += time.perf_counter() - t0
+        # its overhead: the time planning and in chunks not spent computing, not steps waited
         s.overhead_s = max(0.0, self.busy_s - s.compute_s)
-        return PrefillResult(logits, self.positions, s)
+        return result
 
     def run_all(self) -> PrefillResult:
         """Every chunk left, one after another (a preempted turn's prompt, recomputed)."""
@@ -98,14 +103,17 @@ class ChunkedPrefill:
 def plan(
     strategy: ReuseStrategy, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV,
     chunk: int,
-) -> ChunkedPrefill | None:  # fmt: skip
-    """`strategy`'s prefill of `prompt` into the empty `seq` as chunks of `chunk` tokens, when
-    its plan is one the runtime can run in chunks (`full`'s) and computes more than one chunk;
-    None: it runs whole (nothing taken or written)."""
-    n = prompt.num_tokens
-    if type(strategy) is not FullRecompute or n <= chunk:
-        return None
-    stats = ReuseStats(n, ctx.model.config.num_layers)
-    seq.extend(n)
-    natural = torch.arange(n)
-    return ChunkedPrefill(ctx, prompt, seq, natural, natural, chunk, stats)
+) -> ChunkedPrefill | PrefillResult:  # fmt: skip
+    """`strategy`'s prefill of `prompt` into the empty `seq`: chunks of `chunk` tokens to run,
+    when it hands its plan over (`ReuseStrategy.plan_prefill`) and the plan computes more than
+    one chunk; else the prefill's result, run whole here (a plan within one chunk in one pass,
+    a plan not handed over as `prefill` runs it)."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1 token, got {chunk}")
+    planned = strategy.plan_prefill(ctx, prompt, seq)
+    if not isinstance(planned, PlannedPrefill):
+        return planned
+    if len(planned.computed) <= chunk:
+        return planned.run(ctx, prompt, seq)
+    busy = time.perf_counter() - planned.stats.started
+    return ChunkedPrefill(ctx, prompt, seq, planned, chunk, busy_s=busy)

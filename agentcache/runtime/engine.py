@@ -213,9 +213,7 @@ class Engine:
 
             def refill(empty: SequenceKV) -> None:  # a preempted turn's prompt, recomputed
                 work = self._chunked(strat, tokens, empty)  # as it first ran: the same bits
-                if work is None:
-                    strat.prefill(self.ctx, tokens, empty)
-                else:
+                if isinstance(work, chunked.ChunkedPrefill):
                     work.run_all()
 
             ids, finish, decode = self._decode(seq, pre, params, on_token, refill)
@@ -240,8 +238,8 @@ class Engine:
             strat = self.strategy(strategy)
             t0 = time.perf_counter()
             work = self._chunked(strat, tokens, seq)
-            if work is None:
-                pre = strat.prefill(self.ctx, tokens, seq)
+            if isinstance(work, PrefillResult):  # run whole
+                pre = work
                 ttft = time.perf_counter() - t0
                 if commit:  # the prompt's KV, before a sparse decoder lets its pages go
                     self._commit(strat, tokens, seq, pre)
@@ -256,12 +254,12 @@ class Engine:
 
     def _chunked(
         self, strat: ReuseStrategy, tokens: TokenizedPrompt, seq: SequenceKV
-    ) -> chunked.ChunkedPrefill | None:
+    ) -> chunked.ChunkedPrefill | PrefillResult:
         """The prefill as chunks for the scheduler's steps: with batching, a chunk budget, and
-        a plan the runtime runs in chunks (`runtime/chunked.py`); None: it runs whole."""
+        a plan the runtime runs in chunks (`runtime/chunked.py`); else its result, run whole."""
         chunk = self.config.prefill_chunk_tokens
         if self.batch is None or not chunk:
-            return None
+            return strat.prefill(self.ctx, tokens, seq)
         return chunked.plan(strat, self.ctx, tokens, seq, chunk)
 
     def _check_fits(self, prompt: TokenizedPrompt, params: GenerationParams) -> None:

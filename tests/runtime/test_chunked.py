@@ -52,7 +52,8 @@ def test_chunks_agree_with_the_whole_prefill(tiny: LoadedModel, n: int, chunk: i
     with torch.inference_mode():
         whole = full.prefill(e.ctx, tokens, whole_seq)
         work = chunked.plan(full, e.ctx, tokens, chunked_seq, chunk)
-        assert work is not None and work.num_chunks == -(-tokens.num_tokens // chunk)
+        assert isinstance(work, chunked.ChunkedPrefill)
+        assert work.num_chunks == -(-tokens.num_tokens // chunk)
         got = work.run_all()
     assert torch.allclose(got.logits, whole.logits, atol=ATOL, rtol=0)
     assert int(got.logits.argmax()) == int(whole.logits.argmax())
@@ -80,7 +81,7 @@ def test_chunks_agree_on_families_with_sliding_windows(family: str) -> None:
     with torch.inference_mode():
         whole = full.prefill(e.ctx, tokens, whole_seq)
         work = chunked.plan(full, e.ctx, tokens, chunked_seq, 24)
-        assert work is not None
+        assert isinstance(work, chunked.ChunkedPrefill)
         got = work.run_all()
     assert torch.allclose(got.logits, whole.logits, atol=ATOL, rtol=0)
     for layer in range(model.config.num_layers):
@@ -88,13 +89,20 @@ def test_chunks_agree_on_families_with_sliding_windows(family: str) -> None:
             assert torch.allclose(a, b, atol=ATOL, rtol=0)
 
 
-def test_a_prompt_within_one_chunk_and_other_plans_run_whole(tiny: LoadedModel) -> None:
+def test_a_prompt_within_one_chunk_runs_whole(tiny: LoadedModel) -> None:
+    """One pass over every token, there and then: the whole prefill's result, no chunks."""
     e = engine(tiny, 512)
     tokens = e.tokenize(prompt(3))
-    seq = SequenceKV(e.ctx.pool)
-    assert chunked.plan(e.strategy("full"), e.ctx, tokens, seq, tokens.num_tokens) is None
-    assert chunked.plan(e.strategy("prefix"), e.ctx, tokens, seq, 8) is None  # no plan handed
-    assert seq.num_tokens == 0
+    seq, whole_seq = SequenceKV(e.ctx.pool), SequenceKV(e.ctx.pool)
+    with torch.inference_mode():
+        got = chunked.plan(e.strategy("full"), e.ctx, tokens, seq, tokens.num_tokens)
+        whole = e.strategy("full").prefill(e.ctx, tokens, whole_seq)
+    assert not isinstance(got, chunked.ChunkedPrefill)
+    assert torch.equal(got.logits, whole.logits)
+    assert got.stats.model_calls == whole.stats.model_calls == 2 + 2 * tiny.config.num_layers
+    assert seq.num_tokens == tokens.num_tokens
+    seq.free()
+    whole_seq.free()
 
 
 @pytest.mark.parametrize("chunk", [8, 50])
