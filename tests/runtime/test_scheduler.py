@@ -3,6 +3,7 @@ the next step and leave at the next step (finished or cancelled), their pages fr
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable
 
@@ -178,7 +179,21 @@ def test_a_lone_turn_takes_the_one_sequence_step(tiny: LoadedModel) -> None:
     stats = e.batch.stats() if e.batch else None
     assert stats is not None and stats.batched_rows == 0
     assert stats.lone_steps == stats.steps - 1 == len(alone.token_ids) - 1  # last: no feed
-    together = at_once(lambda i: one(e, 7), 2)
+    decoding = threading.Event()  # the first turn has its second token: it is in the batch
+    tokens = itertools.count(1)
+
+    def on_token(_: int) -> None:
+        if next(tokens) == 2:
+            decoding.set()
+
+    def turn(i: int) -> Generation:
+        if i == 0:
+            return one(e, 7, on_token=on_token)
+        decoding.wait()
+        return one(e, 7)
+
+    assert len(alone.token_ids) > 8  # the second turn joins while the first decodes
+    together = at_once(turn, 2)
     assert [t.token_ids for t in together] == [alone.token_ids] * 2
     assert e.batch is not None and e.batch.stats().batched_rows > 0
 
