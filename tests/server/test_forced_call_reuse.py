@@ -2,7 +2,7 @@
 result, whether the model chose to call (tool_choice auto) or the request forced the call (a
 named tool, or any tool: the reply then starts with the call's opening as a prefill), on chat
 completions, Responses (function_call items) and Messages (tool_use blocks): the assistant
-message's every token is an exact hit, none computed."""
+message's every token is an exact hit, none computed. So is a continued Messages reply."""
 
 from __future__ import annotations
 
@@ -161,3 +161,19 @@ def test_a_strict_forced_call_is_written_as_it_is_sent_back(client: TestClient) 
     second = post(client, "/v1/chat/completions",
                   {"messages": messages, "tools": ts, "max_tokens": 1})  # fmt: skip
     check_found(second["agentcache"], "")
+
+
+def test_a_continued_messages_reply_is_found_whole(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Messages continues a last assistant message (its text the reply's prefill); the message
+    sent back next, the client's start and the reply in one, is found as one stored message."""
+    monkeypatch.setattr(loop_module, "sample", scripted_sampler(" world, from the cache"))
+    history: list[Any] = [{"role": "user", "content": "say hello world, from the cache"},
+                          {"role": "assistant", "content": "hello"}]  # fmt: skip
+    first = post(client, "/v1/messages", {"system": SYSTEM, "messages": history, "max_tokens": 64})
+    assert first["content"][0]["text"] == " world, from the cache"
+    history[-1] = {"role": "assistant", "content": "hello world, from the cache"}
+    history.append({"role": "user", "content": "again"})
+    second = post(client, "/v1/messages", {"system": SYSTEM, "messages": history, "max_tokens": 4})
+    check_found(second["agentcache"], "hello world, from the cache")
