@@ -8,7 +8,9 @@ Every message is a fixed segment whose id comes from a fingerprint of its role a
 message keeps its id, and is found, wherever it moves: behind a rewritten system prompt
 (working memory), after a cleared tool result, a compacted span, a retried or rebuilt turn.
 What is not in the store is computed (a miss, reported `new`, `changed` or `evicted`); only the
-generation prompt and a prefill are update segments (computed by design).
+generation prompt is an update segment (computed by design). A prefill (the reply's first text,
+e.g. a forced tool call's opening) is the generation prompt's text: the reply continues it, and
+is stored after generation as the closed message the client sends back, prefill included.
 
 Scopes (`Segment.scope`; the store keys a segment by its tokens within its scope):
 - by default the tenant (identity.tenant_id: API key + cache_salt): any message stored for the
@@ -39,7 +41,6 @@ from agentcache.errors import PromptError
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.prompt.tokenize import GENERATION_PROMPT_ID
 
-PREFILL_ID = "__prefill__"
 TOOLS_ID = "__tools__"
 MiB = 1 << 20
 
@@ -141,8 +142,10 @@ class ConversationTracker:
                           messages[i].chat_role, history)  # fmt: skip
             build.add(seg, i, "message", changed)
         if prefill is not None:
-            build.add(Segment(SegmentKind.UPDATE, prefill, PREFILL_ID, "assistant", history),
-                      None, "prefill")  # fmt: skip
+            # the reply's opening with its first text: the generation prompt, so that the
+            # reply is stored closed in its place (prompt/reply.py) as an unprefilled one is
+            gen = Segment(SegmentKind.UPDATE, prefill, GENERATION_PROMPT_ID, "assistant", history)
+            build.add(gen, None, "prefill")
         elif messages[-1].chat_role == "assistant":
             # a complete assistant message is closed; the reply opens a new one
             gen = Segment(SegmentKind.UPDATE, "", GENERATION_PROMPT_ID, "assistant", history)
