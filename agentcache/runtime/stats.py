@@ -45,7 +45,7 @@ _REASONS = {
     ReplyKV.STORED: "the closed message's KV is in the store",
     ReplyKV.NO_REPLY: "the caller gave no segment for this reply",
     ReplyKV.SPARSE_DECODE: "a sparse decoder held the KV; the engine's pages were released",
-    ReplyKV.NO_GENERATION_PROMPT: "the prompt did not end in the generation prompt (a prefill)",
+    ReplyKV.NO_GENERATION_PROMPT: "the prompt did not end in an open assistant message",
     ReplyKV.RETOKENIZED: "the reply's message tokenizes differently from the generated tokens",
     ReplyKV.CONTEXT: "the closed message would pass the model's positions",
     ReplyKV.BACKEND: "this execution backend does not store replies (vLLM)",
