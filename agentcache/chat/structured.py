@@ -11,10 +11,8 @@ triton and apache-tvm-ffi), computes a mask in tens of microseconds on CPU witho
 per-schema precompile, and its JSON Schema coverage is the wider (docs/server.md,
 docs/bench/server/structured/).
 
-A forced call's arguments: the reply is prefilled with `<tool_call>\\n{"name": ..., "arguments":`
-(chat/tools.py), so its grammar is a space, the tool's parameters as JSON, then `}` and the
-closing tag; the JSON's separators are those `format_tool_call` writes (`, ` and `: `), so that
-the generated call is, token for token, the message the client sends back (stored as it).
+A forced call's arguments: the reply is prefilled with `<tool_call>\\n{"name": ..., "arguments": `
+(chat/tools.py), so its grammar is the tool's parameters as JSON, then `}` and the closing tag.
 """
 
 from __future__ import annotations
@@ -34,8 +32,6 @@ from agentcache.errors import PromptError
 
 # compact JSON: no free whitespace between tokens, so a small max_tokens holds more of it
 JSON_OPTIONS: Any = {"whitespace_flexible": False}
-# a forced call's arguments: no free whitespace, the separators of json.dumps (tools.py)
-CALL_JSON_OPTIONS: Any = {**JSON_OPTIONS, "item_separator": ", ", "key_separator": ": "}
 
 
 class SchemaError(PromptError):
@@ -62,11 +58,10 @@ class OutputFormat:
         import llguidance
 
         body = {"type": "object"} if self.kind == "json_object" else dict(self.schema or {})
-        options = CALL_JSON_OPTIONS if self.kind == "tool_args" else JSON_OPTIONS
-        schema = json.dumps({**body, "x-guidance": options})
+        schema = json.dumps({**body, "x-guidance": JSON_OPTIONS})
         if self.kind == "tool_args":
             close = json.dumps("}\n" + TOOL_CALL_CLOSE)
-            lark = f'start: " " args {close}\nargs: %json {schema}\n'
+            lark = f"start: args {close}\nargs: %json {schema}\n"
         elif self.or_call:  # the JSON, or a tool call in the chat format (tools.py)
             lark = f"start: answer | call\nanswer: %json {schema}\n"
             lark += f"call: {json.dumps(TOOL_CALL_OPEN)} /(.|\\n)*/\n"

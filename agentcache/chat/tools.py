@@ -56,14 +56,10 @@ def format_tool_call(call: ToolCall) -> str:
 
 
 def forced_call_prefix(name: str | None) -> str:
-    """The start of a reply that must call `name` (or some tool when None): the call's text as
-    `format_tool_call` writes it, cut where a tokenizer's word boundary falls, so that the
-    prompt's tokens are the first tokens of the message the client sends back (`"arguments":`
-    without the space after it: byte-level BPE joins that space to the `{` that follows, and a
-    lone space token is one the model never saw there)."""
+    """The start of a reply that must call `name` (or some tool when None)."""
     if name is None:
         return f'{TOOL_CALL_OPEN}\n{{"name": "'
-    return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(name)}, "arguments":'
+    return f'{TOOL_CALL_OPEN}\n{{"name": {json.dumps(name)}, "arguments": '
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,8 @@ import pytest
 
 from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec
 from agentcache.chat.runner import ChatEngine
-from agentcache.chat.segmenter import ConversationTracker
 from agentcache.chat.tools import forced_call_prefix, format_tool_call
-from agentcache.model.loading import DEFAULT_MODEL, LoadedModel, default_cache_dir
-from agentcache.model.tokenizer import CHATML, HFTokenizer
-from agentcache.prompt.reply import close_reply
-from agentcache.prompt.tokenize import tokenize_prompt
+from agentcache.model.loading import LoadedModel
 from agentcache.runtime import loop as loop_module
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
 from agentcache.testing import scripted_sampler
@@ -68,32 +64,3 @@ def test_a_forced_call_sent_back_is_a_hit(
     assert (reply.status, reply.reason) == ("hit", None)
     assert reply.exact_tokens == reply.num_tokens > len(call)  # the call's bytes and markup
     assert [s.message_index for s in r2.report.misses] == [3]  # only the tool's result is new
-
-
-@pytest.fixture(scope="module")
-def real_tok() -> HFTokenizer:
-    folder = default_cache_dir() / "models" / DEFAULT_MODEL
-    if not (folder / "tokenizer.json").is_file():
-        pytest.skip("the default model is not converted in the cache")
-    from transformers import AutoTokenizer
-
-    return HFTokenizer(AutoTokenizer.from_pretrained(folder), DEFAULT_MODEL)
-
-
-@pytest.mark.parametrize("name", ["ls", None])
-def test_a_forced_calls_opening_tokenizes_as_the_sent_back_message_begins(
-    real_tok: HFTokenizer, name: str | None
-) -> None:
-    """With a BPE tokenizer: the prompt's tokens, the forced call's opening last, are the first
-    tokens of the prompt with the call closed in its place (what the engine checks before it
-    stores the reply's KV); an opening that ended in a space would be a token of its own that
-    the closed message joins to the `{` after it."""
-    tracker = ConversationTracker()
-    msgs = [ChatMessage("system", "be brief"), ChatMessage("user", "list src")]
-    chat = tracker.segment(msgs, (TOOL,), prefill=forced_call_prefix(name))
-    prompt = tokenize_prompt(chat.prompt, real_tok, CHATML)
-    reply = tracker.reply_segment(chat, ChatMessage("assistant", "", (CALL,)))
-    assert reply.text.startswith(forced_call_prefix(name))
-    closed = close_reply(prompt, reply, real_tok, CHATML)
-    assert closed is not None and closed.num_tokens > prompt.num_tokens
-    assert closed.ids[: prompt.num_tokens] == prompt.ids

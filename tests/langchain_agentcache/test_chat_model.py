@@ -86,7 +86,7 @@ def test_bind_tools_forced_choice_prefills_the_call(tiny: LoadedModel) -> None:
     assert segments[-1]["reason"] == "prefill"
     # a random tiny model does not finish the JSON: the call is reported invalid, not invented
     assert reply.tool_calls == [] and len(reply.invalid_tool_calls) == 1
-    assert reply.invalid_tool_calls[0]["args"].startswith('{"name": "Lookup", "arguments":')
+    assert reply.invalid_tool_calls[0]["args"].startswith('{"name": "Lookup", "arguments": ')
 
 
 def test_tool_choice_none_keeps_the_tools_in_the_prompt_and_parses_no_call(

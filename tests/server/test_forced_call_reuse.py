@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from agentcache.bench.server.schemas import SCHEMAS, validate
 from agentcache.chat.messages import ToolCall
 from agentcache.chat.tools import forced_call_prefix, format_tool_call
 from agentcache.model.loading import LoadedModel
@@ -138,29 +137,6 @@ def test_messages(client: TestClient, monkeypatch: pytest.MonkeyPatch, case: str
     second = post(client, "/v1/messages", {"system": SYSTEM, "messages": history, "tools": ts,
                   "max_tokens": 16})  # fmt: skip
     check_found(second["agentcache"], call)
-
-
-def test_a_strict_forced_call_is_written_as_it_is_sent_back(client: TestClient) -> None:
-    """A strict tool's forced call is held to its parameters by a grammar; the JSON it lets the
-    model write is the JSON the call is rendered with when sent back (its separators, no free
-    whitespace), so the call is found as a free one is. On the random tiny model, unscripted."""
-    pytest.importorskip("llguidance")
-    params = SCHEMAS["tool-args"]
-    ts = [{"type": "function", "function": {"name": "ls", "parameters": params, "strict": True}}]
-    messages: list[Any] = [{"role": "system", "content": SYSTEM},
-                           {"role": "user", "content": "list, strictly"}]  # fmt: skip
-    first = post(client, "/v1/chat/completions", {
-        "messages": messages, "tools": ts, "tool_choice": CHOICES["named"][0], "max_tokens": 400,
-        "temperature": 1.0, "seed": 5})  # fmt: skip
-    choice = first["choices"][0]
-    assert choice["finish_reason"] == "tool_calls", choice
-    fn = choice["message"]["tool_calls"][0]
-    args = json.loads(fn["function"]["arguments"])
-    assert validate(args, params) is None and len(args) > 1
-    messages += [choice["message"], {"role": "tool", "tool_call_id": fn["id"], "content": "a b"}]
-    second = post(client, "/v1/chat/completions",
-                  {"messages": messages, "tools": ts, "max_tokens": 1})  # fmt: skip
-    check_found(second["agentcache"], "")
 
 
 def test_a_continued_messages_reply_is_found_whole(
