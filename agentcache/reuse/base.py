@@ -179,8 +179,8 @@ class ReuseStrategy(ABC):
       spent besides computing tokens.
     - `plan_prefill` may hand the plan over instead (`PlannedPrefill`): everything `prefill`
       does but computing the planned tokens and what follows them (`PlannedPrefill.finish`),
-      so the runtime may compute them in chunks (`runtime/chunked.py`); run whole
-      (`run_planned`) it is `prefill`.
+      so the runtime may compute them in chunks (`runtime/chunked.py`); run whole it is
+      `prefill` (`PlanningStrategy` derives `prefill` from it).
     """
 
     name: ClassVar[str]
@@ -211,8 +211,8 @@ class ReuseStrategy(ABC):
         """`prefill`, handing its plan over before any layer runs when its computed tokens are
         known up front at their natural positions (`PlannedPrefill`: the caller computes them,
         whole or in chunks, and finishes it); else the prefill run whole, as `prefill` runs it
-        (its lookup is done once either way). Default: whole. A strategy that plans runs
-        `prefill` as `run_planned(self.plan_prefill(...))`."""
+        (its lookup is done once either way). Default: whole. A strategy that plans is a
+        `PlanningStrategy`."""
         return self.prefill(ctx, prompt, seq)
 
     def commit(
@@ -222,12 +222,17 @@ class ReuseStrategy(ABC):
         return None
 
 
-def run_planned(
-    planned: PlannedPrefill | PrefillResult, ctx: ReuseContext, prompt: TokenizedPrompt,
-    seq: SequenceKV,
-) -> PrefillResult:  # fmt: skip
-    """`plan_prefill`'s outcome, run whole."""
-    return planned.run(ctx, prompt, seq) if isinstance(planned, PlannedPrefill) else planned
+class PlanningStrategy(ReuseStrategy):
+    """A strategy that plans (`plan_prefill`); its `prefill` is that plan run whole."""
+
+    @abstractmethod
+    def plan_prefill(
+        self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV
+    ) -> PlannedPrefill | PrefillResult: ...
+
+    def prefill(self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV) -> PrefillResult:
+        planned = self.plan_prefill(ctx, prompt, seq)
+        return planned.run(ctx, prompt, seq) if isinstance(planned, PlannedPrefill) else planned
 
 
 def guarded(ctx: ReuseContext, num_tokens: int, plan: PlanCost, stats: ReuseStats) -> bool:

@@ -7,20 +7,15 @@ from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse.base import (
     STRATEGIES,
     PlannedPrefill,
-    PrefillResult,
+    PlanningStrategy,
     ReuseContext,
-    ReuseStrategy,
     natural_plan,
-    run_planned,
 )
 
 
 @STRATEGIES.register("full")
-class FullRecompute(ReuseStrategy):
+class FullRecompute(PlanningStrategy):
     name = "full"
-
-    def prefill(self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV) -> PrefillResult:
-        return run_planned(self.plan_prefill(ctx, prompt, seq), ctx, prompt, seq)
 
     def plan_prefill(
         self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV

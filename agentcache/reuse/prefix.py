@@ -22,12 +22,10 @@ from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse.base import (
     STRATEGIES,
     PlannedPrefill,
-    PrefillResult,
+    PlanningStrategy,
     ReuseContext,
     ReuseStats,
-    ReuseStrategy,
     guarded,
-    run_planned,
 )
 from agentcache.reuse.guard import computed_cost, loaded
 
@@ -61,11 +59,8 @@ def load_blocks(seq: SequenceKV, blocks: list[StoredKV], num_tokens: int) -> Non
 
 
 @STRATEGIES.register("prefix")
-class PrefixReuse(ReuseStrategy):
+class PrefixReuse(PlanningStrategy):
     name = "prefix"
-
-    def prefill(self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV) -> PrefillResult:
-        return run_planned(self.plan_prefill(ctx, prompt, seq), ctx, prompt, seq)
 
     def plan_prefill(
         self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV

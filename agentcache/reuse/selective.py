@@ -28,12 +28,11 @@ from agentcache.kv.pool import SequenceKV
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse.base import (
     PlannedPrefill,
+    PlanningStrategy,
     PrefillResult,
     ReuseContext,
     ReuseStats,
-    ReuseStrategy,
     guarded,
-    run_planned,
 )
 from agentcache.reuse.check import checked
 from agentcache.reuse.config import SelectiveOptions
@@ -59,7 +58,7 @@ __all__ = [
 ]
 
 
-class SelectiveRecompute(ReuseStrategy):
+class SelectiveRecompute(PlanningStrategy):
     """Base of the position-independent strategies; subclasses set `defaults`."""
 
     defaults: ClassVar[SelectiveOptions] = SelectiveOptions()
@@ -97,9 +96,6 @@ class SelectiveRecompute(ReuseStrategy):
         """The tokens it computes are known before any layer runs, at the prompt's own
         positions (its ranker is up front, or it ranks nothing): `select_up_front` says which."""
         return self.options.plan == "true" and self.options.evidence_pass is None
-
-    def prefill(self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV) -> PrefillResult:
-        return run_planned(self.plan_prefill(ctx, prompt, seq), ctx, prompt, seq)
 
     def plan_prefill(
         self, ctx: ReuseContext, prompt: TokenizedPrompt, seq: SequenceKV
