@@ -10,7 +10,12 @@ repetitions of the per-pair TTFT ratio, with its range.
              computed after it, and the setup reuses it approximately (no exact KV for the
              default in the hits' context: it probes)
 
-The prefills are not committed (the stores stay as the setup left them).
+    miss     no setup: the no-reuse request (a new time stamp first) prefilled by `full` and by
+             every strategy of `--miss-strategies`, the order rotated per repetition; each
+             strategy's TTFT over `full`'s in the same repetition (and the default's over
+             `prefix`'s, which finds the stamp's first block)
+
+The prefills are not committed (the stores stay as the setup left them, empty for `miss`).
 
     PYTHONPATH=.:templates:adapters HF_HUB_OFFLINE=1 .venv/bin/python \\
         benchmarks/reuse/exact_turns.py --reps 7 --threads 1 \\
@@ -39,6 +44,7 @@ from agentcache.runtime.engine import Engine, EngineConfig
 
 LABELS = ("prefix", "rpdc")
 HITS = ("system+tools", "history")
+MISS_STRATEGIES = "full,prefix,promptcache,pic,epic,cacheblend,cacheslide,rpdc"
 
 
 def scenario(reqs: list[Request], stamped: bool) -> tuple[list[Request], list[Request]]:
@@ -69,6 +75,36 @@ def prefill_once(engine: Engine, tracker: ConversationTracker, r: Request) -> di
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    hits = [r for r in rows if r["scenario"] != "miss"]
+    return summarize_hits(hits) + summarize_misses([r for r in rows if r["scenario"] == "miss"])
+
+
+def summarize_misses(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per strategy: TTFT over `full`'s (and over `prefix`'s) in the same repetition, median
+    [min-max] over the repetitions."""
+    reps: dict[int, dict[str, float]] = {}
+    for r in rows:
+        reps.setdefault(r["rep"], {})[r["strategy"]] = r["ttft_ms"]
+    out = []
+    for label in dict.fromkeys(r["strategy"] for r in rows):
+        vs_full = [p[label] / p["full"] for p in reps.values() if {label, "full"} <= p.keys()]
+        vs_prefix = [p[label] / p["prefix"] for p in reps.values() if {label, "prefix"} <= p.keys()]
+        out.append({
+            "scenario": "miss", "case": "no-reuse", "strategy": label, "n": len(vs_full),
+            "ms_median": statistics.median(p[label] for p in reps.values() if label in p),
+            **_spread("vs_full", vs_full), **_spread("vs_prefix", vs_prefix),
+        })  # fmt: skip
+    return out
+
+
+def _spread(name: str, xs: list[float]) -> dict[str, float | None]:
+    if not xs:
+        return {f"{name}_median": None, f"{name}_min": None, f"{name}_max": None}
+    return {f"{name}_median": statistics.median(xs), f"{name}_min": min(xs),
+            f"{name}_max": max(xs)}  # fmt: skip
+
+
+def summarize_hits(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for scen in sorted({r["scenario"] for r in rows}):
         for case in HITS:
@@ -102,11 +138,14 @@ def report(results: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for s in results["summary"]:
+        if s["scenario"] == "miss":
+            continue
         lines.append(
             f"| {s['scenario']} | {s['case']} | {s['n']} | {s['rpdc_vs_prefix_median']:.3f} "
             f"[{s['rpdc_vs_prefix_min']:.3f}-{s['rpdc_vs_prefix_max']:.3f}] "
             f"| {s['prefix_ms_median']:.0f} | {s['rpdc_ms_median']:.0f} |"
         )
+    lines += miss_table(results["summary"])
     lines += [
         "",
         "The work of each prefill (counted; the same in every repetition) and where its time "
@@ -128,11 +167,38 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def miss_table(summary: list[dict[str, Any]]) -> list[str]:
+    misses = [s for s in summary if s["scenario"] == "miss"]
+    if not misses:
+        return []
+    lines = [
+        "",
+        "Misses (`miss`: the no-reuse request, nothing stored): TTFT / `full`'s and / `prefix`'s "
+        "in the same repetition (the order rotated), median [min-max] over n repetitions.",
+        "",
+        "| strategy | n | / full | / prefix | ms (median) |",
+        "|---|---|---|---|---|",
+    ]
+    for s in misses:
+        lines.append(
+            f"| {s['strategy']} | {s['n']} | {_fmt(s, 'vs_full')} | {_fmt(s, 'vs_prefix')} "
+            f"| {s['ms_median']:.0f} |"
+        )
+    return lines
+
+
+def _fmt(s: dict[str, Any], name: str) -> str:
+    if s[f"{name}_median"] is None:
+        return "-"
+    return f"{s[f'{name}_median']:.3f} [{s[f'{name}_min']:.3f}-{s[f'{name}_max']:.3f}]"
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=int, default=4000)
     p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--scenarios", default="fresh,stamped")
+    p.add_argument("--scenarios", default="fresh,stamped", help="of fresh,stamped,miss")
+    p.add_argument("--miss-strategies", default=MISS_STRATEGIES, help="`miss`: full first")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
@@ -142,6 +208,10 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[dict[str, Any]] = []
     a.out.mkdir(parents=True, exist_ok=True)
     for scen in a.scenarios.split(","):
+        if scen == "miss":
+            rows += run_misses(model, reqs, a.miss_strategies.split(","), a.reps)
+            write(a, rows)
+            continue
         setup, hits = scenario(reqs, scen == "stamped")
         engines = {
             label: (Engine(model, EngineConfig(strategy=label, kv_pages=1024)),
@@ -167,8 +237,27 @@ def main(argv: list[str] | None = None) -> None:
         write(a, rows)
 
 
+def run_misses(
+    model: Any, reqs: list[Request], labels: list[str], reps: int
+) -> list[dict[str, Any]]:
+    """The no-reuse request prefilled by every strategy, one engine each, `reps` times, the
+    order rotated per repetition; nothing is committed, so every prefill is a miss."""
+    miss = next(r for r in reqs if r.case == "no-reuse")
+    engines = {label: (Engine(model, EngineConfig(strategy=label, kv_pages=1024)),
+                       ConversationTracker()) for label in labels}  # fmt: skip
+    rows = []
+    for rep in range(reps):
+        k = rep % len(labels)
+        for label in labels[k:] + labels[:k]:
+            x = prefill_once(*engines[label], miss)
+            rows.append({"scenario": "miss", "case": miss.case, "rep": rep, "strategy": label, **x})
+            print(f"miss #{rep} {label}: {x['ttft_ms']:.0f} ms, calls {x['model_calls']}, "
+                  f"computed {x['recomputed_tokens']}", file=sys.stderr, flush=True)  # fmt: skip
+    return rows
+
+
 def write(a: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
-    specs = specs_of(LABELS)
+    specs = specs_of(dict.fromkeys([*LABELS, *(r["strategy"] for r in rows)]))
     write_results(a.out, "benchmarks/reuse/exact_turns.py", specs, rows, summarize(rows), report)
 
 
