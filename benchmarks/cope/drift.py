@@ -22,7 +22,6 @@ Texts: held-out documents of the adapter's training corpus (essays for F, chats 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -35,6 +34,7 @@ from rich.console import Console
 from rich.progress import Progress
 from torch import Tensor
 
+from agentcache.bench.results import write_run
 from agentcache.cope.checkpoint import load_cope_adapter
 from agentcache.cope.data import HELD_OUT_EVERY, documents
 from agentcache.model.cope import CoPEForward
@@ -148,8 +148,7 @@ def write(out: Path, result: dict[str, Any]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_run(out, result)
     cks, shifts = result["cksim"], result["shifts"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for variant in cks:

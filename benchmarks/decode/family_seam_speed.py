@@ -92,9 +92,9 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from agentcache.bench.provenance import provenance
+    from agentcache.bench.provenance import load_average, provenance
 
-    load_start = os.getloadavg()
+    load_start = load_average()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
@@ -112,8 +112,8 @@ def main() -> None:
         k: {"median_ratio": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
         for k, v in ratios.items()
     }
-    record = {**provenance(), "command": "python " + " ".join(sys.argv)}
-    load = {"start": list(load_start), "end": list(os.getloadavg())}  # 1, 5, 15 min
+    record = provenance(script="benchmarks/decode/family_seam_speed.py")
+    load = {"start": load_start, "end": load_average()}  # 1, 5, 15 min
     report = {"provenance": record, "load_average": load,
               "args": {k: str(v) for k, v in vars(args).items()}, "rounds": rows,
               "new_over_base": summary, "identical": all(r["identical"] for r in rows)}  # fmt: skip

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from agentcache.bench.results import write_run
 from agentcache.decode.config import DecodeConfig
 from agentcache.decode.decoder import SparseDecoder
 from agentcache.decode.kernels import last_tokens_attention
@@ -129,10 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         row["verify_pass_in_dense_steps"] = row["verify_pass_s"] / row["dense_step_s"]
         row["sparse_step_in_dense_steps"] = row["sparse_step_s"] / row["dense_step_s"]
-    args.out.mkdir(parents=True, exist_ok=True)
-    settings = vars(args) | {"torch_threads": 1}
-    record = {"model": model.model_id, "settings": settings, "prompts": rows}
-    (args.out / "results.json").write_text(json.dumps(record, indent=1, default=str))
+    paths_as_text = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    settings = paths_as_text | {"torch_threads": 1}
+    write_run(args.out, {"model": model.model_id, "settings": settings, "prompts": rows})
     print(json.dumps(rows, indent=1))
     return 0
 

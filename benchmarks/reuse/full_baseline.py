@@ -18,7 +18,6 @@ Prompts: the turns of each workload file's first sessions, spread over their len
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -30,6 +29,7 @@ from typing import Any
 
 import torch
 
+from agentcache.bench.results import write_run
 from agentcache.model.loading import (
     LoadedModel,
     convert_default_model,
@@ -161,13 +161,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     prompts = pick_prompts(Engine(model), args.workloads, args.sessions, args.per_file)
     timings = run(model, hf, prompts, args.repeats)
-    args.out.mkdir(parents=True, exist_ok=True)
     given = sys.argv[1:] if argv is None else list(argv)
     command = "python benchmarks/reuse/full_baseline.py " + " ".join(given)
-    (args.out / "results.json").write_text(
-        json.dumps({"command": command, "timings": [asdict(t) for t in timings]}, indent=2)
-    )
-    (args.out / "report.md").write_text(report(timings, command))
+    results = {"command": command, "timings": [asdict(t) for t in timings]}
+    write_run(args.out, results, lambda _: report(timings, command))
     print(f"wrote {args.out}/results.json and report.md")
     return 0
 

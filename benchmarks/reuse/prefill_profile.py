@@ -19,8 +19,6 @@ those shares, not the stage times, the figure to read from that table.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
@@ -33,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # siblings, when loade
 
 from long_prompts import CASES, Request, bfcl_tools, requests
 
-from agentcache.bench.provenance import provenance, specs_of
+from agentcache.bench.provenance import load_average, provenance, specs_of
+from agentcache.bench.results import write_run
 from agentcache.chat.segmenter import ConversationTracker
 from agentcache.model.loading import load_model
 from agentcache.runtime.engine import Engine, EngineConfig
@@ -169,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     model = load_model()
     engines = {x: (Engine(model, EngineConfig(strategy=x, kv_pages=1024)), ConversationTracker())
                for x in labels}  # fmt: skip
-    load_before = os.getloadavg()
+    load_before = load_average()
     rows: list[dict[str, Any]] = []
     for i, r in enumerate(requests(a.size, a.requests, model, bfcl_tools())):
         if not r.wanted(cases):
@@ -187,20 +186,15 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def write(
-    out: Path, labels: list[str], rows: list[dict[str, Any]], load_before: tuple[float, ...],
+    out: Path, labels: list[str], rows: list[dict[str, Any]], load_before: list[float],
     argv: list[str] | None,
 ) -> None:  # fmt: skip
-    argv_text = sys.argv[1:] if argv is None else argv
-    prov = provenance(specs_of(labels), argv=argv_text)
-    prov["command"] = " ".join(["python benchmarks/reuse/prefill_profile.py", *argv_text])
+    prov = provenance(specs_of(labels), argv=argv, script="benchmarks/reuse/prefill_profile.py")
     results = {
-        "provenance": prov, "load_before": [round(x, 2) for x in load_before],
-        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "provenance": prov, "load_before": load_before, "load_after": load_average(),
         "summary": summarize(rows), "rows": rows,
     }  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    (out / "report.md").write_text(report(results))
+    write_run(out, results, report)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,7 @@ heads, 3 KV heads, head dim 64).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +22,8 @@ from typing import Any
 import torch
 
 import agentcache.model.run_attention as ra
-from agentcache.bench.provenance import provenance
+from agentcache.bench.provenance import load_average, provenance
+from agentcache.bench.results import write_run
 from agentcache.model.attention import attention
 
 WAYS = {"padded": 10**12, "split": -1}  # PAD_PAIRS_PER_ROW forcing each way
@@ -98,15 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(a.threads)
     with torch.inference_mode():
         rows = [measure(a.context, int(x), a.reps) for x in a.prefix.split(",")]
-    args = sys.argv[1:] if argv is None else argv
-    prov = provenance(argv=args)
-    prov["command"] = " ".join(["python benchmarks/reuse/run_attention_cost.py", *args])
-    results = {
-        "provenance": prov, "load_average": [round(x, 2) for x in os.getloadavg()], "rows": rows
-    }  # fmt: skip
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "results.json").write_text(json.dumps(results, indent=1))
-    (a.out / "report.md").write_text(report(results))
+    prov = provenance(argv=argv, script="benchmarks/reuse/run_attention_cost.py")
+    write_run(a.out, {"provenance": prov, "load_average": load_average(), "rows": rows}, report)
 
 
 if __name__ == "__main__":

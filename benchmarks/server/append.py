@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import sys
@@ -251,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--conversations, --steps, --max-tokens and --threads must be >= 1")
     from tqdm import tqdm
 
-    from agentcache.bench.provenance import provenance, specs_of
+    from agentcache.bench.provenance import load_average, provenance, specs_of
+    from agentcache.bench.results import write_run
     from agentcache.testing import ServeProcess
 
     bfcl = bw.pkg_dir("bfcl_eval", "bfcl-eval") / "data"
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "servers.log"
     log.write_text("")
-    load_before = os.getloadavg()
+    load_before = load_average()
     t_start = time.perf_counter()
     servers: dict[str, Any] = {}
     turns: list[dict[str, Any]] = []
@@ -296,9 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         for s in servers.values():
             s.close()
     specs = {label: reported[label] for label in labels}
-    origin = provenance(specs_of(specs.values()), None, [c["name"] for c in convs])
-    args_text = sys.argv[1:] if argv is None else argv
-    origin["command"] = " ".join(["python benchmarks/server/append.py", *args_text])
+    origin = provenance(specs_of(specs.values()), None, [c["name"] for c in convs], argv,
+                        script="benchmarks/server/append.py")  # fmt: skip
     # the labels of this file are the servers' flags; each resolves to what its server reported
     by_name = origin["specs"]
     origin["specs"] = {label: by_name[reported[label]] for label in labels}
@@ -317,16 +316,14 @@ def main(argv: list[str] | None = None) -> int:
         "config": config,
         "conversations": conv_rows,
         "taken_cases": sorted(taken),
-        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "load_average": {"before": load_before, "after": load_average()},
         "wall_s": time.perf_counter() - t_start,
         "summary": summarize(turns, replies, labels),
         "turns": turns,
         "replies": replies,
     }
-    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    report = write_run(args.out, results, render)
     plot(turns, labels, args.out / "ratios.png")
-    report = render(results)
-    (args.out / "report.md").write_text(report)
     print(report)
     return 0
 

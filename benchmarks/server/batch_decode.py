@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any
 import torch
 
 from agentcache.bench.provenance import provenance
+from agentcache.bench.results import write_run
 from agentcache.model.loading import load_model
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
@@ -221,7 +221,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     # of the code that runs, before the tree can change under a long run
-    origin = provenance(argv=sys.argv) | {"command": " ".join(["python", *sys.argv])}
+    origin = provenance(script="benchmarks/server/batch_decode.py")
     model = load_model(None)
     params = GenerationParams(max_new_tokens=args.new_tokens)
     engines = {
@@ -255,9 +255,7 @@ def main() -> None:
         "summary": summarize(runs, args.agents),
         "scheduler": None if batch is None else vars(batch.stats()),
     }  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "report.md").write_text(report(results))
+    write_run(args.out, results, report)
     print(json.dumps(results["summary"], indent=1))
 
 

@@ -27,7 +27,6 @@ import itertools
 import json
 import os
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any
 import torch
 
 from agentcache.bench.provenance import provenance
+from agentcache.bench.results import write_run
 from agentcache.model.loading import load_model
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
@@ -156,7 +156,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    origin = provenance(argv=sys.argv) | {"command": " ".join(["python", *sys.argv])}
+    origin = provenance(script="benchmarks/server/chunked_prefill.py")
     model = load_model(None)
     engines = {}
     for c, chunk in (("whole", 0), ("chunked", args.chunk)):
@@ -183,9 +183,7 @@ def main() -> None:
         "summary": summarize(runs, args.repeats),
         "runs": runs,
     }  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "report.md").write_text(report(results))
+    write_run(args.out, results, report)
     print(json.dumps(results["summary"], indent=1))
 
 

@@ -17,7 +17,6 @@ results.json and report.md.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 import openai
 
+from agentcache.bench.results import write_run
 from agentcache.testing import ServeProcess
 
 MODEL = "agentcache-default"
@@ -133,9 +133,7 @@ def main() -> int:
     }
     results = {"command": " ".join(sys.argv), "turns": turns, "identical": identical,
                "summary": summary}  # fmt: skip
-    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "report.md").write_text(render(results))
-    print(render(results))
+    print(write_run(args.out, results, render))
     return 0
 
 

@@ -26,6 +26,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from agentcache.bench.results import write_run
+
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = "X-Agentcache-Conversation"
 
@@ -191,10 +193,7 @@ def main() -> None:
         f"python benchmarks/server/fidelity.py --sessions {args.sessions} --strategy "
         f"{args.strategy} --max-tokens {args.max_tokens} --threads {args.threads} --out {args.out}"
     )
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / "report.md").write_text(report(result, command))
-    print(report(result, command))
+    print(write_run(args.out, result, lambda r: report(r, command)))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ from urllib.parse import urlparse
 
 import httpx
 
+from agentcache.bench.results import write_run
+
 SYSTEM = (
     "You are Forge, a software maintenance agent. You solve one task at a time: read before "
     "you edit, run the tests after every change, keep changes minimal, and reply DONE with a "
@@ -436,9 +438,7 @@ def main() -> None:
     command = "AGENTCACHE_NUM_THREADS=1 python benchmarks/server/load.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in shown.items()
     )
-    (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / "report.md").write_text(report(result, command))
-    print(report(result, command))
+    print(write_run(args.out, result, lambda r: report(r, command)))
 
 
 def rerender(folder: Path, store_bytes: int, conversation_bytes: int) -> None:
@@ -448,8 +448,7 @@ def rerender(folder: Path, store_bytes: int, conversation_bytes: int) -> None:
                               conversation_bytes)  # fmt: skip
     old = (folder / "report.md").read_text()
     command = re.search(r"^Command: `(.*)`$", old, re.M).group(1)  # type: ignore[union-attr]
-    (folder / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (folder / "report.md").write_text(report(results, command))
+    write_run(folder, results, lambda r: report(r, command))
 
 
 @contextlib.contextmanager

@@ -27,6 +27,7 @@ import openai
 from rich.console import Console
 from rich.progress import Progress
 
+from agentcache.bench.results import write_run
 from agentcache.testing import ServeProcess
 
 MODEL = "agentcache-default"
@@ -266,9 +267,7 @@ def main() -> int:
     results["concurrent"] = {"loops": args.loops, "turns": args.loop_turns, "errors": errors,
                              "equal_to_solo": same}  # fmt: skip
     results["wall_s"] = time.perf_counter() - t_start
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    report = render(turns, colds, results)
-    (args.out / "report.md").write_text(report)
+    report = write_run(args.out, results, lambda r: render(turns, colds, r))
     plot(turns, colds, args.out / "ttft.png")
     console.print(report)
     return 0 if not errors and all(same) else 1

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from agentcache.bench.provenance import provenance
+from agentcache.bench.provenance import load_average, provenance
+from agentcache.bench.results import write_run
 from agentcache.bench.server.schemas import SCHEMAS, validate
 from agentcache.chat.messages import ChatMessage
 from agentcache.chat.runner import ChatEngine, ChatRequest
@@ -122,13 +121,10 @@ def main() -> int:
         "mask_ms_median_of_medians": statistics.median(masks),
         "valid_replies": sum(bool(r["valid"]) for r in valid),
         "cut_by_max_tokens": sum(r["finish_reason"] == "length" for r in valid),
-        "constrained_replies": len(valid), "load_average": os.getloadavg(),
+        "constrained_replies": len(valid), "load_average": load_average(),
     }  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    record = provenance()
-    record["command"] = " ".join(["python benchmarks/server/structured_cost.py", *sys.argv[1:]])
-    results = {"provenance": record, "summary": summary, "rows": rows}
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    record = provenance(script="benchmarks/server/structured_cost.py")
+    write_run(args.out, {"provenance": record, "summary": summary, "rows": rows})
     print(json.dumps(summary, indent=1))
     return 0
 

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agentcache.bench.provenance import provenance
+from agentcache.bench.provenance import load_average, provenance
 
 
 def peak_rss_bytes(checkout: Path, turns: int, tokens: int) -> int:
@@ -57,17 +57,15 @@ def main() -> None:
             checkout = getattr(args, name).resolve()
             runs[name].append(peak_rss_bytes(checkout, args.turns, args.tokens))
             print(name, runs[name][-1] / 2**30, "GiB", flush=True)
-    script = "python benchmarks/tiers/demo_memory.py " + " ".join(sys.argv[1:])
-    prov = provenance()
-    prov["command"] = script  # this script, not an agentcache subcommand
+    prov = provenance(script="benchmarks/tiers/demo_memory.py")
     results = {
         "provenance": prov,
-        "script": script,
+        "script": prov["command"],
         "measured": f"agentcache demo --turns {args.turns} --tokens {args.tokens}",
         "checkouts": {side: checkout_commit(getattr(args, side)) for side in runs},
         "peak_rss_bytes": runs,
         "median_peak_rss_gib": {k: statistics.median(v) / 2**30 for k, v in runs.items()},
-        "load_average": os.getloadavg(),
+        "load_average": load_average(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")

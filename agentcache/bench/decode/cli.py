@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -13,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from agentcache.argtypes import non_negative_int, output_folder, positive_int
-from agentcache.bench.provenance import provenance
+from agentcache.bench.provenance import machine, provenance
 from agentcache.decode.config import DEFAULT_BUDGET_PAGES, DecodeConfig
 from agentcache.decode.minmax import GQA_COMBINES
 from agentcache.errors import AgentCacheError, ProfileError
@@ -26,16 +24,9 @@ if TYPE_CHECKING:  # the modules that build models and engines load with the com
 
 def run_record() -> dict[str, Any]:
     """What every decode benchmark's results record of the run: its command and machine."""
-    import torch
-
     return {
         "command": "agentcache " + " ".join(sys.argv[1:]),
-        "machine": {
-            "cores": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-        },
+        "machine": machine(),
         "provenance": provenance(),
     }
 

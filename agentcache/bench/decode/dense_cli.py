@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from rich.console import Console
 
 from agentcache.argtypes import output_folder, positive_int
 from agentcache.bench.decode.cli import run_record
+from agentcache.bench.results import write_run
 from agentcache.errors import AgentCacheError
 from agentcache.heads.cli import add_prompt_options
 
@@ -75,9 +75,7 @@ def run_dense(args: argparse.Namespace, model_path: str | None, cache_dir: Path)
         "settings": asdict(settings),
         "contexts": contexts,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    (args.out / "report.md").write_text(render_dense(results))
+    write_run(args.out, results, render_dense)
     print(dense_table(contexts))
     print(f"\nwrote {args.out}/results.json and report.md")
     return 0

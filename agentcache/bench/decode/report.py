@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from agentcache.bench.results import write_run
 from agentcache.bench.reuse.report import markdown_table
 
 COLUMNS = (
@@ -43,9 +43,7 @@ def table(policies: dict[str, dict[str, Any]]) -> str:
 
 
 def write_report(out: Path, results: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    (out / "report.md").write_text(render_markdown(results))
+    write_run(out, results, render_markdown)
     plot(results, out)
 
 

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import platform
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from agentcache.bench.peer import PEER
-from agentcache.bench.provenance import provenance, specs_of
+from agentcache.bench.provenance import machine, provenance, specs_of
 from agentcache.bench.reuse.metrics import _median, aggregate
 
 COLUMNS = (
@@ -127,8 +125,6 @@ def _summary(records: list[dict[str, Any]]) -> dict[str, Any]:
 def write_results(
     out: Path, records: list[dict[str, Any]], meta: dict[str, Any], problems: list[str]
 ) -> dict[str, Any]:
-    import torch
-
     out.mkdir(parents=True, exist_ok=True)
     strategies = with_peer_ratios(summarize(records), peer_ratios(records))
     results = {
@@ -137,12 +133,7 @@ def write_results(
         "by_workload": summarize(records, "workload"),
         "cksim_by_layer": _cksim(records),
         "cold": cold(records),
-        "machine": {
-            "cores": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-        },
+        "machine": machine(),
         "skipped_lines": problems,
         **meta,
         "provenance": provenance(

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -16,7 +13,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from agentcache.argtypes import non_negative_int, output_folder, positive_int
 from agentcache.bench.cli import select
-from agentcache.bench.provenance import provenance
+from agentcache.bench.provenance import machine, provenance
+from agentcache.bench.results import write_run
 from agentcache.bench.reuse.report import markdown_table
 from agentcache.bench.tiers.bench import TierBenchConfig, run_policy
 from agentcache.bench.tiers.report import ratios, store_only_figure
@@ -126,21 +124,14 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
 def write_tier_results(
     out: Path, per_policy: dict[str, Any], meta: dict[str, Any]
 ) -> dict[str, Any]:
-    import torch
-
-    out.mkdir(parents=True, exist_ok=True)
     results = {
         "policies": per_policy,
         "vs_lru": ratios(per_policy),
         **meta,
-        "machine": {
-            "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform(), "torch": torch.__version__,
-        },
+        "machine": machine(),
         "provenance": provenance(split=meta.get("split"), sessions=meta.get("sessions", ())),
-    }  # fmt: skip
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    (out / "report.md").write_text(render(results))
+    }
+    write_run(out, results, render)
     plot(results, out / "tiers.png")
     return results
 

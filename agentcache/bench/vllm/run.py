@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentcache.bench.results import write_run
 from agentcache.bench.vllm.report import plot, report_markdown, summarize
 from agentcache.engines.vllm import IN_PROCESS_ENV
 from agentcache.workload.files import Session, parse_session
@@ -109,8 +110,7 @@ def run_all(
         # each configuration's segment store holds GBs of KV: it goes when its run is done
         runs = _run_configs(Path(tmp), sessions, strategies, advance, env, out / "configs", resume)
     results = summarize(runs)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    (out / "report.md").write_text(report_markdown(results))
+    write_run(out, results, report_markdown)
     plot(results, out / "ttft.png")
     return results
 
