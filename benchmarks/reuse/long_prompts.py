@@ -34,7 +34,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -44,7 +43,8 @@ from typing import Any
 
 import torch
 
-from agentcache.bench.provenance import provenance, specs_of
+from agentcache.bench.provenance import load_average, provenance, specs_of
+from agentcache.bench.results import write_run
 from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec
 from agentcache.chat.runner import ChatEngine
 from agentcache.chat.segmenter import ConversationTracker
@@ -345,23 +345,19 @@ def write_results(
     """`out`/results.json (provenance, command, commit, date, machine, summary, rows) and
     `out`/report.md (`report` of those results). `command`: the one recorded beside the
     provenance's (`python <script> <args>`), which it is when None."""
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
-    argv = sys.argv[1:]
-    prov = provenance(specs, argv=argv)
-    prov["command"] = " ".join([f"python {script}", *argv])
+    prov = provenance(specs, script=script)
     results = {
         "provenance": prov,
-        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "load_average": load_average(),
         "command": prov["command"] if command is None else command,
-        "commit": commit.stdout.strip(),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": prov["commit"],
+        "date": prov["date"],
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch "
         f"{torch.__version__}, cores {os.cpu_count()}",
         "summary": summary,
         "rows": rows,
     }
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    (out / "report.md").write_text(report(results))
+    write_run(out, results, report)
 
 
 if __name__ == "__main__":
