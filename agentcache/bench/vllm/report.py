@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from agentcache.bench.vllm.pairs import PAIRING, paired_ratios, spread, turn_key
+from agentcache.bench.vllm.pairs import PAIRING, TurnKey, paired_ratios, spread, turn_key
 
 PAIRED_BASES = ("prefix", "none")  # ttft_vs_<base>_paired_<statistic> in the summary
 
@@ -49,7 +49,8 @@ def summarize(runs: dict[str, Any], schedule: list[dict[str, Any]] | None = None
     a record without a `round` is of round 0). `schedule`: the order the configuration-rounds
     ran in, kept as given. Raises KeyError when `none` or `prefix` lacks a measured turn."""
     records = [r for run in runs.values() for r in run["records"]]
-    configs = {config: _config_summary(config, run, records) for config, run in runs.items()}
+    ref = {turn_key(r): r for r in records if r["config"] == "none"}  # the fidelity reference
+    configs = {c: _config_summary(c, run, records, ref) for c, run in runs.items()}
     return {
         "configs": configs,
         "records": records,
@@ -61,9 +62,8 @@ def summarize(runs: dict[str, Any], schedule: list[dict[str, Any]] | None = None
 
 
 def _config_summary(
-    config: str, run: dict[str, Any], records: list[dict[str, Any]]
+    config: str, run: dict[str, Any], records: list[dict[str, Any]], ref: dict[TurnKey, Any]
 ) -> dict[str, Any]:
-    ref = {turn_key(r): r for r in records if r["config"] == "none"}
     rows = run["records"]
     warm = [r for r in rows if r["turn"] > 0]
     vs_prefix = paired_ratios(records, config, "prefix")
