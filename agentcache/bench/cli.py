@@ -60,6 +60,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="with --backend vllm: reuse the configurations already measured on the same turns "
         "(kept in OUT/configs/) instead of running them again",
     )
+    p.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=1,
+        help="with --backend vllm: run the configurations R times, each round in an order "
+        "rotated by one; ratios pair turns of the same round",
+    )
     return p
 
 
@@ -173,6 +180,11 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
     if args.resume:
         raise ConfigError(
             "--resume applies to --backend vllm (the embedded bench runs in one process)"
+        )
+    if args.rounds != 1:
+        raise ConfigError(
+            "--rounds applies to --backend vllm (the embedded bench times every strategy on "
+            "each turn in one process)"
         )
     specs = parse_specs(args.strategies) + (sweep_specs() if args.sweep else [])
     specs = _without_peer_under_cope(args, specs, console)

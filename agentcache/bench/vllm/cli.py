@@ -41,12 +41,12 @@ def vllm_strategies(text: str, default_list: bool) -> list[str]:
 def run_vllm(
     args: argparse.Namespace, strategies: list[str], sessions: list[Session], console: Console
 ) -> int:
-    """Measure `strategies` (from `vllm_strategies`) on `sessions`."""
-    from agentcache.bench.vllm.report import report_markdown
+    """Measure `strategies` (from `vllm_strategies`) on `sessions`, `args.rounds` times."""
+    from agentcache.bench.vllm.report import report_head
     from agentcache.bench.vllm.run import bench_configs, run_all
 
     require_vllm()  # a clear error before anything starts
-    total = len(bench_configs(strategies)) * sum(len(s.turns) for s in sessions)
+    total = len(bench_configs(strategies)) * sum(len(s.turns) for s in sessions) * args.rounds
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=console,
@@ -59,7 +59,8 @@ def run_vllm(
             lambda d: progress.update(task, advance=1, description=d),
             args.threads,  # the engine processes' OpenMP threads (docs/vllm.md, TTFT)
             resume=args.resume,
+            rounds=args.rounds,
         )
-    print(report_markdown({"configs": results["configs"], "records": []}).split("\n\n")[0])
+    print(report_head(results))
     print(f"\nwrote {args.out}/results.json, report.md and ttft.png")
     return 0

@@ -1,19 +1,21 @@
-"""The vLLM bench's summary and strategy parsing (no vLLM)."""
+"""The vLLM bench's rounds, summary and strategy parsing (no vLLM: engine processes faked)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from agentcache.bench.vllm.cli import vllm_strategies
-from agentcache.bench.vllm.report import plot, report_markdown, summarize
-from agentcache.bench.vllm.run import bench_configs
+from agentcache.bench.vllm.pairs import PAIRING, quantile
+from agentcache.bench.vllm.report import merge_rounds, plot, report_markdown, summarize
+from agentcache.bench.vllm.run import bench_configs, round_orders
 
 
-def _run(config: str, ttfts: list[float], tokens: list[int]) -> dict[str, object]:
+def _run(config: str, ttfts: list[float], tokens: list[int]) -> dict[str, Any]:
     records = [
         {"config": config, "session": "s", "workload": "w", "turn": i, "prompt_tokens": 100,
          "ttft_ms": t, "first_token": tok, "top5": [tok, 1, 2, 3, 4],
@@ -80,7 +82,7 @@ def fake_engine_processes(
 
     class FakeProcess:
         def __init__(self, args: list[str], **_: object) -> None:
-            config, _, result, store = args[3:7]
+            config, _sessions, result, store = args[3:7]
             Path(store, "ab").mkdir(parents=True)
             Path(store, "ab", "x.kv").write_bytes(b"kv")
             started.append((config, Path(store)))
@@ -107,7 +109,8 @@ def test_each_configurations_store_is_removed_when_its_run_ends(
     started = fake_engine_processes(monkeypatch, [100.0], [5])
     seen: list[str] = []
     runs = bench._run_configs(tmp_path, [], ["pic"], seen.append, {})
-    assert list(runs) == ["none", "prefix", "agentcache:pic"] and len(seen) == 3
+    assert [run["config"] for run in runs] == ["none", "prefix", "agentcache:pic"]
+    assert len(seen) == 3
     assert started and not any(store.exists() for _, store in started)
 
 
@@ -139,7 +142,7 @@ def test_a_rerun_with_resume_keeps_the_configurations_measured_on_the_same_turns
     seen: list[str] = []
     again = bench._run_configs(work, sessions, ["pic", "rpdc"], seen.append, {}, kept, True)
     assert ran() == ["agentcache:pic", "agentcache:rpdc"]  # none, prefix were kept
-    assert again["none"] == first["none"] and any("(kept)" in s for s in seen)
+    assert again[0] == first[0] | {"kept": True} and any("(kept)" in s for s in seen)
 
     bench._run_configs(work, sessions, ["pic"], lambda _: None, {}, kept)  # no resume: all run
     assert ran() == ["none", "prefix", "agentcache:pic"]
@@ -165,10 +168,11 @@ def test_bench_cli_passes_resume_and_threads_to_the_vllm_runs(
         advance: object,
         threads: int | None = None,
         resume: bool = False,
+        rounds: int = 1,
     ) -> dict[str, object]:
         calls.append({"sessions": len(sessions), "strategies": strategies, "threads": threads,
-                      "resume": resume})  # fmt: skip
-        return {"configs": {}, "records": []}
+                      "resume": resume, "rounds": rounds})  # fmt: skip
+        return {"configs": {}, "records": [], "rounds": rounds}
 
     monkeypatch.setattr(vllm_cli, "require_vllm", lambda: None)
     monkeypatch.setattr(bench, "run_all", fake_run_all)
@@ -179,8 +183,144 @@ def test_bench_cli_passes_resume_and_threads_to_the_vllm_runs(
     n = torch.get_num_threads()  # the CLI sets torch's threads for the whole process
     argv = ["bench", str(workload), "--backend", "vllm", "--strategies", "pic@vllm",
             "--threads", str(n), "--out", str(tmp_path / "out")]  # fmt: skip
-    assert main([*argv, "--resume"]) == 0 and main(argv) == 0
+    assert main([*argv, "--resume"]) == 0 and main([*argv, "--rounds", "3"]) == 0
     assert calls == [
-        {"sessions": 1, "strategies": ["pic@vllm"], "threads": n, "resume": True},
-        {"sessions": 1, "strategies": ["pic@vllm"], "threads": n, "resume": False},
+        {"sessions": 1, "strategies": ["pic@vllm"], "threads": n, "resume": True, "rounds": 1},
+        {"sessions": 1, "strategies": ["pic@vllm"], "threads": n, "resume": False, "rounds": 3},
     ]
+    embedded = ["bench", str(workload), "--rounds", "2", "--out", str(tmp_path / "e")]
+    assert main(embedded) == 2 and len(calls) == 2  # --rounds is the vLLM bench's
+
+
+def test_each_round_rotates_the_order_so_every_configuration_takes_every_slot() -> None:
+    configs = ["a", "b", "c", "d"]
+    orders = round_orders(configs, 5)
+    assert orders == [list("abcd"), list("bcda"), list("cdab"), list("dabc"), list("abcd")]
+    for slot in range(4):
+        assert sorted(order[slot] for order in orders[:4]) == configs
+    assert round_orders(configs, 1) == [configs]
+
+
+def test_rounds_run_each_configuration_round_in_its_own_process_in_rotated_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agentcache.bench.vllm.run as bench
+
+    started = fake_engine_processes(monkeypatch, [100.0, 50.0], [5, 6])
+    seen: list[str] = []
+    results = bench.run_all([], ["pic"], tmp_path / "out", seen.append, rounds=2)
+    order = ["none", "prefix", "agentcache:pic", "prefix", "agentcache:pic", "none"]
+    assert [config for config, _ in started] == order
+    assert len({store for _, store in started}) == 6  # a store (and a process) of its own
+    assert seen[0].startswith("round 0 none") and seen[3].startswith("round 1 prefix")
+    assert [(i["round"], i["slot"], i["config"], i["kept"]) for i in results["schedule"]] == [
+        (i // 3, i % 3, config, False) for i, config in enumerate(order)
+    ]
+    assert results["rounds"] == 2 and results["pairing"] == PAIRING
+    pic = [r for r in results["records"] if r["config"] == "agentcache:pic"]
+    assert [(r["round"], r["turn"]) for r in pic] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert results["configs"]["agentcache:pic"]["rounds"] == [0, 1]
+    stored = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert stored["schedule"] == results["schedule"]
+    assert len(list((tmp_path / "out" / "configs").glob("*-round1.json"))) == 3
+
+
+def test_resume_runs_only_the_configuration_rounds_not_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kept per configuration-round: a cut-short round-1 result is measured again, round 0's
+    is not; more rounds run only the new rounds."""
+    import agentcache.bench.vllm.run as bench
+
+    started = fake_engine_processes(monkeypatch, [100.0, 50.0], [5, 6])
+    kept, work = tmp_path / "configs", tmp_path / "work"
+    work.mkdir()
+    bench._run_configs(work, [], ["pic"], lambda _: None, {}, kept, rounds=2)
+    assert len(started) == 6 and len(list(kept.glob("*.json"))) == 6
+    started.clear()
+
+    (cut,) = [p for p in kept.glob("*pic*-round1.json")]
+    cut.write_text(cut.read_text()[:40])
+    runs = bench._run_configs(work, [], ["pic"], lambda _: None, {}, kept, True, rounds=2)
+    assert [config for config, _ in started] == ["agentcache:pic"]
+    assert [(r["round"], r["config"], r["kept"]) for r in runs if not r["kept"]] == [
+        (1, "agentcache:pic", False)
+    ]
+    assert [r["slot"] for r in runs] == [0, 1, 2, 0, 1, 2]
+    started.clear()
+
+    runs = bench._run_configs(work, [], ["pic"], lambda _: None, {}, kept, True, rounds=3)
+    assert [config for config, _ in started] == ["agentcache:pic", "none", "prefix"]  # round 2
+    assert all(r["kept"] == (r["round"] < 2) for r in runs)
+
+
+def _round_run(config: str, rnd: int, ttfts: list[float], tokens: list[int]) -> dict[str, Any]:
+    """A configuration-round as `run._run_configs` returns it."""
+    run = _run(config, ttfts, tokens)
+    records = [r | {"round": rnd} for r in run["records"]]
+    costs = {"vllm": 1.0 + rnd, "engine": 4.0} if config.startswith("agentcache") else {}
+    return run | {"config": config, "round": rnd, "startup_s": 1.0 + 2 * rnd,
+                  "fill_costs": costs, "records": records}  # fmt: skip
+
+
+def paired_rounds() -> dict[str, Any]:
+    """Two rounds, the second on a machine twice as slow for the baselines; `none`'s first
+    token on the last turn differs between rounds (and agentcache's with it)."""
+    runs = [
+        _round_run("none", 0, [100, 100, 100], [5, 6, 7]),
+        _round_run("prefix", 0, [100, 80, 50], [5, 6, 7]),
+        _round_run("agentcache:pic", 0, [100, 40, 40], [5, 6, 7]),
+        _round_run("prefix", 1, [200, 160, 100], [5, 6, 8]),
+        _round_run("agentcache:pic", 1, [200, 40, 100], [5, 6, 8]),
+        _round_run("none", 1, [200, 200, 250], [5, 6, 8]),
+    ]
+    schedule = [{"config": r["config"], "round": r["round"], "slot": i % 3}
+                for i, r in enumerate(runs)]  # fmt: skip
+    return summarize(merge_rounds(runs), schedule)
+
+
+def test_ratios_pair_turns_of_the_same_round() -> None:
+    results = paired_rounds()
+    pic = results["configs"]["agentcache:pic"]
+    # over prefix: round 0 40/80, 40/50; round 1 40/160, 100/100
+    vs_prefix = [0.25, 0.5, 0.8, 1.0]
+    assert pic["n_pairs"] == 4 and pic["rounds"] == [0, 1]
+    assert pic["ttft_vs_prefix_paired_median"] == pytest.approx(0.65)
+    assert pic["ttft_vs_prefix_paired_min"] == pytest.approx(0.25)
+    assert pic["ttft_vs_prefix_paired_max"] == pytest.approx(1.0)
+    assert pic["ttft_vs_prefix_paired_q25"] == pytest.approx(0.4375)
+    assert pic["ttft_vs_prefix_paired_q75"] == pytest.approx(0.85)
+    assert pic["ttft_vs_prefix_paired_q25"] == pytest.approx(quantile(vs_prefix, 0.25))
+    assert pic["ttft_ratio_vs_prefix_warm"] == pytest.approx(0.65)  # the key stored runs have
+    # over none: round 0 40/100, 40/100; round 1 40/200, 100/250
+    assert pic["ttft_vs_none_paired_median"] == pytest.approx(0.4)
+    assert pic["ttft_vs_none_paired_min"] == pytest.approx(0.2)
+    assert pic["ttft_vs_none_paired_q25"] == pytest.approx(0.35)
+    assert pic["first_token_agreement"] == 1.0  # against none of the same round
+    by_workload = {"warm_turns": 4, "ttft_ratio_vs_prefix_warm": pytest.approx(0.65),
+                   "turns_at_least_2x_faster": 2}  # fmt: skip
+    assert pic["by_workload"] == {"w": by_workload}
+    assert (pic["turns"], pic["measured_turns"]) == (3, 6)
+    assert pic["startup_s"] == 2.0  # the median over rounds, as each fill cost
+    assert pic["fill_costs_ms_per_token"] == {"engine": 4.0, "vllm": 1.5}
+    assert [r["startup_s"] for r in pic["per_round"]] == [1.0, 3.0]
+    prefix = results["configs"]["prefix"]
+    assert prefix["ttft_vs_prefix_paired_median"] == 1.0
+    assert prefix["ttft_vs_none_paired_median"] == pytest.approx(0.65)  # .8 .5; .8 .4
+
+
+def test_the_report_states_the_pairing_and_the_spread(tmp_path: Path) -> None:
+    results = paired_rounds()
+    report = report_markdown(results)
+    assert f"TTFT ratios paired within rounds (2 rounds; {PAIRING})" in report
+    assert "| agentcache:pic | 0.65 (0.44-0.85; 0.25-1.00) | 0.40 (0.35-0.40; 0.20-0.40) | 4 |" in (
+        report
+    )
+    assert (
+        "Order: round 0: none, prefix, agentcache:pic; round 1: prefix, agentcache:pic, none"
+        in (report)
+    )
+    assert "| session | turn | round | tokens | none | prefix | agentcache:pic |" in report
+    assert "| s | 2 | 1 | 100 | 250 | 100 | 100 |" in report
+    plot(results, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
