@@ -47,14 +47,15 @@ class TurnEngine(Protocol):
     ) -> Generation:
         """One turn; `reply`: see `Engine.generate`.
 
-        `cancel` is the caller's stop signal (its client left, its deadline passed). Once it
-        is set the turn runs no further unit of work that the engine can skip, and raises
-        `TurnCancelled` (`agentcache.runtime.engine`) with its pages freed and nothing more
+        `cancel` is the caller's stop signal (its client left, its deadline passed). The
+        engine looks at it at these points, and once it finds it set the turn raises
+        `TurnCancelled` (`agentcache.runtime.engine`), its pages freed, nothing more
         committed: the embedded engine before the prefill starts and before each chunk of a
-        prefill run in chunks (`EngineConfig.prefill_chunk_tokens`), the vLLM backend before
+        prefill run in chunks (`EngineConfig.prefill_chunk_tokens`); the vLLM backend before
         the request is added and before each of vLLM's engine steps (the request aborted).
-        Work already under way finishes first (a prefill run whole, one engine step). Decoding
-        also stops when `on_token` raises, which is how a caller stops it at the next token."""
+        Work between two looks finishes first (a prefill run whole, one engine step).
+        Decoding stops when `on_token` raises: that is how a caller stops it at the next
+        token (the embedded engine does not look at `cancel` while decoding)."""
         ...
 
 
