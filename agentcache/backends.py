@@ -10,6 +10,7 @@ id, the store's size), so `agentcache serve` runs on either too.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,7 +43,20 @@ class TurnEngine(Protocol):
         commit: bool = True,
         on_token: Callable[[int], None] | None = None,
         reply: Callable[[str], Segment | None] | None = None,
-    ) -> Generation: ...  # reply: see Engine.generate
+        cancel: threading.Event | None = None,
+    ) -> Generation:
+        """One turn; `reply`: see `Engine.generate`.
+
+        `cancel` is the caller's stop signal (its client left, its deadline passed). The
+        engine looks at it at these points, and once it finds it set the turn raises
+        `TurnCancelled` (`agentcache.runtime.engine`), its pages freed, nothing more
+        committed: the embedded engine before the prefill starts and before each chunk of a
+        prefill run in chunks (`EngineConfig.prefill_chunk_tokens`); the vLLM backend before
+        the request is added and before each of vLLM's engine steps (the request aborted).
+        Work between two looks finishes first (a prefill run whole, one engine step).
+        Decoding stops when `on_token` raises: that is how a caller stops it at the next
+        token (the embedded engine does not look at `cancel` while decoding)."""
+        ...
 
 
 class ServingEngine(TurnEngine, Protocol):

@@ -258,7 +258,8 @@ class ChatEngine:
         """Generate. `on_text` receives the reply's content as it is produced, in pieces whose
         concatenation is the final `content` (tool-call blocks and stop strings held back).
         Once `cancel` is set, generation stops at the next token with `GenerationCancelled`
-        and the turn is not recorded."""
+        and the turn is not recorded; the engine gets it too, and stops a prefill where it
+        can with `TurnCancelled` (`ServingEngine.generate`)."""
         req = prepared.request
         kept = self.retention
         resumed = kept.begin(prepared.chat, req.tenant) if kept is not None else None
@@ -287,7 +288,7 @@ class ChatEngine:
         watched = on_text is not None or cancel is not None
         gen = self.engine.generate(
             prepared.tokens, req.params, req.strategy, on_token=on_token if watched else None,
-            reply=reply,
+            reply=reply, cancel=cancel,
         )  # fmt: skip
         text = (req.prefill or "") + gen.text
         parsed = parse(gen.text)

@@ -38,7 +38,7 @@ from agentcache.runtime import chunked
 from agentcache.runtime.config import EngineConfig
 from agentcache.runtime.loop import TurnDecoding, decode_loop
 from agentcache.runtime.params import GenerationParams
-from agentcache.runtime.scheduler import BatchScheduler
+from agentcache.runtime.scheduler import BatchScheduler, TurnCancelled
 from agentcache.runtime.sharing import FairLock, PageGate
 from agentcache.runtime.stats import DecodePart, Generation, PrefillPart, ReplyKV, TurnStats
 from agentcache.runtime.stops import cut_at_stop
@@ -47,7 +47,7 @@ from agentcache.tiers.versions import adopt_recomputed
 
 # the turn's types, imported from here by the session, the server and the vLLM backend
 __all__ = ["Engine", "EngineConfig", "Generation", "GenerationParams", "PoolCapacityError",
-           "ReplyKV", "TurnStats"]  # fmt: skip
+           "ReplyKV", "TurnCancelled", "TurnStats"]  # fmt: skip
 
 REPLY_CLOSING = 16  # tokens a turn's pages allow for after its reply (the message's closing)
 
@@ -195,9 +195,10 @@ class Engine:
     ) -> Generation:
         """`on_token` is called with each new token id as it is chosen (for streaming).
 
-        `cancel`, once set, stops a prefill that runs in chunks (`EngineConfig.
-        prefill_chunk_tokens`) before its next chunk, raising `scheduler.TurnCancelled`; its
-        pages are freed. (Decode stops when `on_token` raises.)
+        `cancel`, once set, stops the turn before its prefill starts and a prefill that runs
+        in chunks (`EngineConfig.prefill_chunk_tokens`) before its next chunk, raising
+        `TurnCancelled`; its pages are freed, nothing is committed. (Decode stops when
+        `on_token` raises.)
 
         `reply` maps the reply's text to the segment it will be in the next turn's prompt (an
         assistant message); with `commit`, the KV of that closed message, computed here in its
@@ -235,6 +236,8 @@ class Engine:
         a prefill the scheduler runs in chunks (`_chunked`) runs in its steps, beside the
         decoding turns. Returns the strategy, the prefill and its time to the first token."""
         with self._lock, torch.inference_mode():
+            if cancel is not None and cancel.is_set():  # left while waiting for pages or lock
+                raise TurnCancelled("cancelled before its prefill started")
             strat = self.strategy(strategy)
             t0 = time.perf_counter()
             work = self._chunked(strat, tokens, seq)

@@ -3,8 +3,9 @@
     take a ticket (503 when the line is full) -> wait for its turn -> generate -> release
                                         \\___ client gone / deadline: cancel event set ___/
 
-Generation stops within a token of the cancel event being set (`ChatEngine.run`); the ticket
-is released once the worker has stopped, so no more than the line's `max_active` requests are
+Generation stops within a token of the cancel event being set (`ChatEngine.run`), a prefill
+the engine runs in chunks before its next chunk (`ServingEngine.generate`); the ticket is
+released once the worker has stopped, so no more than the line's `max_active` requests are
 ever at the engine.
 """
 
@@ -97,7 +98,8 @@ async def watch(fut: asyncio.Future[Any], request: Request | None, deadline: flo
 
 def release_when_done(worker: asyncio.Future[Any] | None, release: Callable[[], None]) -> None:
     """Release the ticket once the worker has stopped; its outcome counts as retrieved (a
-    cancelled generation's `GenerationCancelled` is expected, not an unhandled error)."""
+    cancelled generation's `GenerationCancelled` or `TurnCancelled` is expected, not an
+    unhandled error)."""
 
     def done(fut: asyncio.Future[Any]) -> None:
         if not fut.cancelled():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from typing import Any
 
 import pytest
 import torch
@@ -171,32 +172,66 @@ def test_decoding_turns_advance_during_a_long_chunked_prefill(tiny: LoadedModel)
     assert (a.token_ids, b.token_ids) == (a_alone.token_ids, b_alone.token_ids)
 
 
-class CancelAfter(threading.Event):
-    """A cancel event that reads as set from its `n + 1`-th look on: the step looks once
-    before each chunk, so exactly `n` chunks run."""
+def cancel_after_first_chunk(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[int]]:
+    """An event set once the first chunk of a prefill has run, and the sizes of the chunks
+    run (from then on, of every chunked prefill)."""
+    cancel, ran = threading.Event(), []
+    run_chunk = chunked.ChunkedPrefill.run_chunk
 
-    def __init__(self, n: int) -> None:
-        super().__init__()
-        self.n, self.looks = n, 0
+    def spy(self: chunked.ChunkedPrefill) -> object:
+        ran.append(self.next_size)
+        result = run_chunk(self)
+        cancel.set()
+        return result
 
-    def is_set(self) -> bool:
-        self.looks += 1
-        return self.looks > self.n
+    monkeypatch.setattr(chunked.ChunkedPrefill, "run_chunk", spy)
+    return cancel, ran
 
 
-def test_a_prefill_cancelled_between_chunks_frees_its_pages(tiny: LoadedModel) -> None:
+def test_a_prefill_cancelled_between_chunks_frees_its_pages(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The event is set after the first chunk: the step looks at it before the next one, so
+    no other chunk runs; the turn raises, its pages are back, the next turn is as before."""
     e = engine(tiny, 8)
     assert e.batch is not None
+    cancel, ran = cancel_after_first_chunk(monkeypatch)
     with pytest.raises(TurnCancelled):
         e.generate(prompt(14), GenerationParams(max_new_tokens=4), "full", commit=False,
-                   cancel=CancelAfter(3))  # fmt: skip
-    assert e.batch.stats().prefill_chunks == 3  # no chunk ran after the cancel
+                   cancel=cancel)  # fmt: skip
+    assert ran == [8] and e.batch.stats().prefill_chunks == 1  # no chunk after the cancel
     assert e.ctx.pool.num_free == KV_PAGES and e.batch.running == 0
+    monkeypatch.undo()
     after = e.generate(prompt(14), GenerationParams(max_new_tokens=4), "full", commit=False)
     ref = engine(tiny, 0).generate(prompt(14), GenerationParams(max_new_tokens=4), "full",
                                    commit=False)  # fmt: skip
     assert after.token_ids == ref.token_ids
     assert e.ctx.pool.num_free == KV_PAGES
+
+
+@pytest.mark.parametrize("chunk", [8, 0])
+def test_a_turn_cancelled_before_its_prefill_runs_none_of_it(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Set while the turn waited (for pages, for the engine's lock): its prefill is never
+    planned, whether it would run in chunks or whole, and nothing is stored."""
+    e = engine(tiny, chunk)
+    planned: list[int] = []
+    plan = e._chunked
+
+    def spy(*args: Any) -> Any:
+        planned.append(1)
+        return plan(*args)
+
+    monkeypatch.setattr(e, "_chunked", spy)
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(TurnCancelled):
+        e.generate(prompt(14), GenerationParams(max_new_tokens=4), "prefix", cancel=cancel)
+    assert planned == [] and e.store.stats.bytes == 0
+    assert e.ctx.pool.num_free == KV_PAGES
+    e.generate(prompt(14), GenerationParams(max_new_tokens=4), "prefix")  # the spy counts
+    assert planned == [1] and e.store.stats.bytes > 0
 
 
 @pytest.mark.parametrize("policy", ["recompute", "swap"])

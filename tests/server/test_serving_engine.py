@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,7 @@ class ScriptedEngine:
     model_id: str = "scripted#0123"
     context_holder: str | None = None
     calls: list[tuple[GenerationParams, str | None, bool]] = field(default_factory=list)
+    cancels: list[threading.Event | None] = field(default_factory=list)  # each call's `cancel`
 
     @property
     def config(self) -> Any:
@@ -55,10 +57,12 @@ class ScriptedEngine:
         commit: bool = True,
         on_token: Callable[[int], None] | None = None,
         reply: Callable[[str], Segment | None] | None = None,
+        cancel: threading.Event | None = None,
     ) -> Generation:
         params = params or GenerationParams()
         tokens = prompt if isinstance(prompt, TokenizedPrompt) else self.tokenize(prompt)
         self.calls.append((params, strategy, on_token is not None))
+        self.cancels.append(cancel)
         ids = self.emit(params, on_token)
         fixed = [s for s in tokens.segments if s.kind == SegmentKind.FIXED]
         misses = tuple(
@@ -125,6 +129,10 @@ def test_the_server_only_needs_the_serving_protocol() -> None:
         64, 0.3, ("never",), 7,
     )  # fmt: skip
     assert strategy is None and streamed  # on_token: where a cancelled request stops
+    # the turn's cancel event, each its own: where the engine stops a prefill it can stop
+    cancels = engine.cancels
+    assert len(cancels) == 2 and all(isinstance(c, threading.Event) for c in cancels)
+    assert cancels[0] is not cancels[1]
     report = r.model_extra["agentcache"]  # type: ignore[index]
     assert r.usage is not None and r.usage.prompt_tokens_details is not None
     assert r.usage.prompt_tokens_details.cached_tokens == report["reused_tokens"] > 0

@@ -196,10 +196,13 @@ class VLLMBackend:
         commit: bool = True,
         on_token: Callable[[int], None] | None = None,
         reply: Callable[[str], Segment | None] | None = None,
+        cancel: threading.Event | None = None,
     ) -> Generation:
         """Run one turn on vLLM. `on_token` gets each new token id as vLLM's engine step returns
         it (end-of-sequence ids excluded, as the embedded engine does); `ttft_s` is the time from
-        submitting the request to its first token. A reply's KV is not stored (`reply_kv`)."""
+        submitting the request to its first token. A reply's KV is not stored (`reply_kv`).
+        `cancel` aborts the request before vLLM's next engine step (`StepDriver.run`); one
+        waiting for the backend's lock is never added."""
         if not commit:
             raise ValueError("the vLLM backend always stores a turn's segments (commit=False)")
         params = params or GenerationParams()
@@ -210,7 +213,7 @@ class VLLMBackend:
             if fill == "engine":
                 floor = 0.0 if chosen else None  # chosen on measurements: no share threshold
                 sp = self.sampling_params(tokens, params, strategy, min_reused=floor)
-                out, ttft, wall = self.driver.run(tokens.ids, sp, on_token)
+                out, ttft, wall = self.driver.run(tokens.ids, sp, on_token, cancel=cancel)
                 info = self.transfer_report(sp, out)
                 # vLLM computed what it had not cached (its prefix cache + the connector's
                 # span); the connector's engine computed `computed_tokens` more (the last
@@ -220,7 +223,7 @@ class VLLMBackend:
             else:
                 assert plan is not None
                 last = self.sampling_params(tokens, params, strategy, plan.stages[-1])
-                out, ttft, wall, info = self.driver.run_staged(tokens, plan, last, on_token)
+                out, ttft, wall, info = self.driver.run_staged(tokens, plan, last, on_token, cancel)
                 self.last_transfer = info
                 computed = int(info["vllm_computed_tokens"])
             if chosen:

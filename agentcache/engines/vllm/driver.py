@@ -6,6 +6,7 @@ connector did for a finished request."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ from agentcache.engines.vllm.reports import merge_counts, read_report
 from agentcache.engines.vllm.request import RequestSpec
 from agentcache.engines.vllm.stages import Stage, StagePlan
 from agentcache.prompt.tokenize import TokenizedPrompt
+from agentcache.runtime.engine import TurnCancelled
 
 
 class StepDriver:
@@ -38,18 +40,23 @@ class StepDriver:
         sp: Any,
         on_token: Callable[[int], None] | None,
         t0: float | None = None,
+        cancel: threading.Event | None = None,
     ) -> tuple[Any, float, float]:
         """Drive vLLM's engine until the request finishes; returns (final output, seconds to
         the first token, seconds in all), both from `t0` (default: now). A raising `on_token`
-        (the client went away) aborts the request, so the engine is left clean for the next."""
+        (the client went away) aborts the request, so the engine is left clean for the next;
+        so does `cancel`, looked at before the request is added and before each engine step
+        (`TurnCancelled`)."""
         engine = self.engine
         rid = f"agentcache-{uuid.uuid4().hex}"
         t0 = time.perf_counter() if t0 is None else t0
         ttft: float | None = None
         sent = 0
+        _check(cancel)
         engine.add_request(rid, {"prompt_token_ids": list(ids)}, sp)
         try:
             while True:
+                _check(cancel)
                 for out in engine.step():
                     if out.request_id != rid:
                         continue
@@ -80,18 +87,20 @@ class StepDriver:
         plan: StagePlan,
         last: Any,
         on_token: Callable[[int], None] | None,
+        cancel: threading.Event | None = None,
     ) -> tuple[Any, float, float, dict[str, Any]]:
         """A turn as a staged prefill (stages.py): one one-token request per stage but the
         last, then the turn's own request with sampling parameters `last`; returns what `run`
-        does and the turn's merged transfer report. Time runs from the first submission."""
+        does and the turn's merged transfer report. Time runs from the first submission.
+        `cancel` stops it as it stops `run`, no stage started after it is set."""
         t0 = time.perf_counter()
         reports, computed = [], 0
         for stage in plan.stages[:-1]:
             sp = self._stage_params(tokens, stage)
-            out, _, _ = self.run(tokens.ids[: stage.prompt_len], sp, None)
+            out, _, _ = self.run(tokens.ids[: stage.prompt_len], sp, None, cancel=cancel)
             reports.append(transfer_report(self.store_dir, sp, out))
             computed += stage.prompt_len - int(out.num_cached_tokens or 0)
-        out, ttft, wall = self.run(tokens.ids, last, on_token, t0)
+        out, ttft, wall = self.run(tokens.ids, last, on_token, t0, cancel)
         reports.append(transfer_report(self.store_dir, last, out))
         computed += tokens.num_tokens - int(out.num_cached_tokens or 0)
         info: dict[str, Any] = {}
@@ -112,6 +121,11 @@ class StepDriver:
         params = spec.with_report(uuid.uuid4().hex).to_params(self.scope_key)
         return SamplingParams(temperature=0.0, max_tokens=1,
                               extra_args={"kv_transfer_params": params})  # fmt: skip
+
+
+def _check(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise TurnCancelled("cancelled before vLLM's next engine step")
 
 
 def transfer_report(store_dir: Path, sampling_params: Any, out: Any) -> dict[str, Any]:
