@@ -156,13 +156,18 @@ class Results:
     def vs(
         self, path: str, label: str, base: str, field: str = "ttft_ms", **match: Any
     ) -> list[float]:
-        """Per warm turn (and `match`): `base`'s `field` / `label`'s on the same turn."""
+        """Per warm turn (and `match`): `base`'s `field` / `label`'s on the same turn, of the
+        same round where the run measured several (`agentcache bench --backend vllm --rounds`)."""
         rows = self.records(path, **match)
         key = "strategy" if "strategy" in rows[0] else "config"
-        theirs = {(r["session"], r["turn"]): r[field] for r in rows if r[key] == base}
+
+        def turn(r: dict[str, Any]) -> tuple[Any, ...]:
+            return r["session"], r["turn"], r.get("round", 0)
+
+        theirs = {turn(r): r[field] for r in rows if r[key] == base}
         self.trace.labels += [(path, label), (path, base)]
         self.trace.pairings.append((path, "within" if self.within.get(path, True) else "across"))
-        return [theirs[(r["session"], r["turn"])] / r[field] for r in rows if r[key] == label]
+        return [theirs[turn(r)] / r[field] for r in rows if r[key] == label]
 
     def ratio_of_medians(self, xs: Sequence[float], ys: Sequence[float]) -> float:
         """median(xs) / median(ys): not the median of per-turn ratios."""
