@@ -90,19 +90,28 @@ def _git(where: Path, *args: str) -> str:
     return out.stdout.strip()
 
 
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages now, to the two decimals the kernel reports."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def provenance(
     specs: Iterable[StrategySpec] = (),
     split: str | None = None,
     sessions: Iterable[str] = (),
     argv: list[str] | None = None,
+    script: str | None = None,
 ) -> dict[str, Any]:
-    """The `provenance` record of a results file written now, by this process."""
+    """The `provenance` record of a results file written now, by this process. `argv`: the
+    arguments (`sys.argv[1:]` when None). The command recorded is `agentcache <argv>`, or, for a
+    `script` (its path from the repository root, e.g. `benchmarks/server/load.py`),
+    `python <script> <argv>`."""
     commit, dirty = git_commit()
     args = sys.argv[1:] if argv is None else argv
     return {
         "commit": commit,
         "dirty": dirty,
-        "command": "agentcache " + " ".join(args),
+        "command": " ".join([f"python {script}" if script else "agentcache", *args]),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "specs": {s.label: resolved_spec(s) for s in specs},

@@ -3,7 +3,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import agentcache.reuse.strategies  # noqa: F401  (registers the strategies)
-from agentcache.bench.provenance import git_commit, provenance, resolved_spec, specs_of
+from agentcache.bench.provenance import (
+    git_commit,
+    load_average,
+    provenance,
+    resolved_spec,
+    specs_of,
+)
 from agentcache.reuse.spec import StrategySpec
 
 
@@ -33,3 +39,11 @@ def test_outside_a_checkout_the_commit_is_unknown_not_made_up(tmp_path: Path) ->
     assert git_commit(tmp_path) == (None, None)
     head, _ = git_commit()
     assert head is not None and len(head) == 40
+
+
+def test_a_script_records_itself_as_the_command_and_the_load_to_two_decimals() -> None:
+    record = provenance(argv=["--out", "o"], script="benchmarks/server/load.py")
+    assert record["command"] == "python benchmarks/server/load.py --out o"
+    assert provenance(argv=[], script="benchmarks/x.py")["command"] == "python benchmarks/x.py"
+    loads = load_average()
+    assert len(loads) == 3 and all(x >= 0 and round(x, 2) == x for x in loads)
