@@ -1,0 +1,136 @@
+"""The servers a replay runs against, each in a process of its own on a free loopback port.
+
+| target            | process                                                          |
+|-------------------|------------------------------------------------------------------|
+| `embedded`        | `agentcache serve` (the default strategy)                        |
+| `embedded-prefix` | `agentcache serve --strategy prefix` (exact prefix caching)      |
+| `vllm-backend`    | `agentcache serve --backend vllm`, in the vLLM venv's Python     |
+| `vllm`            | plain `vllm serve --enable-prefix-caching` on the same model folder |
+
+On the tiny random model (`model == "tiny"`), the two embedded targets run
+`agentcache.bench.server.tiny_serve` instead, which serves the same app on that model; the vLLM
+targets need a model folder. Plain vLLM gets the engine settings `VLLMBackend` gives it
+(float32, block size 32, eager, max model length 8192, 1 GiB of KV, one step per prompt), so
+the two vLLM targets differ by agentcache's server and connector alone.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from agentcache.testing import free_port
+
+SERVED_NAME = "replay"
+TARGETS = ("embedded", "embedded-prefix", "vllm-backend", "vllm")
+AGENTCACHE_ARGS = {"embedded": (), "embedded-prefix": ("--strategy", "prefix"),
+                   "vllm-backend": ("--backend", "vllm")}  # fmt: skip
+VLLM_ENGINE_ARGS = (
+    "--dtype", "float32", "--block-size", "32", "--enforce-eager", "--max-model-len", "8192",
+    "--max-num-batched-tokens", "8192", "--kv-cache-memory-bytes", str(1 << 30),
+    "--gpu-memory-utilization", "0.1", "--enable-prefix-caching", "--enable-prompt-tokens-details",
+)  # fmt: skip
+DEFAULT_VLLM_EXTRA = "--enable-auto-tool-choice --tool-call-parser hermes"
+
+
+@dataclass(frozen=True)
+class TargetOptions:
+    """How targets start: `model` is `tiny`, `default` or a model folder; `vllm_python` the
+    vLLM venv's interpreter (its `vllm` script beside it); `vllm_extra` more `vllm serve`
+    arguments (its tool-call parser); `threads` torch threads of the agentcache servers;
+    `model_folder` the folder plain vLLM loads (the converted default model for `default`)."""
+
+    model: str = "default"
+    vllm_python: str | None = None
+    vllm_extra: str = DEFAULT_VLLM_EXTRA
+    threads: int = 1
+    model_folder: str | None = None
+
+
+def command(target: str, port: int, o: TargetOptions) -> list[str]:
+    """The command line that serves `target` on 127.0.0.1:`port`. ValueError for a target
+    these options cannot start."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; choose from {', '.join(TARGETS)}")
+    if o.model == "tiny":
+        if target.startswith("vllm"):
+            raise ValueError(f"target {target} needs a model folder, not the tiny model")
+        return [sys.executable, "-m", "agentcache.bench.server.tiny_serve", "--port", str(port),
+                "--served-model-name", SERVED_NAME, *AGENTCACHE_ARGS[target]]  # fmt: skip
+    if target.startswith("vllm") and o.vllm_python is None:
+        raise ValueError(f"target {target} needs --vllm-python (the vLLM venv's interpreter)")
+    if target == "vllm":
+        if o.model_folder is None:
+            raise ValueError("target vllm needs the model folder")
+        vllm = str(Path(str(o.vllm_python)).parent / "vllm")
+        return [vllm, "serve", o.model_folder, "--host", "127.0.0.1", "--port", str(port),
+                "--served-model-name", SERVED_NAME, *VLLM_ENGINE_ARGS,
+                *shlex.split(o.vllm_extra)]  # fmt: skip
+    python = str(o.vllm_python) if target == "vllm-backend" else sys.executable
+    model = [] if o.model == "default" else ["--model", o.model]
+    return [python, "-m", "agentcache", "serve", "--port", str(port), "--served-model-name",
+            SERVED_NAME, "--threads", str(o.threads), *model, *AGENTCACHE_ARGS[target]]  # fmt: skip
+
+
+class ServerProcess:
+    """`target` started on a free loopback port, ready once /health answers 200; its output
+    appended to `log`. Closing terminates it (then kills it after 60 s). RuntimeError when it
+    exits or stays unready for `start_timeout_s`, naming the log."""
+
+    def __init__(self, target: str, options: TargetOptions, log: Path,
+                 start_timeout_s: float = 900.0) -> None:  # fmt: skip
+        self.target = target
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = command(target, self.port, options)
+        self.log = log
+        self._log: IO[str] = log.open("a")
+        self._log.write(f"\n$ {shlex.join(self.argv)}\n")
+        self._log.flush()
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "AGENTCACHE_NUM_THREADS": str(options.threads)}
+        self.proc = subprocess.Popen(self.argv, env=env, stdout=self._log,
+                                     stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            self._wait_ready(start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.target} exited with {self.proc.returncode}; "
+                                   f"its output is in {self.log}")  # fmt: skip
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=10) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.3)
+        raise RuntimeError(f"{self.target} did not answer /health within {timeout_s:.0f} s; "
+                           f"its output is in {self.log}")  # fmt: skip
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

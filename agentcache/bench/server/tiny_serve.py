@@ -1,0 +1,37 @@
+"""`python -m agentcache.bench.server.tiny_serve --port PORT [--strategy S]`: `agentcache
+serve`'s app on the seeded tiny random model (`agentcache.testing.tiny_model`), for tests and
+smoke runs of the server benchmarks; `agentcache serve` itself loads only model folders. It
+serves on 127.0.0.1 until terminated."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--strategy", default=None, help="reuse strategy (default: the default one)")
+    p.add_argument("--served-model-name", default="tiny")
+    p.add_argument("--max-active", type=int, default=4)
+    p.add_argument("--kv-pages", type=int, default=1024)
+    args = p.parse_args(argv)
+
+    import torch
+    import uvicorn
+
+    from agentcache.reuse import DEFAULT_STRATEGY
+    from agentcache.runtime.engine import Engine, EngineConfig
+    from agentcache.server import ServerConfig, create_app
+    from agentcache.testing import tiny_model
+
+    torch.set_num_threads(1)
+    strategy = args.strategy or DEFAULT_STRATEGY
+    # batched decode, as serve has it by default
+    engine = Engine(tiny_model(), EngineConfig(strategy, kv_pages=args.kv_pages, batch_decode=True))
+    config = ServerConfig(args.served_model_name, max_active=args.max_active)
+    uvicorn.run(create_app(engine, config), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

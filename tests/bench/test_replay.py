@@ -1,0 +1,263 @@
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agentcache.bench.server import counters
+from agentcache.bench.server.agents import Phase, TurnRecord, load_sessions
+from agentcache.bench.server.chat_client import TurnResult, reply_key, stream_turn
+from agentcache.bench.server.pauses import PauseModel, percentile
+from agentcache.bench.server.replay_summary import ratios, summarize_phase
+from agentcache.bench.server.targets import TargetOptions, command
+from tests.bench.scripts import load_script
+
+replay = load_script("server/replay")
+CHAT = Path(__file__).resolve().parents[2] / "benchmarks" / "workloads" / "chat.jsonl"
+PATH_ARG = {"type": "object", "properties": {"path": {"type": "string"}}}
+LS = {"name": "ls", "description": "list files", "parameters": PATH_ARG}
+TOOLS = [{"type": "function", "function": LS}]
+
+
+def test_pauses_are_reproducible_by_seed_and_session_alone() -> None:
+    m = PauseModel(median_s=2.0, sigma=1.0, max_s=30.0)
+    a = m.session_pauses(7, "chat-09", 6)
+    assert len(a) == 5 and a == m.session_pauses(7, "chat-09", 6)
+    assert m.session_pauses(7, "chat-09", 4) == a[:3]  # a prefix of the same draws
+    assert a != m.session_pauses(8, "chat-09", 6) and a != m.session_pauses(7, "chat-11", 6)
+    assert m.session_pauses(7, "x", 1) == []
+
+
+def test_pauses_follow_the_median_and_the_cap() -> None:
+    m = PauseModel(median_s=2.0, sigma=1.0, max_s=30.0)
+    rng = random.Random(0)
+    draws = [m.draw(rng) for _ in range(4000)]
+    assert max(draws) == 30.0  # some draws exceed the cap and are held at it
+    assert 1.8 < percentile(draws, 0.5) < 2.2  # type: ignore[operator]
+    assert PauseModel(0.5, 0.0, 10.0).session_pauses(0, "s", 4) == [0.5, 0.5, 0.5]
+    with pytest.raises(ValueError):
+        PauseModel(median_s=0.0)
+    with pytest.raises(ValueError):
+        PauseModel(sigma=-1.0)
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(x) for x in range(100, 0, -1)]  # 1..100, unordered
+    assert percentile(values, 0.5) == 50.0
+    assert percentile(values, 0.99) == 99.0
+    assert percentile(values, 1.0) == 100.0
+    assert percentile([3.0, 1.0], 0.5) == 1.0 and percentile([3.0, 1.0], 0.99) == 3.0
+    assert percentile([4.0], 0.99) == 4.0
+    assert percentile([], 0.5) is None
+    with pytest.raises(ValueError):
+        percentile([1.0], 0.0)
+
+
+def test_the_schedule_rotates_targets_and_runs_solo_first() -> None:
+    phases = replay.schedule(["a", "b", "c"], [1, 4], 2)
+    assert phases[:6] == [(0, "a", 0), (0, "a", 1), (0, "a", 4), (0, "b", 0), (0, "b", 1),
+                          (0, "b", 4)]  # fmt: skip
+    assert [t for r, t, n in phases if r == 1 and n == 1] == ["b", "c", "a"]
+    for target in "abc":
+        mine = [(r, n) for r, t, n in phases if t == target]
+        assert mine.count((0, 0)) == 1 and mine[0] == (0, 0)
+        assert sorted(n for _, n in mine if n) == [1, 1, 4, 4]
+
+
+def test_sessions_by_split_name_and_count() -> None:
+    validate = load_sessions(CHAT)
+    assert [s.name for s in validate] == [f"chat-{i:02d}" for i in range(8, 16)]
+    assert len(load_sessions(CHAT, "all")) == 16
+    picked = load_sessions(CHAT, "all", ["chat-03", "chat-10"])
+    assert [s.name for s in picked] == ["chat-03", "chat-10"]
+    assert picked[0].case == "tool-use" and picked[0].requests[0]["tools"]
+    for s in validate:  # each request ends where the model answers; tool results are there
+        assert all(r["messages"][-1]["role"] in ("user", "tool") for r in s.requests)
+    assert any(m["role"] == "tool" for s in validate for m in s.requests[-1]["messages"])
+    assert len(load_sessions(CHAT, "tune", n=3)) == 3
+    with pytest.raises(ValueError, match="chat-99"):
+        load_sessions(CHAT, "all", ["chat-99"])
+
+
+def sse(events: list[dict[str, Any]]) -> bytes:
+    return b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
+
+
+def test_a_stream_folds_into_reply_ttft_and_usage() -> None:
+    sent: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "c", "function": {"name": "ls", "arguments": '{"pa'}}]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "function": {"arguments": 'th": "/"}'}}]}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}],
+         "agentcache": {"ttft_s": 0.25}},
+        {"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 9,
+                                  "prompt_tokens_details": {"cached_tokens": 32}}},
+    ]  # fmt: skip
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, content=sse(events),
+                              headers={"X-Agentcache-Conversation": "tok"})  # fmt: skip
+
+    with httpx.Client(base_url="http://t", transport=httpx.MockTransport(handler)) as http:
+        r = stream_turn(http, "m", {"messages": [{"role": "user", "content": "hi"}],
+                                    "tools": TOOLS}, 16)  # fmt: skip
+    assert r.reply == reply_key("", [("ls", '{"path": "/"}')])
+    assert (r.finish_reason, r.server_ttft_s, r.conversation) == ("tool_calls", 0.25, "tok")
+    assert (r.prompt_tokens, r.completion_tokens, r.cached_tokens) == (40, 9, 32)
+    assert 0 <= r.ttft_s <= r.latency_s
+    body = sent[0]
+    assert body["temperature"] == 0 and body["stream"] and body["tools"] == TOOLS
+    assert body["stream_options"] == {"include_usage": True} and body["max_tokens"] == 16
+
+
+def test_a_stream_without_usage_or_report_gives_none() -> None:
+    events = [
+        {"choices": [{"index": 0, "delta": {"content": "Hel"}}]},
+        {"choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}]},
+    ]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=sse(events))
+
+    with httpx.Client(base_url="http://t", transport=httpx.MockTransport(handler)) as http:
+        r = stream_turn(http, "m", {"messages": [{"role": "user", "content": "hi"}]}, 4)
+    assert r.reply == reply_key("Hello", [])
+    assert r.server_ttft_s is None and r.prompt_tokens is None and r.conversation is None
+
+
+def result(reply: str, prompt: int = 10, cached: int = 4, ttft: float = 0.1) -> TurnResult:
+    return TurnResult(reply, "stop", ttft, ttft + 0.1, None, prompt, 2, cached, None)
+
+
+def test_a_phase_summary_counts_add_up() -> None:
+    turns = [TurnRecord("a", 0, 0, 0.0, result("x", cached=0)),
+             TurnRecord("a", 1, 0, 1.0, result("y", ttft=0.3)),
+             TurnRecord("b", 0, 1, 0.0, result("z", cached=0)),
+             TurnRecord("b", 1, 1, 1.0, None, "TurnError: status 503")]  # fmt: skip
+    phase = Phase(wall_s=2.0, turns=turns, jct_s={"a": 1.5})
+    solo = {("a", 0): "x", ("a", 1): "other", ("b", 0): "z", ("b", 1): "w"}
+    s = summarize_phase(phase, solo, {"preemptions": 1.0, "spilled_bytes": None})
+    assert (s["requests"], s["ok"], s["errors"], s["sessions_finished"]) == (4, 3, 1, 1)
+    assert (s["replies_compared"], s["replies_differing"]) == (3, 1)
+    assert s["differing_turns"] == [["a", 1]]
+    assert (s["prompt_tokens"], s["cached_tokens"], s["completion_tokens"]) == (30, 4, 6)
+    assert s["prompt_tok_s"] == 15.0 and s["decode_tok_s"] == 3.0
+    assert s["computed_prompt_tok_s"] == 13.0
+    assert s["ttft_first_s"]["n"] == 2 and s["ttft_resumed_s"] == {"p50": 0.3, "p99": 0.3, "n": 1}
+    assert s["server_ttft_resumed_s"]["p99"] is None
+    assert s["counters"]["spilled_bytes"] is None
+
+
+def test_ratios_pair_targets_within_a_round() -> None:
+    def run(target: str, rnd: int, tok_s: float) -> dict[str, Any]:
+        return {"target": target, "clients": 4, "round": rnd,
+                "summary": {"decode_tok_s": tok_s, "prompt_tok_s": None}}  # fmt: skip
+
+    runs = [run("a", 0, 10.0), run("b", 0, 20.0), run("a", 1, 5.0), run("b", 1, 5.0)]
+    r = ratios(runs, "a")
+    assert r == {"b": {"4": {"decode_tok_s": 1.5, "prompt_tok_s": None,
+                             "ttft_first_p99_s": None, "ttft_resumed_p99_s": None,
+                             "jct_p50_s": None}}}  # fmt: skip
+
+
+PAGE_AGENTCACHE = """# HELP agentcache_batch x
+agentcache_batch{kind="preempted"} 3.0
+agentcache_batch{kind="swapped_bytes"} 4096.0
+agentcache_requests_total{endpoint="chat",status="200"} 9.0
+"""
+PAGE_VLLM = """vllm:num_preemptions_total{engine="0",model_name="m"} 2.0
+vllm:num_preemptions_created{engine="0",model_name="m"} 1.7e9
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 64.0
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 128.0
+"""
+
+
+def test_counters_read_each_server_and_say_none_for_what_it_lacks() -> None:
+    a = counters.quantities(PAGE_AGENTCACHE)
+    assert (a["preemptions"], a["swapped_bytes"]) == (3.0, 4096.0)
+    assert a["spilled_bytes"] is None and a["prefix_hits"] is None
+    v = counters.quantities(PAGE_VLLM)
+    assert (v["preemptions"], v["prefix_hits"], v["prefix_queries"]) == (2.0, 64.0, 128.0)
+    assert v["swapped_bytes"] is None
+    later = counters.quantities(PAGE_AGENTCACHE.replace("3.0", "5.0"))
+    d = counters.difference(a, later)
+    assert d["preemptions"] == 2.0 and d["swapped_bytes"] == 0.0 and d["spilled_bytes"] is None
+
+
+def test_target_commands() -> None:
+    tiny = TargetOptions(model="tiny")
+    assert command("embedded-prefix", 9, tiny)[-2:] == ["--strategy", "prefix"]
+    with pytest.raises(ValueError, match="model folder"):
+        command("vllm", 9, tiny)
+    with pytest.raises(ValueError, match="--vllm-python"):
+        command("vllm-backend", 9, TargetOptions())
+    opts = TargetOptions(vllm_python="/v/bin/python", model_folder="/m")
+    plain = command("vllm", 9, opts)
+    assert plain[:3] == ["/v/bin/vllm", "serve", "/m"] and "--enable-prefix-caching" in plain
+    backend = command("vllm-backend", 9, opts)
+    assert backend[0] == "/v/bin/python" and backend[-2:] == ["--backend", "vllm"]
+
+
+def workload(path: Path) -> Path:
+    """Two short sessions of three turns: a dialogue, and a tool-use session whose requests
+    carry the recorded calls and their results."""
+    system = {"role": "system", "content": "You are brief."}
+    dialogue: list[dict[str, Any]] = [system, {"role": "user", "content": "Hello there."}]
+    tools: list[dict[str, Any]] = [system, {"role": "user", "content": "List the files."}]
+    turns: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
+    for i in range(3):
+        turns[0].append({"messages": list(dialogue), "max_new_tokens": 6})
+        turns[1].append({"messages": list(tools), "tools": TOOLS, "max_new_tokens": 6})
+        dialogue += [{"role": "assistant", "content": f"reply {i}"},
+                     {"role": "user", "content": f"And then {i}?"}]  # fmt: skip
+        call = {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": "ls", "arguments": json.dumps({"path": f"/d{i}"})},
+        }
+        result = {"role": "tool", "tool_call_id": f"call_{i}", "content": f"a{i}.txt"}
+        tools += [{"role": "assistant", "content": "", "tool_calls": [call]}, result]
+    lines = [{"name": "d-0", "case": "dialogue", "turns": turns[0]},
+             {"name": "t-1", "case": "tool-use", "turns": turns[1]}]  # fmt: skip
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def test_replay_end_to_end_on_the_tiny_model(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = ["--model", "tiny", "--workload", str(workload(tmp_path / "w.jsonl")),
+            "--clients", "2", "--targets", "embedded", "--pause-median", "0.005",
+            "--pause-max", "0.02", "--out", str(out)]  # fmt: skip
+    assert replay.main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert {"provenance", "config", "sessions", "pauses", "levels", "ratios", "solo",
+            "runs"} <= set(results)  # fmt: skip
+    assert results["provenance"]["command"].startswith("python benchmarks/server/replay.py")
+    assert {k: len(v) for k, v in results["pauses"].items()} == {"d-0": 2, "t-1": 2}
+    assert all(0 < p <= 0.02 for ps in results["pauses"].values() for p in ps)
+    assert len(results["solo"]["embedded"]) == 6
+    (run,) = results["runs"]
+    s = run["summary"]
+    assert (run["target"], run["clients"]) == ("embedded", 2)
+    assert (s["requests"], s["ok"], s["errors"], s["sessions_finished"]) == (6, 6, 0, 2)
+    assert s["replies_compared"] == 6 and s["replies_differing"] == 0
+    assert s["ttft_first_s"]["n"] == 2 and s["ttft_resumed_s"]["n"] == 4
+    assert s["server_ttft_resumed_s"]["n"] == 4  # agentcache reports its prefill time
+    solo = {(t["session"], t["turn"]): t["reply"] for t in results["solo"]["embedded"]}
+    assert {(t["session"], t["turn"]): t["reply"] for t in run["turns"]} == solo
+    assert s["prompt_tokens"] == sum(t["prompt_tokens"] for t in run["turns"])
+    assert 0 < s["cached_tokens"] < s["prompt_tokens"]  # later turns reuse earlier ones
+    assert s["counters"]["preemptions"] == 0.0 and s["counters"]["prefix_hits"] is None
+    assert set(s["jct_by_session"]) == {"d-0", "t-1"}
+    cell = results["levels"]["embedded"]["2"]
+    assert cell["replies_differing"] == 0 and cell["rounds"] == 1
+    assert (out / "report.md").read_text().startswith("# Concurrent agents")
+    assert (out / "replay.png").stat().st_size > 0
