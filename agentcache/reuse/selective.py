@@ -83,8 +83,6 @@ class SelectiveRecompute(PlanningStrategy):
             options = {**options, "extra": 0.0}  # a budget given replaces a default `extra`
         if {"ratio", "per_chunk", "extra"} & set(options) and "cover" not in options:
             options = {**options, "cover": 0.0}  # ... and a default `cover` with it
-        if options.get("cover", self.defaults.cover) == 0 and "cover_min" not in options:
-            options = {**options, "cover_min": 0}  # no cover rule: no default floor under it
         self.options = replace(self.defaults, **options)
         self.ranker = self.options.ranker()
         self.plan = PLANS.get(self.options.plan)()

@@ -9,7 +9,6 @@
 | rpdc       | exact prefix as is; rest | probe pass; 0.2 extra tokens per computed token,  |
 |            |                          | ranked by the attention of the last 128 computed; |
 |            |                          | all of them when they number <= 1.5 per computed  |
-|            |                          | or <= 106 in all                                  |
 """
 
 from __future__ import annotations
@@ -65,17 +64,11 @@ class RPDC(SelectiveRecompute):
     cache. The value is the smallest that brought greedy agreement to 0.9 on every agent
     family's tuning sessions (docs/benchmarks.md); `cover=0` is the default before it.
 
-    `cover_min=106` is cover's floor: a turn with at most 106 such tokens computes them all,
-    however few it computes anyway. The probe costs about P/L * W token-equivalents whatever
-    the turn computes (its window of W=128 scores the whole context on P=10 of L layers; on
-    the default model, L=30: 43), so a ranked turn costs at least computed + 43; a floor of
-    (1 + cover) * 43 = 106 keeps cover's bound against that (the exact turn at most 1 + cover
-    times it). Another model's value follows from its L (24 layers: 133). `cover=0` (given, or
-    dropped by a budget given alone) drops the floor too unless `cover_min` is given:
-    `rpdc:cover=0` is rpdc with no exactness rule."""
+    `cover_min=n` (not set here) adds a floor: a turn with at most n such tokens computes
+    them all, however few it computes anyway (docs/benchmarks.md, "Cover's floor")."""
 
     name = "rpdc"
     defaults = SelectiveOptions(
-        probe_layers=10, probe_window=128, extra=0.2, cover=1.5, cover_min=106,
-        exact_prefix=True, selection="attention",
+        probe_layers=10, probe_window=128, extra=0.2, cover=1.5, exact_prefix=True,
+        selection="attention",
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""How `rpdc`'s `cover_min` changes its plans: the default with and without the floor, replayed
+"""How `cover_min` would change the default's plans: `rpdc` with and without a floor, replayed
 on the tuning sessions of workload files, compared turn by turn.
 
 A plan is decided before any layer runs, from the prompt's tokens and what the store holds
@@ -41,7 +41,7 @@ from agentcache.model.tokenizer import HFTokenizer
 from agentcache.runtime import Engine, EngineConfig
 from agentcache.workload.files import Session, load_workload
 
-SPECS = {"floor": "rpdc", "no_floor": "rpdc:cover=1.5:cover_min=0"}
+SPECS = {"floor": "rpdc:cover_min=106", "no_floor": "rpdc"}
 
 
 def planning_model() -> LoadedModel:

@@ -24,9 +24,9 @@ from tests.reuse.test_contract import agent_prompt
 @pytest.mark.parametrize(
     ("text", "budget"),
     [
-        ("rpdc", Covered(PerComputedToken(0.2), 1.5, 106)),
+        ("rpdc", Covered(PerComputedToken(0.2), 1.5, 0)),
         ("rpdc:cover=0", PerComputedToken(0.2)),  # no cover rule: no default floor either
-        ("rpdc:cover=2", Covered(PerComputedToken(0.2), 2.0, 106)),
+        ("rpdc:cover=2", Covered(PerComputedToken(0.2), 2.0, 0)),
         ("rpdc:cover_min=50", Covered(PerComputedToken(0.2), 1.5, 50)),
         ("rpdc:cover=0:cover_min=64", Covered(PerComputedToken(0.2), 0.0, 64)),
         ("pic:selection=offset:cover_min=8", Covered(RatioOfReused(0.0), 0.0, 8)),
@@ -34,10 +34,10 @@ from tests.reuse.test_contract import agent_prompt
         ("rpdc:per_chunk=64", EpicCount(64)),
         ("cacheblend", RatioOfReused(0.15)),
         ("pic", RatioOfReused(0.0)),
-        ("rpdc:cover=0.5", Covered(PerComputedToken(0.2), 0.5, 106)),
-        ("rpdc:ratio=0.3:cover=1", Covered(RatioOfReused(0.3), 1.0, 106)),
+        ("rpdc:cover=0.5", Covered(PerComputedToken(0.2), 0.5, 0)),
+        ("rpdc:ratio=0.3:cover=1", Covered(RatioOfReused(0.3), 1.0, 0)),
         ("rpdc:extra=0.5", PerComputedToken(0.5)),  # a budget given replaces cover too
-        ("rpdc:extra=0.5:cover=2", Covered(PerComputedToken(0.5), 2.0, 106)),
+        ("rpdc:extra=0.5:cover=2", Covered(PerComputedToken(0.5), 2.0, 0)),
     ],
 )
 def test_spec_budgets_parse_into_one_tagged_value(text: str, budget: object) -> None:
