@@ -7,6 +7,11 @@
 Spec options `ratio=`, `extra=` and `per_chunk=` parse into it (`SelectiveOptions.budget`).
 `cover=c` wraps any of them: when the candidates number at most c per always-computed token,
 the budget is all of them (the turn is exact, and costs at most 1 + c times a perfect cache).
+`cover_min=n` is its floor in tokens: n or fewer candidates are all computed too, however few
+tokens the turn computes anyway (a ranking pass has a cost of its own that `computed` does not
+count; `rpdc`'s value is derived from its probe's, reuse/strategies.py).
+
+    exact  <=>  candidates <= max(cover * computed, cover_min)
 """
 
 from __future__ import annotations
@@ -58,14 +63,16 @@ class EpicCount:
 
 @dataclass(frozen=True)
 class Covered:
-    """All candidates when they are few beside the tokens computed anyway, else `within`."""
+    """All candidates when they are few beside the tokens computed anyway (`cover` per computed
+    token) or few outright (`floor` tokens), else `within`."""
 
     within: RatioOfReused | PerComputedToken | EpicCount
     cover: float
+    floor: int = 0
 
     def tokens(self, basis: BudgetBasis) -> int:
         pool = int(basis.pool.sum())
-        if pool <= self.cover * basis.computed:
+        if pool <= max(self.cover * basis.computed, self.floor):
             return pool
         return self.within.tokens(basis)
 

@@ -45,6 +45,9 @@ class SelectiveOptions:
     # when > 0: a turn whose candidates number at most `cover` per always-computed token
     # computes them all (exact; the probe is skipped), whatever the budget above says
     cover: float = 0.0
+    # cover's floor, in tokens: a turn with at most `cover_min` candidates computes them all
+    # too, however few tokens it computes anyway (exact; the probe is skipped)
+    cover_min: int = 0
     fusion: str = "replace"  # recomputed K/V replace cached, or WCA's weighted fusion
     gate_every: int = 0  # WCA: every n layers, converged tokens leave the recompute set
     tau: float = 0.12  # WCA: 1 - CKSim < tau means converged
@@ -88,6 +91,8 @@ class SelectiveOptions:
             raise ConfigError(f"extra must be >= 0, got {self.extra:g}")
         if not self.cover >= 0.0:
             raise ConfigError(f"cover must be >= 0, got {self.cover:g}")
+        if self.cover_min < 0:
+            raise ConfigError(f"cover_min must be >= 0, got {self.cover_min}")
         if self.per_chunk < 0:
             raise ConfigError(f"per_chunk must be >= 0, got {self.per_chunk}")
         if sum(b > 0 for b in (self.ratio, self.extra, self.per_chunk)) > 1:
@@ -112,12 +117,12 @@ class SelectiveOptions:
                 f"({_PASS_OPTIONS[run]}); it needs {needs}; the {run} pass ranks with "
                 f"selection={' or '.join(where)}"
             )
-        has_budget = self.ratio > 0 or self.extra > 0 or self.per_chunk > 0 or self.cover > 0
+        has_budget = self.ratio > 0 or self.extra > 0 or self.per_chunk > 0 or self.covers
         if has_budget and run is None and not ranker.up_front:
             raise ConfigError(
-                "a budget (ratio, extra, per_chunk or cover) needs a ranking to spend it: set "
-                "selection=offset or span-offset (up front), selection=query (its own probe), "
-                "probe_layers or check_layer"
+                "a budget (ratio, extra, per_chunk, cover or cover_min) needs a ranking to "
+                "spend it: set selection=offset or span-offset (up front), selection=query "
+                "(its own probe), probe_layers or check_layer"
             )
 
     @property
@@ -151,7 +156,12 @@ class SelectiveOptions:
             within = EpicCount(self.per_chunk)
         else:
             within = RatioOfReused(self.ratio)
-        return Covered(within, self.cover) if self.cover > 0 else within
+        return Covered(within, self.cover, self.cover_min) if self.covers else within
+
+    @property
+    def covers(self) -> bool:
+        """Some turns are made exact by their few candidates (`cover` or `cover_min` set)."""
+        return self.cover > 0 or self.cover_min > 0
 
 
 _PASS_OPTIONS = {

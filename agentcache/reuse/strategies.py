@@ -62,7 +62,10 @@ class RPDC(SelectiveRecompute):
     context changed number at most 1.5 per token computed anyway, all of them are computed
     (output equal to full recompute, no probe), so such a turn costs at most 2.5x a perfect
     cache. The value is the smallest that brought greedy agreement to 0.9 on every agent
-    family's tuning sessions (docs/benchmarks.md); `cover=0` is the default before it."""
+    family's tuning sessions (docs/benchmarks.md); `cover=0` is the default before it.
+
+    `cover_min=n` (not set here) adds a floor: a turn with at most n such tokens computes
+    them all, however few it computes anyway (docs/benchmarks.md, "Cover's floor")."""
 
     name = "rpdc"
     defaults = SelectiveOptions(

@@ -24,16 +24,20 @@ from tests.reuse.test_contract import agent_prompt
 @pytest.mark.parametrize(
     ("text", "budget"),
     [
-        ("rpdc", Covered(PerComputedToken(0.2), 1.5)),
-        ("rpdc:cover=0", PerComputedToken(0.2)),
+        ("rpdc", Covered(PerComputedToken(0.2), 1.5, 0)),
+        ("rpdc:cover=0", PerComputedToken(0.2)),  # no cover rule: no default floor either
+        ("rpdc:cover=2", Covered(PerComputedToken(0.2), 2.0, 0)),
+        ("rpdc:cover_min=50", Covered(PerComputedToken(0.2), 1.5, 50)),
+        ("rpdc:cover=0:cover_min=64", Covered(PerComputedToken(0.2), 0.0, 64)),
+        ("pic:selection=offset:cover_min=8", Covered(RatioOfReused(0.0), 0.0, 8)),
         ("rpdc:ratio=0.3", RatioOfReused(0.3)),
         ("rpdc:per_chunk=64", EpicCount(64)),
         ("cacheblend", RatioOfReused(0.15)),
         ("pic", RatioOfReused(0.0)),
-        ("rpdc:cover=0.5", Covered(PerComputedToken(0.2), 0.5)),
-        ("rpdc:ratio=0.3:cover=1", Covered(RatioOfReused(0.3), 1.0)),
+        ("rpdc:cover=0.5", Covered(PerComputedToken(0.2), 0.5, 0)),
+        ("rpdc:ratio=0.3:cover=1", Covered(RatioOfReused(0.3), 1.0, 0)),
         ("rpdc:extra=0.5", PerComputedToken(0.5)),  # a budget given replaces cover too
-        ("rpdc:extra=0.5:cover=2", Covered(PerComputedToken(0.5), 2.0)),
+        ("rpdc:extra=0.5:cover=2", Covered(PerComputedToken(0.5), 2.0, 0)),
     ],
 )
 def test_spec_budgets_parse_into_one_tagged_value(text: str, budget: object) -> None:
@@ -101,8 +105,33 @@ def test_cover_spends_every_candidate_only_when_they_are_few(cover: float, cover
 
 
 @pytest.mark.parametrize(
+    ("cover", "cover_min", "covered"),
+    [(1.5, 0, False), (1.5, 13, False), (1.5, 14, True), (0.0, 14, True), (1.5, 40, True)],
+)
+def test_cover_min_computes_few_candidates_however_few_are_computed(
+    cover: float, cover_min: int, covered: bool
+) -> None:
+    """4 tokens computed anyway (0-1 and 22-23), 14 candidates (2-15), 6 exact (16-21): cover
+    1.5 allows 6, so only a floor of at least 14 computes all 14; below it `extra`'s
+    ceil(0.2 x 4) = 1 stays the budget."""
+    runs = [ReusedRun(2, 14), ReusedRun(16, 6, exact=True)]
+    o = SelectiveOptions(selection="offset", extra=0.2, cover=cover, cover_min=cover_min)
+    sel = select_up_front(o, 24, runs)
+    assert int((~sel.reused).sum()) == 4
+    assert sel.budget == (14 if covered else 1)
+    assert int(sel.base[2:16].sum()) == sel.budget and not bool(sel.base[16:22].any())
+
+
+@pytest.mark.parametrize(
     ("text", "words"),
-    [("rpdc:cover=-1", "cover must be >= 0"), ("pic:cover=1", "needs a ranking")],
+    [
+        ("rpdc:cover=-1", "cover must be >= 0"),
+        ("pic:cover=1", "needs a ranking"),
+        ("rpdc:cover_min=-1", "cover_min must be >= 0"),
+        ("rpdc:cover_min=1.5", "cover_min must be an integer"),
+        ("rpdc:cover_min=many", "cover_min must be an integer"),
+        ("pic:cover_min=8", "needs a ranking"),
+    ],
 )
 def test_cover_refuses_what_it_cannot_spend(text: str, words: str) -> None:
     with pytest.raises(ConfigError, match=words):

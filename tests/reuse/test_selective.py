@@ -10,7 +10,7 @@ import torch
 from agentcache.bench.reuse.metrics import kl
 from agentcache.errors import ConfigError
 from agentcache.model.loading import LoadedModel
-from agentcache.reuse.base import ReuseStats
+from agentcache.reuse.base import PrefillResult, ReuseStats
 from agentcache.reuse.config import SelectiveOptions
 from agentcache.reuse.ranking.probs import attention_probs, attention_probs_reference
 from agentcache.reuse.wca import cksim, wca_weight
@@ -232,6 +232,38 @@ def test_budget_covering_every_candidate_skips_the_probe_and_is_exact(tiny: Load
     for options in ({}, {"probe_redo": True}):
         kl_fast = first_token_kl_vs_full(tiny, "rpdc", ratio=1.0, **options)  # type: ignore[arg-type]
         assert kl_fast < 1e-9
+
+
+def shifted_prefill(tiny: LoadedModel, name: str, **options: object) -> PrefillResult:
+    """The shifted second turn's prefill alone (its stats and first-token logits)."""
+    engine = second_turn(tiny, name, **options)
+    seq, pre = engine.prefill(engine.tokenize(agent_prompt(SHIFTED)))
+    seq.free()
+    return pre
+
+
+def test_cover_min_makes_a_turn_with_few_candidates_exact(tiny: LoadedModel) -> None:
+    """`cover=0` isolates the floor. At `cover_min` = the turn's candidates every one of them is
+    computed with the tokens computed anyway, no probe pass (token-layers are exactly those
+    tokens through every layer), and the logits are full recompute's; one below, the probe
+    ranks as with no floor at all."""
+    ranked = shifted_prefill(tiny, "rpdc", cover=0.0)
+    s = ranked.stats
+    n, anyway, layers = s.candidates, s.computed_anyway, tiny.config.num_layers
+    assert n > 0 and not s.probe_skipped and not s.exact_plan
+    below = shifted_prefill(tiny, "rpdc", cover=0.0, cover_min=n - 1).stats
+    assert not below.probe_skipped and not below.exact_plan
+    assert below.token_layers_computed == s.token_layers_computed
+    assert below.recomputed_tokens == s.recomputed_tokens < anyway + n
+    at = shifted_prefill(tiny, "rpdc", cover=0.0, cover_min=n)
+    assert at.stats.probe_skipped and at.stats.exact_plan
+    assert at.stats.recomputed_tokens == anyway + n
+    assert at.stats.token_layers_computed == (anyway + n) * layers
+    engine = Engine(tiny)
+    seq, full = engine.prefill(engine.tokenize(agent_prompt(SHIFTED)), strategy="full")
+    seq.free()
+    torch.testing.assert_close(at.logits, full.logits, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(ranked.logits, full.logits, rtol=1e-4, atol=1e-4)
 
 
 def test_probe_redo_shortcut_never_costs_more_than_the_probe(tiny: LoadedModel) -> None:
