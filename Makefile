@@ -1,9 +1,11 @@
 # Two entry points: `make demo` and `make test`. Each creates .venv once (idempotent).
 VENV ?= .venv
 BIN := $(VENV)/bin
+# not `?=`: tests/frameworks/test_llamaindex.py looks for LlamaIndex's venv at this path
+LI_VENV := .venv-llamaindex
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test lint typecheck test-fast setup clean test-vllm
+.PHONY: demo test lint typecheck test-fast setup clean test-vllm llamaindex
 .PHONY: bench bench-reuse bench-server bench-vllm bench-decode bench-tiers bench-cope
 
 setup: $(VENV)/.installed
@@ -34,8 +36,9 @@ typecheck: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q
 
-# the full suite: lint, types, fast tests, then the tests on the real default model, then vLLM
-test: lint typecheck
+# the full suite: lint, types, fast tests, then the tests on the real default model (LlamaIndex's
+# from its own venv), then vLLM
+test: lint typecheck $(LI_VENV)/.installed
 	$(BIN)/python -m pytest -q -m "not vllm and not gpu"
 	$(MAKE) test-vllm
 
@@ -54,8 +57,20 @@ $(VLLM_VENV)/.installed: pyproject.toml
 test-vllm: $(VLLM_VENV)/.installed
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm -W ignore::pytest.PytestConfigWarning tests/engines
 
+# LlamaIndex in a venv of its own, client side only (~1.5 min to install): it needs openai<3, the
+# frameworks extra openai>=3 (docs/frameworks.md#llamaindex); tests/frameworks/test_llamaindex.py
+# runs llamaindex_client.py with its Python. The pins live here, hence the prerequisite.
+$(LI_VENV)/.installed: Makefile
+	test -x $(LI_VENV)/bin/python || python3 -m venv $(LI_VENV)
+	$(LI_VENV)/bin/pip install -q --upgrade pip
+	$(LI_VENV)/bin/pip install -q llama-index-core==0.14.25 llama-index-workflows==2.26.1 \
+		llama-index-llms-openai-like==0.8.1 llama-index-llms-openai==0.8.3 openai==2.54.0
+	touch $@
+
+llamaindex: $(LI_VENV)/.installed
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(LI_VENV) .pytest_cache .mypy_cache .ruff_cache
 
 # The figures in README.md, docs/benchmarks.md and docs/lab/, one target per area (hours each on
 # 2 cores; not run in CI). `python benchmarks/check_figures.py` then checks every quoted figure.
