@@ -8,7 +8,7 @@
 | `vllm`            | plain `vllm serve --enable-prefix-caching` on the same model folder |
 
 On the tiny random model (`model == "tiny"`), the two embedded targets run
-`agentcache.bench.server.tiny_serve` instead, which serves the same app on that model; the vLLM
+`benchmarks/server/tiny_serve.py` instead, which serves the same app on that model; the vLLM
 targets need a model folder. Plain vLLM gets the engine settings `VLLMBackend` gives it
 (float32, block size 32, eager, max model length 8192, 1 GiB of KV, one step per prompt), so
 the two vLLM targets differ by agentcache's server and connector alone.
@@ -55,6 +55,10 @@ class TargetOptions:
     model_folder: str | None = None
 
 
+# a script, not a module of the bench: the bench does not import the server (pyproject's layers)
+TINY_SERVE = Path(__file__).resolve().parents[3] / "benchmarks" / "server" / "tiny_serve.py"
+
+
 def command(target: str, port: int, o: TargetOptions) -> list[str]:
     """The command line that serves `target` on 127.0.0.1:`port`. ValueError for a target
     these options cannot start."""
@@ -63,7 +67,7 @@ def command(target: str, port: int, o: TargetOptions) -> list[str]:
     if o.model == "tiny":
         if target.startswith("vllm"):
             raise ValueError(f"target {target} needs a model folder, not the tiny model")
-        return [sys.executable, "-m", "agentcache.bench.server.tiny_serve", "--port", str(port),
+        return [sys.executable, str(TINY_SERVE), "--port", str(port),
                 "--served-model-name", SERVED_NAME, *AGENTCACHE_ARGS[target]]  # fmt: skip
     if target.startswith("vllm") and o.vllm_python is None:
         raise ValueError(f"target {target} needs --vllm-python (the vLLM venv's interpreter)")

@@ -1,4 +1,4 @@
-"""`python -m agentcache.bench.server.tiny_serve --port PORT [--strategy S]`: `agentcache
+"""`python benchmarks/server/tiny_serve.py --port PORT [--strategy S]`: `agentcache
 serve`'s app on the seeded tiny random model (`agentcache.testing.tiny_model`), for tests and
 smoke runs of the server benchmarks; `agentcache serve` itself loads only model folders. It
 serves on 127.0.0.1 until terminated."""
