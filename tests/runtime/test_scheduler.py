@@ -180,17 +180,21 @@ def test_a_lone_turn_takes_the_one_sequence_step(tiny: LoadedModel) -> None:
     assert stats is not None and stats.batched_rows == 0
     assert stats.lone_steps == stats.steps - 1 == len(alone.token_ids) - 1  # last: no feed
     decoding = threading.Event()  # the first turn has its second token: it is in the batch
+    joined = threading.Event()  # the second turn has its first token: it decodes from now on
     tokens = itertools.count(1)
 
     def on_token(_: int) -> None:
-        if next(tokens) == 2:
+        n = next(tokens)
+        if n == 2:
             decoding.set()
+        elif n == 3:  # the first turn holds its third token until the second has joined, so
+            joined.wait(timeout=60)  # their steps overlap however slow the second's prefill
 
     def turn(i: int) -> Generation:
         if i == 0:
             return one(e, 7, on_token=on_token)
         decoding.wait()
-        return one(e, 7)
+        return one(e, 7, on_token=lambda _: joined.set())
 
     assert len(alone.token_ids) > 8  # the second turn joins while the first decodes
     together = at_once(turn, 2)
