@@ -43,16 +43,18 @@ from agentcache.model.loading import load_model
 from agentcache.runtime.engine import Engine, EngineConfig
 
 LABELS = ("prefix", "rpdc")
-HITS = ("system+tools", "history")
+HITS = ("system+tools", "history", "system")  # `system`: the system prompt only
 MISS_STRATEGIES = "full,prefix,promptcache,pic,epic,cacheblend,cacheslide,rpdc"
 
 
-def scenario(reqs: list[Request], stamped: bool) -> tuple[list[Request], list[Request]]:
+def scenario(
+    reqs: list[Request], stamped: bool, cases: list[str]
+) -> tuple[list[Request], list[Request]]:
     """(setup requests, hit requests): the first setup (and, stamped, the no-reuse request
     before it), then the first request of each hit case."""
     first = [r for r in reqs if r.case == "no-reuse"][:1] if stamped else []
     setup = [r for r in reqs if r.case == "setup"][:1]
-    hits = [next(r for r in reqs if r.case == c) for c in HITS]
+    hits = [next(r for r in reqs if r.case == c) for c in cases]
     return first + setup, hits
 
 
@@ -107,7 +109,7 @@ def _spread(name: str, xs: list[float]) -> dict[str, float | None]:
 def summarize_hits(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for scen in sorted({r["scenario"] for r in rows}):
-        for case in HITS:
+        for case in dict.fromkeys(r["case"] for r in rows if r["scenario"] == scen):
             pairs: dict[int, dict[str, float]] = {}
             for r in rows:
                 if (r["scenario"], r["case"]) == (scen, case):
@@ -198,10 +200,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--size", type=int, default=4000)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--scenarios", default="fresh,stamped", help="of fresh,stamped,miss")
+    p.add_argument("--hits", default="system+tools,history", help="of " + ",".join(HITS))
     p.add_argument("--miss-strategies", default=MISS_STRATEGIES, help="`miss`: full first")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
+    if unknown := set(a.hits.split(",")) - set(HITS):
+        p.error(f"unknown hit cases {sorted(unknown)}; known: {', '.join(HITS)}")
     torch.set_num_threads(a.threads)
     model = load_model()
     reqs = list(requests(a.size, 1, model, bfcl_tools()))
@@ -212,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
             rows += run_misses(model, reqs, a.miss_strategies.split(","), a.reps)
             write(a, rows)
             continue
-        setup, hits = scenario(reqs, scen == "stamped")
+        setup, hits = scenario(reqs, scen == "stamped", a.hits.split(","))
         engines = {
             label: (Engine(model, EngineConfig(strategy=label, kv_pages=1024)),
                     ConversationTracker())
