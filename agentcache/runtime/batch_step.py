@@ -26,19 +26,28 @@ them) and otherwise from a token-order copy (`layer_reads`): a sequence whose pa
 as it went, beside others, or given back and taken again (preemption), gets the bits it gets
 on consecutive pages. That rule is a read plan (`TokenOrderReads`, `decode.dense.ReadPlan`);
 `one_step` is `dense_step` over it: the same bits on a sequence in token order, tested.
+
+`fused_step` is the batched step with prefill chunks' rows beside the decode rows (the
+scheduler's chunked prefill, `runtime/chunked.py`): each part of the rows starts on and is
+padded to a multiple of `ROW_BLOCK`, so the decode rows keep the bits they get without the
+chunks, and a chunk gets the bits it gets with nothing beside it; attention stays per sequence.
+Its reference for the chunks is `reuse.base.compute_subset` (to fp32 rounding, tested).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from agentcache.decode.dense import ReadPlan, dense_step, paged_attention
 from agentcache.kv.pool import SequenceKV
+from agentcache.model.attention import attention
 from agentcache.model.llama import LlamaForward
+from agentcache.reuse.base import context_reader
 
 ROW_BLOCK = 4
 
@@ -110,26 +119,87 @@ def batched_dense_step(
     """Write tokens[b] at positions[b] into slots[b] of seqs[b], each sequence already extended
     by that one slot, for every b; the logits after each (B, V). For forwards where
     `decode.dense.reads_in_place` holds; the sequences share one pool."""
+    if not seqs:
+        raise ValueError("one slot, token and position per sequence, got 0 sequences")
+    return fused_step(forward, seqs, slots, tokens, positions, ())[0]
+
+
+@dataclass(frozen=True)
+class ChunkRows:
+    """A prefill chunk's rows in a fused step: tokens `ids` (n,) of `seq` at their indices
+    `index` (n,) in it, sorted, which are also their positions; each row writes its K/V at its
+    token's slot and attends causally over `seq`'s tokens 0..its index (loaded, written by
+    earlier chunks, or by the rows before it), as `reuse.base.compute_subset` computes them."""
+
+    seq: SequenceKV
+    ids: Tensor
+    index: Tensor
+
+
+def fused_step(
+    forward: LlamaForward, seqs: Sequence[SequenceKV], slots: Tensor, tokens: Sequence[int],
+    positions: Sequence[int], chunks: Sequence[ChunkRows],
+) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
+    """`batched_dense_step` of the decode rows (B may be 0) with prefill chunks' rows beside
+    them in the same projections and MLPs: the decode logits (B, V) and each chunk's logits
+    after its last token (V,). Each chunk is of its own sequence, not one of `seqs`.
+
+        rows   [decode 0..B-1][pad][chunk 0][pad][chunk 1][pad]    each part a multiple of 4
+
+    Each part starts at a multiple of `ROW_BLOCK` and is padded to one, so the decode rows get
+    the bits they get without the chunks, and a chunk's rows do not depend on what sits beside
+    them (the row invariance `batched_dense_step` rests on). Attention stays per sequence: a
+    decode row over its sequence's reads (`layer_reads`), a chunk's rows over its sequence's
+    K/V in token order under the causal mask (`model.attention.attention` with the rows'
+    indices, the forward's own attention: the same bits as the chunk run on its own, given
+    the same q, k, v)."""
     f, b = forward, len(seqs)
-    if not b or not slots.shape[0] == len(tokens) == len(positions) == b:
+    if not slots.shape[0] == len(tokens) == len(positions) == b:
         raise ValueError(f"one slot, token and position per sequence, got {b}, "
                          f"{slots.shape[0]}, {len(tokens)}, {len(positions)}")  # fmt: skip
-    rows = padded_rows(b)
-    pad = rows - b
-    pool = seqs[0].pool
-    ids = torch.tensor([*tokens, *[0] * pad])
-    pos = torch.tensor([*positions, *[0] * pad])
-    hidden = f.embed(ids)
-    if pad:
-        hidden[b:] = 0.0
+    if not b and not chunks:
+        raise ValueError("a fused step needs a decode row or a chunk")
+    starts, rows = [], padded_rows(b) if b else 0
+    ids, pos = [*tokens, *[0] * (rows - b)], [*positions, *[0] * (rows - b)]
+    for c in chunks:
+        n = len(c.ids)
+        if not n or len(c.index) != n:
+            raise ValueError(f"a chunk needs one index per token, got {n} and {len(c.index)}")
+        starts.append(rows)
+        pad = padded_rows(n) - n
+        ids += [*c.ids.tolist(), *[0] * pad]
+        pos += [*c.index.tolist(), *[0] * pad]
+        rows += n + pad
+    hidden = f.embed(torch.tensor(ids))
+    real = torch.zeros(rows, dtype=torch.bool)
+    real[:b] = True
+    for c, s in zip(chunks, starts, strict=True):
+        real[s : s + len(c.ids)] = True
+    hidden[~real] = 0.0  # padding rows: zero in, attention zero, logits dropped
+    position = torch.tensor(pos)
+    pool = seqs[0].pool if seqs else chunks[0].seq.pool
     reads = [layer_reads(f, s) for s in seqs]  # [seq][layer]
+    chunk_slots = [c.seq.slots()[c.index] for c in chunks]
+    contexts = [context_reader(c.seq) for c in chunks]
     attn = torch.zeros(rows, f.config.num_heads * f.config.head_dim, dtype=hidden.dtype)
     for layer in range(f.config.num_layers):
-        q, k, v = f.project(layer, hidden, pos)
+        q, k, v = f.project(layer, hidden, position)
         keys, values = pool.keys[layer], pool.values[layer]
-        keys.index_copy_(0, slots, k[:b])
-        values.index_copy_(0, slots, v[:b])
+        if b:
+            keys.index_copy_(0, slots, k[:b])
+            values.index_copy_(0, slots, v[:b])
+        for c, s, cs in zip(chunks, starts, chunk_slots, strict=True):
+            c.seq.write(layer, cs, k[s : s + len(c.ids)], v[s : s + len(c.ids)])
         for i in range(b):
             attn[i] = attend(q[i : i + 1], keys, values, reads[i][layer], f.scale)[0]
+        window = f.spec.layers[layer].window
+        for c, s, context in zip(chunks, starts, contexts, strict=True):
+            kc, vc = context(layer)
+            e = s + len(c.ids)
+            attn[s:e] = attention(q[s:e], kc, vc, c.index, f.scale, window)
         hidden = f.finish(layer, hidden, attn)
-    return f.logits(hidden)[:b]
+    vocab = f.weights.lm_head.shape[0]
+    decode = f.logits(hidden[: padded_rows(b)])[:b] if b else hidden.new_zeros(0, vocab)
+    last = [f.logits(hidden[s + len(c.ids) - 1 : s + len(c.ids)])[0] for c, s in
+            zip(chunks, starts, strict=True)]  # fmt: skip
+    return decode, last

@@ -17,11 +17,20 @@ its own unit before its turn joins the batch).
 Chunked prefill (`EngineConfig.prefill_chunk_tokens`, `runtime/chunked.py`): a long prefill
 whose plan the runtime runs in chunks is handed to the scheduler instead (`prefill`), and each
 step runs chunks of the waiting prefills, oldest first, up to the step's token budget (at
-least one chunk), after feeding the decoding turns:
+least one chunk), after choosing the decoding turns' tokens:
 
     step k     decode: every running turn + 1 token    prefill: A's chunk 3
     step k+1   decode: every running turn + 1 token    prefill: A's last chunk -> A joins
     step k+2   decode: ... A too                       prefill: B's chunk 0
+
+Fused: each waiting prefill's first chunk of the step, when its plan fuses
+(`ChunkedPrefill.fusable`: its computed tokens are the prompt's last ones), runs inside the
+dense turns' batch (`batch_step.fused_step`: one pass through the projections and MLPs,
+attention per sequence); its further chunks in the step, the chunks of other plans, and every
+chunk of a step with no dense turn to feed run on their own after it (`separate_chunks`). A
+fusable plan's chunk gets the same bits either way (`ChunkedPrefill.run_chunk`), so what a
+step fuses changes no turn's bits. A dense turn alone in its step with a chunk to fuse is fed
+in the padded batch, not by the one-sequence step. A fault of the fused forward is the step's.
 
 A prefill's thread waits for its result as a turn's waits for tokens (running steps itself
 when none is running); set, its `cancel` stops it before its next chunk (`TurnCancelled`).
@@ -47,6 +56,7 @@ turn's own thread hands them to its `on_token` (which may raise: the turn then l
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -61,7 +71,7 @@ from agentcache.kv.pool import SequenceKV
 from agentcache.kv.preemption import Preempted, PreemptionPolicy
 from agentcache.model.llama import LlamaForward
 from agentcache.reuse.base import PrefillResult
-from agentcache.runtime.batch_step import batched_dense_step, one_step
+from agentcache.runtime.batch_step import batched_dense_step, fused_step, one_step
 from agentcache.runtime.chunked import ChunkedPrefill
 from agentcache.runtime.loop import TurnDecoding
 from agentcache.runtime.sharing import FairLock
@@ -125,6 +135,9 @@ class BatchStats:
     waiting_preempted: int = 0  # turns preempted and not yet resumed, now
     prefill_chunks: int = 0  # chunks of chunked prefills run by steps
     mixed_steps: int = 0  # steps that ran a prefill chunk and advanced a decoding turn
+    fused_chunks: int = 0  # chunks run inside a step's decode batch (`batch_step.fused_step`)
+    separate_chunks: int = 0  # chunks run as their own forward (nothing to fuse with, or a
+    # plan whose chunks do not fuse: `ChunkedPrefill.fusable`)
 
 
 class BatchScheduler:
@@ -154,7 +167,7 @@ class BatchScheduler:
         self._stepping = False
         self._prefills: list[Prefilling] = []
         self._prefills_in_flight: list[Prefilling] = []
-        self._chunks = self._mixed = 0
+        self._chunks = self._mixed = self._fused = 0
         self._steps = self._rows = self._solo = self._peak = self._lone = 0
         self._joined = self._resumed = self._recomputed = 0
         self.waiting_preempted = 0  # read without a lock by `PageGate.hold`
@@ -166,6 +179,7 @@ class BatchScheduler:
                 self._steps, self._rows, self._solo, self._peak, self._lone,
                 c.preempted if c else 0, self._resumed, c.swapped_bytes if c else 0,
                 self._recomputed, self.waiting_preempted, self._chunks, self._mixed,
+                self._fused, self._chunks - self._fused,
             )  # fmt: skip
 
     @property
@@ -253,7 +267,7 @@ class BatchScheduler:
                 batch = self._in_flight = list(self._active)
                 jobs = self._prefills_in_flight = [j for j in self._prefills if not j.left]
                 self._steps += 1
-            chunks = 0
+            chunks = fused = 0
             try:
                 resumed = self._resume(batch)
                 ready = [r for r in batch if r.preempted is None]
@@ -262,8 +276,14 @@ class BatchScheduler:
                 self._choose([r for r in ready if not r.unfed])
                 for r in ready:
                     r.unfed = False
-                self._feed([r for r in ready if not r.finished])
-                chunks = self._prefill_chunks(jobs)
+                picked = self._pick_chunks(jobs)
+                fusing = [j for j in dict.fromkeys(picked) if self._fuses(j)]
+                done = self._feed([r for r in ready if not r.finished], fusing)
+                fused = len(done)
+                rest = list(picked)
+                for j in done:  # its first chunk of the step ran in the batch
+                    rest.remove(j)
+                chunks = fused + sum(self._run_chunk(j) for j in rest)
             except BaseException as e:  # a fault of the step, not of one turn: each turn gets it
                 for r in batch:
                     if not r.finished:
@@ -278,6 +298,7 @@ class BatchScheduler:
                     self._in_flight, self._prefills_in_flight = [], []
                     self._prefills = [j for j in self._prefills if not j.finished]
                     self._chunks += chunks
+                    self._fused += fused
                     self._mixed += int(chunks > 0 and len(ready) > 0)
                     self._cond.notify_all()
         if resumed and self._wake is not None:
@@ -321,25 +342,47 @@ class BatchScheduler:
         assert job.result is not None
         return job.result
 
-    def _prefill_chunks(self, jobs: list[Prefilling]) -> int:
-        """Chunks of `jobs`, oldest first, while the step's token budget lasts (at least one
-        chunk); returns how many ran. A job's error is its own; a cancelled job runs no more."""
-        ran = tokens = 0
+    def _pick_chunks(self, jobs: list[Prefilling]) -> list[Prefilling]:
+        """The step's chunks, a job once per chunk: of `jobs`, oldest first, while the step's
+        token budget lasts (at least one chunk). A job cancelled now runs none (its error is
+        set); `_run_chunk` looks again before each chunk it runs."""
+        picked: list[Prefilling] = []
+        tokens = 0
         for j in jobs:
-            while not j.finished:
-                n = j.work.next_size
-                if ran and tokens + n > self.prefill_tokens:
-                    return ran
-                if j.cancel is not None and j.cancel.is_set():  # looked at once per chunk
-                    j.error = TurnCancelled("cancelled before its prefill finished")
-                    break
-                try:
-                    j.result = j.work.run_chunk()
-                except Exception as e:  # this prefill's fault alone
-                    j.error = e
-                ran += 1
-                tokens += n
-        return ran
+            if j.finished:
+                continue
+            if j.cancel is not None and j.cancel.is_set():
+                j.error = TurnCancelled("cancelled before its prefill finished")
+                continue
+            left = len(j.work.computed) - j.work.done
+            while left > 0:
+                n = min(j.work.chunk, left)
+                if picked and tokens + n > self.prefill_tokens:
+                    return picked
+                picked.append(j)
+                tokens, left = tokens + n, left - n
+        return picked
+
+    def _fuses(self, j: Prefilling) -> bool:
+        """Whether `j`'s next chunk may run inside the step's decode batch: its plan's chunks
+        fuse (`ChunkedPrefill.fusable`) and it computes with the scheduler's forward, whose
+        attention is the plain one the fused step reads in place."""
+        w = j.work
+        return self._batchable and w.fusable and w.ctx.model.forward is self.forward
+
+    def _run_chunk(self, j: Prefilling) -> int:
+        """`j`'s next chunk as its own forward, unless it finished or is cancelled (looked at
+        once per chunk); 1 if it ran. A chunk's error is its job's alone."""
+        if j.finished:
+            return 0
+        if j.cancel is not None and j.cancel.is_set():
+            j.error = TurnCancelled("cancelled before its prefill finished")
+            return 0
+        try:
+            j.result = j.work.run_chunk()
+        except Exception as e:  # this prefill's fault alone
+            j.error = e
+        return 1
 
     def _choose(self, batch: list[Running]) -> None:
         """Each turn's next token, handed to its thread before the forward runs."""
@@ -351,8 +394,12 @@ class BatchScheduler:
                 r.finished = r.turn.finish is not None
             self._cond.notify_all()
 
-    def _feed(self, batch: list[Running]) -> None:
+    def _feed(self, batch: list[Running], fusing: list[Prefilling]) -> list[Prefilling]:
+        """Feed every turn of `batch` its token; `fusing`: jobs whose next chunk may run in
+        the dense turns' batch (`_feed_batch`). Returns those whose chunk ran there (none
+        without a dense turn to feed)."""
         dense: list[Running] = []
+        fused: list[Prefilling] = []
         for r in batch:
             d = r.decoder
             if self._batchable and isinstance(d, DenseDecoder):
@@ -369,12 +416,13 @@ class BatchScheduler:
                 self._solo += 1
         if self.preemption is not None:
             dense = self._make_room(dense)
-        if len(dense) == 1:  # nothing to batch with: the one-sequence step, as without batching
+        if len(dense) == 1 and not fusing:  # nothing to batch with: the one-sequence step
             self._feed_one(dense[0])
         elif dense:
-            self._feed_batch(dense)
+            fused = self._feed_batch(dense, fusing)
         for r in batch:  # a decoder that holds no more, or the model's last position
             r.finished = r.turn.finish is not None
+        return fused
 
     def _make_room(self, dense: list[Running]) -> list[Running]:
         """Preempt the newest of `dense` until the others' next slots fit the pool; the turns
@@ -460,7 +508,10 @@ class BatchScheduler:
         r.batched.append(False)
         self._lone += 1
 
-    def _feed_batch(self, dense: list[Running]) -> None:
+    def _feed_batch(self, dense: list[Running], fusing: list[Prefilling]) -> list[Prefilling]:
+        """The dense turns' tokens as one padded batch, with the next chunk of each job of
+        `fusing` in it (`batch_step.fused_step`); the jobs whose chunk ran (none when no turn
+        could take its slot). A fault of the fused forward is the step's."""
         fed: list[Running] = []
         slots: list[Tensor] = []
         for r in dense:
@@ -472,16 +523,25 @@ class BatchScheduler:
                 continue
             fed.append(r)
         if not fed:
-            return
+            return []
         feeds = [r.turn.feed() for r in fed]
         seqs = [_seq(r) for r in fed]
         tokens = [f.token for f in feeds]
         positions = [f.position for f in feeds]
-        logits = batched_dense_step(self.forward, seqs, torch.cat(slots), tokens, positions)
+        rows = [j.work.next_rows() for j in fusing]
+        t0 = time.perf_counter()
+        logits, last = fused_step(self.forward, seqs, torch.cat(slots), tokens, positions, rows)
+        seconds = time.perf_counter() - t0
         for r, row in zip(fed, logits, strict=True):
             r.turn.fed(row)
-            r.batched.append(True)
+            r.batched.append(True)  # a fused step's decode rows: the bits of a padded batch
+        for j, chunk_logits in zip(fusing, last, strict=True):
+            try:
+                j.result = j.work.take_fused(chunk_logits, seconds)
+            except Exception as e:  # its plan's bookkeeping (`finish`): this prefill's alone
+                j.error = e
         self._rows += len(fed)
+        return fusing
 
 
 def _seq(r: Running) -> SequenceKV:

@@ -169,6 +169,12 @@ def test_decoding_turns_advance_during_a_long_chunked_prefill(tiny: LoadedModel)
     # took to arrive after A's second token (scheduling: not counted on a loaded machine)
     mixed = after.mixed_steps - before.mixed_steps
     assert chunks_b // 2 <= mixed <= chunks_b
+    # each of those steps ran B's chunk inside A's decode batch (`full`'s plan fuses), but
+    # the one that chose A's last token, if B was still prefilling: it feeds A nothing; the
+    # other chunks, A's and B's with no turn decoding beside them, ran on their own
+    fused = after.fused_chunks - before.fused_chunks
+    assert mixed - 1 <= fused <= mixed
+    assert after.separate_chunks - before.separate_chunks == chunks_a + chunks_b - fused
     assert (a.token_ids, b.token_ids) == (a_alone.token_ids, b_alone.token_ids)
 
 
