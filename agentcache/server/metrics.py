@@ -16,7 +16,7 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 STORE_TIER = "memory"
 BATCH_KINDS = (
     "steps", "peak_batch", "preempted", "resumed", "swapped_bytes", "recomputed_tokens",
-    "waiting_preempted",
+    "waiting_preempted", "prefill_chunks", "mixed_steps", "fused_chunks", "separate_chunks",
 )  # fmt: skip
 
 
