@@ -204,6 +204,10 @@ vllm() {
   $vac bench benchmarks/workloads/reflexion.jsonl benchmarks/workloads/swe_agent.jsonl \
     --sessions reflexion-00,reflexion-01,swe_agent-01 --max-turns 3 --backend vllm \
     --strategies rpdc:cover=0,pic --threads 1 --out docs/bench/vllm-current
+  # validation sessions, configurations in rotated rounds (pairs within a round)
+  $vac bench benchmarks/workloads/reflexion.jsonl benchmarks/workloads/swe_agent.jsonl \
+    --split validate --sessions reflexion-08,reflexion-09,swe_agent-08 --max-turns 3 \
+    --backend vllm --strategies rpdc,pic --rounds 2 --threads 1 --out docs/bench/vllm-validate
   $vac bench benchmarks/workloads/memgpt.jsonl --sessions memgpt-01,memgpt-02 \
     --max-turns 3 --backend vllm --strategies rpdc:cover=0,pic --threads 1 \
     --out docs/bench/vllm-memgpt

@@ -22,6 +22,15 @@ nice -n 5 $py benchmarks/reuse/exact_turns.py --size 4000 --reps 5 --scenarios s
   --out "$out/exact-pairs-ctxcopy"
 nice -n 5 $py benchmarks/reuse/exact_turns.py --size 8000 --reps 3 --scenarios stamped --threads 1 \
   --out "$out/exact-pairs-8k"
+# every request paired: misses (every strategy against full) and hits (the default against prefix)
+nice -n 5 $py benchmarks/reuse/exact_turns.py --size 4000 --reps 5 --scenarios miss,fresh,stamped \
+  --threads 1 --out "$out/paired-4k"
+nice -n 5 $py benchmarks/reuse/exact_turns.py --size 8000 --reps 4 --scenarios miss,fresh,stamped \
+  --threads 1 --out "$out/paired-8k"
+nice -n 5 $py benchmarks/reuse/exact_turns.py --size 4000 --reps 5 --scenarios fresh --hits system \
+  --threads 1 --out "$out/paired-system-4k"
+nice -n 5 $py benchmarks/reuse/exact_turns.py --size 8000 --reps 3 --scenarios fresh --hits system \
+  --threads 1 --out "$out/paired-system-8k"
 for w in ${FAMILIES:-memgpt swe_agent}; do
   nice -n 5 $ac bench "benchmarks/workloads/$w.jsonl" --split validate \
     --sessions "$w-08,$w-09" --max-turns "${TURNS:-4}" --new-tokens 8 \

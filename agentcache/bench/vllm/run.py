@@ -36,12 +36,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from agentcache.bench.provenance import provenance
 from agentcache.bench.results import write_run
 from agentcache.bench.vllm.report import merge_rounds, plot, report_markdown, summarize
 from agentcache.engines.vllm import IN_PROCESS_ENV
+from agentcache.reuse.spec import StrategySpec
 from agentcache.workload.files import Session, parse_session
 
 TURN_PREFIX = "TURN "
@@ -127,9 +130,22 @@ def run_all(
             Path(tmp), sessions, strategies, advance, env, out / "configs", resume, rounds
         )
     results = summarize(merge_rounds(runs), schedule(runs))
+    results["provenance"] = run_provenance(sessions, strategies)
     write_run(out, results, report_markdown)
     plot(results, out / "ttft.png")
     return results
+
+
+def run_provenance(sessions: list[Session], strategies: list[str]) -> dict[str, Any]:
+    """The run's provenance, its specs keyed by configuration (`agentcache:NAME[@FILL]`, the
+    label the records carry; the fill does not change what the strategy computes)."""
+    specs = [
+        replace(StrategySpec.parse(s.partition("@")[0]), label=f"agentcache:{s}")
+        for s in strategies
+    ]
+    splits = sorted({s.split for s in sessions})
+    split = splits[0] if len(splits) == 1 else "mixed"
+    return provenance(specs, split, [s.name for s in sessions])
 
 
 def schedule(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -79,6 +79,8 @@ def fake_engine_processes(
     import agentcache.bench.vllm.run as bench
 
     started: list[tuple[str, Path]] = []
+    # the provenance's git calls would go through the fake Popen below
+    monkeypatch.setattr(bench, "run_provenance", lambda *_: {"commit": "test"})
 
     class FakeProcess:
         def __init__(self, args: list[str], **_: object) -> None:
@@ -324,3 +326,19 @@ def test_the_report_states_the_pairing_and_the_spread(tmp_path: Path) -> None:
     assert "| s | 2 | 1 | 100 | 250 | 100 | 100 |" in report
     plot(results, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_a_run_records_its_provenance_keyed_by_configuration() -> None:
+    from agentcache.bench.vllm.run import run_provenance
+    from agentcache.workload.files import Session
+
+    sessions = [
+        Session("reflexion-08", "reflexion", "", ()),
+        Session("memgpt-01", "memgpt", "", (), "tune"),
+    ]
+    prov = run_provenance(sessions, ["rpdc", "pic", "pic@vllm"])
+    assert set(prov["specs"]) == {"agentcache:rpdc", "agentcache:pic", "agentcache:pic@vllm"}
+    assert prov["specs"]["agentcache:rpdc"].startswith("rpdc:cover=")
+    assert prov["specs"]["agentcache:pic@vllm"] == "pic"
+    assert prov["split"] == "mixed" and prov["sessions"] == ["reflexion-08", "memgpt-01"]
+    assert prov["commit"] and "dirty" in prov
