@@ -148,6 +148,9 @@ server() {
   # replies through the openai client against --strategy full, chat validation tool-use sessions
   $py benchmarks/server/fidelity.py --sessions chat-09,chat-11,chat-13,chat-15 --max-tokens 32 \
     --threads 1 --out docs/bench/server/fidelity-tool-use
+  # a reply budget that closes every tool call (the run above compares 5 of 24 replies)
+  $py benchmarks/server/fidelity.py --sessions chat-09,chat-11,chat-13,chat-15 --max-tokens 160 \
+    --threads 1 --out docs/bench/server/fidelity-tool-use-160
   # docs/benchmarks.md "Edited histories": append-only bfcl conversations in no workload file,
   # each step to a default and a --strategy prefix server in one run
   $py benchmarks/server/append.py --conversations 4 --steps 6 --max-tokens 128 --no-full \

@@ -26,9 +26,18 @@ from typing import Any
 
 from tqdm import tqdm
 
+from agentcache.bench.provenance import provenance, specs_of
 from agentcache.bench.results import write_run
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def split_of(names: list[str]) -> str:
+    """The split of session names `NAME-NN` (NN < 8: tuning; benchmarks/workloads/README.md)."""
+    splits = {"tune" if int(n.rsplit("-", 1)[1]) < 8 else "validate" for n in names}
+    return splits.pop() if len(splits) == 1 else "mixed"
+
+
 HEADER = "X-Agentcache-Conversation"
 
 
@@ -188,6 +197,8 @@ def main() -> None:
         "sessions": names, "max_tokens": args.max_tokens, "threads": args.threads,
         "default_strategy": DEFAULT_STRATEGY,
         "summary": summarize(names, runs), "replies": runs,
+        "provenance": provenance(specs_of(runs), split_of(names), names,
+                                 script="benchmarks/server/fidelity.py"),
     }  # fmt: skip
     command = (
         f"python benchmarks/server/fidelity.py --sessions {args.sessions} --strategy "
