@@ -4,6 +4,7 @@ files) and `ServeProcess`, a real `agentcache serve` in a subprocess."""
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, Self
 
 import torch
 
@@ -136,34 +137,31 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class ServeProcess:
-    """`python -m agentcache serve ARGS` on a free loopback port, in a subprocess of this Python,
-    ready when /health answers. `url` is the server's root, `base_url` its OpenAI-style `/v1`.
-    The server's output goes to `log` (appended), or to a temporary file that is kept when the
-    server fails to start, so the error can name it. Closing terminates it; use it as a context
-    manager or call `close()`."""
+class LoopbackProcess:
+    """A server command started on a free loopback port (`argv(port)`), ready once its
+    `/health` answers 200; its command line and output appended to `log`. RuntimeError, naming
+    the log, when it exits or stays unready for `start_timeout_s`. Closing terminates it (kills
+    it after 60 s); use it as a context manager or call `close()`."""
 
     def __init__(
         self,
-        args: Sequence[str] = (),
-        log: Path | None = None,
-        model_name: str = "agentcache-default",
+        name: str,
+        argv: Callable[[int], list[str]],
+        log: Path,
+        env: dict[str, str] | None = None,
         start_timeout_s: float = 300.0,
     ) -> None:
-        self.model_name = model_name
+        self.name = name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.base_url = f"{self.url}/v1"
-        if log is None:
-            fd, name = tempfile.mkstemp(prefix="agentcache-serve-", suffix=".log")
-            os.close(fd)
-            log = Path(name)
+        self.argv = argv(self.port)
         self.log = log
         self._log: IO[str] = log.open("a")
-        cmd = [sys.executable, "-m", "agentcache", "serve", "--port", str(self.port),
-               "--served-model-name", model_name, *args]  # fmt: skip
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self._log.write(f"\n$ {shlex.join(self.argv)}\n")
+        self._log.flush()
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+        self.proc = subprocess.Popen(self.argv, env=env, stdout=self._log,
+                                     stderr=subprocess.STDOUT)  # fmt: skip
         try:
             self._wait_ready(start_timeout_s)
         except BaseException:
@@ -174,7 +172,7 @@ class ServeProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"agentcache serve exited with {self.proc.returncode}; "
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; "
                                    f"its output is in {self.log}")  # fmt: skip
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=10) as r:
@@ -182,7 +180,7 @@ class ServeProcess:
                         return
             except (urllib.error.URLError, OSError):
                 time.sleep(0.3)
-        raise RuntimeError(f"agentcache serve did not answer /health within {timeout_s:.0f} s; "
+        raise RuntimeError(f"{self.name} did not answer /health within {timeout_s:.0f} s; "
                            f"its output is in {self.log}")  # fmt: skip
 
     def close(self) -> None:
@@ -195,7 +193,7 @@ class ServeProcess:
                 self.proc.wait()
         self._log.close()
 
-    def __enter__(self) -> ServeProcess:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -205,3 +203,30 @@ class ServeProcess:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class ServeProcess(LoopbackProcess):
+    """`python -m agentcache serve ARGS` on a free loopback port, in a subprocess of this Python
+    (`LoopbackProcess`). `url` is the server's root, `base_url` its OpenAI-style `/v1`. The
+    server's output goes to `log` (appended), or to a temporary file that is kept when the
+    server fails to start, so the error can name it."""
+
+    def __init__(
+        self,
+        args: Sequence[str] = (),
+        log: Path | None = None,
+        model_name: str = "agentcache-default",
+        start_timeout_s: float = 300.0,
+    ) -> None:
+        self.model_name = model_name
+        if log is None:
+            fd, name = tempfile.mkstemp(prefix="agentcache-serve-", suffix=".log")
+            os.close(fd)
+            log = Path(name)
+
+        def argv(port: int) -> list[str]:
+            return [sys.executable, "-m", "agentcache", "serve", "--port", str(port),
+                    "--served-model-name", model_name, *args]  # fmt: skip
+
+        super().__init__("agentcache serve", argv, log, start_timeout_s=start_timeout_s)
+        self.base_url = f"{self.url}/v1"

@@ -21,22 +21,13 @@ Every list a statistic summarizes (median, q, mean, every) is recorded with its 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-
-def quantile(xs: Iterable[float], p: float) -> float:
-    """Linear interpolation between order statistics (numpy's default, 'inclusive')."""
-    s = sorted(xs)
-    if not s:
-        raise ValueError("quantile of no values")
-    k = (len(s) - 1) * p
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+from agentcache.bench.stats import quantile
 
 
 def slope(points: list[tuple[float, float]]) -> float:

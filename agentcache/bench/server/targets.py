@@ -16,18 +16,12 @@ the two vLLM targets differ by agentcache's server and connector alone.
 
 from __future__ import annotations
 
-import os
 import shlex
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
-from agentcache.testing import free_port
+from agentcache.testing import LoopbackProcess
 
 SERVED_NAME = "replay"
 TARGETS = ("embedded", "embedded-prefix", "vllm-backend", "vllm")
@@ -84,57 +78,13 @@ def command(target: str, port: int, o: TargetOptions) -> list[str]:
             SERVED_NAME, "--threads", str(o.threads), *model, *AGENTCACHE_ARGS[target]]  # fmt: skip
 
 
-class ServerProcess:
-    """`target` started on a free loopback port, ready once /health answers 200; its output
-    appended to `log`. Closing terminates it (then kills it after 60 s). RuntimeError when it
-    exits or stays unready for `start_timeout_s`, naming the log."""
+class ServerProcess(LoopbackProcess):
+    """`target` started on a free loopback port (`agentcache.testing.LoopbackProcess`), its
+    output appended to `log`."""
 
     def __init__(self, target: str, options: TargetOptions, log: Path,
                  start_timeout_s: float = 900.0) -> None:  # fmt: skip
         self.target = target
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = command(target, self.port, options)
-        self.log = log
-        self._log: IO[str] = log.open("a")
-        self._log.write(f"\n$ {shlex.join(self.argv)}\n")
-        self._log.flush()
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "AGENTCACHE_NUM_THREADS": str(options.threads)}
-        self.proc = subprocess.Popen(self.argv, env=env, stdout=self._log,
-                                     stderr=subprocess.STDOUT)  # fmt: skip
-        try:
-            self._wait_ready(start_timeout_s)
-        except BaseException:
-            self.close()
-            raise
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.target} exited with {self.proc.returncode}; "
-                                   f"its output is in {self.log}")  # fmt: skip
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=10) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.3)
-        raise RuntimeError(f"{self.target} did not answer /health within {timeout_s:.0f} s; "
-                           f"its output is in {self.log}")  # fmt: skip
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-
-    def __enter__(self) -> ServerProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().__init__(target, lambda port: command(target, port, options), log,
+                         {"AGENTCACHE_NUM_THREADS": str(options.threads)},
+                         start_timeout_s)  # fmt: skip

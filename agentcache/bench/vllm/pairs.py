@@ -8,9 +8,7 @@ conditions on a shared machine can differ more than the configurations do).
 
 from __future__ import annotations
 
-import math
-import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 PAIRING = (
@@ -34,24 +32,3 @@ def paired_ratios(records: Iterable[dict[str, Any]], config: str, base: str) -> 
     return [
         r["ttft_ms"] / theirs[turn_key(r)] for r in rows if r["config"] == config and r["turn"] > 0
     ]
-
-
-def quantile(xs: Sequence[float], p: float) -> float:
-    """Linear interpolation between order statistics (numpy's default)."""
-    s = sorted(xs)
-    if not s:
-        raise ValueError("quantile of no values")
-    k = (len(s) - 1) * p
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-def spread(xs: Sequence[float]) -> dict[str, float]:
-    """The median of `xs` with its quartiles and range."""
-    return {
-        "median": statistics.median(xs),
-        "q25": quantile(xs, 0.25),
-        "q75": quantile(xs, 0.75),
-        "min": min(xs),
-        "max": max(xs),
-    }

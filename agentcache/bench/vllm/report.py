@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from agentcache.bench.vllm.pairs import PAIRING, TurnKey, paired_ratios, spread, turn_key
+from agentcache.bench.stats import spread
+from agentcache.bench.vllm.pairs import PAIRING, TurnKey, paired_ratios, turn_key
 
 PAIRED_BASES = ("prefix", "none")  # ttft_vs_<base>_paired_<statistic> in the summary
 

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import torch
 
+from agentcache.bench.stats import quantile
 from agentcache.bench.vllm.cli import vllm_strategies
-from agentcache.bench.vllm.pairs import PAIRING, quantile
+from agentcache.bench.vllm.pairs import PAIRING
 from agentcache.bench.vllm.report import merge_rounds, plot, report_markdown, summarize
 from agentcache.bench.vllm.run import bench_configs, round_orders
 
