@@ -128,7 +128,7 @@ class ChunkedPrefill:
         `compute_subset` counts for it (its model calls: one embed, a projection and an
         attention per layer, one logits), the step's time as its compute time (shared with
         the rows beside it). The prefill's result after the last chunk, else None."""
-        n = min(self.chunk, len(self.computed) - self.done)
+        n = self.next_size
         s = self.planned.stats
         layers = self.ctx.model.config.num_layers
         s.recomputed_tokens += n
