@@ -1,4 +1,5 @@
-"""The statistics a benchmark reports beside its medians: quantiles and a ratio's spread."""
+"""The statistics a benchmark reports beside its medians: quantiles, a ratio's spread, and the
+nearest-rank percentiles of latencies."""
 
 from __future__ import annotations
 
@@ -27,3 +28,19 @@ def spread(xs: Sequence[float]) -> dict[str, float]:
         "min": min(xs),
         "max": max(xs),
     }
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The nearest-rank `q`-quantile (0 < q <= 1): the least value at or above which lie no
+    more than a `1 - q` share of `values`; None for no values."""
+    if not 0 < q <= 1:
+        raise ValueError(f"q must be in (0, 1], got {q}")
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def tail(values: Sequence[float]) -> dict[str, float | int | None]:
+    """p50, p99 (nearest rank) and the count of `values` (None percentiles for none)."""
+    return {"p50": percentile(values, 0.5), "p99": percentile(values, 0.99), "n": len(values)}

@@ -11,9 +11,10 @@ import pytest
 from agentcache.bench.server import counters
 from agentcache.bench.server.agents import Phase, TurnRecord, load_sessions
 from agentcache.bench.server.chat_client import TurnResult, reply_key, stream_turn
-from agentcache.bench.server.pauses import PauseModel, percentile
+from agentcache.bench.server.pauses import PauseModel
 from agentcache.bench.server.replay_summary import ratios, summarize_phase
 from agentcache.bench.server.targets import TargetOptions, command
+from agentcache.bench.stats import percentile
 from tests.bench.scripts import load_script
 
 replay = load_script("server/replay")

@@ -1,4 +1,4 @@
-"""Tool pauses between an agent's turns, and the percentiles the replay reports.
+"""Tool pauses between an agent's turns.
 
 A pause is drawn from a log-normal distribution given by its median and the standard deviation
 of its logarithm (`sigma`), capped at `max_s`: with median 2 s and sigma 1.0, about 1 pause in
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -39,19 +38,3 @@ class PauseModel:
         """The pauses after each of a session's turns but the last (`turns - 1` of them)."""
         rng = random.Random(f"{seed}:{session}")
         return [self.draw(rng) for _ in range(max(0, turns - 1))]
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The nearest-rank `q`-quantile (0 < q <= 1): the least value at or above which lie no
-    more than a `1 - q` share of `values`; None for no values."""
-    if not 0 < q <= 1:
-        raise ValueError(f"q must be in (0, 1], got {q}")
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
-def spread(values: Sequence[float]) -> dict[str, float | int | None]:
-    """p50, p99 and the count of `values` (None percentiles for none)."""
-    return {"p50": percentile(values, 0.5), "p99": percentile(values, 0.99), "n": len(values)}

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentcache.bench.server.agents import Phase, TurnRecord
-from agentcache.bench.server.pauses import spread
+from agentcache.bench.stats import tail
 
 RATIO_KEYS = ("decode_tok_s", "prompt_tok_s", "ttft_first_p99_s", "ttft_resumed_p99_s",
               "jct_p50_s")  # fmt: skip
@@ -46,7 +46,7 @@ def summarize_phase(
                                                        "completion_tokens"))  # fmt: skip
     compared = [r for r in ok if (r.session, r.turn) in solo]
     differing = [r for r in compared if r.result and r.result.reply != solo[(r.session, r.turn)]]
-    jct = list(phase.jct_s.values())
+    jct = tail(list(phase.jct_s.values()))
     ttft_first, ttft_resumed = _ttft(first, False), _ttft(resumed, False)
     return {
         "wall_s": wall,
@@ -61,7 +61,7 @@ def summarize_phase(
         "ttft_first_s": ttft_first, "ttft_resumed_s": ttft_resumed,
         "ttft_first_p99_s": ttft_first["p99"], "ttft_resumed_p99_s": ttft_resumed["p99"],
         "server_ttft_first_s": _ttft(first, True), "server_ttft_resumed_s": _ttft(resumed, True),
-        "jct_s": spread(jct), "jct_p50_s": spread(jct)["p50"],
+        "jct_s": jct, "jct_p50_s": jct["p50"],
         "jct_by_session": {k: round(v, 4) for k, v in sorted(phase.jct_s.items())},
         "replies_compared": len(compared), "replies_differing": len(differing),
         "differing_turns": [[r.session, r.turn] for r in differing],
@@ -81,7 +81,7 @@ def _rate(tokens: int | None, wall_s: float) -> float | None:
 def _ttft(turns: Sequence[TurnRecord], server: bool) -> dict[str, Any]:
     key = "server_ttft_s" if server else "ttft_s"
     values = [getattr(r.result, key) for r in turns]
-    return spread([v for v in values if v is not None])
+    return tail([v for v in values if v is not None])
 
 
 def median_over_rounds(rows: Sequence[dict[str, Any]], key: str) -> float | None:
