@@ -67,7 +67,8 @@ def _config_summary(
 ) -> dict[str, Any]:
     rows = run["records"]
     warm = [r for r in rows if r["turn"] > 0]
-    vs_prefix = paired_ratios(records, config, "prefix")
+    paired = {base: paired_ratios(records, config, base) for base in PAIRED_BASES}
+    vs_prefix = paired["prefix"]
     summary = {
         "startup_s": run["startup_s"],
         "turns": len({turn_key(r)[:2] for r in rows}),  # distinct turns, whatever the rounds
@@ -90,9 +91,8 @@ def _config_summary(
         "by_workload": _by_workload(config, records),
         "n_pairs": len(vs_prefix),
     }
-    for base in PAIRED_BASES:
-        stats = spread(paired_ratios(records, config, base))
-        summary |= {f"ttft_vs_{base}_paired_{k}": v for k, v in stats.items()}
+    for base, ratios in paired.items():
+        summary |= {f"ttft_vs_{base}_paired_{k}": v for k, v in spread(ratios).items()}
     if "per_round" in run:
         summary["per_round"] = run["per_round"]
     return summary

@@ -130,7 +130,8 @@ def run_all(
             Path(tmp), sessions, strategies, advance, env, out / "configs", resume, rounds
         )
     results = summarize(merge_rounds(runs), schedule(runs))
-    results["provenance"] = run_provenance(sessions, strategies)
+    results["provenance"] = prov = run_provenance(sessions, strategies)
+    results["command"] = prov["command"]  # `agentcache bench ...`, however the CLI was started
     write_run(out, results, report_markdown)
     plot(results, out / "ttft.png")
     return results

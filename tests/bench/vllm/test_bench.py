@@ -81,7 +81,9 @@ def fake_engine_processes(
 
     started: list[tuple[str, Path]] = []
     # the provenance's git calls would go through the fake Popen below
-    monkeypatch.setattr(bench, "run_provenance", lambda *_: {"commit": "test"})
+    monkeypatch.setattr(
+        bench, "run_provenance", lambda *_: {"commit": "test", "command": "agentcache bench"}
+    )
 
     class FakeProcess:
         def __init__(self, args: list[str], **_: object) -> None:
@@ -343,3 +345,4 @@ def test_a_run_records_its_provenance_keyed_by_configuration() -> None:
     assert prov["specs"]["agentcache:pic@vllm"] == "pic"
     assert prov["split"] == "mixed" and prov["sessions"] == ["reflexion-08", "memgpt-01"]
     assert prov["commit"] and "dirty" in prov
+    assert prov["command"].startswith("agentcache ")  # whatever the interpreter's path
