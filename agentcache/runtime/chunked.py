@@ -103,7 +103,8 @@ class ChunkedPrefill:
     def next_rows(self) -> ChunkRows:
         """The next chunk as rows of a fused step; `take_fused` accounts for it once run."""
         idx = self.computed[self.done : self.done + self.chunk]
-        return ChunkRows(self.seq, torch.tensor(self.prompt.ids, dtype=torch.int64)[idx], idx)
+        ids = self.prompt.ids
+        return ChunkRows(self.seq, torch.tensor([ids[i] for i in idx.tolist()]), idx)
 
     def run_chunk(self) -> PrefillResult | None:
         """Compute the next chunk on its own; the prefill's result after the last, else None.
