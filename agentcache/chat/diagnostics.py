@@ -7,6 +7,8 @@ Each prompt segment gets one status:
   where it sits now, some of its tokens perhaps recomputed for fidelity (`refreshed_tokens`);
 - `changed`: not in the store, and the previous request of its conversation (or of its
   `prompt_cache_key` group) had another message at this index; `reason` is the store's;
+  `exact_tokens` counts its opening reused from a stored segment that begins alike, after
+  this very context (reuse/segments.py "Heads"), as for `new`;
 - `new`: not in the store (`reason`: `new`, never stored; `other-model`, stored by another
   model or tokenizer; `checksum`, a stored copy failed its check);
 - `evicted`: stored once, dropped for space (`reason` `evicted` too);
@@ -125,11 +127,11 @@ def _status(
             return "computed", "generation-prompt" if seg.id == GENERATION_PROMPT_ID else "update"
         return "computed", plan.source
     n_found = sum(n or 0 for n in found.values())
-    if n_found > 0:
+    if n_found > 0 and seg.id not in misses:
         return ("hit" if found[TokenUse.EXACT] == n_found else "moved"), None
     if stats.strategy in NO_SEGMENT_LOOKUP:
         return "not-looked-up", f"strategy {stats.strategy} reuses no segments"
-    if seg.id in misses:
+    if seg.id in misses:  # its text was not found (its opening may have been: `exact_tokens`)
         reason = misses[seg.id]
         if reason == MissReason.EVICTED:
             return "evicted", str(reason)

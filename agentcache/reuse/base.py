@@ -83,6 +83,9 @@ class ReuseStats:
     # reused: KV an earlier turn used there approximately, not full recompute's
     context_copies_found: int = 0
     context_copy_tokens: int = 0
+    # tokens reused exactly from the opening of a stored segment whose text changed since
+    # (segments.py "Heads")
+    head_tokens: int = 0
     # the cost guard's decision on the plan (reuse/guard.py); None: no plan beside `full`'s
     guard: GuardDecision | None = None
     # what the prefill spent besides computing tokens: lookup, loading, re-rotation,

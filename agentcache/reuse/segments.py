@@ -26,6 +26,18 @@ recompute's (`context_copies=False`: the planner's exact floor).
     prompt 2 : [ sys t2 ][ tools ][ long q2 ]   tools found, not exact; all computed
                -> tools' exact copy for context "sys t2"
     prompt 3 : [ sys t2 ][ tools ][ q3 ]   tools found exact: loaded, nothing recomputed
+
+Heads: a segment whose text is not in the store (a tools block with another tool list, a
+memory block with a line added at its end) may still open with the tokens of a segment stored
+after this very context, at these positions: those tokens' K/V is exact here (each token's
+K/V depends only on the tokens before it), as far as the two agree. The commit remembers,
+per scope and context, the last few segments stored there (`HeadIndex`, bounded in tokens);
+a missed segment loads the longest such opening as an exact run (`SegmentHit.head`), and
+the rest of it is computed. The miss is still recorded: its text was not found.
+
+    stored   : [ sys ][ # Tools ... fn_a fn_b ]       after context "sys"
+    prompt   : [ sys ][ # Tools ... fn_c ]            opening shared up to "fn_"
+               exact  [ head #######][computed]
 """
 
 from __future__ import annotations
@@ -62,6 +74,9 @@ class SegmentHit:
     num_tokens: int  # tokens reused: the whole segment, less the prompt's last token
     copy: bool = False  # found as the segment's exact copy for this prompt's context
     context_copy: bool = False  # found as its context copy for this prompt's context
+    # the segment's text was not found; these are the first tokens of another segment stored
+    # after this very context that opens with them (`HeadIndex`)
+    head: bool = False
 
     @property
     def start(self) -> int:
@@ -148,6 +163,9 @@ def find_hits(
         if found.kv is None:
             assert found.miss is not None
             stats.misses.append(SegmentMiss(seg.segment.id, seg.kind, len(seg.ids), found.miss))
+            if chain is not None and (head := _head(ctx, prompt, seg, chain[i], namespace)):
+                hits.append(head)
+                stats.head_tokens += head.num_tokens
             continue
         stats.copies_found += copy
         stats.context_copies_found += context_copy
@@ -157,6 +175,97 @@ def find_hits(
             stats.context_copy_tokens += n if context_copy else 0
     stats.lookup_s += time.perf_counter() - t0
     return hits
+
+
+MIN_HEAD = 16  # tokens: a shorter shared opening is not worth a run of its own (one page)
+HEAD_CANDIDATES = 4  # segments remembered per (scope, context), the newest first
+HEAD_TOKENS = 1 << 22  # tokens the index holds at most, over every context (int32: 16 MiB)
+
+
+class HeadIndex:
+    """Per store: (namespace, context id) -> the content ids and token ids of the last
+    `HEAD_CANDIDATES` segments stored after that context; the least recently stored contexts
+    leave first beyond `max_tokens`. Holds no K/V: an entry the store has dropped since is
+    skipped at lookup. Thread-safe."""
+
+    def __init__(self, max_tokens: int = HEAD_TOKENS) -> None:
+        self.max_tokens = max_tokens
+        self._by_context: dict[tuple[str, str], list[tuple[str, Tensor]]] = {}
+        self._tokens = 0
+        self._lock = threading.Lock()
+
+    def add(self, space: str, context: str, cid: str, ids: Sequence[int]) -> None:
+        if len(ids) < MIN_HEAD or len(ids) > self.max_tokens:
+            return
+        key = (space, context)
+        with self._lock:
+            entries = self._by_context.pop(key, [])  # re-inserted last: the newest
+            if any(c == cid for c, _ in entries):
+                self._by_context[key] = entries
+                return
+            entries.insert(0, (cid, torch.tensor(ids, dtype=torch.int32)))
+            self._tokens += len(ids)
+            for _, dropped in entries[HEAD_CANDIDATES:]:
+                self._tokens -= len(dropped)
+            entries = entries[:HEAD_CANDIDATES]
+            self._by_context[key] = entries
+            while self._tokens > self.max_tokens and len(self._by_context) > 1:
+                oldest = next(iter(self._by_context))  # never `key`: it was inserted last
+                self._tokens -= sum(len(t) for _, t in self._by_context.pop(oldest))
+            while self._tokens > self.max_tokens:  # this context alone: its oldest leave
+                self._tokens -= len(entries.pop()[1])
+
+    def longest(self, space: str, context: str, ids: Tensor) -> list[tuple[str, int]]:
+        """(content id, tokens shared with `ids` from the start) of every segment stored after
+        `context` in `space`, the longest first."""
+        with self._lock:
+            entries = list(self._by_context.get((space, context), ()))
+        out = []
+        for cid, stored in entries:
+            m = min(len(stored), len(ids))
+            differ = (stored[:m] != ids[:m]).nonzero()
+            out.append((cid, m if len(differ) == 0 else int(differ[0])))
+        return sorted(out, key=lambda e: -e[1])
+
+
+_HEADS: weakref.WeakKeyDictionary[object, HeadIndex] = weakref.WeakKeyDictionary()
+_HEADS_LOCK = threading.Lock()
+
+
+def head_index(store: object) -> HeadIndex:
+    """The head index of `store` (made on first use, gone with the store)."""
+    with _HEADS_LOCK:
+        index = _HEADS.get(store)
+        if index is None:
+            index = _HEADS[store] = HeadIndex()
+        return index
+
+
+def _head(
+    ctx: ReuseContext, prompt: TokenizedPrompt, seg: TokenizedSegment, context: str,
+    namespace: str,
+) -> SegmentHit | None:  # fmt: skip
+    """The longest opening of `seg` that a segment stored after this very `context`, at these
+    positions, shares with it (at least `MIN_HEAD` tokens), as an exact run; None: none."""
+    limit = reusable_tokens(prompt, seg)
+    if limit < MIN_HEAD:
+        return None
+    m = ctx.model
+    ids = torch.tensor(seg.ids, dtype=torch.int32)
+    for cid, n in head_index(ctx.store).longest(scoped(namespace, seg), context, ids):
+        n = min(n, limit)
+        if n < MIN_HEAD:
+            break
+        if not ctx.store.contains_content(m.model_id, m.tokenizer.tokenizer_id, cid):
+            continue  # dropped since: no lookup, so no miss is counted twice
+        kv = ctx.store.lookup_content(m.model_id, m.tokenizer.tokenizer_id, cid).kv
+        if kv is None or kv.context_id != context:
+            continue
+        here = torch.arange(seg.start, seg.start + n)
+        if not bool(torch.equal(kv.positions[:n], here)):
+            continue
+        return SegmentHit(seg, kv, n, head=True)
+    return None
 
 
 def reusable_tokens(prompt: TokenizedPrompt, seg: TokenizedSegment) -> int:
@@ -265,6 +374,9 @@ def commit_segments(
             cid = context_copy_id(chain[i + 1], seg.segment.scope, seg.start, namespace)
         else:
             cid = segment_content_id(seg.ids, seg.segment.scope, namespace, start)
+        # what the store holds after this context, as computed here (a context copy is not:
+        # it holds the KV an earlier turn used approximately)
+        headed = not at_start and (seg.start, seg.end) not in approximate
         if ctx.store.contains_content(m.model_id, m.tokenizer.tokenizer_id, cid):
             continue
         span = slice(seg.start, seg.end)
@@ -274,4 +386,5 @@ def commit_segments(
         kv = StoredKV(
             keys, values, positions[span].clone(), m.model_id, m.tokenizer.tokenizer_id, context
         )
-        ctx.store.put_content(cid, kv)
+        if ctx.store.put_content(cid, kv) and headed:
+            head_index(ctx.store).add(scoped(namespace, seg), context, cid, seg.ids)

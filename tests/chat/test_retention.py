@@ -59,11 +59,13 @@ def own(first: ChatResult) -> set[str]:
 
 
 def loaded(result: ChatResult, ids: set[str]) -> int:
-    """Tokens of these segments the request loaded from the store (none computed)."""
+    """Tokens of these segments the request loaded from their own store entries (none
+    computed). A missed segment's head (the opening it shares with another segment stored
+    after the same context, reuse/segments.py) comes from another entry: not counted."""
     found = [s for s in result.report.segments if s.segment_id in ids]
     assert len(found) == len(ids)
     return sum((s.exact_tokens or 0) + (s.moved_tokens or 0) + (s.refreshed_tokens or 0)
-               for s in found)  # fmt: skip
+               for s in found if s.status in ("hit", "moved"))  # fmt: skip
 
 
 def tokens(result: ChatResult, ids: set[str]) -> int:
