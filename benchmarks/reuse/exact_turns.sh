@@ -3,7 +3,9 @@
 # at prefix speed"): the default (`rpdc`) against `prefix` and `full` on long prompts (engine
 # path; once with the tools block's first copy computed in the same context, once after
 # another time stamp) and on validation sessions of the agent families whose warm turns are
-# covered (exact). Strategies alternate per request / per turn within each run.
+# covered (exact); then the same pairs on the server path (`ChatEngine.complete`, every request
+# committed, each repetition an equivalent request). Strategies alternate per request / per
+# turn within each run.
 #
 #   bash benchmarks/reuse/exact_turns.sh          # tens of minutes on 2 shared cores
 set -euo pipefail
@@ -31,6 +33,13 @@ nice -n 5 $py benchmarks/reuse/exact_turns.py --size 4000 --reps 5 --scenarios f
   --threads 1 --out "$out/paired-system-4k"
 nice -n 5 $py benchmarks/reuse/exact_turns.py --size 8000 --reps 3 --scenarios fresh --hits system \
   --threads 1 --out "$out/paired-system-8k"
+# the server path: each repetition an equivalent request on the same store state
+nice -n 5 $py benchmarks/reuse/exact_turns.py --path server --size 4000 --reps 5 \
+  --scenarios miss,fresh --threads 1 --out "$out/server-paired-4k"
+nice -n 5 $py benchmarks/reuse/exact_turns.py --path server --size 4000 --reps 5 --scenarios fresh \
+  --hits system --threads 1 --out "$out/server-paired-system-4k"
+nice -n 5 $py benchmarks/reuse/exact_turns.py --path server --size 8000 --reps 3 \
+  --scenarios miss,fresh --threads 1 --out "$out/server-paired-8k"
 for w in ${FAMILIES:-memgpt swe_agent}; do
   nice -n 5 $ac bench "benchmarks/workloads/$w.jsonl" --split validate \
     --sessions "$w-08,$w-09" --max-turns "${TURNS:-4}" --new-tokens 8 \
