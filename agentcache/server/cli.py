@@ -133,8 +133,8 @@ def add_security(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-active", type=positive_int, default=None,
                    help="requests the engine runs at once, interleaved token by token, so a "
                    f"short request is not held behind a long one (default: {MAX_ACTIVE} on the "
-                   "embedded backend; 1 on vllm, whose engine the backend drives one request "
-                   "at a time)")  # fmt: skip
+                   "embedded backend; on vllm, the requests its KV cache holds at "
+                   "--max-model-len each, at most its max_num_seqs: see docs/vllm.md)")  # fmt: skip
     p.add_argument("--batch-decode", action=argparse.BooleanOptionalAction, default=True,
                    help="embedded backend: the active requests decode as one batch per step, "
                    "a lone one as without batching (default; --no-batch-decode: each steps "
@@ -198,8 +198,12 @@ def add_limits(p: argparse.ArgumentParser) -> None:
                        help=f"request limit (default: {default})")  # fmt: skip
 
 
-def server_config(args: argparse.Namespace, model_name: str) -> ServerConfig:
-    """The serve flags (and the environment variables they default to) as a ServerConfig."""
+def server_config(
+    args: argparse.Namespace, model_name: str, engine_max_active: int | None = None
+) -> ServerConfig:
+    """The serve flags (and the environment variables they default to) as a ServerConfig.
+    `engine_max_active`: the vLLM backend's `max_active`, the default `--max-active` there
+    (None before the engine loads: the per-tenant bound is checked once it has)."""
     keys = args.api_key or [k for k in os.environ.get(API_KEY_ENV, "").split(",") if k]
     if any(not k.strip() for k in keys):
         raise ConfigError("--api-key must not be empty")
@@ -217,7 +221,9 @@ def server_config(args: argparse.Namespace, model_name: str) -> ServerConfig:
     if args.preemption_host_bytes is not None and args.preemption != "swap":
         raise ConfigError("--preemption-host-bytes applies to --preemption swap only")
     limits = ServerLimits(**{f.name: getattr(args, f.name) for f in fields(ServerLimits)})
-    max_active = args.max_active or (1 if args.backend == "vllm" else MAX_ACTIVE)
+    max_active = args.max_active or MAX_ACTIVE
+    if args.backend == "vllm" and not args.max_active:
+        max_active = engine_max_active or args.max_active_per_tenant or 1
     if args.max_active_per_tenant is not None and args.max_active_per_tenant > max_active:
         raise ConfigError(f"--max-active-per-tenant {args.max_active_per_tenant} exceeds "
                           f"--max-active {max_active}")  # fmt: skip
@@ -291,7 +297,8 @@ def serve(args: argparse.Namespace, model: str | None, cache_dir: Path) -> int:
     # it: a port in use fails at once, and no other process can take it meanwhile
     with bind_address(args.host, args.port) as sock:
         engine = serving_engine(args, model, cache_dir)
-        server = server_config(args, args.served_model_name or served_name(engine.model_id))
+        name = args.served_model_name or served_name(engine.model_id)
+        server = server_config(args, name, getattr(engine, "max_active", None))
         config = uvicorn.Config(create_app(engine, server), log_level="info")
         host, port = sock.getsockname()[:2]
         url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

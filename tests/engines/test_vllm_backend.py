@@ -1,5 +1,5 @@
 """The vLLM backend's bookkeeping that needs no vLLM: the merged transfer report, misses,
-stop strings."""
+stop strings, how many requests it takes at once."""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ from types import SimpleNamespace
 
 import pytest
 
+from agentcache.cli import build_parser
 from agentcache.engines.vllm import IN_PROCESS_ENV
 from agentcache.engines.vllm.backend import VLLMBackend, _check_in_process, _misses
+from agentcache.engines.vllm.config import VLLMConfig
 from agentcache.engines.vllm.reports import RequestStats, write_report
 from agentcache.errors import ConfigError
 from agentcache.kv.store import MissReason
 from agentcache.reuse.base import SegmentMiss
+from agentcache.server.cli import server_config
 
 
 def _backend(store: Path) -> VLLMBackend:
@@ -65,3 +68,31 @@ def test_in_process_needs_the_entry_points_setting(monkeypatch: pytest.MonkeyPat
         _check_in_process()
     monkeypatch.setenv(IN_PROCESS_ENV, "0")
     _check_in_process()
+
+
+def _sized(blocks: int | None, **config: int) -> VLLMBackend:
+    backend = object.__new__(VLLMBackend)  # no vLLM engine: its cache config stands in
+    backend.config = VLLMConfig(block_size=32, **config)
+    cache = SimpleNamespace(num_gpu_blocks=blocks)
+    backend.llm = SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=SimpleNamespace(
+        cache_config=cache)))  # fmt: skip
+    return backend
+
+
+def test_max_active_is_what_the_kv_cache_holds_at_max_model_len() -> None:
+    assert _sized(1000, max_model_len=2048).max_active == 15  # 32000 tokens / 2048
+    assert _sized(1000, max_model_len=2048, max_num_seqs=4).max_active == 4
+    assert _sized(10, max_model_len=2048).max_active == 1  # less than one: still one
+    assert _sized(None, max_num_seqs=8).max_active == 8  # blocks unknown: vLLM's bound
+
+
+def test_serve_on_vllm_defaults_max_active_to_the_backends() -> None:
+    parse = build_parser().parse_args
+    assert server_config(parse(["serve", "--backend", "vllm"]), "m", 12).max_active == 12
+    given = parse(["serve", "--backend", "vllm", "--max-active", "3"])
+    assert server_config(given, "m", 12).max_active == 3
+    tenant = parse(["serve", "--backend", "vllm", "--max-active-per-tenant", "5"])
+    assert server_config(tenant, "check").max_active == 5  # before the engine loads
+    with pytest.raises(ConfigError, match="exceeds --max-active 4"):
+        server_config(tenant, "m", 4)
+    assert server_config(parse(["serve"]), "m", 12).max_active == 16  # embedded: its own

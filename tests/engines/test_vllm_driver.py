@@ -93,7 +93,7 @@ def test_the_backend_hands_its_cancel_to_the_driver(tmp_path: Path) -> None:
     the fill decision stand in): a cancel set after the first token aborts the request."""
     engine, cancel = SteppedEngine(), threading.Event()
     backend: Any = object.__new__(VLLMBackend)
-    backend._lock = threading.Lock()
+    backend._decide_lock = threading.Lock()
     decision = FillDecision(None, "engine", False)
     backend.decider = SimpleNamespace(decide=lambda tokens, strategy: decision)
     backend.sampling_params = lambda *args, **kwargs: None

@@ -9,9 +9,10 @@ its segment spans travel in `kv_transfer_params` to the connector. Three reuse s
     none        no reuse at all (the reference for fidelity)
 
 This module is the facade: `FillDecider` (fill.py) decides who computes what reuse cannot
-supply, `StepDriver` (driver.py) runs the turn's requests through vLLM's engine step by step,
-so each new token reaches `on_token` as soon as vLLM returns it (streaming) and `ttft_s` is
-the time to the first token.
+supply, `StepDriver` (driver.py) submits the turn's requests to one step loop (loop.py) that
+runs every turn's requests in vLLM's engine at once (continuous batching), so each new token
+reaches `on_token` as soon as vLLM returns it (streaming) and `ttft_s` is the time to the
+first token.
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ class VLLMBackend:
     """An execution engine with `Engine`'s session surface (`config.strategy`, `strategy()`,
     `tokenize()`, `generate()`), so `AgentSession` runs on it unchanged, and its serving
     surface (`tokenizer`, `max_context`, `model_id`, `store_bytes()`), so `agentcache serve`
-    does. Requests are serialized by a lock (vLLM's engine is driven from one thread at a
-    time); the embedded engine interleaves them token by token instead."""
+    does. Turns may call `generate` from many threads at once: their requests batch in vLLM's
+    engine (one thread steps it, loop.py); only the fill decision is taken under a lock.
+    `close()` stops the step loop."""
 
     def __init__(self, config: VLLMConfig | None = None, cache_dir: Path | None = None) -> None:
         self.config = config or VLLMConfig()
@@ -84,7 +86,12 @@ class VLLMBackend:
             "enforce_eager": True,
             "dtype": c.dtype,
             "max_model_len": c.max_model_len,
-            "max_num_batched_tokens": c.max_model_len,  # one step per prompt: no chunking
+            # every prompt prefilled whole in one step (a staged prefill's stages rely on
+            # it, and a turn computes what it computes alone); a step holds a whole prompt
+            # beside a token of every running request (docs/vllm.md, "Batching")
+            "enable_chunked_prefill": False,
+            "max_num_seqs": c.max_num_seqs,
+            "max_num_batched_tokens": c.max_model_len + c.max_num_seqs,
             "block_size": c.block_size,
             "enable_prefix_caching": c.reuse != "none",
             "kv_cache_memory_bytes": c.kv_cache_bytes,
@@ -116,7 +123,22 @@ class VLLMBackend:
         # the store as a staged prefill plans from it: metadata only, no KV held here
         self.decider = FillDecider(c, FolderSegmentStore(Path(self.store_dir), 0), store_ids)
         self.last_transfer: dict[str, Any] = {}  # the connector's report on the latest turn
-        self._lock = threading.Lock()
+        self._decide_lock = threading.Lock()  # the fill decision's state (FillDecider)
+
+    @property
+    def max_active(self) -> int:
+        """Requests vLLM holds at once without preempting any: its KV cache's tokens over
+        `max_model_len` (every request could grow that long), at most `max_num_seqs`, at
+        least 1 (`agentcache serve --backend vllm`'s default `--max-active`)."""
+        c = self.config
+        blocks = self.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
+        if not blocks:
+            return c.max_num_seqs
+        return max(1, min(c.max_num_seqs, int(blocks) * c.block_size // c.max_model_len))
+
+    def close(self) -> None:
+        """Stop the step loop; turns still running fail, later ones raise."""
+        self.driver.close()
 
     @property
     def max_context(self) -> int:
@@ -201,34 +223,36 @@ class VLLMBackend:
         """Run one turn on vLLM. `on_token` gets each new token id as vLLM's engine step returns
         it (end-of-sequence ids excluded, as the embedded engine does); `ttft_s` is the time from
         submitting the request to its first token. A reply's KV is not stored (`reply_kv`).
-        `cancel` aborts the request before vLLM's next engine step (`StepDriver.run`); one
-        waiting for the backend's lock is never added."""
+        `cancel` aborts the request before vLLM's next engine step (`StepLoop`); a turn
+        cancelled before its request is added never reaches the engine. Turns from several
+        threads run in vLLM's engine at once."""
         if not commit:
             raise ValueError("the vLLM backend always stores a turn's segments (commit=False)")
         params = params or GenerationParams()
         tokens = prompt if isinstance(prompt, TokenizedPrompt) else self.tokenize(prompt)
-        with self._lock:
+        with self._decide_lock:
             decision = self.decider.decide(tokens, strategy)
-            plan, fill, chosen = decision.plan, decision.fill, decision.chosen
-            if fill == "engine":
-                floor = 0.0 if chosen else None  # chosen on measurements: no share threshold
-                sp = self.sampling_params(tokens, params, strategy, min_reused=floor)
-                out, ttft, wall = self.driver.run(tokens.ids, sp, on_token, cancel=cancel)
-                info = self.transfer_report(sp, out)
-                # vLLM computed what it had not cached (its prefix cache + the connector's
-                # span); the connector's engine computed `computed_tokens` more (the last
-                # token counted twice)
-                computed = tokens.num_tokens - int(out.num_cached_tokens or 0)
-                computed = min(tokens.num_tokens, computed + int(info.get("computed_tokens", 0)))
-            else:
-                assert plan is not None
-                last = self.sampling_params(tokens, params, strategy, plan.stages[-1])
-                out, ttft, wall, info = self.driver.run_staged(tokens, plan, last, on_token, cancel)
-                self.last_transfer = info
-                computed = int(info["vllm_computed_tokens"])
-            if chosen:
+        plan, fill, chosen = decision.plan, decision.fill, decision.chosen
+        if fill == "engine":
+            floor = 0.0 if chosen else None  # chosen on measurements: no share threshold
+            sp = self.sampling_params(tokens, params, strategy, min_reused=floor)
+            out, ttft, wall = self.driver.run(tokens.ids, sp, on_token, cancel=cancel)
+            info = self.transfer_report(sp, out)
+            # vLLM computed what it had not cached (its prefix cache + the connector's
+            # span); the connector's engine computed `computed_tokens` more (the last
+            # token counted twice)
+            computed = tokens.num_tokens - int(out.num_cached_tokens or 0)
+            computed = min(tokens.num_tokens, computed + int(info.get("computed_tokens", 0)))
+        else:
+            assert plan is not None
+            last = self.sampling_params(tokens, params, strategy, plan.stages[-1])
+            out, ttft, wall, info = self.driver.run_staged(tokens, plan, last, on_token, cancel)
+            self.last_transfer = info
+            computed = int(info["vllm_computed_tokens"])
+        if chosen:
+            with self._decide_lock:
                 self.chooser(strategy).observe(fill, ttft * 1e3, computed)
-            info["fill"] = fill
+        info["fill"] = fill
         comp = out.outputs[0]
         ids = self.driver.token_ids(comp.token_ids)[: params.max_new_tokens]
         finish = "stop" if comp.finish_reason == "stop" else "length"

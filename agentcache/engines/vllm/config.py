@@ -81,6 +81,7 @@ class VLLMConfig:
     store_bytes: int = 2 * GiB
     kv_cache_bytes: int = 1 * GiB  # vLLM's own paged KV memory
     max_model_len: int = 8192
+    max_num_seqs: int = 256  # requests vLLM runs at once (its CPU default for `LLM`)
     block_size: int = 32  # a multiple of 32 on CPU
     dtype: str = "float32"
     logprobs: int = 20  # top log-probabilities kept for `first_token_logits`
@@ -98,6 +99,8 @@ class VLLMConfig:
             raise ValueError(f"reuse must be one of {REUSE_MODES}, got {self.reuse!r}")
         if self.fill not in FILL_MODES:
             raise ValueError(f"fill must be one of {FILL_MODES}, got {self.fill!r}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.min_stage_tokens < 1:
             raise ValueError(f"min_stage_tokens must be >= 1, got {self.min_stage_tokens}")
         spec = StrategySpec.parse(self.strategy)

@@ -1,8 +1,9 @@
-"""`StepDriver`: a turn's requests through vLLM's engine, step by step
-(`LLMEngine.add_request` / `step`, what `LLM.generate` does inside), so each new token reaches
-`on_token` as soon as vLLM returns it and the time to the first token is measured where it
-happens; a staged prefill's chain of requests (stages.py); and `transfer_report`, what the
-connector did for a finished request."""
+"""`StepDriver`: a turn's requests through vLLM's engine, each submitted to the step loop
+(loop.py: one thread steps the engine for every turn at once, as `LLM.generate` does inside),
+so each new token reaches `on_token` as soon as vLLM returns it and the time to the first token
+is measured where it happens; a staged prefill's chain of requests (stages.py), one after
+another for the turn while other turns' requests batch beside them; and `transfer_report`,
+what the connector did for a finished request."""
 
 from __future__ import annotations
 
@@ -14,23 +15,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from agentcache.engines.vllm.loop import StepLoop
 from agentcache.engines.vllm.reports import merge_counts, read_report
 from agentcache.engines.vllm.request import RequestSpec
 from agentcache.engines.vllm.stages import Stage, StagePlan
 from agentcache.prompt.tokenize import TokenizedPrompt
-from agentcache.runtime.engine import TurnCancelled
 
 
 class StepDriver:
-    """Drives `engine` (vLLM's `LLMEngine`); `eos_ids` are never passed to `on_token`. The
-    connector's reports are read from `store_dir`; a stage's scopes are signed with
-    `scope_key`."""
+    """Runs turns' requests on `engine` (vLLM's `LLMEngine`) through one `StepLoop`;
+    `eos_ids` are never passed to `on_token`. The connector's reports are read from
+    `store_dir`; a stage's scopes are signed with `scope_key`. Safe to call from many
+    threads at once."""
 
     def __init__(
         self, engine: Any, eos_ids: frozenset[int], store_dir: Path, scope_key: str
     ) -> None:
-        self.engine = engine
-        self.eos_ids = eos_ids
+        self.loop = StepLoop(engine, eos_ids)
         self.store_dir = store_dir
         self.scope_key = scope_key
 
@@ -42,44 +43,19 @@ class StepDriver:
         t0: float | None = None,
         cancel: threading.Event | None = None,
     ) -> tuple[Any, float, float]:
-        """Drive vLLM's engine until the request finishes; returns (final output, seconds to
-        the first token, seconds in all), both from `t0` (default: now). A raising `on_token`
-        (the client went away) aborts the request, so the engine is left clean for the next;
-        so does `cancel`, looked at before the request is added and before each engine step
-        (`TurnCancelled`)."""
-        engine = self.engine
-        rid = f"agentcache-{uuid.uuid4().hex}"
-        t0 = time.perf_counter() if t0 is None else t0
-        ttft: float | None = None
-        sent = 0
-        _check(cancel)
-        engine.add_request(rid, {"prompt_token_ids": list(ids)}, sp)
-        try:
-            while True:
-                _check(cancel)
-                for out in engine.step():
-                    if out.request_id != rid:
-                        continue
-                    got = out.outputs[0].token_ids  # cumulative
-                    if ttft is None and len(got) > 0:
-                        ttft = time.perf_counter() - t0
-                    if on_token is not None:
-                        for token in self.token_ids(got[sent:]):
-                            on_token(token)
-                    sent = len(got)
-                    if out.finished:
-                        wall = time.perf_counter() - t0
-                        return out, ttft if ttft is not None else wall, wall
-                if not engine.has_unfinished_requests():
-                    raise RuntimeError(f"vLLM dropped request {rid} without finishing it")
-        except BaseException:
-            if engine.has_unfinished_requests():
-                engine.abort_request([rid])
-            raise
+        """Run one request until it finishes, batched with the other turns' (`StepLoop.run`);
+        returns (final output, seconds to the first token, seconds in all), both from `t0`
+        (default: now). A raising `on_token` (the client went away) or a set `cancel`
+        aborts the request before the engine's next step (`TurnCancelled` for `cancel`)."""
+        done = self.loop.run(ids, sp, on_token, t0, cancel)
+        return done.output, done.ttft_s, done.wall_s
 
     def token_ids(self, token_ids: Any) -> tuple[int, ...]:
         """vLLM's output ids without end-of-sequence ids, as the embedded engine returns them."""
-        return tuple(int(t) for t in token_ids if int(t) not in self.eos_ids)
+        return self.loop.token_ids(token_ids)
+
+    def close(self) -> None:
+        self.loop.close()
 
     def run_staged(
         self,
@@ -121,11 +97,6 @@ class StepDriver:
         params = spec.with_report(uuid.uuid4().hex).to_params(self.scope_key)
         return SamplingParams(temperature=0.0, max_tokens=1,
                               extra_args={"kv_transfer_params": params})  # fmt: skip
-
-
-def _check(cancel: threading.Event | None) -> None:
-    if cancel is not None and cancel.is_set():
-        raise TurnCancelled("cancelled before vLLM's next engine step")
 
 
 def transfer_report(store_dir: Path, sampling_params: Any, out: Any) -> dict[str, Any]:
