@@ -10,8 +10,10 @@
 On the tiny random model (`model == "tiny"`), the two embedded targets run
 `benchmarks/server/tiny_serve.py` instead, which serves the same app on that model; the vLLM
 targets need a model folder. Plain vLLM gets the engine settings `VLLMBackend` gives it
-(float32, block size 32, eager, max model length 8192, 1 GiB of KV, one step per prompt), so
-the two vLLM targets differ by agentcache's server and connector alone.
+(float32, block size 32, eager, max model length 8192, 1 GiB of KV, up to 256 requests at once,
+chunked prefill off with a step's budget of one whole prompt and a token for each running
+request, docs/vllm.md "Batching"), so the two vLLM targets differ by agentcache's server and
+connector alone.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ AGENTCACHE_ARGS = {"embedded": (), "embedded-prefix": ("--strategy", "prefix"),
                    "vllm-backend": ("--backend", "vllm")}  # fmt: skip
 VLLM_ENGINE_ARGS = (
     "--dtype", "float32", "--block-size", "32", "--enforce-eager", "--max-model-len", "8192",
-    "--max-num-batched-tokens", "8192", "--kv-cache-memory-bytes", str(1 << 30),
+    "--max-num-seqs", "256", "--max-num-batched-tokens", str(8192 + 256),
+    "--no-enable-chunked-prefill", "--kv-cache-memory-bytes", str(1 << 30),
     "--gpu-memory-utilization", "0.1", "--enable-prefix-caching", "--enable-prompt-tokens-details",
 )  # fmt: skip
 DEFAULT_VLLM_EXTRA = "--enable-auto-tool-choice --tool-call-parser hermes"
