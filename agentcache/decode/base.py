@@ -51,8 +51,9 @@ class StepRow(ABC):
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """q (1, H, Dh), k/v (1, Hkv, Dh) -> (1, H*Dh)."""
 
+    @abstractmethod
     def end(self) -> None:
-        """After the last layer (nothing by default)."""
+        """After the last layer."""
 
 
 class Decoder(ABC):

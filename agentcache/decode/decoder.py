@@ -147,7 +147,9 @@ class SparseDecoder(Decoder):
         self._promoted += self._slide()
         return SparseRow(self, token, position, self.kv.append_token())
 
-    def attend_layer(self, layer: int, t: int, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, int]:
+    def attend_layer(
+        self, layer: int, t: int, q: Tensor, k: Tensor, v: Tensor
+    ) -> tuple[Tensor, int]:
         """One layer of a step for token index `t`: write its k/v (1, Hkv, Dh), fold them into
         the metadata, rerank the heads due with q (1, H, Dh), attend the selected pages.
         Returns the attention output (1, H*Dh) and the head-pages the rerank promoted."""

@@ -130,6 +130,9 @@ class DenseRow(StepRow):
         pool = self.seq.pool
         return attend(q, pool.keys[layer], pool.values[layer], self.reads[layer], self.scale)
 
+    def end(self) -> None:
+        """Nothing: the sequence's slot was taken before the step."""
+
 
 def dense_rows(
     forward: LlamaForward, seqs: Sequence[SequenceKV], slots: Tensor, tokens: Sequence[int],

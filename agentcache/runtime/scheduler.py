@@ -3,10 +3,13 @@
     thread A  generate: [admit] [prefill+commit] first token, join -> tokens ... leave
     thread B  generate:      [admit]   wait   [prefill+commit] join -> tokens ... leave
     step k    choose a token for each turn (its own sampling, stops, max_new_tokens)
-              -> finished turns leave -> feed the others: dense ones as one batch
-              (`batch_step.batched_dense_step`), any other decoder on its own; a dense
-              turn alone in its step takes the one-sequence step (`batch_step.one_step`,
-              the engine's step without batching), so a lone request decodes at its speed
+              -> finished turns leave -> feed the others as one batch
+              (`batch_step.batched_step`): dense turns, and turns whose decoder begins a
+              step row (`Decoder.begin_step`: the sparse ones); a decoder without one
+              (verified decoding) on its own (`solo_feeds`); a turn alone in its step
+              takes the one-sequence step (dense: `batch_step.one_step`, the engine's step
+              without batching; sparse: its decoder's own), so a lone request decodes at
+              its speed
     step k+1  turns that joined since step k take part; turns cancelled since leave
 
 There is no scheduler thread: a turn's thread that finds no token ready runs the next step
@@ -25,12 +28,13 @@ least one chunk), after choosing the decoding turns' tokens:
 
 Fused: each waiting prefill's first chunk of the step, when its plan fuses
 (`ChunkedPrefill.fusable`: its computed tokens are the prompt's last ones), runs inside the
-dense turns' batch (`batch_step.fused_step`: one pass through the projections and MLPs,
+turns' batch (`batch_step.batched_step`: one pass through the projections and MLPs,
 attention per sequence); its further chunks in the step, the chunks of other plans, and every
-chunk of a step with no dense turn to feed run on their own after it (`separate_chunks`). A
-fusable plan's chunk gets the same bits either way (`ChunkedPrefill.run_chunk`), so what a
-step fuses changes no turn's bits. A dense turn alone in its step with a chunk to fuse is fed
-in the padded batch, not by the one-sequence step. A fault of the fused forward is the step's.
+chunk of a step with no turn to feed in a batch run on their own after it
+(`separate_chunks`). A fusable plan's chunk gets the same bits either way
+(`ChunkedPrefill.run_chunk`), so what a step fuses changes no turn's bits. A turn alone in
+its step with a chunk to fuse is fed in the padded batch, not by the one-sequence step. A
+fault of the fused forward is the step's.
 
 A prefill's thread waits for its result as a turn's waits for tokens (running steps itself
 when none is running); set, its `cancel` stops it before its next chunk (`TurnCancelled`).
@@ -38,16 +42,19 @@ when none is running); set, its `cancel` stops it before its next chunk (`TurnCa
 Alone and batched, a row's logits agree to fp32 rounding (a one-row matmul sums in another
 order than the padded batch's, `batch_step`), not bit for bit: a turn that decodes partly
 alone and partly in a batch gets the greedy ids it gets alone unless two logits tie to that
-rounding (`tests/runtime/test_scheduler.py`, `benchmarks/batch_decode.py` compare them).
+rounding (`tests/runtime/test_scheduler.py`, `benchmarks/batch_decode.py` compare them); a
+sparse turn likewise, and its page selection unless two pages' score bounds (from its q) tie
+to that rounding (`tests/runtime/test_scheduler_sparse.py`).
 
 Preemption (`EngineConfig.preemption`; `kv/preemption.py`): when the pool cannot give the
-step's dense turns their next slots, the newest running turn is preempted (its KV swapped to
-host memory, or dropped) until the rest fit; it waits, its token chosen and not yet fed, and
-is resumed at the start of a later step, oldest first, once its pages are free beside what the
-running turns need. A dropped turn is recomputed: its prompt by its own prefill (`refill`),
-its generated tokens replayed one by one through the step each was first fed by (alone or in
-a padded batch), so its KV is what it computed before. Turns wait at admission while any is
-preempted (`PageGate.hold`), so a preempted turn is not starved by new ones.
+step's dense turns their next slots, the newest running dense turn is preempted (its KV
+swapped to host memory, or dropped) until the rest fit (a sparse turn's KV is its decoder's,
+not the pool's); it waits, its token chosen and not yet fed, and is resumed at the start of a
+later step, oldest first, once its pages are free beside what the running turns need. A
+dropped turn is recomputed: its prompt by its own prefill (`refill`), its generated tokens
+replayed one by one through the step each was first fed by (alone or in a padded batch), so
+its KV is what it computed before. Turns wait at admission while any is preempted
+(`PageGate.hold`), so a preempted turn is not starved by new ones.
 
 A step never calls back into the caller: chosen tokens go to each turn's `out`, and the
 turn's own thread hands them to its `on_token` (which may raise: the turn then leaves).
