@@ -9,15 +9,51 @@ The loop samples a token from the prefill's logits, then, token by token:
 
 Implementations: `dense.DenseDecoder` (the engine's page pool), `decoder.SparseDecoder`
 (per-head top-K pages), `verified.VerifiedDecoder` (sparse drafts, dense verification).
+
+A decoder whose step is the model's layers with its own attention may also be fed inside a
+batched step (`runtime/batch_step.py`): `begin_step` does what its step does before the layers
+and returns a `StepRow`, the row's attention per layer; the caller runs the embedding,
+projections, MLPs and logits, for this row alone (`row_step`) or beside other rows:
+
+    row = decoder.begin_step(forward, token, position)     # before the layers
+    for each layer l:  q, k, v = project(l, rows)  ->  attn[row] = row.attend(l, q, k, v)
+                       hidden = finish(l, hidden, attn)
+    row.end()                                              # after the layers
+    logits[row]                                            # what `feed` returns
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import torch
 from torch import Tensor
 
 from agentcache.decode.stats import DecodeStats
+from agentcache.model.llama import LlamaForward
+
+
+class StepRow(ABC):
+    """One sequence's part of a decode step whose embedding, projections, norms, MLPs and
+    logits the caller runs: `token` at `position`, the decoder's work before the layers done.
+
+    Contract: the caller calls `attend` once per layer, in layer order, with the row's own
+    q (1, H, Dh), k and v (1, Hkv, Dh) of that layer; it writes k/v to the sequence's KV, does
+    the decoder's per-layer work (selection, bookkeeping) and returns the attention output
+    (1, H*Dh), a tensor owned by the caller, that depends on nothing but q, k, v and the
+    sequence's state. Then `end` once, after the last layer. The logits after the last layer
+    are what the decoder's `feed` returns."""
+
+    def __init__(self, token: int, position: int) -> None:
+        self.token, self.position = token, position
+
+    @abstractmethod
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """q (1, H, Dh), k/v (1, Hkv, Dh) -> (1, H*Dh)."""
+
+    @abstractmethod
+    def end(self) -> None:
+        """After the last layer."""
 
 
 class Decoder(ABC):
@@ -28,11 +64,31 @@ class Decoder(ABC):
     the caller), the next token when the decoder chose it, or None when it holds no more tokens
     (nothing appended then). `room` (>= 0) is how many tokens the turn may still take after
     `token`; a decoder may prepare up to that many ahead. `stats` reads the figures so far, None
-    for a decoder that keeps none."""
+    for a decoder that keeps none.
+
+    `begin_step` is optional: None (the default, nothing done) when the decoder is fed only by
+    `feed`, or when `forward` is not the one it steps with; else it begins feeding `token` at
+    `position` (as `feed` would, `room` unused) and returns the rest as a `StepRow`, which the
+    caller must run to its `end`. It raises what `feed` raises before the layers."""
 
     @abstractmethod
     def feed(self, token: int, position: int, room: int) -> Tensor | int | None:
         """Append `token` at `position`; what comes after it (see the class contract)."""
 
+    def begin_step(self, forward: LlamaForward, token: int, position: int) -> StepRow | None:
+        return None
+
     def stats(self) -> DecodeStats | None:
         return None
+
+
+def row_step(forward: LlamaForward, row: StepRow) -> Tensor:
+    """`row` run alone, one row through `forward`: its logits (V,). A decoder's own step."""
+    f = forward
+    pos = torch.tensor([row.position])
+    hidden = f.embed(torch.tensor([row.token]))
+    for layer in range(f.config.num_layers):
+        q, k, v = f.project(layer, hidden, pos)
+        hidden = f.finish(layer, hidden, row.attend(layer, q, k, v))
+    row.end()
+    return f.logits(hidden)[0]

@@ -26,7 +26,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from agentcache.decode.base import Decoder
+from agentcache.decode.base import Decoder, StepRow, row_step
 from agentcache.decode.config import DecodeConfig
 from agentcache.decode.kernels import last_tokens_attention, page_attention, top_p_pages
 from agentcache.decode.minmax import MinMaxMeta
@@ -135,29 +135,39 @@ class SparseDecoder(Decoder):
         return self.step(token, position)
 
     def step(self, token: int, position: int) -> Tensor:
-        """Append `token` at `position`; returns the logits after it (V,)."""
-        f = self.f
+        """Append `token` at `position`; returns the logits after it (V,): `begin_step`'s row
+        run alone (`row_step`), the reference of this decoder's rows in a batched step."""
+        return row_step(self.f, self._begin(token, position))
+
+    def begin_step(self, forward: LlamaForward, token: int, position: int) -> StepRow | None:
+        return self._begin(token, position) if forward is self.f else None
+
+    def _begin(self, token: int, position: int) -> SparseRow:
+        """Before the layers: the streaming window slides, the token's slot is taken."""
         self._promoted += self._slide()
-        t = self.kv.append_token()
-        pos = torch.tensor([position])
-        hidden = f.embed(torch.tensor([token]))
-        promoted = 0
-        for layer in range(f.config.num_layers):
-            q, k, v = f.project(layer, hidden, pos)
-            self.kv.write(layer, t, k[0], v[0])
-            self.meta.append(layer, k[0], t)
-            qg = q[0].view(-1, self.group, q.shape[-1])  # (Hkv, G, Dh)
-            promoted += self._rerank(layer, qg)
-            self.kv.sync(layer)
-            attn = self._attend(layer, qg)
-            hidden = f.finish(layer, hidden, attn)
+        return SparseRow(self, token, position, self.kv.append_token())
+
+    def attend_layer(
+        self, layer: int, t: int, q: Tensor, k: Tensor, v: Tensor
+    ) -> tuple[Tensor, int]:
+        """One layer of a step for token index `t`: write its k/v (1, Hkv, Dh), fold them into
+        the metadata, rerank the heads due with q (1, H, Dh), attend the selected pages.
+        Returns the attention output (1, H*Dh) and the head-pages the rerank promoted."""
+        self.kv.write(layer, t, k[0], v[0])
+        self.meta.append(layer, k[0], t)
+        qg = q[0].reshape(-1, self.group, q.shape[-1])  # (Hkv, G, Dh)
+        promoted = self._rerank(layer, qg)
+        self.kv.sync(layer)
+        return self._attend(layer, qg), promoted
+
+    def end_step(self, promoted: int) -> None:
+        """After the layers: count the step and the head-pages its reranks `promoted`."""
         if self.steps == 0:
             self._initial_promoted += promoted
         elif self._offloaded_due():
             self._promoted += promoted
             self._rerank_steps += 1
         self.steps += 1
-        return f.logits(hidden)[0]
 
     def advance(
         self, token: int, position: int, draft: int, stop_ids: frozenset[int] = frozenset()
@@ -313,3 +323,20 @@ class SparseDecoder(Decoder):
         self._reranks += len(due)
         self._rerank_s += time.perf_counter() - t0
         return promoted
+
+
+class SparseRow(StepRow):
+    """A `SparseDecoder`'s step for token index `t`, begun: each layer's attention over the
+    pages its heads select (`SparseDecoder.attend_layer`), the step counted at `end`."""
+
+    def __init__(self, decoder: SparseDecoder, token: int, position: int, t: int) -> None:
+        super().__init__(token, position)
+        self.decoder, self.t, self.promoted = decoder, t, 0
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        attn, promoted = self.decoder.attend_layer(layer, self.t, q, k, v)
+        self.promoted += promoted
+        return attn
+
+    def end(self) -> None:
+        self.decoder.end_step(self.promoted)

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from agentcache.decode.base import StepRow
 from agentcache.decode.dense import ReadPlan, dense_step, paged_attention
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.attention import attention
@@ -112,6 +113,40 @@ def one_step(forward: LlamaForward, seq: SequenceKV, token: int, position: int) 
     return dense_step(forward, seq, token, position, TOKEN_ORDER)
 
 
+class DenseRow(StepRow):
+    """A dense sequence's row in a batched step: `seq` already extended by `slot` (1,) for
+    `token`; each layer writes k/v there and attends `seq`'s reads (`layer_reads`, taken when
+    the row is made: after the slot, before any K/V of the step is written)."""
+
+    def __init__(
+        self, forward: LlamaForward, seq: SequenceKV, slot: Tensor, token: int, position: int
+    ) -> None:
+        super().__init__(token, position)
+        self.seq, self.slot, self.scale = seq, slot, forward.scale
+        self.reads = layer_reads(forward, seq)
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        self.seq.write(layer, self.slot, k, v)
+        pool = self.seq.pool
+        return attend(q, pool.keys[layer], pool.values[layer], self.reads[layer], self.scale)
+
+    def end(self) -> None:
+        """Nothing: the sequence's slot was taken before the step."""
+
+
+def dense_rows(
+    forward: LlamaForward, seqs: Sequence[SequenceKV], slots: Tensor, tokens: Sequence[int],
+    positions: Sequence[int],
+) -> list[StepRow]:  # fmt: skip
+    """One `DenseRow` per sequence: slots[b] (taken), tokens[b], positions[b] of seqs[b]."""
+    b = len(seqs)
+    if not slots.shape[0] == len(tokens) == len(positions) == b:
+        raise ValueError(f"one slot, token and position per sequence, got {b}, "
+                         f"{slots.shape[0]}, {len(tokens)}, {len(positions)}")  # fmt: skip
+    return [DenseRow(forward, s, slots[i : i + 1], tokens[i], positions[i])
+            for i, s in enumerate(seqs)]  # fmt: skip
+
+
 def batched_dense_step(
     forward: LlamaForward, seqs: Sequence[SequenceKV], slots: Tensor, tokens: Sequence[int],
     positions: Sequence[int],
@@ -140,64 +175,67 @@ def fused_step(
     forward: LlamaForward, seqs: Sequence[SequenceKV], slots: Tensor, tokens: Sequence[int],
     positions: Sequence[int], chunks: Sequence[ChunkRows],
 ) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
-    """`batched_dense_step` of the decode rows (B may be 0) with prefill chunks' rows beside
-    them in the same projections and MLPs: the decode logits (B, V) and each chunk's logits
-    after its last token (V,). Each chunk is of its own sequence, not one of `seqs`.
+    """`batched_step` of dense decode rows (`dense_rows`, B may be 0) and prefill chunks."""
+    return batched_step(forward, dense_rows(forward, seqs, slots, tokens, positions), chunks)
+
+
+def batched_step(
+    forward: LlamaForward, rows: Sequence[StepRow], chunks: Sequence[ChunkRows] = ()
+) -> tuple[Tensor, list[Tensor]]:
+    """One decode step of `rows` (B may be 0; dense rows `DenseRow`, a sparse decoder's its
+    `begin_step` row) with prefill chunks' rows beside them in the same projections and MLPs:
+    the decode logits (B, V) and each chunk's logits after its last token (V,). Each chunk is
+    of its own sequence, not one of the rows'. Every row is run to its `end`.
 
         rows   [decode 0..B-1][pad][chunk 0][pad][chunk 1][pad]    each part a multiple of 4
 
     Each part starts at a multiple of `ROW_BLOCK` and is padded to one, so the decode rows get
     the bits they get without the chunks, and a chunk's rows do not depend on what sits beside
-    them (the row invariance `batched_dense_step` rests on). Attention stays per sequence: a
-    decode row over its sequence's reads (`layer_reads`), a chunk's rows over its sequence's
-    K/V in token order under the causal mask (`model.attention.attention` with the rows'
-    indices, the forward's own attention: the same bits as the chunk run on its own, given
-    the same q, k, v)."""
-    f, b = forward, len(seqs)
-    if not slots.shape[0] == len(tokens) == len(positions) == b:
-        raise ValueError(f"one slot, token and position per sequence, got {b}, "
-                         f"{slots.shape[0]}, {len(tokens)}, {len(positions)}")  # fmt: skip
+    them (the row invariance the batched step rests on). Attention stays per sequence: a
+    decode row's is its own (`StepRow.attend`: a dense row over its sequence's reads, a sparse
+    row over the pages its decoder selects), a chunk's rows over its sequence's K/V in token
+    order under the causal mask (`model.attention.attention` with the rows' indices, the
+    forward's own attention: the same bits as the chunk run on its own, given the same q, k,
+    v)."""
+    f, b = forward, len(rows)
     if not b and not chunks:
         raise ValueError("a fused step needs a decode row or a chunk")
-    starts, rows = [], padded_rows(b) if b else 0
-    ids, pos = [*tokens, *[0] * (rows - b)], [*positions, *[0] * (rows - b)]
+    starts, width = [], padded_rows(b) if b else 0
+    ids = [*(r.token for r in rows), *[0] * (width - b)]
+    pos = [*(r.position for r in rows), *[0] * (width - b)]
     for c in chunks:
         n = len(c.ids)
         if not n or len(c.index) != n:
             raise ValueError(f"a chunk needs one index per token, got {n} and {len(c.index)}")
-        starts.append(rows)
+        starts.append(width)
         pad = padded_rows(n) - n
         ids += [*c.ids.tolist(), *[0] * pad]
         pos += [*c.index.tolist(), *[0] * pad]
-        rows += n + pad
+        width += n + pad
     hidden = f.embed(torch.tensor(ids))
-    real = torch.zeros(rows, dtype=torch.bool)
+    real = torch.zeros(width, dtype=torch.bool)
     real[:b] = True
     for c, s in zip(chunks, starts, strict=True):
         real[s : s + len(c.ids)] = True
     hidden[~real] = 0.0  # padding rows: zero in, attention zero, logits dropped
     position = torch.tensor(pos)
-    pool = seqs[0].pool if seqs else chunks[0].seq.pool
-    reads = [layer_reads(f, s) for s in seqs]  # [seq][layer]
     chunk_slots = [c.seq.slots()[c.index] for c in chunks]
     contexts = [context_reader(c.seq) for c in chunks]
-    attn = torch.zeros(rows, f.config.num_heads * f.config.head_dim, dtype=hidden.dtype)
+    attn = torch.zeros(width, f.config.num_heads * f.config.head_dim, dtype=hidden.dtype)
     for layer in range(f.config.num_layers):
         q, k, v = f.project(layer, hidden, position)
-        keys, values = pool.keys[layer], pool.values[layer]
-        if b:
-            keys.index_copy_(0, slots, k[:b])
-            values.index_copy_(0, slots, v[:b])
         for c, s, cs in zip(chunks, starts, chunk_slots, strict=True):
             c.seq.write(layer, cs, k[s : s + len(c.ids)], v[s : s + len(c.ids)])
-        for i in range(b):
-            attn[i] = attend(q[i : i + 1], keys, values, reads[i][layer], f.scale)[0]
+        for i, r in enumerate(rows):
+            attn[i] = r.attend(layer, q[i : i + 1], k[i : i + 1], v[i : i + 1])[0]
         window = f.spec.layers[layer].window
         for c, s, context in zip(chunks, starts, contexts, strict=True):
             kc, vc = context(layer)
             e = s + len(c.ids)
             attn[s:e] = attention(q[s:e], kc, vc, c.index, f.scale, window)
         hidden = f.finish(layer, hidden, attn)
+    for r in rows:
+        r.end()
     vocab = f.weights.lm_head.shape[0]
     decode = f.logits(hidden[: padded_rows(b)])[:b] if b else hidden.new_zeros(0, vocab)
     last = [f.logits(hidden[s + len(c.ids) - 1 : s + len(c.ids)])[0] for c, s in

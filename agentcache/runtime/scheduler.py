@@ -3,10 +3,13 @@
     thread A  generate: [admit] [prefill+commit] first token, join -> tokens ... leave
     thread B  generate:      [admit]   wait   [prefill+commit] join -> tokens ... leave
     step k    choose a token for each turn (its own sampling, stops, max_new_tokens)
-              -> finished turns leave -> feed the others: dense ones as one batch
-              (`batch_step.batched_dense_step`), any other decoder on its own; a dense
-              turn alone in its step takes the one-sequence step (`batch_step.one_step`,
-              the engine's step without batching), so a lone request decodes at its speed
+              -> finished turns leave -> feed the others as one batch
+              (`batch_step.batched_step`): dense turns, and turns whose decoder begins a
+              step row (`Decoder.begin_step`: the sparse ones); a decoder without one
+              (verified decoding) on its own (`solo_feeds`); a turn alone in its step
+              takes the one-sequence step (dense: `batch_step.one_step`, the engine's step
+              without batching; sparse: its decoder's own), so a lone request decodes at
+              its speed
     step k+1  turns that joined since step k take part; turns cancelled since leave
 
 There is no scheduler thread: a turn's thread that finds no token ready runs the next step
@@ -25,12 +28,13 @@ least one chunk), after choosing the decoding turns' tokens:
 
 Fused: each waiting prefill's first chunk of the step, when its plan fuses
 (`ChunkedPrefill.fusable`: its computed tokens are the prompt's last ones), runs inside the
-dense turns' batch (`batch_step.fused_step`: one pass through the projections and MLPs,
+turns' batch (`batch_step.batched_step`: one pass through the projections and MLPs,
 attention per sequence); its further chunks in the step, the chunks of other plans, and every
-chunk of a step with no dense turn to feed run on their own after it (`separate_chunks`). A
-fusable plan's chunk gets the same bits either way (`ChunkedPrefill.run_chunk`), so what a
-step fuses changes no turn's bits. A dense turn alone in its step with a chunk to fuse is fed
-in the padded batch, not by the one-sequence step. A fault of the fused forward is the step's.
+chunk of a step with no turn to feed in a batch run on their own after it
+(`separate_chunks`). A fusable plan's chunk gets the same bits either way
+(`ChunkedPrefill.run_chunk`), so what a step fuses changes no turn's bits. A turn alone in
+its step with a chunk to fuse is fed in the padded batch, not by the one-sequence step. A
+fault of the fused forward is the step's.
 
 A prefill's thread waits for its result as a turn's waits for tokens (running steps itself
 when none is running); set, its `cancel` stops it before its next chunk (`TurnCancelled`).
@@ -38,16 +42,19 @@ when none is running); set, its `cancel` stops it before its next chunk (`TurnCa
 Alone and batched, a row's logits agree to fp32 rounding (a one-row matmul sums in another
 order than the padded batch's, `batch_step`), not bit for bit: a turn that decodes partly
 alone and partly in a batch gets the greedy ids it gets alone unless two logits tie to that
-rounding (`tests/runtime/test_scheduler.py`, `benchmarks/batch_decode.py` compare them).
+rounding (`tests/runtime/test_scheduler.py`, `benchmarks/batch_decode.py` compare them); a
+sparse turn likewise, and its page selection unless two pages' score bounds (from its q) tie
+to that rounding (`tests/runtime/test_scheduler_sparse.py`).
 
 Preemption (`EngineConfig.preemption`; `kv/preemption.py`): when the pool cannot give the
-step's dense turns their next slots, the newest running turn is preempted (its KV swapped to
-host memory, or dropped) until the rest fit; it waits, its token chosen and not yet fed, and
-is resumed at the start of a later step, oldest first, once its pages are free beside what the
-running turns need. A dropped turn is recomputed: its prompt by its own prefill (`refill`),
-its generated tokens replayed one by one through the step each was first fed by (alone or in
-a padded batch), so its KV is what it computed before. Turns wait at admission while any is
-preempted (`PageGate.hold`), so a preempted turn is not starved by new ones.
+step's dense turns their next slots, the newest running dense turn is preempted (its KV
+swapped to host memory, or dropped) until the rest fit (a sparse turn's KV is its decoder's,
+not the pool's); it waits, its token chosen and not yet fed, and is resumed at the start of a
+later step, oldest first, once its pages are free beside what the running turns need. A
+dropped turn is recomputed: its prompt by its own prefill (`refill`), its generated tokens
+replayed one by one through the step each was first fed by (alone or in a padded batch), so
+its KV is what it computed before. Turns wait at admission while any is preempted
+(`PageGate.hold`), so a preempted turn is not starved by new ones.
 
 A step never calls back into the caller: chosen tokens go to each turn's `out`, and the
 turn's own thread hands them to its `on_token` (which may raise: the turn then leaves).
@@ -64,14 +71,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from agentcache.decode.base import Decoder
+from agentcache.decode.base import Decoder, StepRow, row_step
 from agentcache.decode.dense import DenseDecoder, reads_in_place
 from agentcache.errors import AgentCacheError, OutOfPagesError
 from agentcache.kv.pool import SequenceKV
 from agentcache.kv.preemption import Preempted, PreemptionPolicy
 from agentcache.model.llama import LlamaForward
 from agentcache.reuse.base import PrefillResult
-from agentcache.runtime.batch_step import batched_dense_step, fused_step, one_step
+from agentcache.runtime.batch_step import DenseRow, batched_dense_step, batched_step, one_step
 from agentcache.runtime.chunked import ChunkedPrefill
 from agentcache.runtime.loop import TurnDecoding
 from agentcache.runtime.sharing import FairLock
@@ -125,9 +132,10 @@ class Prefilling:
 class BatchStats:
     steps: int  # scheduler steps run
     batched_rows: int  # tokens fed through batched steps
-    solo_feeds: int  # tokens fed one turn at a time (decoders other than the in-place dense)
+    solo_feeds: int  # tokens fed by the decoder's own `feed` (a decoder with no `begin_step`
+    # row, e.g. verified decoding; a dense one whose forward is not read in place)
     peak_batch: int  # most turns in one step
-    lone_steps: int = 0  # tokens of a dense turn that decoded alone (the one-sequence step)
+    lone_steps: int = 0  # tokens of a turn alone in its step (the one-sequence step)
     preempted: int = 0  # turns preempted (a turn may be preempted more than once)
     resumed: int = 0  # preempted turns resumed
     swapped_bytes: int = 0  # K/V bytes copied to the host by preemptions
@@ -138,6 +146,7 @@ class BatchStats:
     fused_chunks: int = 0  # chunks run inside a step's decode batch (`batch_step.fused_step`)
     separate_chunks: int = 0  # chunks run as their own forward (nothing to fuse with, or a
     # plan whose chunks do not fuse: `ChunkedPrefill.fusable`)
+    batched_sparse_feeds: int = 0  # of batched_rows, a sparse decoder's (`Decoder.begin_step`)
 
 
 class BatchScheduler:
@@ -169,7 +178,7 @@ class BatchScheduler:
         self._prefills_in_flight: list[Prefilling] = []
         self._chunks = self._mixed = self._fused = 0
         self._steps = self._rows = self._solo = self._peak = self._lone = 0
-        self._joined = self._resumed = self._recomputed = 0
+        self._joined = self._resumed = self._recomputed = self._sparse_rows = 0
         self.waiting_preempted = 0  # read without a lock by `PageGate.hold`
 
     def stats(self) -> BatchStats:
@@ -179,7 +188,7 @@ class BatchScheduler:
                 self._steps, self._rows, self._solo, self._peak, self._lone,
                 c.preempted if c else 0, self._resumed, c.swapped_bytes if c else 0,
                 self._recomputed, self.waiting_preempted, self._chunks, self._mixed,
-                self._fused, self._chunks - self._fused,
+                self._fused, self._chunks - self._fused, self._sparse_rows,
             )  # fmt: skip
 
     @property
@@ -396,9 +405,10 @@ class BatchScheduler:
 
     def _feed(self, batch: list[Running], fusing: list[Prefilling]) -> list[Prefilling]:
         """Feed every turn of `batch` its token; `fusing`: jobs whose next chunk may run in
-        the dense turns' batch (`_feed_batch`). Returns those whose chunk ran there (none
-        without a dense turn to feed)."""
+        the turns' batch (`_feed_batch`). Returns those whose chunk ran there (none without a
+        turn to feed in a batch)."""
         dense: list[Running] = []
+        rows: list[tuple[Running, StepRow]] = []  # begun: a batchable decoder's rows
         fused: list[Prefilling] = []
         for r in batch:
             d = r.decoder
@@ -407,19 +417,27 @@ class BatchScheduler:
                     r.turn.fed(None)
                     continue
                 dense.append(r)
-            else:
-                try:
-                    r.turn.fed(d.feed(*r.turn.feed()))
-                except OutOfPagesError as e:  # this turn's fault alone
-                    r.error = e
-                    r.turn.finish = "length"
+                continue
+            feed = r.turn.feed()
+            try:
+                row = d.begin_step(self.forward, feed.token, feed.position)
+                if row is not None:
+                    rows.append((r, row))
+                    continue
                 self._solo += 1
+                r.turn.fed(d.feed(*feed))
+            except OutOfPagesError as e:  # this turn's fault alone
+                r.error = e
+                r.turn.finish = "length"
         if self.preemption is not None:
             dense = self._make_room(dense)
-        if len(dense) == 1 and not fusing:  # nothing to batch with: the one-sequence step
-            self._feed_one(dense[0])
-        elif dense:
-            fused = self._feed_batch(dense, fusing)
+        if len(dense) + len(rows) == 1 and not fusing:  # nothing to batch with: alone
+            if dense:
+                self._feed_one(dense[0])
+            else:
+                self._feed_row(*rows[0])
+        elif dense or rows:
+            fused = self._feed_batch(dense, rows, fusing)
         for r in batch:  # a decoder that holds no more, or the model's last position
             r.finished = r.turn.finish is not None
         return fused
@@ -508,10 +526,19 @@ class BatchScheduler:
         r.batched.append(False)
         self._lone += 1
 
-    def _feed_batch(self, dense: list[Running], fusing: list[Prefilling]) -> list[Prefilling]:
-        """The dense turns' tokens as one padded batch, with the next chunk of each job of
-        `fusing` in it (`batch_step.fused_step`); the jobs whose chunk ran (none when no turn
-        could take its slot). A fault of the fused forward is the step's."""
+    def _feed_row(self, r: Running, row: StepRow) -> None:
+        """A begun row alone: its decoder's own step (`decode.base.row_step`)."""
+        r.turn.fed(row_step(self.forward, row))
+        r.batched.append(False)
+        self._lone += 1
+
+    def _feed_batch(
+        self, dense: list[Running], begun: list[tuple[Running, StepRow]],
+        fusing: list[Prefilling],
+    ) -> list[Prefilling]:  # fmt: skip
+        """The dense turns' tokens and the `begun` rows as one padded batch, with the next
+        chunk of each job of `fusing` in it (`batch_step.batched_step`); the jobs whose chunk
+        ran (none when no turn could take part). A fault of the fused forward is the step's."""
         fed: list[Running] = []
         slots: list[Tensor] = []
         for r in dense:
@@ -522,17 +549,18 @@ class BatchScheduler:
                 r.turn.finish = "length"
                 continue
             fed.append(r)
-        if not fed:
+        if not fed and not begun:
             return []
-        feeds = [r.turn.feed() for r in fed]
-        seqs = [_seq(r) for r in fed]
-        tokens = [f.token for f in feeds]
-        positions = [f.position for f in feeds]
-        rows = [j.work.next_rows() for j in fusing]
+        rows: list[StepRow] = []
+        for r, slot in zip(fed, slots, strict=True):
+            feed = r.turn.feed()
+            rows.append(DenseRow(self.forward, _seq(r), slot, feed.token, feed.position))
+        rows += [row for _, row in begun]
+        chunks = [j.work.next_rows() for j in fusing]
         t0 = time.perf_counter()
-        logits, last = fused_step(self.forward, seqs, torch.cat(slots), tokens, positions, rows)
+        logits, last = batched_step(self.forward, rows, chunks)
         seconds = time.perf_counter() - t0
-        for r, row in zip(fed, logits, strict=True):
+        for r, row in zip([*fed, *(r for r, _ in begun)], logits, strict=True):
             r.turn.fed(row)
             r.batched.append(True)  # a fused step's decode rows: the bits of a padded batch
         for j, chunk_logits in zip(fusing, last, strict=True):
@@ -540,7 +568,8 @@ class BatchScheduler:
                 j.result = j.work.take_fused(chunk_logits, seconds)
             except Exception as e:  # its plan's bookkeeping (`finish`): this prefill's alone
                 j.error = e
-        self._rows += len(fed)
+        self._rows += len(rows)
+        self._sparse_rows += len(begun)
         return fusing
 
 

@@ -1,0 +1,140 @@
+"""Sparse decoders' turns in the scheduler's batch: each gets the tokens and decode stats it
+gets alone, beside dense turns and turns of other policies; verified decoding stays solo."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from agentcache.decode.base import Decoder
+from agentcache.decode.config import DecodeConfig
+from agentcache.decode.dense import DenseDecoder
+from agentcache.decode.profile import save_profile
+from agentcache.decode.setup import DecodeSetup
+from agentcache.decode.stats import DecodeStats
+from agentcache.model.loading import LoadedModel
+from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
+from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
+from agentcache.runtime.loop import TurnDecoding
+from agentcache.runtime.scheduler import BatchStats
+from tests.conftest import at_once
+from tests.decode.conftest import TEXT, make_profile
+
+KV_PAGES = 256
+
+# (policy, decode options, prompt characters, max_new_tokens) per turn
+TURNS = [
+    ("dense", {}, 200, 20),
+    ("quest", {}, 700, 24),
+    ("flexicache", {"policy_options": {"stable_interval": 4}}, 900, 30),
+    ("streaming", {"policy_options": {"window": 2, "stable_interval": 4}}, 1100, 18),
+    ("dense", {}, 450, 26),
+    ("multiscale", {"top_p": 0.9}, 500, 22),
+]
+
+
+@pytest.fixture
+def profile_file(tiny: LoadedModel, tmp_path: Path) -> Path:
+    return save_profile(make_profile(tiny), tmp_path / "profile.json")
+
+
+def prompt(chars: int) -> SegmentedPrompt:
+    return SegmentedPrompt([Segment(SegmentKind.SYSTEM, TEXT[:chars])])
+
+
+def decoder(e: Engine, i: int, profile: Path, verify: int = 0) -> tuple[Decoder, TurnDecoding]:
+    """Turn i prefilled on `e`, its decoder as the engine builds it for turn i's policy."""
+    policy, options, chars, new = TURNS[i]
+    seq, pre = e.prefill(e.tokenize(prompt(chars)), "full")
+    params = GenerationParams(max_new_tokens=new)
+    turn = TurnDecoding(pre.logits, seq.num_tokens, params, 4096, e.model.tokenizer)
+    config = DecodeConfig(policy, budget_pages=3, profile=profile, verify=verify, **options)  # type: ignore[arg-type]
+    dense = DenseDecoder(e.step, seq, KV_PAGES * 16)
+    return DecodeSetup.resolve(e.model, config).decoder(e.model, seq, new, True, dense), turn
+
+
+def run(
+    e: Engine, turns: list[int], profile: Path, verify: int = 0
+) -> list[tuple[list[int], DecodeStats | None]]:
+    """Turns joined together to `e`'s scheduler, stepped to their end from this thread: each
+    one's ids and decode stats (time left out)."""
+    assert e.batch is not None
+    made = [decoder(e, i, profile, verify if i == 1 else 0) for i in turns]
+    running = [e.batch.join(turn, d) for d, turn in made]
+    while not all(r.finished for r in running):
+        e.batch.step()
+    for r in running:
+        e.batch.leave(r)
+        if isinstance(r.decoder, DenseDecoder):
+            r.decoder.seq.free()
+    out = []
+    for d, turn in made:
+        stats = d.stats()
+        out.append((turn.ids, None if stats is None else dataclasses.replace(stats, rerank_s=0.0)))
+    return out
+
+
+def engine(model: LoadedModel) -> Engine:
+    return Engine(model, EngineConfig(kv_pages=KV_PAGES, batch_decode=True))
+
+
+def test_dense_and_sparse_turns_of_a_batch_get_what_they_get_alone(
+    tiny: LoadedModel, profile_file: Path
+) -> None:
+    """Six turns (dense and four sparse policies, different prompt lengths and lengths) in one
+    batch: every turn's greedy ids, and a sparse turn's decode stats, are those it gets alone;
+    the sparse rows were batched, none fed on its own."""
+    e = engine(tiny)
+    alone = [run(e, [i], profile_file)[0] for i in range(len(TURNS))]
+    assert all(len(ids) > 8 for ids, _ in alone)  # long enough to decode side by side
+    before = e.batch.stats() if e.batch else None
+    assert before is not None and before.batched_rows == 0 and before.solo_feeds == 0
+    together = run(e, list(range(len(TURNS))), profile_file)
+    assert together == alone
+    after = e.batch.stats() if e.batch else None
+    assert after is not None and after.solo_feeds == 0
+    sparse_steps = sum(s.steps for _, s in alone if s is not None)
+    assert 0 < after.batched_sparse_feeds <= sparse_steps
+    assert after.batched_sparse_feeds >= sparse_steps - 2 * after.lone_steps  # the last ones
+    assert after.peak_batch == len(TURNS)
+    assert e.ctx.pool.num_free == KV_PAGES
+
+
+def test_a_verified_turn_is_fed_on_its_own_beside_the_batch(
+    tiny: LoadedModel, profile_file: Path
+) -> None:
+    """Verified decoding has no batched row: its tokens are solo feeds, the same as alone;
+    the turns beside it still batch."""
+    e = engine(tiny)
+    alone = [run(e, [i], profile_file, verify=4)[0] for i in (0, 1, 2)]
+    together = run(e, [0, 1, 2], profile_file, verify=4)
+    assert together == alone
+    stats = e.batch.stats() if e.batch else BatchStats(0, 0, 0, 0)
+    assert stats.solo_feeds > 0 and stats.batched_sparse_feeds > 0
+    assert alone[1][1] is not None and alone[1][1].verify_passes > 0
+
+
+def test_sparse_turns_through_the_engine_get_their_output_alone(
+    tiny: LoadedModel, profile_file: Path
+) -> None:
+    """A sparse-policy engine's concurrent requests (different prompts, one sampled) give each
+    the ids and decode stats it gets alone, their steps batched."""
+    config = DecodeConfig("flexicache", budget_pages=3, profile=profile_file,
+                          policy_options={"stable_interval": 4})  # fmt: skip
+    e = Engine(tiny, EngineConfig(kv_pages=KV_PAGES, batch_decode=True, decode=config))
+    params = [GenerationParams(max_new_tokens=20), GenerationParams(max_new_tokens=28),
+              GenerationParams(max_new_tokens=16, temperature=0.8, seed=5)]  # fmt: skip
+    chars = (600, 1000, 800)
+
+    def one(i: int) -> tuple[list[int], DecodeStats | None]:
+        gen = e.generate(prompt(chars[i]), params[i], "full", commit=False)
+        s = gen.stats.decode
+        return list(gen.token_ids), None if s is None else dataclasses.replace(s, rerank_s=0.0)
+
+    alone = [one(i) for i in range(3)]
+    assert e.batch is not None and e.batch.stats().batched_sparse_feeds == 0
+    assert at_once(one, 3) == alone
+    assert e.batch.stats().batched_sparse_feeds > 0 and e.batch.stats().solo_feeds == 0
+    assert all(s is not None and s.steps > 0 for _, s in alone)
