@@ -29,10 +29,12 @@ nice -n 5 $py benchmarks/reuse/exact_turns.py --size 4000 --reps 5 --scenarios m
   --threads 1 --out "$out/paired-4k"
 nice -n 5 $py benchmarks/reuse/exact_turns.py --size 8000 --reps 4 --scenarios miss,fresh,stamped \
   --threads 1 --out "$out/paired-8k"
+# the system prompt alone; paired-system-4k and -8k hold these runs before a changed segment's
+# head was loaded (commit 4fe72c5), heads-system-4k and -8k after
 nice -n 5 $py benchmarks/reuse/exact_turns.py --size 4000 --reps 5 --scenarios fresh --hits system \
-  --threads 1 --out "$out/paired-system-4k"
+  --threads 1 --out "$out/heads-system-4k"
 nice -n 5 $py benchmarks/reuse/exact_turns.py --size 8000 --reps 3 --scenarios fresh --hits system \
-  --threads 1 --out "$out/paired-system-8k"
+  --threads 1 --out "$out/heads-system-8k"
 # the server path: each repetition an equivalent request on the same store state
 nice -n 5 $py benchmarks/reuse/exact_turns.py --path server --size 4000 --reps 5 \
   --scenarios miss,fresh --threads 1 --out "$out/server-paired-4k"
