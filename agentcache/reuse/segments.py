@@ -177,7 +177,9 @@ def find_hits(
     return hits
 
 
-MIN_HEAD = 16  # tokens: a shorter shared opening is not worth a run of its own (one page)
+# tokens: any shared opening is loaded (a message's framing alone, `<|im_start|>user`, is a
+# few); so the default loads at least what `prefix`'s blocks load wherever they reach
+MIN_HEAD = 1
 HEAD_CANDIDATES = 4  # segments remembered per (scope, context), the newest first
 HEAD_TOKENS = 1 << 22  # tokens the index holds at most, over every context (int32: 16 MiB)
 
@@ -246,7 +248,7 @@ def _head(
     namespace: str,
 ) -> SegmentHit | None:  # fmt: skip
     """The longest opening of `seg` that a segment stored after this very `context`, at these
-    positions, shares with it (at least `MIN_HEAD` tokens), as an exact run; None: none."""
+    positions, shares with it (`MIN_HEAD` tokens or more), as an exact run; None: none."""
     limit = reusable_tokens(prompt, seg)
     if limit < MIN_HEAD:
         return None

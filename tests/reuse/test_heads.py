@@ -137,8 +137,10 @@ def test_the_index_keeps_the_newest_few_per_context_within_its_tokens() -> None:
     index.add("ns", "other", "d", ids)  # 82 + 40 > 100: the context stored least recently leaves
     assert index.longest("ns", "ctx", torch.tensor(ids, dtype=torch.int32)) == []
     assert index.longest("ns", "other", torch.tensor(ids, dtype=torch.int32)) == [("d", 40)]
-    index.add("ns", "short", "s", ids[: MIN_HEAD - 1])  # too short to be worth a run
-    assert index.longest("ns", "short", torch.tensor(ids, dtype=torch.int32)) == []
+    index.add("ns", "short", "s", ids[:MIN_HEAD])  # the shortest worth remembering
+    assert index.longest("ns", "short", torch.tensor(ids, dtype=torch.int32)) == [("s", MIN_HEAD)]
+    index.add("ns", "none", "e", [])
+    assert index.longest("ns", "none", torch.tensor(ids, dtype=torch.int32)) == []
 
 
 def test_the_index_belongs_to_its_store(tiny: LoadedModel) -> None:
@@ -148,6 +150,57 @@ def test_the_index_belongs_to_its_store(tiny: LoadedModel) -> None:
     assert head_index(a.store) is not head_index(b.store)
     _, stats = first_logits(b, OTHER)
     assert stats.head_tokens == 0
+
+
+def asked(system: str, tools_names: str, question: str) -> SegmentedPrompt:
+    """As the server segments a chat: every message a fixed segment but the system ones."""
+    return SegmentedPrompt([
+        Segment(K.SYSTEM, system, "sys", "system"),
+        Segment(K.FIXED, tools(tools_names), "tools", "system"),
+        Segment(K.FIXED, question, f"q-{question}", "user"),
+        Segment(K.UPDATE, "", "gen", "assistant"),
+    ])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "first, then",
+    [
+        (asked(SYSTEM, "ab", "What is item 3?"), asked(SYSTEM, "ab", "0) Which item is late?")),
+        (asked(SYSTEM, "ab", "What is item 3?"), asked(SYSTEM, "cd", "What is item 3?")),
+        (asked(SYSTEM, "abc", "Item 3?"), asked(SYSTEM + " Be brief.", "abc", "Item 3?")),
+    ],
+)
+def test_on_every_prefix_hit_the_default_loads_at_least_what_prefix_loads(
+    tiny: LoadedModel, first: SegmentedPrompt, then: SegmentedPrompt
+) -> None:
+    _, prefix = run(tiny, "prefix", first, then)
+    _, default = run(tiny, "rpdc", first, then)
+    assert prefix.loaded_tokens > 0
+    assert default.loaded_tokens >= prefix.loaded_tokens
+    # on the exact part the default computes no more than prefix (the third case also reuses
+    # the tools block and the question approximately, behind the changed system prompt)
+    assert default.recomputed_tokens <= prefix.recomputed_tokens
+
+
+def noted(note: str) -> SegmentedPrompt:
+    """A note without chat framing after a system prompt of 44 tokens: `prefix`'s third block
+    reaches 4 tokens into the note, whose first 5 ("Note ") every note shares."""
+    return SegmentedPrompt([
+        Segment(K.SYSTEM, "Be careful. ok", "sys", "system"),
+        Segment(K.FIXED, note, f"n-{note}", None),
+        Segment(K.UPDATE, "Go on.", "q", "user"),
+    ])  # fmt: skip
+
+
+def test_a_shared_opening_shorter_than_a_block_is_loaded_too(tiny: LoadedModel) -> None:
+    first, then = noted("Note 1: the alpha report is late."), noted("Note 2: the beta is on time.")
+    engine, prefix = run(tiny, "prefix", first, then)
+    t = engine.tokenize(then)
+    assert t.segments[1].start % 16 + 5 >= 16 > 5  # the premise: a block ends inside the note
+    _, default = run(tiny, "rpdc", first, then)
+    _, stats = first_logits(run(tiny, "rpdc", first)[0], then)
+    assert 0 < stats.head_tokens < 16
+    assert default.loaded_tokens >= prefix.loaded_tokens > t.segments[1].start
 
 
 @pytest.mark.parametrize("strategy", ["epic", "cacheblend", "cacheslide"])
