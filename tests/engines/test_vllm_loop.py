@@ -151,6 +151,25 @@ def test_concurrent_turns_each_get_their_own_tokens_in_order_and_ttft(
     loop.close()
 
 
+def test_the_loop_thread_runs_with_the_process_thread_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OpenMP's thread count is per thread: the loop thread sets the process's (torch's) count
+    before it steps, as vLLM's CPU kernels check it against the count set at start-up."""
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(loop_module.torch, "get_num_threads", lambda: 3)
+    monkeypatch.setattr(
+        loop_module.torch, "set_num_threads",
+        lambda n: calls.append((threading.current_thread().name, n)),
+    )  # fmt: skip
+    engine = BatchEngine(batch=1)
+    loop = make_loop(engine, monkeypatch)
+    turn = Turn(Script((11,)))
+    run_all(loop, [turn])
+    assert turn.error is None and calls == [("agentcache-vllm-steps", 3)]
+    loop.close()
+
+
 def test_a_cancel_aborts_only_its_request_before_the_next_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

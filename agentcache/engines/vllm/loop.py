@@ -30,6 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import torch
+
 from agentcache.runtime.engine import TurnCancelled
 
 
@@ -143,6 +145,10 @@ class StepLoop:
     # ---------------------------------------------------------------- the loop thread
 
     def _loop(self) -> None:
+        # torch's thread count is the process's, OpenMP's is each thread's own: a new thread
+        # starts at OpenMP's default until torch syncs it, and vLLM's CPU attention checks the
+        # count it runs with against the one its metadata was built with (`--threads`)
+        torch.set_num_threads(torch.get_num_threads())
         try:
             while (incoming := self._next()) is not None:
                 self._add(incoming)
