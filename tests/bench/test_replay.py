@@ -13,7 +13,7 @@ from agentcache.bench.server.agents import Phase, TurnRecord, load_sessions
 from agentcache.bench.server.chat_client import TurnResult, reply_key, stream_turn
 from agentcache.bench.server.pauses import PauseModel
 from agentcache.bench.server.replay_summary import ratios, summarize_phase
-from agentcache.bench.server.targets import TargetOptions, command
+from agentcache.bench.server.targets import VLLM_SERVE, TargetOptions, command, thread_env
 from agentcache.bench.stats import percentile
 from tests.bench.scripts import load_script
 
@@ -202,9 +202,13 @@ def test_target_commands() -> None:
         command("vllm-backend", 9, TargetOptions())
     opts = TargetOptions(vllm_python="/v/bin/python", model_folder="/m")
     plain = command("vllm", 9, opts)
-    assert plain[:3] == ["/v/bin/vllm", "serve", "/m"] and "--enable-prefix-caching" in plain
+    assert plain[:4] == ["/v/bin/python", str(VLLM_SERVE), "serve", "/m"]
+    assert "--enable-prefix-caching" in plain and VLLM_SERVE.is_file()
     backend = command("vllm-backend", 9, opts)
     assert backend[0] == "/v/bin/python" and backend[-2:] == ["--backend", "vllm"]
+    # every target gets the run's thread count; plain vLLM unbound, as agentcache's servers are
+    assert thread_env("vllm", 1) == {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    assert thread_env("vllm-backend", 2) == {"AGENTCACHE_NUM_THREADS": "2"}
 
 
 def workload(path: Path) -> Path:

@@ -12,8 +12,9 @@ On the tiny random model (`model == "tiny"`), the two embedded targets run
 targets need a model folder. Plain vLLM gets the engine settings `VLLMBackend` gives it
 (float32, block size 32, eager, max model length 8192, 1 GiB of KV, up to 256 requests at once,
 chunked prefill off with a step's budget of one whole prompt and a token for each running
-request, docs/vllm.md "Batching"), so the two vLLM targets differ by agentcache's server and
-connector alone.
+request, docs/vllm.md "Batching") and the same thread count (`thread_env`), so the two vLLM
+targets differ by agentcache's server and connector alone. Plain vLLM starts through
+`benchmarks/server/vllm_serve.py` (its CPU wheel's own `vllm` script cannot find its version).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ DEFAULT_VLLM_EXTRA = "--enable-auto-tool-choice --tool-call-parser hermes"
 @dataclass(frozen=True)
 class TargetOptions:
     """How targets start: `model` is `tiny`, `default` or a model folder; `vllm_python` the
-    vLLM venv's interpreter (its `vllm` script beside it); `vllm_extra` more `vllm serve`
+    vLLM venv's interpreter; `vllm_extra` more `vllm serve`
     arguments (its tool-call parser); `threads` torch threads of the agentcache servers;
     `model_folder` the folder plain vLLM loads (the converted default model for `default`)."""
 
@@ -52,8 +53,10 @@ class TargetOptions:
     model_folder: str | None = None
 
 
-# a script, not a module of the bench: the bench does not import the server (pyproject's layers)
+# scripts, not modules of the bench: the bench does not import the server (pyproject's layers)
 TINY_SERVE = Path(__file__).resolve().parents[3] / "benchmarks" / "server" / "tiny_serve.py"
+# `vllm serve` for vLLM's CPU wheel, whose own `vllm` script cannot find its version
+VLLM_SERVE = TINY_SERVE.with_name("vllm_serve.py")
 
 
 def command(target: str, port: int, o: TargetOptions) -> list[str]:
@@ -71,10 +74,9 @@ def command(target: str, port: int, o: TargetOptions) -> list[str]:
     if target == "vllm":
         if o.model_folder is None:
             raise ValueError("target vllm needs the model folder")
-        vllm = str(Path(str(o.vllm_python)).parent / "vllm")
-        return [vllm, "serve", o.model_folder, "--host", "127.0.0.1", "--port", str(port),
-                "--served-model-name", SERVED_NAME, *VLLM_ENGINE_ARGS,
-                *shlex.split(o.vllm_extra)]  # fmt: skip
+        return [str(o.vllm_python), str(VLLM_SERVE), "serve", o.model_folder, "--host",
+                "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,
+                *VLLM_ENGINE_ARGS, *shlex.split(o.vllm_extra)]  # fmt: skip
     python = str(o.vllm_python) if target == "vllm-backend" else sys.executable
     model = [] if o.model == "default" else ["--model", o.model]
     return [python, "-m", "agentcache", "serve", "--port", str(port), "--served-model-name",
@@ -89,5 +91,14 @@ class ServerProcess(LoopbackProcess):
                  start_timeout_s: float = 900.0) -> None:  # fmt: skip
         self.target = target
         super().__init__(target, lambda port: command(target, port, options), log,
-                         {"AGENTCACHE_NUM_THREADS": str(options.threads)},
-                         start_timeout_s)  # fmt: skip
+                         thread_env(target, options.threads), start_timeout_s)  # fmt: skip
+
+
+def thread_env(target: str, threads: int) -> dict[str, str]:
+    """Every target gets `threads` threads: agentcache's servers through
+    AGENTCACHE_NUM_THREADS; plain vLLM through OMP_NUM_THREADS with its CPU binding off (by
+    default it binds OpenMP threads to cores of its own choosing, on a machine whose cores
+    the other processes of the run share)."""
+    if target == "vllm":
+        return {"OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    return {"AGENTCACHE_NUM_THREADS": str(threads)}
