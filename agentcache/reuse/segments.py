@@ -217,11 +217,17 @@ class HeadIndex:
             while self._tokens > self.max_tokens:  # this context alone: its oldest leave
                 self._tokens -= len(entries.pop()[1])
 
-    def longest(self, space: str, context: str, ids: Tensor) -> list[tuple[str, int]]:
+    def longest(
+        self, space: str, context: str, ids: Sequence[int] | Tensor
+    ) -> list[tuple[str, int]]:
         """(content id, tokens shared with `ids` from the start) of every segment stored after
-        `context` in `space`, the longest first."""
+        `context` in `space`, the longest first. `ids` become a tensor only when there is an
+        entry to compare them with (most missed segments have none)."""
         with self._lock:
             entries = list(self._by_context.get((space, context), ()))
+        if not entries:
+            return []
+        ids = torch.as_tensor(ids, dtype=entries[0][1].dtype)
         out = []
         for cid, stored in entries:
             m = min(len(stored), len(ids))
@@ -253,8 +259,7 @@ def _head(
     if limit < MIN_HEAD:
         return None
     m = ctx.model
-    ids = torch.tensor(seg.ids, dtype=torch.int32)
-    for cid, n in head_index(ctx.store).longest(scoped(namespace, seg), context, ids):
+    for cid, n in head_index(ctx.store).longest(scoped(namespace, seg), context, seg.ids):
         n = min(n, limit)
         if n < MIN_HEAD:
             break

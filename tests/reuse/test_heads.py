@@ -137,6 +137,7 @@ def test_the_index_keeps_the_newest_few_per_context_within_its_tokens() -> None:
     index.add("ns", "other", "d", ids)  # 82 + 40 > 100: the context stored least recently leaves
     assert index.longest("ns", "ctx", torch.tensor(ids, dtype=torch.int32)) == []
     assert index.longest("ns", "other", torch.tensor(ids, dtype=torch.int32)) == [("d", 40)]
+    assert index.longest("ns", "other", [*ids[:30], 99]) == [("d", 30)]  # token ids as a list
     index.add("ns", "short", "s", ids[:MIN_HEAD])  # the shortest worth remembering
     assert index.longest("ns", "short", torch.tensor(ids, dtype=torch.int32)) == [("s", MIN_HEAD)]
     index.add("ns", "none", "e", [])
