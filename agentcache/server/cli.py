@@ -241,9 +241,9 @@ def flag_max_active(args: argparse.Namespace) -> int | None:
 
 
 def check_flags(args: argparse.Namespace, max_active: int | None) -> None:
-    """`ConfigError` for a bad combination of serve flags (and environment variables), run
-    before the model loads. `max_active`: the final `--max-active`; None while it waits for
-    the engine, and with it the per-tenant bound (`server_config` checks it then)."""
+    """`ConfigError` for a bad combination of serve flags (and environment variables); `serve`
+    runs it before the model loads. `max_active`: the final `--max-active`; None while it waits
+    for the engine, and with it the per-tenant bound (`server_config` checks it then)."""
     if any(not k.strip() for k in flag_keys(args.api_key, API_KEY_ENV)):
         raise ConfigError("--api-key must not be empty")
     if any(not k.strip() for k in flag_keys(args.metrics_key, METRICS_KEY_ENV)):
