@@ -83,7 +83,8 @@ class Decoder(ABC):
 
 
 def row_step(forward: LlamaForward, row: StepRow) -> Tensor:
-    """`row` run alone, one row through `forward`: its logits (V,). A decoder's own step."""
+    """`row` run alone, one row through `forward`: its logits (V,). A decoder's own step
+    (`dense.dense_step`'s, a sparse decoder's)."""
     f = forward
     pos = torch.tensor([row.position])
     hidden = f.embed(torch.tensor([row.token]))

@@ -19,8 +19,10 @@ of the sequence's last W tokens:
 
 `dense_step` is one decode step over a `ReadPlan`, the seam that says what each layer's query
 reads and how it attends it: `InPlaceRuns` (the runs above, the engine's default) here, the
-batched scheduler's token-order reads in `runtime/batch_step.py`. `DenseDecoder` is the
-engine's dense decoder over its page pool.
+batched scheduler's token-order reads in `runtime/batch_step.py`. It is a `PlanRow` (the
+sequence's row: write each layer's K/V, attend the plan's reads) run alone by
+`decode.base.row_step`; the batched step runs the same row beside others. `DenseDecoder` is
+the engine's dense decoder over its page pool.
 
 `reference_step` is the reference path: it gathers the context into a token-order copy
 (`SequenceKV.gather`) and calls the forward's own `attend`. Forwards whose attention depends
@@ -37,7 +39,7 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch import Tensor
 
-from agentcache.decode.base import Decoder
+from agentcache.decode.base import Decoder, StepRow, row_step
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.llama import LlamaForward
 
@@ -127,24 +129,37 @@ class InPlaceRuns(ReadPlan[list[tuple[int, int]]]):
 IN_PLACE = InPlaceRuns()
 
 
+class PlanRow(StepRow):
+    """A dense sequence's row of a step: `seq` already extended by `slot` (1,) for `token`;
+    each layer writes k/v there and attends what `plan` reads of `seq` (its reads taken when
+    the row is made: after the slot, before any K/V of the step is written)."""
+
+    def __init__(
+        self, forward: LlamaForward, seq: SequenceKV, slot: Tensor, token: int, position: int,
+        plan: ReadPlan[Any],
+    ) -> None:  # fmt: skip
+        super().__init__(token, position)
+        self.seq, self.slot, self.plan, self.scale = seq, slot, plan, forward.scale
+        self.reads = plan.reads(forward, seq)
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        self.seq.write(layer, self.slot, k, v)
+        pool = self.seq.pool
+        read = self.reads[layer]
+        return self.plan.attend(q, pool.keys[layer], pool.values[layer], read, self.scale)
+
+    def end(self) -> None:
+        """Nothing: the sequence's slot was taken before the step."""
+
+
 def dense_step(
     forward: LlamaForward, seq: SequenceKV, token: int, position: int,
     plan: ReadPlan[Any] = IN_PLACE,
 ) -> Tensor:  # fmt: skip
     """Append `token` at `position` to `seq` and return the logits after it (V,), each layer's
-    context read as `plan` says (default: in place). Only for forwards where `reads_in_place`
-    holds."""
-    f, pool = forward, seq.pool
-    slot = seq.extend(1)
-    pos = torch.tensor([position])
-    hidden = f.embed(torch.tensor([token]))
-    reads = plan.reads(f, seq)
-    for layer in range(f.config.num_layers):
-        q, k, v = f.project(layer, hidden, pos)
-        seq.write(layer, slot, k, v)
-        attn = plan.attend(q, pool.keys[layer], pool.values[layer], reads[layer], f.scale)
-        hidden = f.finish(layer, hidden, attn)
-    return f.logits(hidden)[0]
+    context read as `plan` says (default: in place): a `PlanRow` run alone (`row_step`). Only
+    for forwards where `reads_in_place` holds."""
+    return row_step(forward, PlanRow(forward, seq, seq.extend(1), token, position, plan))
 
 
 def reference_step(forward: LlamaForward, seq: SequenceKV, token: int, position: int) -> Tensor:

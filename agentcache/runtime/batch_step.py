@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from agentcache.decode.base import StepRow
-from agentcache.decode.dense import ReadPlan, dense_step, paged_attention
+from agentcache.decode.dense import PlanRow, ReadPlan, dense_step, paged_attention
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.attention import attention
 from agentcache.model.llama import LlamaForward
@@ -113,25 +113,14 @@ def one_step(forward: LlamaForward, seq: SequenceKV, token: int, position: int) 
     return dense_step(forward, seq, token, position, TOKEN_ORDER)
 
 
-class DenseRow(StepRow):
+class DenseRow(PlanRow):
     """A dense sequence's row in a batched step: `seq` already extended by `slot` (1,) for
-    `token`; each layer writes k/v there and attends `seq`'s reads (`layer_reads`, taken when
-    the row is made: after the slot, before any K/V of the step is written)."""
+    `token`, read at `TOKEN_ORDER` (the row `one_step` runs alone)."""
 
     def __init__(
         self, forward: LlamaForward, seq: SequenceKV, slot: Tensor, token: int, position: int
     ) -> None:
-        super().__init__(token, position)
-        self.seq, self.slot, self.scale = seq, slot, forward.scale
-        self.reads = layer_reads(forward, seq)
-
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        self.seq.write(layer, self.slot, k, v)
-        pool = self.seq.pool
-        return attend(q, pool.keys[layer], pool.values[layer], self.reads[layer], self.scale)
-
-    def end(self) -> None:
-        """Nothing: the sequence's slot was taken before the step."""
+        super().__init__(forward, seq, slot, token, position, TOKEN_ORDER)
 
 
 def dense_rows(

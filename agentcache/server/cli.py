@@ -201,35 +201,19 @@ def add_limits(p: argparse.ArgumentParser) -> None:
 def server_config(
     args: argparse.Namespace, model_name: str, engine_max_active: int | None = None
 ) -> ServerConfig:
-    """The serve flags (and the environment variables they default to) as a ServerConfig.
-    `engine_max_active`: the vLLM backend's `max_active`, the default `--max-active` there
-    (None before the engine loads: the per-tenant bound is checked once it has)."""
-    keys = args.api_key or [k for k in os.environ.get(API_KEY_ENV, "").split(",") if k]
-    if any(not k.strip() for k in keys):
-        raise ConfigError("--api-key must not be empty")
-    metrics_keys = args.metrics_key or [
-        k for k in os.environ.get(METRICS_KEY_ENV, "").split(",") if k
-    ]
-    if any(not k.strip() for k in metrics_keys):
-        raise ConfigError("--metrics-key must not be empty")
-    secret = args.conversation_secret or os.environ.get(SECRET_ENV) or None
-    if secret is not None and len(secret) < 16:
-        raise ConfigError(f"--conversation-secret (or ${SECRET_ENV}) needs >= 16 characters")
-    if args.preemption is not None and (args.backend != "embedded" or not args.batch_decode):
-        raise ConfigError("--preemption needs the embedded backend with batched decode "
-                          "(drop --no-batch-decode / --backend vllm)")  # fmt: skip
-    if args.preemption_host_bytes is not None and args.preemption != "swap":
-        raise ConfigError("--preemption-host-bytes applies to --preemption swap only")
-    limits = ServerLimits(**{f.name: getattr(args, f.name) for f in fields(ServerLimits)})
-    max_active = args.max_active or MAX_ACTIVE
-    if args.backend == "vllm" and not args.max_active:
-        max_active = engine_max_active or args.max_active_per_tenant or 1
-    if args.max_active_per_tenant is not None and args.max_active_per_tenant > max_active:
-        raise ConfigError(f"--max-active-per-tenant {args.max_active_per_tenant} exceeds "
-                          f"--max-active {max_active}")  # fmt: skip
+    """The serve flags (and the environment variables they default to) as a ServerConfig;
+    `ConfigError` for bad ones (`check_flags`). `engine_max_active`: the vLLM backend's
+    `max_active`, the default `--max-active` there (ValueError without either)."""
+    max_active = flag_max_active(args) or engine_max_active
+    if max_active is None:
+        raise ValueError("--backend vllm without --max-active needs the engine's max_active")
+    check_flags(args, max_active)
+    keys = flag_keys(args.api_key, API_KEY_ENV)
+    metrics_keys = flag_keys(args.metrics_key, METRICS_KEY_ENV)
+    secret = conversation_secret(args)
     return ServerConfig(
         model_name, args.max_tokens, isolate_conversations=args.isolate_conversations,
-        limits=limits,
+        limits=ServerLimits(**{f.name: getattr(args, f.name) for f in fields(ServerLimits)}),
         request_timeout_s=args.request_timeout, max_queued=args.max_queued,
         max_queued_tokens=args.max_queued_tokens, max_tokenizing_chars=args.max_tokenizing_chars,
         max_active_per_tenant=args.max_active_per_tenant,
@@ -246,6 +230,45 @@ def server_config(
         retention_share=args.retention_share,
         retention_tenant_share=args.retention_tenant_share,
     )  # fmt: skip
+
+
+def flag_max_active(args: argparse.Namespace) -> int | None:
+    """`--max-active`, else the embedded backend's default; None on the vLLM backend, whose
+    default is the engine's `max_active` (known once it has loaded)."""
+    if args.max_active:
+        return int(args.max_active)
+    return None if args.backend == "vllm" else MAX_ACTIVE
+
+
+def check_flags(args: argparse.Namespace, max_active: int | None) -> None:
+    """`ConfigError` for a bad combination of serve flags (and environment variables); `serve`
+    runs it before the model loads. `max_active`: the final `--max-active`; None while it waits
+    for the engine, and with it the per-tenant bound (`server_config` checks it then)."""
+    if any(not k.strip() for k in flag_keys(args.api_key, API_KEY_ENV)):
+        raise ConfigError("--api-key must not be empty")
+    if any(not k.strip() for k in flag_keys(args.metrics_key, METRICS_KEY_ENV)):
+        raise ConfigError("--metrics-key must not be empty")
+    secret = conversation_secret(args)
+    if secret is not None and len(secret) < 16:
+        raise ConfigError(f"--conversation-secret (or ${SECRET_ENV}) needs >= 16 characters")
+    if args.preemption is not None and (args.backend != "embedded" or not args.batch_decode):
+        raise ConfigError("--preemption needs the embedded backend with batched decode "
+                          "(drop --no-batch-decode / --backend vllm)")  # fmt: skip
+    if args.preemption_host_bytes is not None and args.preemption != "swap":
+        raise ConfigError("--preemption-host-bytes applies to --preemption swap only")
+    per_tenant = args.max_active_per_tenant
+    if max_active is not None and per_tenant is not None and per_tenant > max_active:
+        raise ConfigError(f"--max-active-per-tenant {per_tenant} exceeds "
+                          f"--max-active {max_active}")  # fmt: skip
+
+
+def flag_keys(given: list[str] | None, env: str) -> list[str]:
+    """The keys given, else the environment variable's, comma-separated."""
+    return given or [k for k in os.environ.get(env, "").split(",") if k]
+
+
+def conversation_secret(args: argparse.Namespace) -> str | None:
+    return args.conversation_secret or os.environ.get(SECRET_ENV) or None
 
 
 def share_of_share(text: str) -> float:
@@ -290,7 +313,7 @@ def serve(args: argparse.Namespace, model: str | None, cache_dir: Path) -> int:
 
     if args.served_model_name == "":
         raise ConfigError("--served-model-name must not be empty")
-    server_config(args, "check")  # bad flags fail before the model loads
+    check_flags(args, flag_max_active(args))  # bad flags fail before the model loads
     if args.malloc_arenas:
         limit_arenas(args.malloc_arenas)  # before any thread allocates
     # bound before the model loads (which can take minutes) and held until uvicorn serves on

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from agentcache.cli import build_parser
+from agentcache.cli import build_parser, main
 from agentcache.engines.vllm import IN_PROCESS_ENV
 from agentcache.engines.vllm.backend import VLLMBackend, _check_in_process, _misses
 from agentcache.engines.vllm.config import VLLMConfig
@@ -16,7 +16,8 @@ from agentcache.engines.vllm.reports import RequestStats, write_report
 from agentcache.errors import ConfigError
 from agentcache.kv.store import MissReason
 from agentcache.reuse.base import SegmentMiss
-from agentcache.server.cli import server_config
+from agentcache.server.cli import check_flags, flag_max_active, server_config
+from tests.conftest import no_model
 
 
 def _backend(store: Path) -> VLLMBackend:
@@ -92,7 +93,26 @@ def test_serve_on_vllm_defaults_max_active_to_the_backends() -> None:
     given = parse(["serve", "--backend", "vllm", "--max-active", "3"])
     assert server_config(given, "m", 12).max_active == 3
     tenant = parse(["serve", "--backend", "vllm", "--max-active-per-tenant", "5"])
-    assert server_config(tenant, "check").max_active == 5  # before the engine loads
+    assert flag_max_active(tenant) is None  # the engine's, once it has loaded
+    check_flags(tenant, None)  # before it loads: the per-tenant bound waits for its value
     with pytest.raises(ConfigError, match="exceeds --max-active 4"):
         server_config(tenant, "m", 4)
     assert server_config(parse(["serve"]), "m", 12).max_active == 16  # embedded: its own
+
+
+def test_serve_checks_the_per_tenant_bound_once_max_active_is_final(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--max-active given: the bound fails before anything loads; vLLM's default: it waits
+    for the engine (vLLM reported absent is then the first failure)."""
+    import agentcache.engines.vllm as vllm_pkg
+    import agentcache.model.loading as loading
+
+    monkeypatch.setattr(loading, "load_model", no_model)
+    monkeypatch.setattr(vllm_pkg, "installed_vllm_version", lambda: None)
+    tenant = ["serve", "--port", "0", "--max-active-per-tenant", "5"]
+    assert main([*tenant, "--max-active", "4"]) == 2
+    assert "--max-active-per-tenant 5 exceeds --max-active 4" in capsys.readouterr().err
+    assert main([*tenant, "--backend", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "vLLM is not installed" in err and "exceeds" not in err

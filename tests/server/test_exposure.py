@@ -129,7 +129,8 @@ def test_max_active_defaults_by_backend_and_rejects_zero(
 ) -> None:
     parse = build_parser().parse_args
     assert server_config(parse(["serve"]), "m").max_active == 16
-    assert server_config(parse(["serve", "--backend", "vllm"]), "m").max_active == 1
+    with pytest.raises(ValueError, match="needs the engine's max_active"):  # vLLM's own
+        server_config(parse(["serve", "--backend", "vllm"]), "m")
     assert server_config(parse(["serve", "--max-active", "7"]), "m").max_active == 7
     with pytest.raises(SystemExit):
         parse(["serve", "--max-active", "0"])

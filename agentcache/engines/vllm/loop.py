@@ -35,6 +35,11 @@ import torch
 from agentcache.runtime.engine import TurnCancelled
 
 
+def _turn_cancelled() -> TurnCancelled:
+    """A turn cancelled before it was added, or aborted before the next step."""
+    return TurnCancelled("cancelled before vLLM's next engine step")
+
+
 class EngineStepFailed(RuntimeError):
     """vLLM's engine raised while this request was in it; the request was aborted."""
 
@@ -110,7 +115,7 @@ class StepLoop:
         is set before it is added or before any later step (it is aborted), what `on_token`
         raised (it is aborted), `EngineStepFailed`, or the engine's error adding it."""
         if cancel is not None and cancel.is_set():
-            raise TurnCancelled("cancelled before vLLM's next engine step")
+            raise _turn_cancelled()
         t0 = time.perf_counter() if t0 is None else t0
         req = _Request(ids, sp, on_token, cancel, t0)
         with self._cond:
@@ -176,7 +181,7 @@ class StepLoop:
     def _add(self, incoming: list[_Request]) -> None:
         for req in incoming:
             if req.cancelled():  # never reaches the engine
-                req.end(None, TurnCancelled("cancelled before vLLM's next engine step"))
+                req.end(None, _turn_cancelled())
                 continue
             try:
                 self.engine.add_request(req.rid, {"prompt_token_ids": list(req.ids)}, req.sp)
@@ -188,7 +193,7 @@ class StepLoop:
     def _abort_cancelled(self) -> None:
         gone = [r for r in self._active.values() if r.cancelled()]
         for req in gone:
-            self._abort(req, TurnCancelled("cancelled before vLLM's next engine step"))
+            self._abort(req, _turn_cancelled())
 
     def _abort(self, req: _Request, error: BaseException) -> None:
         del self._active[req.rid]
