@@ -53,8 +53,35 @@ targets() {
     --out docs/bench/edits/targets
 }
 
+# With a changed segment's head reused (docs/bench/long-prompts/findings.md "Heads"), on more
+# turns of the two families whose edits sit in the history (a cleared tool result, a
+# compacted span), with the strategies that decide the targets (the default, prefix, the
+# peer, full for fidelity, and the fastest approximate ones of the earlier runs):
+#
+#   bash benchmarks/reuse/edit_families.sh heads          # then: heads-targets
+H=full,prefix,transformers-prefix,default,epic,pic,cacheblend
+# (the validation sessions whose edit recurs every turn: `rolling`)
+heads() {
+  $ac bench benchmarks/workloads/chat-edit.jsonl --strategies "$H" --split validate \
+    --sessions chat-edit-04,chat-edit-06 --max-turns 4 --threads 1 \
+    --out docs/bench/edits/heads/chat-edit
+  $ac bench benchmarks/workloads/chat-compact.jsonl --strategies "$H" --split validate \
+    --sessions chat-compact-05,chat-compact-07 --max-turns 4 --threads 1 \
+    --out docs/bench/edits/heads/chat-compact
+}
+heads_targets() {
+  $py benchmarks/reuse/targets.py docs/bench/edits/heads/chat-edit \
+    docs/bench/edits/heads/chat-compact --vs-prefix 0.6 --no-peer-target \
+    --out docs/bench/edits/heads/targets
+}
+
 for what in "${@:-edit compact retry fork sysprompt targets}"; do
   for w in $what; do
-    if [[ $w == targets ]]; then targets; else run "$w"; fi
+    case $w in
+      targets) targets ;;
+      heads) heads ;;
+      heads-targets) heads_targets ;;
+      *) run "$w" ;;
+    esac
   done
 done
