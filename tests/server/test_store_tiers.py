@@ -266,3 +266,41 @@ def test_a_conversation_spilled_to_the_host_tier_is_found_on_its_next_request(
         assert not any(s["status"] in ("hit", "moved") for s in again["agentcache"]["segments"])
         assert cached < 0.2 * stored
         assert "agentcache_tiers{" not in text
+
+
+LS = {"type": "function", "function": {
+    "name": "ls", "description": "list files", "strict": True,
+    "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}}  # fmt: skip
+
+
+def test_a_paused_conversation_spilled_to_the_host_tier_is_prefetched_when_it_resumes(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A's turn ends in a tool call; its retention is refused for the fast tier's share (a
+    share too small for it), so B, C and D spill it to the host tier. When A's next request
+    (the call's result) arrives, the pause it resumes is prefetched to fast before its lookup,
+    which finds every message A's first turn stored."""
+    # the tools block makes A's first turn about 900 tokens, of 1 KiB each on the tiny model
+    flags = ["--kv-pages", "64", "--store-bytes", "1100KiB", "--store-host-bytes", "8MiB",
+             "--retention-share", "0.01"]  # fmt: skip
+    engine = engine_of(tiny, monkeypatch, tmp_path, *flags)
+    with TestClient(app_of(engine, flags)) as c:
+        body = {"model": MODEL, "messages": opening("A"), "tools": [LS], "max_tokens": 40,
+                "tool_choice": {"type": "function", "function": {"name": "ls"}}}  # fmt: skip
+        r = c.post(CHAT, json=body)
+        assert r.status_code == 200, r.text
+        first = r.json()
+        for name in "BCD":
+            turn(c, opening(name))
+        call = first["choices"][0]["message"]
+        result = {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": "a.txt"}
+        body = {"model": MODEL, "messages": [*opening("A"), call, result], "tools": [LS],
+                "max_tokens": 4}  # fmt: skip
+        again = c.post(CHAT, json=body).json()
+        text = c.get("/metrics").text
+    kept, resumed = (r["agentcache"]["cache_control"] for r in (first, again))
+    assert kept["retention_source"] == "learned" and kept["refused_segments"] > 0
+    assert resumed["resumed_after_s"] is not None and resumed["prefetched_pages"] > 0
+    assert metric(text, 'agentcache_tiers{kind="prefetched_pages"}') == resumed["prefetched_pages"]
+    stored = sum(s["num_tokens"] for s in first["agentcache"]["segments"] if s["status"] == "new")
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= stored > 0
