@@ -25,6 +25,8 @@ from typing import Any
 from agentcache.bench.server.agents import Phase, TurnRecord
 from agentcache.bench.stats import tail
 
+COUNTER_KEYS = ("preemptions", "swapped_bytes", "spilled_bytes", "prefetched_pages",
+                "promoted_pages")  # fmt: skip
 RATIO_KEYS = ("decode_tok_s", "prompt_tok_s", "ttft_first_p99_s", "ttft_resumed_p99_s",
               "jct_p50_s")  # fmt: skip
 
@@ -116,7 +118,7 @@ def level_table(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str,
             )
             for k in ("replies_compared", "replies_differing", "errors", "requests"):
                 cell[k] = sum(r[k] for r in rows)
-            for k in ("preemptions", "swapped_bytes", "spilled_bytes", "prefetched_bytes"):
+            for k in COUNTER_KEYS:
                 cell[k] = median_over_rounds([r["counters"] for r in rows], k)
             cell["rounds"] = len(rows)
             table.setdefault(target, {})[str(n)] = cell  # fmt: skip
