@@ -342,3 +342,21 @@ def test_replay_end_to_end_on_the_tiny_model(tmp_path: Path) -> None:
     assert report.startswith("# Concurrent agents")
     assert "`embedded@small`: `--kv-pages 512`" in report and "| embedded@small | 2 |" in report
     assert (out / "replay.png").stat().st_size > 0
+
+
+def test_session_kv_counts_each_sessions_last_prompt_as_the_server_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    session_kv = load_script("server/session_kv")
+    tokens = [("a", 100, 20), ("b", 30, 10)]
+    assert session_kv.sizes(tokens, 1024, 0.25) == {
+        "tokens": 160, "kv_bytes": 160 * 1024, "share_bytes": 40 * 1024, "kv_pages": 8,
+        "min_fast_bytes": 8 * 16 * 1024,
+    }  # fmt: skip
+    path = workload(tmp_path / "w.jsonl")
+    assert session_kv.main(["--model", "tiny", "--workload", str(path), "--split", "all"]) == 0
+    out = capsys.readouterr().out
+    assert "d-0: " in out and "t-1: " in out and "all 2: " in out and "--kv-pages " in out
+    tool_prompt = int(out.split("t-1: ")[1].split()[0])
+    dialogue_prompt = int(out.split("d-0: ")[1].split()[0])
+    assert tool_prompt > dialogue_prompt  # the tools block counts
