@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import random
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -307,12 +308,15 @@ def workload(path: Path) -> Path:
     return path
 
 
+# the tiny model's KV is 1 KiB a token: a fast tier of a 64-page pool's 1,024 tokens, and more
+TIERS = "embedded@tiers=--kv-pages 64 --store-bytes 1100KiB --store-host-bytes 8MiB"
+
+
 def test_replay_end_to_end_on_the_tiny_model(tmp_path: Path) -> None:
     out = tmp_path / "out"
     argv = ["--model", "tiny", "--workload", str(workload(tmp_path / "w.jsonl")),
-            "--clients", "2", "--targets", "embedded@small", "--pause-median", "0.005",
-            "--pause-max", "0.02", "--out", str(out),
-            "--target-args", "embedded@small=--kv-pages 512"]  # fmt: skip
+            "--clients", "2", "--targets", "embedded@tiers", "--pause-median", "0.005",
+            "--pause-max", "0.02", "--out", str(out), "--target-args", TIERS]  # fmt: skip
     assert replay.main(argv) == 0
     results = json.loads((out / "results.json").read_text())
     assert {"provenance", "config", "sessions", "pauses", "levels", "ratios", "solo",
@@ -320,27 +324,30 @@ def test_replay_end_to_end_on_the_tiny_model(tmp_path: Path) -> None:
     assert results["provenance"]["command"].startswith("python benchmarks/server/replay.py")
     assert {k: len(v) for k, v in results["pauses"].items()} == {"d-0": 2, "t-1": 2}
     assert all(0 < p <= 0.02 for ps in results["pauses"].values() for p in ps)
-    assert len(results["solo"]["embedded@small"]) == 6
-    assert results["config"]["target_args"] == {"embedded@small": ["--kv-pages", "512"]}
+    assert len(results["solo"]["embedded@tiers"]) == 6
+    args = ["--kv-pages", "64", "--store-bytes", "1100KiB", "--store-host-bytes", "8MiB"]
+    assert results["config"]["target_args"] == {"embedded@tiers": args}
     (run,) = results["runs"]
     s = run["summary"]
-    assert (run["target"], run["clients"]) == ("embedded@small", 2)
-    assert run["argv"][-2:] == ["--kv-pages", "512"]
+    assert (run["target"], run["clients"]) == ("embedded@tiers", 2)
+    assert run["argv"][-6:] == args
     assert (s["requests"], s["ok"], s["errors"], s["sessions_finished"]) == (6, 6, 0, 2)
     assert s["replies_compared"] == 6 and s["replies_differing"] == 0
     assert s["ttft_first_s"]["n"] == 2 and s["ttft_resumed_s"]["n"] == 4
     assert s["server_ttft_resumed_s"]["n"] == 4  # agentcache reports its prefill time
-    solo = {(t["session"], t["turn"]): t["reply"] for t in results["solo"]["embedded@small"]}
+    solo = {(t["session"], t["turn"]): t["reply"] for t in results["solo"]["embedded@tiers"]}
     assert {(t["session"], t["turn"]): t["reply"] for t in run["turns"]} == solo
     assert s["prompt_tokens"] == sum(t["prompt_tokens"] for t in run["turns"])
     assert 0 < s["cached_tokens"] < s["prompt_tokens"]  # later turns reuse earlier ones
     assert s["counters"]["preemptions"] == 0.0 and s["counters"]["prefix_hits"] is None
+    assert s["counters"]["spilled_bytes"] is not None  # the tiered store's, read from /metrics
     assert set(s["jct_by_session"]) == {"d-0", "t-1"}
-    cell = results["levels"]["embedded@small"]["2"]
+    cell = results["levels"]["embedded@tiers"]["2"]
     assert cell["replies_differing"] == 0 and cell["rounds"] == 1
     report = (out / "report.md").read_text()
     assert report.startswith("# Concurrent agents")
-    assert "`embedded@small`: `--kv-pages 512`" in report and "| embedded@small | 2 |" in report
+    assert f"`embedded@tiers`: `{shlex.join(args)}`" in report
+    assert "| embedded@tiers | 2 |" in report
     assert (out / "replay.png").stat().st_size > 0
 
 
