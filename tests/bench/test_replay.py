@@ -161,6 +161,7 @@ def test_a_phase_summary_counts_add_up() -> None:
     assert s["prompt_tok_s"] == 15.0 and s["decode_tok_s"] == 3.0
     assert s["computed_prompt_tok_s"] == 13.0
     assert s["ttft_first_s"]["n"] == 2 and s["ttft_resumed_s"] == {"p50": 0.3, "p99": 0.3, "n": 1}
+    assert s["ttft_resumed_p50_s"] == 0.3
     assert s["server_ttft_resumed_s"]["p99"] is None
     assert s["counters"]["spilled_bytes"] is None
 
@@ -173,7 +174,8 @@ def test_ratios_pair_targets_within_a_round() -> None:
     runs = [run("a", 0, 10.0), run("b", 0, 20.0), run("a", 1, 5.0), run("b", 1, 5.0)]
     r = ratios(runs, "a")
     assert r == {"b": {"4": {"decode_tok_s": 1.5, "prompt_tok_s": None,
-                             "ttft_first_p99_s": None, "ttft_resumed_p99_s": None,
+                             "ttft_first_p99_s": None, "ttft_resumed_p50_s": None,
+                             "ttft_resumed_p99_s": None,
                              "jct_p50_s": None}}}  # fmt: skip
 
 

@@ -61,13 +61,15 @@ def render(results: dict[str, Any]) -> str:
     ref = cfg["targets"][0]
     if results["ratios"]:
         lines += ["", f"Ratios to `{ref}` in the same round and N (median over rounds):", "",
-                  "| target | N | decode tok/s | prompt tok/s | TTFT first p99 | TTFT resumed p99 "
-                  "| JCT p50 |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| target | N | decode tok/s | prompt tok/s | TTFT first p99 | TTFT resumed p50 "
+                  "| TTFT resumed p99 | JCT p50 |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for target, levels in results["ratios"].items():
             for n, r in levels.items():
                 lines.append(
                     f"| {target} | {n} | {_f(r['decode_tok_s'], 'x')} | "
                     f"{_f(r['prompt_tok_s'], 'x')} | {_f(r['ttft_first_p99_s'], 'x')} | "
+                    f"{_f(r.get('ttft_resumed_p50_s'), 'x')} | "
                     f"{_f(r['ttft_resumed_p99_s'], 'x')} | {_f(r['jct_p50_s'], 'x')} |"
                 )
     lines += ["", "Greedy replies against the same session alone on the same target (summed "

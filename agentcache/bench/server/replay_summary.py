@@ -27,8 +27,8 @@ from agentcache.bench.stats import tail
 
 COUNTER_KEYS = ("preemptions", "swapped_bytes", "spilled_bytes", "prefetched_pages",
                 "promoted_pages")  # fmt: skip
-RATIO_KEYS = ("decode_tok_s", "prompt_tok_s", "ttft_first_p99_s", "ttft_resumed_p99_s",
-              "jct_p50_s")  # fmt: skip
+RATIO_KEYS = ("decode_tok_s", "prompt_tok_s", "ttft_first_p99_s", "ttft_resumed_p50_s",
+              "ttft_resumed_p99_s", "jct_p50_s")  # fmt: skip
 
 
 def solo_replies(phase: Phase) -> dict[tuple[str, int], str]:
@@ -62,6 +62,7 @@ def summarize_phase(
         "cached_share": None if not prompt or cached is None else cached / prompt,
         "ttft_first_s": ttft_first, "ttft_resumed_s": ttft_resumed,
         "ttft_first_p99_s": ttft_first["p99"], "ttft_resumed_p99_s": ttft_resumed["p99"],
+        "ttft_resumed_p50_s": ttft_resumed["p50"],
         "server_ttft_first_s": _ttft(first, True), "server_ttft_resumed_s": _ttft(resumed, True),
         "jct_s": jct, "jct_p50_s": jct["p50"],
         "jct_by_session": {k: round(v, 4) for k, v in sorted(phase.jct_s.items())},
