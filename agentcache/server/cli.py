@@ -35,6 +35,7 @@ from agentcache.server.config import (
     key_digest,
 )
 from agentcache.server.heap import limit_arenas
+from agentcache.server.store_options import add_store_arguments, check_disk_folder, tier_config
 
 if TYPE_CHECKING:
     from agentcache.backends import ServingEngine
@@ -90,9 +91,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    "engine in vLLM's worker) or auto (default; see docs/vllm.md)")  # fmt: skip
     p.add_argument("--max-model-len", type=positive_int, default=8192,
                    help="vllm backend: context length (default: 8192)")  # fmt: skip
-    p.add_argument("--store-bytes", type=positive_int, default=None,
-                   help="embedded backend: the segment store's capacity in bytes "
-                   "(default: 4 GiB)")  # fmt: skip
+    add_store_arguments(p)
     add_security(p)
     add_limits(p)
     return p
@@ -314,6 +313,7 @@ def serve(args: argparse.Namespace, model: str | None, cache_dir: Path) -> int:
     if args.served_model_name == "":
         raise ConfigError("--served-model-name must not be empty")
     check_flags(args, flag_max_active(args))  # bad flags fail before the model loads
+    check_disk_folder(tier_config(args))
     if args.malloc_arenas:
         limit_arenas(args.malloc_arenas)  # before any thread allocates
     # bound before the model loads (which can take minutes) and held until uvicorn serves on
@@ -377,15 +377,17 @@ def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path)
     from agentcache.decode.config import DecodeConfig
     from agentcache.model.loading import load_model
     from agentcache.runtime.engine import Engine, EngineConfig
+    from agentcache.tiers.base import TierCapacityError
 
     try:
         decode = DecodeConfig.from_spec(args.decode, profile_dir=cache_dir / "profiles")
     except (ValueError, AgentCacheError) as e:
         raise AgentCacheError(f"--decode {args.decode}: {e}") from e
+    tiers = tier_config(args)
     loaded = load_model(model, cache_dir)
     default = EngineConfig()
     engine_config = EngineConfig(
-        strategy, kv_pages=args.kv_pages, kv_bytes=args.kv_bytes, decode=decode,
+        strategy, kv_pages=args.kv_pages, kv_bytes=args.kv_bytes, decode=decode, tiers=tiers,
         batch_decode=args.batch_decode, preemption=args.preemption,
         store_bytes=default.store_bytes if args.store_bytes is None else args.store_bytes,
         preemption_host_bytes=default.preemption_host_bytes
@@ -393,4 +395,9 @@ def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path)
         prefill_chunk_tokens=default.prefill_chunk_tokens
         if args.prefill_chunk_tokens is None else args.prefill_chunk_tokens,
     )  # fmt: skip
-    return Engine(loaded, engine_config)
+    try:
+        return Engine(loaded, engine_config)
+    except TierCapacityError as e:
+        raise ConfigError(f"{e} (fast_bytes: --store-bytes, host_bytes: --store-host-bytes, "
+                          "disk_bytes: --store-disk-bytes; kv_pages: --kv-pages or "
+                          "--kv-bytes)") from e  # fmt: skip

@@ -10,6 +10,7 @@ from agentcache.chat.diagnostics import ReuseReport
 from agentcache.chat.retention import RetentionReport, TurnRetention
 from agentcache.runtime.scheduler import BatchScheduler, BatchStats
 from agentcache.server.heap import heap_usage, resident_bytes
+from agentcache.tiers.store import TieredSegmentStore
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # The embedded engine's store is one in-memory tier; the vLLM backend's is the shared folder.
@@ -18,6 +19,36 @@ BATCH_KINDS = (
     "steps", "peak_batch", "preempted", "resumed", "swapped_bytes", "recomputed_tokens",
     "waiting_preempted", "prefill_chunks", "mixed_steps", "fused_chunks", "separate_chunks",
 )  # fmt: skip
+
+
+# the tiered store's counts (`--store-host-bytes`, `--store-disk-dir`), since start
+TIER_KINDS = (
+    "spilled_bytes", "spilled_pages", "prefetched_pages", "promoted_pages", "unpromoted_pages",
+    "spills", "failed_spills",
+)  # fmt: skip
+
+
+def tier_store(engine: object) -> TieredSegmentStore | None:
+    """An engine's segment store when it is tiered; None for the flat store and the vLLM
+    backend's folder."""
+    store = getattr(engine, "store", None)
+    return store if isinstance(store, TieredSegmentStore) else None
+
+
+def tier_counts(store: TieredSegmentStore) -> dict[str, int]:
+    """TIER_KINDS of a tiered store: spilled_bytes and spilled_pages are what its spills wrote
+    below the fast tier (a page spilled from host to disk counts again; the disk tier's bytes
+    include its record headers), prefetched_pages those moved up to fast ahead of a paused
+    conversation's next request, promoted_pages those a lookup read from a lower tier (moved
+    up, or unpromoted_pages when fast had no room), spills the times a full tier asked its
+    spill policy for room."""
+    st, lower = store.tier_stats, store.tiers[1:]
+    return {
+        "spilled_bytes": sum(t.counters.bytes_written for t in lower),
+        "spilled_pages": st.written_pages, "prefetched_pages": st.prefetched_pages,
+        "promoted_pages": sum(t.counters.hits for t in lower),
+        "unpromoted_pages": st.unpromoted, "spills": st.spills, "failed_spills": st.failed_spills,
+    }  # fmt: skip
 
 
 def batch_stats(engine: object) -> BatchStats | None:
@@ -44,9 +75,11 @@ class ServerMetrics:
         work: Callable[[], tuple[int, int]] = lambda: (0, 0),
         batch: Callable[[], BatchStats | None] = lambda: None,
         retention: TurnRetention | None = None,
+        tiers: TieredSegmentStore | None = None,
     ) -> None:
         self._store_bytes, self._line, self._conversations = store_bytes, line, conversations
         self._work, self._batch, self._retention = work, batch, retention
+        self._tiers = tiers
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "agentcache_requests", "HTTP requests", ["endpoint", "status"], registry=r
@@ -127,6 +160,19 @@ class ServerMetrics:
             ["kind"], registry=r,
         )  # fmt: skip
 
+        self.tier_counts = Gauge(
+            "agentcache_tiers", "the tiered store's counts since start (--store-host-bytes, "
+            "--store-disk-dir): spilled_bytes and spilled_pages (written below the fast tier "
+            "by spills), prefetched_pages (moved up to fast when a paused conversation's next "
+            "request arrived), promoted_pages (read from a lower tier by a lookup), "
+            "unpromoted_pages (served from below, no room in fast), spills (full-tier events), "
+            "failed_spills", ["kind"], registry=r,
+        )  # fmt: skip
+        self.tier_bytes = Gauge(
+            "agentcache_tier_bytes", "bytes each tier of the tiered store holds now, and the "
+            "most it may (capacity)", ["tier", "kind"], registry=r,
+        )  # fmt: skip
+
         self.retained = Gauge(
             "agentcache_retained", "the store's retained entries now (segments, bytes), the "
             "most bytes they may hold (cap_bytes: --retention-share), retentions refused for "
@@ -180,6 +226,13 @@ class ServerMetrics:
         if (b := self._batch()) is not None:
             for kind in BATCH_KINDS:
                 self.batch.labels(kind).set(getattr(b, kind))
+        if (store := self._tiers) is not None:
+            with store.locked():
+                for kind, n in tier_counts(store).items():
+                    self.tier_counts.labels(kind).set(n)
+                for t in store.tiers:
+                    self.tier_bytes.labels(t.name, "held").set(t.counters.bytes)
+                    self.tier_bytes.labels(t.name, "capacity").set(t.capacity_bytes)
         if (kept := self._retention) is not None and kept.store is not None:
             s = kept.store.retention_stats()
             for kind, n in (("segments", s.pinned_entries), ("bytes", s.pinned_bytes),

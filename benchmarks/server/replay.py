@@ -15,14 +15,20 @@ each turn but the last the agent pauses (its tools running) for a log-normal dra
 (`--pause-median`, `--pause-sigma`, capped at `--pause-max`, seeded by `--seed` and the
 session's name: the same for every target and N, recorded in results.json).
 
+A target may run as variants with more server arguments, each under its own label, e.g.
+`--targets embedded@drop,embedded@tiers --target-args 'embedded@drop=--retention-share 0'
+--target-args 'embedded@tiers=--store-host-bytes 1GiB'` (agentcache-served targets only; plain
+vLLM takes `--vllm-serve-args`).
+
 Phases, each against a fresh server process: per target a solo phase (each session alone, one
 after another, no pauses: the reference replies), then per N in `--clients` a load phase (N
 agents at once take the sessions from one queue). With `--rounds R` the load phases repeat R
 times, the target order rotated each round, so ratios between targets are taken within a round.
 Reported per target and N (medians over rounds): aggregate prompt and decode tokens/s, p50/p99
 TTFT of first and resumed turns (client-measured; server-reported where given), job completion
-time per session, cached-token share, preemptions and bytes swapped, spilled and prefetched
-from /metrics (None where a server has no such counter), and the greedy replies that differ
+time per session, cached-token share, preemptions, bytes swapped and spilled, and the tiered
+store's pages prefetched and promoted from /metrics (None where a server has no such
+counter), and the greedy replies that differ
 from the session's solo replies on the same target. Writes results.json (with provenance),
 report.md, replay.png and servers.log into `--out`.
 """
@@ -54,7 +60,7 @@ def schedule(targets: list[str], levels: list[int], rounds: int) -> list[tuple[i
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from agentcache.bench.server.targets import DEFAULT_VLLM_EXTRA, TARGETS
+    from agentcache.bench.server.targets import DEFAULT_VLLM_EXTRA, TARGETS, parse_targets
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
@@ -66,7 +72,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--targets",
         default="embedded,embedded-prefix",
-        help=f"comma-separated, the first the ratios' reference: {', '.join(TARGETS)}",
+        help=f"comma-separated, the first the ratios' reference: {', '.join(TARGETS)}; each "
+        "also as TARGET@NAME, a variant with --target-args",
+    )
+    p.add_argument(
+        "--target-args",
+        action="append",
+        default=[],
+        metavar="LABEL=ARGS",
+        help="more server arguments for a target of --targets (repeatable), e.g. "
+        "'embedded@tiers=--store-host-bytes 1GiB' or 'vllm-backend=--max-active 16' (not plain "
+        "vllm: --vllm-serve-args)",
     )
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--model", default="default", help="tiny, default or a model folder")
@@ -92,8 +108,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.target_list = [t.strip() for t in args.targets.split(",") if t.strip()]
     if not args.levels or min(args.levels) < 1:
         p.error("--clients needs concurrency levels >= 1")
-    if not args.target_list or any(t not in TARGETS for t in args.target_list):
+    if not args.target_list:
         p.error(f"--targets must name some of {', '.join(TARGETS)}")
+    try:
+        args.target_specs = parse_targets(args.target_list, args.target_args)
+    except ValueError as e:
+        p.error(str(e))
     if args.rounds < 1 or args.threads < 1:
         p.error("--rounds and --threads must be >= 1")
     return args
@@ -125,7 +145,7 @@ def target_options(args: argparse.Namespace) -> Any:
     from agentcache.bench.server.targets import TargetOptions
 
     folder = None
-    if "vllm" in args.target_list:
+    if any(t.base == "vllm" for t in args.target_specs):
         if args.model == "default":
             from agentcache.model.loading import convert_default_model, default_cache_dir
 
@@ -161,8 +181,8 @@ def run(args: argparse.Namespace, sessions: list[Any], pauses: dict[str, list[fl
                 solo[target], solo_records[target] = record["replies"], record["turns"]
             else:
                 runs.append({"round": rnd, **record})
-    labels = [DEFAULT_STRATEGY] * ("embedded" in args.target_list)
-    labels += ["prefix"] * ("embedded-prefix" in args.target_list)
+    bases = {t.base for t in args.target_specs}
+    labels = [DEFAULT_STRATEGY] * ("embedded" in bases) + ["prefix"] * ("embedded-prefix" in bases)
     origin = provenance(specs_of(labels), args.split, [s.name for s in sessions], argv,
                         script="benchmarks/server/replay.py")  # fmt: skip
     return {
@@ -195,7 +215,8 @@ def one_phase(
     from agentcache.bench.server.replay_summary import solo_replies, summarize_phase
     from agentcache.bench.server.targets import SERVED_NAME, ServerProcess
 
-    with ServerProcess(target, options, log) as server:
+    (spec,) = [t for t in args.target_specs if t.label == target]
+    with ServerProcess(spec, options, log) as server:
         with httpx.Client(base_url=server.url, timeout=1800) as http:  # one-time costs first
             stream_turn(http, SERVED_NAME, WARMUP, 4)
         before = counters.scrape(server.url)
@@ -218,6 +239,7 @@ def config(
         "model": args.model, "workload": str(args.workload.relative_to(ROOT))
         if args.workload.is_relative_to(ROOT) else str(args.workload),
         "split": args.split, "targets": args.target_list, "clients": args.levels,
+        "target_args": {t.label: list(t.args) for t in args.target_specs if t.args},
         "rounds": args.rounds, "threads": args.threads, "max_tokens": args.max_tokens,
         "vllm_python": args.vllm_python, "vllm_serve_args": args.vllm_serve_args,
         "model_folder": options.model_folder,

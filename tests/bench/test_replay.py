@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import random
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,14 @@ from agentcache.bench.server.agents import Phase, TurnRecord, load_sessions
 from agentcache.bench.server.chat_client import TurnResult, reply_key, stream_turn
 from agentcache.bench.server.pauses import PauseModel
 from agentcache.bench.server.replay_summary import ratios, summarize_phase
-from agentcache.bench.server.targets import VLLM_SERVE, TargetOptions, command, thread_env
+from agentcache.bench.server.targets import (
+    VLLM_SERVE,
+    Target,
+    TargetOptions,
+    command,
+    parse_targets,
+    thread_env,
+)
 from agentcache.bench.stats import percentile
 from tests.bench.scripts import load_script
 
@@ -153,6 +161,7 @@ def test_a_phase_summary_counts_add_up() -> None:
     assert s["prompt_tok_s"] == 15.0 and s["decode_tok_s"] == 3.0
     assert s["computed_prompt_tok_s"] == 13.0
     assert s["ttft_first_s"]["n"] == 2 and s["ttft_resumed_s"] == {"p50": 0.3, "p99": 0.3, "n": 1}
+    assert s["ttft_resumed_p50_s"] == 0.3
     assert s["server_ttft_resumed_s"]["p99"] is None
     assert s["counters"]["spilled_bytes"] is None
 
@@ -165,7 +174,8 @@ def test_ratios_pair_targets_within_a_round() -> None:
     runs = [run("a", 0, 10.0), run("b", 0, 20.0), run("a", 1, 5.0), run("b", 1, 5.0)]
     r = ratios(runs, "a")
     assert r == {"b": {"4": {"decode_tok_s": 1.5, "prompt_tok_s": None,
-                             "ttft_first_p99_s": None, "ttft_resumed_p99_s": None,
+                             "ttft_first_p99_s": None, "ttft_resumed_p50_s": None,
+                             "ttft_resumed_p99_s": None,
                              "jct_p50_s": None}}}  # fmt: skip
 
 
@@ -173,6 +183,12 @@ PAGE_AGENTCACHE = """# HELP agentcache_batch x
 agentcache_batch{kind="preempted"} 3.0
 agentcache_batch{kind="swapped_bytes"} 4096.0
 agentcache_requests_total{endpoint="chat",status="200"} 9.0
+"""
+PAGE_TIERS = """agentcache_tiers{kind="spilled_bytes"} 65536.0
+agentcache_tiers{kind="spilled_pages"} 4.0
+agentcache_tiers{kind="prefetched_pages"} 3.0
+agentcache_tiers{kind="promoted_pages"} 1.0
+agentcache_tier_bytes{kind="held",tier="host"} 65536.0
 """
 PAGE_VLLM = """vllm:num_preemptions_total{engine="0",model_name="m"} 2.0
 vllm:num_preemptions_created{engine="0",model_name="m"} 1.7e9
@@ -191,6 +207,9 @@ def test_counters_read_each_server_and_say_none_for_what_it_lacks() -> None:
     later = counters.quantities(PAGE_AGENTCACHE.replace("3.0", "5.0"))
     d = counters.difference(a, later)
     assert d["preemptions"] == 2.0 and d["swapped_bytes"] == 0.0 and d["spilled_bytes"] is None
+    t = counters.quantities(PAGE_AGENTCACHE + PAGE_TIERS)
+    assert (t["spilled_bytes"], t["prefetched_pages"], t["promoted_pages"]) == (65536.0, 3.0, 1.0)
+    assert a["prefetched_pages"] is None and v["promoted_pages"] is None
 
 
 def test_target_commands() -> None:
@@ -209,6 +228,61 @@ def test_target_commands() -> None:
     # every target gets the run's thread count; plain vLLM unbound, as agentcache's servers are
     assert thread_env("vllm", 1) == {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     assert thread_env("vllm-backend", 2) == {"AGENTCACHE_NUM_THREADS": "2"}
+
+
+def test_a_variant_is_its_target_with_more_server_arguments_last() -> None:
+    spec = "embedded@tiers=--store-bytes 64MiB --store-host-bytes '1 GiB'"
+    embedded, tiers, backend = parse_targets(
+        ["embedded", "embedded@tiers", "vllm-backend"], [spec, "vllm-backend=--max-active 16"]
+    )
+    assert embedded == Target("embedded", "embedded")
+    assert tiers == Target("embedded@tiers", "embedded",
+                           ("--store-bytes", "64MiB", "--store-host-bytes", "1 GiB"))  # fmt: skip
+    assert backend == Target("vllm-backend", "vllm-backend", ("--max-active", "16"))
+    opts = TargetOptions(vllm_python="/v/bin/python", model_folder="/m")
+    assert command(tiers, 9, opts)[-4:] == list(tiers.args)
+    assert command(tiers, 9, opts)[:-4] == command("embedded", 9, opts)
+    assert command(backend, 9, opts)[-4:] == ["--backend", "vllm", "--max-active", "16"]
+    tiny = command(Target("embedded-prefix@x", "embedded-prefix", ("--kv-pages", "64")), 9,
+                   TargetOptions(model="tiny"))  # fmt: skip
+    assert tiny[-4:] == ["--strategy", "prefix", "--kv-pages", "64"]
+    (plain,) = parse_targets(["vllm"])
+    assert plain == Target("vllm", "vllm") and "--max-active" not in command(plain, 9, opts)
+
+
+@pytest.mark.parametrize(
+    ("labels", "target_args", "message"),
+    [
+        (["sglang"], [], "unknown target 'sglang'"),
+        (["sglang@x"], ["sglang@x=--a"], "unknown target 'sglang@x'"),
+        (["embedded@"], [], "unknown target 'embedded@'"),
+        (["vllm"], ["vllm=--max-num-seqs 8"], "plain vllm takes --vllm-serve-args"),
+        (["vllm@big"], ["vllm@big=--max-num-seqs 8"], "plain vllm takes --vllm-serve-args"),
+        (["embedded@tiers"], [], "variant 'embedded@tiers' needs its server arguments"),
+        (["embedded"], ["embedded@tiers=--a"], "for 'embedded@tiers', which --targets does not"),
+        (["embedded"], ["embedded"], "takes LABEL=ARGS"),
+        (["embedded"], ["=--a"], "takes LABEL=ARGS"),
+        (["embedded"], ["embedded=--a", "embedded=--b"], "gives 'embedded' twice"),
+        (["embedded", "embedded"], [], "'embedded' is named twice"),
+        (["embedded"], ["embedded=--a 'open"], "--target-args for 'embedded': No closing"),
+    ],
+)
+def test_bad_targets_and_target_args_are_named(
+    labels: list[str], target_args: list[str], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_targets(labels, target_args)
+
+
+def test_bad_target_args_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        replay.parse_args(["--out", "o", "--targets", "embedded,vllm",
+                           "--target-args", "vllm=--max-num-seqs 8"])  # fmt: skip
+    assert e.value.code == 2
+    assert "plain vllm takes --vllm-serve-args" in capsys.readouterr().err
+    args = replay.parse_args(["--out", "o", "--targets", "embedded@a,embedded",
+                              "--target-args", "embedded@a=--kv-pages 64"])  # fmt: skip
+    assert [t.label for t in args.target_specs] == ["embedded@a", "embedded"]
 
 
 def workload(path: Path) -> Path:
@@ -236,11 +310,15 @@ def workload(path: Path) -> Path:
     return path
 
 
+# the tiny model's KV is 1 KiB a token: a fast tier of a 64-page pool's 1,024 tokens, and more
+TIERS = "embedded@tiers=--kv-pages 64 --store-bytes 1100KiB --store-host-bytes 8MiB"
+
+
 def test_replay_end_to_end_on_the_tiny_model(tmp_path: Path) -> None:
     out = tmp_path / "out"
     argv = ["--model", "tiny", "--workload", str(workload(tmp_path / "w.jsonl")),
-            "--clients", "2", "--targets", "embedded", "--pause-median", "0.005",
-            "--pause-max", "0.02", "--out", str(out)]  # fmt: skip
+            "--clients", "2", "--targets", "embedded@tiers", "--pause-median", "0.005",
+            "--pause-max", "0.02", "--out", str(out), "--target-args", TIERS]  # fmt: skip
     assert replay.main(argv) == 0
     results = json.loads((out / "results.json").read_text())
     assert {"provenance", "config", "sessions", "pauses", "levels", "ratios", "solo",
@@ -248,21 +326,46 @@ def test_replay_end_to_end_on_the_tiny_model(tmp_path: Path) -> None:
     assert results["provenance"]["command"].startswith("python benchmarks/server/replay.py")
     assert {k: len(v) for k, v in results["pauses"].items()} == {"d-0": 2, "t-1": 2}
     assert all(0 < p <= 0.02 for ps in results["pauses"].values() for p in ps)
-    assert len(results["solo"]["embedded"]) == 6
+    assert len(results["solo"]["embedded@tiers"]) == 6
+    args = ["--kv-pages", "64", "--store-bytes", "1100KiB", "--store-host-bytes", "8MiB"]
+    assert results["config"]["target_args"] == {"embedded@tiers": args}
     (run,) = results["runs"]
     s = run["summary"]
-    assert (run["target"], run["clients"]) == ("embedded", 2)
+    assert (run["target"], run["clients"]) == ("embedded@tiers", 2)
+    assert run["argv"][-6:] == args
     assert (s["requests"], s["ok"], s["errors"], s["sessions_finished"]) == (6, 6, 0, 2)
     assert s["replies_compared"] == 6 and s["replies_differing"] == 0
     assert s["ttft_first_s"]["n"] == 2 and s["ttft_resumed_s"]["n"] == 4
     assert s["server_ttft_resumed_s"]["n"] == 4  # agentcache reports its prefill time
-    solo = {(t["session"], t["turn"]): t["reply"] for t in results["solo"]["embedded"]}
+    solo = {(t["session"], t["turn"]): t["reply"] for t in results["solo"]["embedded@tiers"]}
     assert {(t["session"], t["turn"]): t["reply"] for t in run["turns"]} == solo
     assert s["prompt_tokens"] == sum(t["prompt_tokens"] for t in run["turns"])
     assert 0 < s["cached_tokens"] < s["prompt_tokens"]  # later turns reuse earlier ones
     assert s["counters"]["preemptions"] == 0.0 and s["counters"]["prefix_hits"] is None
+    assert s["counters"]["spilled_bytes"] is not None  # the tiered store's, read from /metrics
     assert set(s["jct_by_session"]) == {"d-0", "t-1"}
-    cell = results["levels"]["embedded"]["2"]
+    cell = results["levels"]["embedded@tiers"]["2"]
     assert cell["replies_differing"] == 0 and cell["rounds"] == 1
-    assert (out / "report.md").read_text().startswith("# Concurrent agents")
+    report = (out / "report.md").read_text()
+    assert report.startswith("# Concurrent agents")
+    assert f"`embedded@tiers`: `{shlex.join(args)}`" in report
+    assert "| embedded@tiers | 2 |" in report
     assert (out / "replay.png").stat().st_size > 0
+
+
+def test_session_kv_counts_each_sessions_last_prompt_as_the_server_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    session_kv = load_script("server/session_kv")
+    tokens = [("a", 100, 20), ("b", 30, 10)]
+    assert session_kv.sizes(tokens, 1024, 0.25) == {
+        "tokens": 160, "kv_bytes": 160 * 1024, "share_bytes": 40 * 1024, "kv_pages": 8,
+        "min_fast_bytes": 8 * 16 * 1024,
+    }  # fmt: skip
+    path = workload(tmp_path / "w.jsonl")
+    assert session_kv.main(["--model", "tiny", "--workload", str(path), "--split", "all"]) == 0
+    out = capsys.readouterr().out
+    assert "d-0: " in out and "t-1: " in out and "all 2: " in out and "--kv-pages " in out
+    tool_prompt = int(out.split("t-1: ")[1].split()[0])
+    dialogue_prompt = int(out.split("d-0: ")[1].split()[0])
+    assert tool_prompt > dialogue_prompt  # the tools block counts

@@ -2,17 +2,20 @@
 
 Each reported quantity names the samples that hold it on each kind of server; a server with
 none of them reports None for it (the vLLM backend has no batched scheduler, plain vLLM no
-segment store), never 0. Where several samples match (vLLM labels its counters by model), they
-are summed.
+segment store, a flat segment store no tiers), never 0. Where several samples match (vLLM
+labels its counters by model), they are summed.
 
 | quantity         | agentcache serve                         | vllm serve                        |
 |------------------|------------------------------------------|-----------------------------------|
 | preemptions      | `agentcache_batch{kind="preempted"}`     | `vllm:num_preemptions_total`      |
 | swapped_bytes    | `agentcache_batch{kind="swapped_bytes"}` |                                   |
-| spilled_bytes    | `agentcache_*spill*bytes*` samples       |                                   |
-| prefetched_bytes | `agentcache_*prefetch*bytes*` samples    |                                   |
+| spilled_bytes    | `agentcache_tiers{kind=<quantity>}`      |                                   |
+| prefetched_pages | `agentcache_tiers{kind=<quantity>}`      |                                   |
+| promoted_pages   | `agentcache_tiers{kind=<quantity>}`      |                                   |
 | prefix_hits      |                                          | `vllm:prefix_cache_hits_total`    |
 | prefix_queries   |                                          | `vllm:prefix_cache_queries_total` |
+
+Pages are the tiered store's, of 16 tokens (a segment's last page may hold fewer).
 """
 
 from __future__ import annotations
@@ -31,16 +34,13 @@ def _exact(name: str, labels: str = "") -> Match:
     return lambda n, lab: n == name and (not labels or labels in lab)
 
 
-def _named(*words: str) -> Match:
-    return lambda n, _: n.startswith("agentcache_") and all(w in n for w in words)
-
-
 QUANTITIES: dict[str, tuple[Match, ...]] = {
     "preemptions": (_exact("agentcache_batch", 'kind="preempted"'),
                     _exact("vllm:num_preemptions_total")),
     "swapped_bytes": (_exact("agentcache_batch", 'kind="swapped_bytes"'),),
-    "spilled_bytes": (_named("spill", "bytes"),),
-    "prefetched_bytes": (_named("prefetch", "bytes"),),
+    "spilled_bytes": (_exact("agentcache_tiers", 'kind="spilled_bytes"'),),
+    "prefetched_pages": (_exact("agentcache_tiers", 'kind="prefetched_pages"'),),
+    "promoted_pages": (_exact("agentcache_tiers", 'kind="promoted_pages"'),),
     "prefix_hits": (_exact("vllm:prefix_cache_hits_total"),),
     "prefix_queries": (_exact("vllm:prefix_cache_queries_total"),),
 }  # fmt: skip

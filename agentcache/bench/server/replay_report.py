@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ def render(results: dict[str, Any]) -> str:
         f"{p['longest_s']:.3g} s). Targets {', '.join(cfg['targets'])}, each in a process of its "
         f"own, a fresh one per phase; {cfg['rounds']} round(s), the target order rotated per "
         f"round. Load average before {results['load_average']['before']}, after "
-        f"{results['load_average']['after']}.",
+        f"{results['load_average']['after']}.{_variants(cfg.get('target_args') or {})}",
         "",
         "Medians over rounds. Throughput: tokens per second of the phase's wall time (prompt: "
         "all prompt tokens; computed: prompt less cached). TTFT: client-measured time to the "
@@ -42,7 +43,7 @@ def render(results: dict[str, Any]) -> str:
         "",
         "| target | N | prompt tok/s | computed tok/s | decode tok/s | cached | TTFT first p50 / "
         "p99 | TTFT resumed p50 / p99 | server TTFT resumed p99 | JCT p50 | preempted | "
-        "swapped | spilled | prefetched |",
+        "swapped | spilled | prefetched / promoted pages |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for target, levels in table.items():
@@ -55,18 +56,20 @@ def render(results: dict[str, Any]) -> str:
                 f"{_f(c['ttft_resumed_p99_s'], ' s')} | {_f(c['server_ttft_resumed_p99_s'], ' s')} "
                 f"| {_f(c['jct_p50_s'], ' s')} | {_f(c['preemptions'])} | "
                 f"{_f(c['swapped_bytes'])} | {_f(c['spilled_bytes'])} | "
-                f"{_f(c['prefetched_bytes'])} |"
+                f"{_f(c['prefetched_pages'])} / {_f(c['promoted_pages'])} |"
             )
     ref = cfg["targets"][0]
     if results["ratios"]:
         lines += ["", f"Ratios to `{ref}` in the same round and N (median over rounds):", "",
-                  "| target | N | decode tok/s | prompt tok/s | TTFT first p99 | TTFT resumed p99 "
-                  "| JCT p50 |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| target | N | decode tok/s | prompt tok/s | TTFT first p99 | TTFT resumed p50 "
+                  "| TTFT resumed p99 | JCT p50 |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for target, levels in results["ratios"].items():
             for n, r in levels.items():
                 lines.append(
                     f"| {target} | {n} | {_f(r['decode_tok_s'], 'x')} | "
                     f"{_f(r['prompt_tok_s'], 'x')} | {_f(r['ttft_first_p99_s'], 'x')} | "
+                    f"{_f(r.get('ttft_resumed_p50_s'), 'x')} | "
                     f"{_f(r['ttft_resumed_p99_s'], 'x')} | {_f(r['jct_p50_s'], 'x')} |"
                 )
     lines += ["", "Greedy replies against the same session alone on the same target (summed "
@@ -81,6 +84,14 @@ def render(results: dict[str, Any]) -> str:
               "Every request's record, the pauses and the solo replies are in results.json; "
               "the servers' output in servers.log."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _variants(target_args: dict[str, list[str]]) -> str:
+    """The targets run with more server arguments, as a sentence (empty when none)."""
+    if not target_args:
+        return ""
+    named = "; ".join(f"`{label}`: `{shlex.join(a)}`" for label, a in target_args.items())
+    return f" Server arguments added per target: {named}."
 
 
 def plot(results: dict[str, Any], path: Path) -> None:

@@ -25,8 +25,10 @@ from typing import Any
 from agentcache.bench.server.agents import Phase, TurnRecord
 from agentcache.bench.stats import tail
 
-RATIO_KEYS = ("decode_tok_s", "prompt_tok_s", "ttft_first_p99_s", "ttft_resumed_p99_s",
-              "jct_p50_s")  # fmt: skip
+COUNTER_KEYS = ("preemptions", "swapped_bytes", "spilled_bytes", "prefetched_pages",
+                "promoted_pages")  # fmt: skip
+RATIO_KEYS = ("decode_tok_s", "prompt_tok_s", "ttft_first_p99_s", "ttft_resumed_p50_s",
+              "ttft_resumed_p99_s", "jct_p50_s")  # fmt: skip
 
 
 def solo_replies(phase: Phase) -> dict[tuple[str, int], str]:
@@ -60,6 +62,7 @@ def summarize_phase(
         "cached_share": None if not prompt or cached is None else cached / prompt,
         "ttft_first_s": ttft_first, "ttft_resumed_s": ttft_resumed,
         "ttft_first_p99_s": ttft_first["p99"], "ttft_resumed_p99_s": ttft_resumed["p99"],
+        "ttft_resumed_p50_s": ttft_resumed["p50"],
         "server_ttft_first_s": _ttft(first, True), "server_ttft_resumed_s": _ttft(resumed, True),
         "jct_s": jct, "jct_p50_s": jct["p50"],
         "jct_by_session": {k: round(v, 4) for k, v in sorted(phase.jct_s.items())},
@@ -116,7 +119,7 @@ def level_table(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str,
             )
             for k in ("replies_compared", "replies_differing", "errors", "requests"):
                 cell[k] = sum(r[k] for r in rows)
-            for k in ("preemptions", "swapped_bytes", "spilled_bytes", "prefetched_bytes"):
+            for k in COUNTER_KEYS:
                 cell[k] = median_over_rounds([r["counters"] for r in rows], k)
             cell["rounds"] = len(rows)
             table.setdefault(target, {})[str(n)] = cell  # fmt: skip

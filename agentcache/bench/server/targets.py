@@ -7,6 +7,11 @@
 | `vllm-backend`    | `agentcache serve --backend vllm`, in the vLLM venv's Python     |
 | `vllm`            | plain `vllm serve --enable-prefix-caching` on the same model folder |
 
+A variant runs a target with more server arguments under a label of its own, `target@name`:
+`--targets embedded,embedded@tiers --target-args 'embedded@tiers=--store-host-bytes 1GiB'`
+(`parse_targets`). The agentcache-served targets take them; plain vLLM takes its own
+(`--vllm-serve-args`), the same for every phase.
+
 On the tiny random model (`model == "tiny"`), the two embedded targets run
 `benchmarks/server/tiny_serve.py` instead, which serves the same app on that model; the vLLM
 targets need a model folder. Plain vLLM gets the engine settings `VLLMBackend` gives it
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +43,54 @@ VLLM_ENGINE_ARGS = (
     "--gpu-memory-utilization", "0.1", "--enable-prefix-caching", "--enable-prompt-tokens-details",
 )  # fmt: skip
 DEFAULT_VLLM_EXTRA = "--enable-auto-tool-choice --tool-call-parser hermes"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A server to replay against: `base`, one of TARGETS, started with `args` more; `label`
+    names it in the report and results (`base`, or `base@variant`)."""
+
+    label: str
+    base: str
+    args: tuple[str, ...] = ()
+
+
+def parse_targets(labels: Sequence[str], target_args: Sequence[str] = ()) -> list[Target]:
+    """`labels` (`embedded`, `embedded@tiers`, ...) with each `LABEL=ARGS` of `target_args`
+    (ARGS split as a shell would). ValueError naming the problem: an unknown base target, a
+    label given twice, args for a label not among `labels` or given twice, args for plain
+    vllm (`--vllm-serve-args` is its), a variant (`@`) without args."""
+    args: dict[str, tuple[str, ...]] = {}
+    for item in target_args:
+        label, sep, text = item.partition("=")
+        label = label.strip()
+        if not sep or not label:
+            raise ValueError(f"--target-args takes LABEL=ARGS, got {item!r}")
+        if label not in labels:
+            raise ValueError(f"--target-args for {label!r}, which --targets does not name")
+        if label in args:
+            raise ValueError(f"--target-args gives {label!r} twice")
+        try:
+            args[label] = tuple(shlex.split(text))
+        except ValueError as e:
+            raise ValueError(f"--target-args for {label!r}: {e}") from None
+    out: list[Target] = []
+    for label in labels:
+        base, at, variant = label.partition("@")
+        if base not in TARGETS or (at and not variant):
+            raise ValueError(
+                f"unknown target {label!r}; choose from {', '.join(TARGETS)}, each optionally "
+                "as TARGET@NAME with --target-args"
+            )
+        if label in (t.label for t in out):
+            raise ValueError(f"target {label!r} is named twice")
+        if base == "vllm" and args.get(label):
+            raise ValueError(f"{label}: plain vllm takes --vllm-serve-args, not --target-args")
+        if at and not args.get(label):
+            raise ValueError(f"variant {label!r} needs its server arguments: --target-args "
+                             f"'{label}=...'")  # fmt: skip
+        out.append(Target(label, base, args.get(label, ())))
+    return out
 
 
 @dataclass(frozen=True)
@@ -59,39 +113,41 @@ TINY_SERVE = Path(__file__).resolve().parents[3] / "benchmarks" / "server" / "ti
 VLLM_SERVE = TINY_SERVE.with_name("vllm_serve.py")
 
 
-def command(target: str, port: int, o: TargetOptions) -> list[str]:
-    """The command line that serves `target` on 127.0.0.1:`port`. ValueError for a target
-    these options cannot start."""
-    if target not in TARGETS:
-        raise ValueError(f"unknown target {target!r}; choose from {', '.join(TARGETS)}")
+def command(target: Target | str, port: int, o: TargetOptions) -> list[str]:
+    """The command line that serves `target` (a name: the target as it is) on
+    127.0.0.1:`port`, its variant's arguments last. ValueError for a target these options
+    cannot start."""
+    (t,) = parse_targets([target]) if isinstance(target, str) else (target,)
+    name, extra = t.base, t.args
     if o.model == "tiny":
-        if target.startswith("vllm"):
-            raise ValueError(f"target {target} needs a model folder, not the tiny model")
+        if name.startswith("vllm"):
+            raise ValueError(f"target {name} needs a model folder, not the tiny model")
         return [sys.executable, str(TINY_SERVE), "--port", str(port),
-                "--served-model-name", SERVED_NAME, *AGENTCACHE_ARGS[target]]  # fmt: skip
-    if target.startswith("vllm") and o.vllm_python is None:
-        raise ValueError(f"target {target} needs --vllm-python (the vLLM venv's interpreter)")
-    if target == "vllm":
+                "--served-model-name", SERVED_NAME, *AGENTCACHE_ARGS[name], *extra]  # fmt: skip
+    if name.startswith("vllm") and o.vllm_python is None:
+        raise ValueError(f"target {name} needs --vllm-python (the vLLM venv's interpreter)")
+    if name == "vllm":
         if o.model_folder is None:
             raise ValueError("target vllm needs the model folder")
         return [str(o.vllm_python), str(VLLM_SERVE), "serve", o.model_folder, "--host",
                 "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,
                 *VLLM_ENGINE_ARGS, *shlex.split(o.vllm_extra)]  # fmt: skip
-    python = str(o.vllm_python) if target == "vllm-backend" else sys.executable
+    python = str(o.vllm_python) if name == "vllm-backend" else sys.executable
     model = [] if o.model == "default" else ["--model", o.model]
     return [python, "-m", "agentcache", "serve", "--port", str(port), "--served-model-name",
-            SERVED_NAME, "--threads", str(o.threads), *model, *AGENTCACHE_ARGS[target]]  # fmt: skip
+            SERVED_NAME, "--threads", str(o.threads), *model, *AGENTCACHE_ARGS[name],
+            *extra]  # fmt: skip
 
 
 class ServerProcess(LoopbackProcess):
     """`target` started on a free loopback port (`agentcache.testing.LoopbackProcess`), its
     output appended to `log`."""
 
-    def __init__(self, target: str, options: TargetOptions, log: Path,
+    def __init__(self, target: Target, options: TargetOptions, log: Path,
                  start_timeout_s: float = 900.0) -> None:  # fmt: skip
         self.target = target
-        super().__init__(target, lambda port: command(target, port, options), log,
-                         thread_env(target, options.threads), start_timeout_s)  # fmt: skip
+        super().__init__(target.label, lambda port: command(target, port, options), log,
+                         thread_env(target.base, options.threads), start_timeout_s)  # fmt: skip
 
 
 def thread_env(target: str, threads: int) -> dict[str, str]:
