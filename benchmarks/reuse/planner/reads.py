@@ -31,6 +31,12 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=LAYERS)
     p.add_argument("--window", type=int, default=WINDOW)
     p.add_argument(
+        "--split",
+        choices=("tune", "validate", "all"),
+        default="all",
+        help="the sessions read (the cross-validation reads tune sessions only)",
+    )
+    p.add_argument(
         "--deviation",
         action="store_true",
         help="the attention-weighted key deviation of the left-out tokens instead",
@@ -41,7 +47,7 @@ def main() -> None:
     model = load_model()
     sessions = [s for f in FAMILIES for s in load_workload(Path(f"benchmarks/workloads/{f}.jsonl"))
                 .sessions]  # fmt: skip
-    sessions = [s for s in sessions if s.split in ("tune", "validate")]
+    sessions = [s for s in sessions if args.split in ("all", s.split)]
     for s in tqdm(sessions, desc=f"reads ({args.layers} layers, window {args.window})"):
         with torch.inference_mode():
             cached_masses(model, s, args.layers, args.window, args.out, args.deviation)

@@ -1,5 +1,6 @@
-"""The planner's model-read signal: the fresh pass's attention read against a plain
-reference, and which tokens each plan leaves out against its `PlanSignals`."""
+"""The planner's model-read signals: the fresh pass's attention read against a plain
+reference, which tokens each plan leaves out against its `PlanSignals`, and the offline reads
+of a session's turns."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import pytest
 import torch
 
 from agentcache.bench.reuse.planner.data import tokenize
+from agentcache.bench.reuse.planner.reads import session_deviations, session_masses
 from agentcache.kv.store import segment_content_id
 from agentcache.model.loading import LoadedModel
 from agentcache.reuse.planner.attention import read_attention
 from agentcache.reuse.planner.candidates import CANDIDATES, LeftOut, left_out, plan_signals
 from agentcache.reuse.planner.history import PlanHistory
 from agentcache.reuse.ranking.probs import attention_probs_reference
+from agentcache.workload.files import Session, Turn
 from tests.reuse.test_contract import agent_prompt
 
 
@@ -72,3 +75,24 @@ def test_left_out_positions_agree_with_each_plans_count(tiny: LoadedModel) -> No
         history.record(prompt, torch.arange(prompt.num_tokens))
         held.update(segment_content_id(s.ids, s.segment.scope) for s in prompt.segments)
     assert approximate > 0  # some plan left tokens out
+
+
+def test_the_offline_reads_see_what_each_plan_leaves_out(tiny: LoadedModel) -> None:
+    turns = tuple(Turn(agent_prompt(u), 4) for u in ("memory v1", "memory v1", "memory v2 " * 5))
+    session = Session("s-00", "w", "", turns, "tune")
+    with torch.inference_mode():
+        masses = session_masses(tiny, session, 2, 8)
+        devs = session_deviations(tiny, session, 2, 8)
+    assert masses[0] == devs[0] == {}  # cold: no read
+    # nothing changed: every plan is exact, nothing left out
+    assert all(v == [0.0, 0.0] for v in masses[1].values())
+    assert all(v == [0.0, 0.0] for v in devs[1].values())
+    # the memory changed: pic leaves out the history after it, epic only what lies past its
+    # chunks' first tokens (a subset); exact plans leave nothing
+    pic, epic = masses[2]["pic"], masses[2]["epic"]
+    assert all(0.0 < p <= 1.0 for p in pic)
+    assert all(e <= p for e, p in zip(epic, pic, strict=True))
+    assert masses[2]["exact"] == masses[2]["full"] == [0.0, 0.0]
+    # layer 0's keys see no context: the stored copy's equal the fresh ones there
+    assert devs[2]["pic"][0] == pytest.approx(0.0, abs=1e-9)
+    assert devs[2]["pic"][1] > 1e-6
