@@ -25,10 +25,11 @@ from torch import Tensor
 from agentcache.errors import ConfigError
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse.base import ReuseStrategy
+from agentcache.reuse.config import SelectiveOptions
 from agentcache.reuse.runs import StoredHit, reused_runs
 from agentcache.reuse.selective import SelectiveRecompute
 from agentcache.reuse.spec import StrategySpec
-from agentcache.reuse.upfront import select_up_front
+from agentcache.reuse.upfront import UpFrontSelection, select_up_front
 
 FULL, PREFIX, EXACT = "full", "prefix", "exact"
 
@@ -90,6 +91,11 @@ class PlanSignals:
     # edited text: how much of their context is new)
     reach: int = 0
     fresh: int = 0
+    # read from the model (planner/attention.py), None when not read: the attention mass the
+    # prompt's last tokens pay the tokens the plan leaves out, in a fresh pass over the first
+    # layers; and that mass weighted by each token's key deviation from its stored copy
+    attn: float | None = None
+    dev: float | None = None
 
     @property
     def exact(self) -> bool:
@@ -117,31 +123,76 @@ def plan_signals(
     return _selective(c.name, cast(SelectiveRecompute, strategy), prompt, hits)
 
 
-def _selective(
-    name: str, s: SelectiveRecompute, prompt: TokenizedPrompt, hits: list[StoredHit]
-) -> PlanSignals:
-    t, o = prompt.num_tokens, s.options
+@dataclass(frozen=True)
+class LeftOut:
+    """Where a plan's changed tokens stay uncomputed, as (T,) masks: `surely` are left
+    whatever a probe ranks; of `ranked`, a probe pass picks `budget` (the rest are left)."""
+
+    surely: Tensor
+    ranked: Tensor
+    budget: int
+
+    def given(self, scores: Tensor) -> Tensor:
+        """(T,) the tokens left when the probe picks the top `budget` of `ranked` by `scores`
+        (T,); ties go to the earlier token."""
+        pool = self.ranked.nonzero().flatten()
+        left = self.surely.clone()
+        if len(pool) > self.budget:
+            order = torch.sort(scores[pool], descending=True, stable=True).indices
+            left[pool[order[self.budget :]]] = True
+        return left
+
+
+def left_out(c: Candidate, strategy: ReuseStrategy, prompt: TokenizedPrompt,
+             hits: list[StoredHit]) -> LeftOut:  # fmt: skip
+    """Which changed tokens plan `c` leaves uncomputed on this turn (none for the always-exact
+    plans)."""
+    t = prompt.num_tokens
+    if c.always_exact and c.name != EXACT:
+        none = torch.zeros(t, dtype=torch.bool)
+        return LeftOut(none, none, 0)
+    sel, changed, ranks = _selection(cast(SelectiveRecompute, strategy).options, prompt, hits)
+    if not ranks:
+        return LeftOut(changed & ~sel.base, torch.zeros_like(changed), 0)
+    pool = sel.candidates & ~sel.base
+    return LeftOut(changed & ~(sel.base | pool), changed & pool, min(int(pool.sum()), sel.budget))
+
+
+def _selection(
+    o: SelectiveOptions, prompt: TokenizedPrompt, hits: list[StoredHit]
+) -> tuple[UpFrontSelection, Tensor, bool]:
+    """The up-front selection, the reused tokens whose context or position changed, and
+    whether a probe pass ranks (False when it would pick the whole pool)."""
+    t = prompt.num_tokens
     natural = torch.arange(t)
     sel = select_up_front(o, t, reused_runs(prompt, hits, natural, o))
     truly = reused_runs(prompt, hits, natural, replace(o, exact_prefix=True))
     changed = sel.reused & ~select_up_front(replace(o, exact_prefix=True), t, truly).exact
     pool = sel.candidates & ~sel.base
-    computed, left_mask, probe = sel.base, changed & ~sel.base, False
-    reach, fresh = _where(left_mask, sel.reused)
-    if o.evidence_pass is not None and bool(pool.any()):
+    ranks = o.evidence_pass is not None and bool(pool.any())
+    if ranks and min(int(pool.sum()), sel.budget) >= int(pool.sum()) and o.probe_shortcut:
+        ranks = False
+        sel = replace(sel, base=sel.base | pool)
+    return sel, changed, ranks
+
+
+def _selective(
+    name: str, s: SelectiveRecompute, prompt: TokenizedPrompt, hits: list[StoredHit]
+) -> PlanSignals:
+    t = prompt.num_tokens
+    sel, changed, probe = _selection(s.options, prompt, hits)
+    shift = _shift(hits, changed)
+    if probe:  # the probe picks `budget` of the pool: left are the changed it cannot reach
+        pool = sel.candidates & ~sel.base
         budget = min(int(pool.sum()), sel.budget)
-        if budget >= int(pool.sum()) and o.probe_shortcut:
-            computed, left_mask = sel.base | pool, changed & ~(sel.base | pool)
-        else:  # the probe picks `budget` of the pool: left are the changed it cannot reach
-            probe = True
-            left = max(0, int((changed & ~sel.base).sum()) - budget)
-            return PlanSignals(name, t, int(sel.base.sum()) + budget, int(sel.reused.sum()),
-                               int(changed.sum()), left, _shift(hits, changed), probe,
-                               reach, fresh)  # fmt: skip
+        reach, fresh = _where(changed & ~sel.base, sel.reused)
+        left = max(0, int((changed & ~sel.base).sum()) - budget)
+        return PlanSignals(name, t, int(sel.base.sum()) + budget, int(sel.reused.sum()),
+                           int(changed.sum()), left, shift, True, reach, fresh)  # fmt: skip
+    left_mask = changed & ~sel.base
     reach, fresh = _where(left_mask, sel.reused)
-    return PlanSignals(name, t, int(computed.sum()), int(sel.reused.sum()), int(changed.sum()),
-                       int(left_mask.sum()), _shift(hits, changed), probe, reach,
-                       fresh)  # fmt: skip
+    return PlanSignals(name, t, int(sel.base.sum()), int(sel.reused.sum()), int(changed.sum()),
+                       int(left_mask.sum()), shift, False, reach, fresh)  # fmt: skip
 
 
 def _where(left: Tensor, reused: Tensor) -> tuple[int, int]:

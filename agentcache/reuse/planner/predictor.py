@@ -6,6 +6,13 @@ Per plan, two log-linear fits (first-token KL and teacher-forced KL against `ful
 
     features  base  : [1, log1p(left), log1p(shift), left / T]
               where : base + [reach / T, fresh / T]      (where the left-out tokens sit)
+              attn  : base + [log10(attn + 1e-4)]        (read from the model: the mass the
+                                                          prompt's last tokens pay them)
+              dev   : base + [log10(dev + 1e-8)]         (that mass weighted by their keys'
+                                                          deviation from the stored copy)
+
+`attn` and `dev` are studied offline (docs/bench/planner/signals.md): they did not carry to
+held-out sessions, and the planner does not read them; a file naming them is refused.
 
 `left`, `shift`, `reach`, `fresh` and `T` are the plan's `PlanSignals`; the file names its
 feature set (absent: base). `margin` is a high quantile of the fit's residuals on the tuning
@@ -47,11 +54,32 @@ def where_features(s: PlanSignals) -> list[float]:
     return [*base_features(s), s.reach / t, s.fresh / t]
 
 
+ATTN_FLOOR = 1e-4  # added to the attention mass before its log (a plan leaving ~nothing out)
+DEV_FLOOR = 1e-8  # idem, the deviation-weighted mass (orders of magnitude smaller)
+
+
+def attn_features(s: PlanSignals) -> list[float]:
+    if s.attn is None:
+        raise ValueError(f"plan {s.plan}: feature set attn needs the model-read signal")
+    return [*base_features(s), math.log10(s.attn + ATTN_FLOOR)]
+
+
+def dev_features(s: PlanSignals) -> list[float]:
+    if s.dev is None:
+        raise ValueError(f"plan {s.plan}: feature set dev needs the model-read signal")
+    return [*base_features(s), math.log10(s.dev + DEV_FLOOR)]
+
+
 FEATURES: dict[str, Callable[[PlanSignals], list[float]]] = {
     "base": base_features,
     "where": where_features,
+    "attn": attn_features,
+    "dev": dev_features,
 }
-_PROBE = PlanSignals("pic", 1, 0, 0, 0, 0, 0.0, False)
+# read from the model: fitted and judged offline (bench/reuse/planner/reads.py); the planner
+# runs no such read, so a file of these sets is refused
+MODEL_READ = frozenset({"attn", "dev"})
+_PROBE = PlanSignals("pic", 1, 0, 0, 0, 0, 0.0, False, attn=0.0, dev=0.0)
 WIDTH = {name: len(f(_PROBE)) for name, f in FEATURES.items()}
 
 
@@ -163,6 +191,11 @@ def _kl(raw: dict[str, Any]) -> KLFit:
     which = str(raw.get("features", "base"))
     if which not in FEATURES:
         raise ValueError(f"unknown feature set {which!r}; known: {sorted(FEATURES)}")
+    if which in MODEL_READ:
+        raise ValueError(
+            f"feature set {which!r} is read from the model, which the planner does not do; "
+            f"it reads {sorted(set(FEATURES) - MODEL_READ)}"
+        )
     coef = tuple(float(x) for x in raw["coef"])
     if len(coef) != WIDTH[which] or not all(math.isfinite(x) for x in coef):
         raise ValueError(

@@ -12,6 +12,11 @@ out=docs/bench/planner
 
 $py benchmarks/reuse/planner/fit.py --out agentcache/reuse/planner/data/smollm2-135m-instruct.json
 $py benchmarks/reuse/planner/calibration.py --out "$out/calibration.md"
+# the model-read signals (a fresh pass over the first 4 layers per warm turn, 1 thread; a
+# session already stored is not read again), then the cross-validation over every feature set
+AGENTCACHE_NUM_THREADS=1 $py benchmarks/reuse/planner/reads.py --out "$out/attention-reads"
+AGENTCACHE_NUM_THREADS=1 $py benchmarks/reuse/planner/reads.py --deviation --split tune \
+  --out "$out/deviation-reads"
 $py benchmarks/reuse/planner/signals.py --out "$out/signals.md"
 # tuning data beyond the agent families: the approximate plans on generated sessions
 $ac bench benchmarks/workloads/generated.jsonl --split tune --sessions generated-00,generated-01 \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -48,12 +49,26 @@ def test_the_where_features_read_where_the_left_out_tokens_sit(tmp_path: Path) -
     assert load_predictor(path) == p
 
 
+def test_the_model_read_features_need_their_read() -> None:
+    fit = KLFit((-5.0, 0.0, 0.0, 0.0, 1.0), 0.0, "attn")
+    s = PlanSignals("pic", 1000, 100, 900, 500, 500, 12.0, False)
+    with pytest.raises(ValueError, match="feature set attn needs the model-read signal"):
+        fit.predict(s)
+    assert fit.predict(replace(s, attn=0.1 - 1e-4)) == pytest.approx(1e-6 - 1e-7)  # -5 - 1
+    dev = KLFit((-5.0, 0.0, 0.0, 0.0, 0.5), 0.0, "dev")
+    assert dev.predict(replace(s, dev=1e-2 - 1e-8)) == pytest.approx(1e-6 - 1e-7)  # -5 - 1
+    with pytest.raises(ValueError, match="feature set dev needs"):
+        dev.predict(s)
+
+
 @pytest.mark.parametrize(
     ("features", "coef", "message"),
     [
         ("probe_mass", [0.0] * 4, "unknown feature set 'probe_mass'"),
         ("where", [0.0] * 4, "coef must be 6 finite numbers for where"),
         ("base", [0.0] * 6, "coef must be 4 finite numbers for base"),
+        ("attn", [0.0] * 5, "feature set 'attn' is read from the model"),
+        ("dev", [0.0] * 5, "feature set 'dev' is read from the model"),
     ],
 )
 def test_a_feature_set_the_file_cannot_have_is_refused(

@@ -11,6 +11,7 @@ counted.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,9 +42,22 @@ class PlanRow:
 
 def session_signals(model: LoadedModel, session: Session) -> list[dict[str, PlanSignals]]:
     """Per turn, every plan's signals, replaying what the planner's commits would store."""
-    history, held, blocks = PlanHistory(), set[str](), set[str]()
     strategies = {n: c.build() for n, c in CANDIDATES.items()}
-    out = []
+    return [{n: plan_signals(c, strategies[n], t.prompt, t.hits, t.prefix)
+             for n, c in CANDIDATES.items()} for t in replay(model, session)]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ReplayedTurn:
+    prompt: TokenizedPrompt
+    hits: list[StoredHit]  # the stored segments the planner would see
+    prefix: int  # the tokens `prefix` would reuse
+
+
+def replay(model: LoadedModel, session: Session) -> Iterator[ReplayedTurn]:
+    """Each turn as the planner would see it, every earlier turn committed at its natural
+    positions (what the planner's commits store)."""
+    history, held, blocks = PlanHistory(), set[str](), set[str]()
     for turn in session.turns:
         prompt = tokenize(model, turn.prompt)
         hits: list[StoredHit] = list(history.hits(prompt, held.__contains__))
@@ -52,14 +66,10 @@ def session_signals(model: LoadedModel, session: Session) -> list[dict[str, Plan
             if cid not in blocks:
                 break
             prefix += PAGE
-        prefix = max(0, min(prefix, prompt.num_tokens - 1))
-        out.append({n: plan_signals(c, strategies[n], prompt, hits, prefix)
-                    for n, c in CANDIDATES.items()})  # fmt: skip
-        positions = torch.arange(prompt.num_tokens)
-        history.record(prompt, positions)
+        yield ReplayedTurn(prompt, hits, max(0, min(prefix, prompt.num_tokens - 1)))
+        history.record(prompt, torch.arange(prompt.num_tokens))
         held.update(segment_content_id(s.ids, s.segment.scope) for s in prompt.segments)
         blocks.update(block_chain(prompt.ids, PAGE, chain_scope(prompt)))
-    return out
 
 
 def tokenize(model: LoadedModel, prompt: Any) -> TokenizedPrompt:

@@ -14,17 +14,19 @@ record as its stand-in); the others still count in the coverage.
 
 from __future__ import annotations
 
+import math
 import statistics
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agentcache.bench.reuse.planner.calibration import calibrate, replay_choices
+from agentcache.bench.reuse.planner.calibration import MEASURES, calibrate, replay_choices
 from agentcache.bench.reuse.planner.data import PlanRow
-from agentcache.bench.reuse.planner.fit import fit_predictor
+from agentcache.bench.reuse.planner.fit import MIN_ROWS, fit_kl, fit_predictor
 from agentcache.bench.reuse.report import markdown_table
 from agentcache.reuse.planner.choice import Floor
-from agentcache.reuse.planner.predictor import Predictor
+from agentcache.reuse.planner.predictor import EPS, KLFit, Predictor, features
 from agentcache.reuse.planner.strategy import estimate
 
 
@@ -39,6 +41,7 @@ class Held:
     vs_full: float  # median TTFT / full's of the replayed choices
     covered: float  # lowest coverage over the family's plans and both KLs
     plans: dict[str, int]
+    conservative: float  # median over plans and KLs of median log10(predicted / measured)
 
 
 def _session_parity(r: PlanRow) -> int:
@@ -57,11 +60,13 @@ def cross_validate(rows: list[PlanRow], which: str, split: str, quantile: float)
         raise ValueError(f"split must be family or session, got {split!r}")
     picks: dict[str, list[dict[str, Any]]] = {f: [] for f in families}
     cover: dict[str, list[float]] = {f: [] for f in families}
+    decades: dict[str, list[float]] = {f: [] for f in families}
     for held, _ in folds:
         p = fit_predictor("cv", [r for r in rows if not held(r)], quantile, {}, which)
         test = [r for r in rows if held(r)]
         for c in calibrate(p, test):
             cover[c["family"]].append(c["covered"])
+            decades[c["family"]].append(c["log10"])
         b = p.floors["high"]
         picks_of = {(r.session, r.turn) for r in test if r.plan == "prefix"}
         replayable = [r for r in test if (r.session, r.turn) in picks_of]
@@ -83,18 +88,65 @@ def cross_validate(rows: list[PlanRow], which: str, split: str, quantile: float)
             sum(c["turns"] * c["first"] for c in cs) / n,
             statistics.median(c["vs_full"] for c in cs),
             min(cover[f], default=float("nan")), plans,
+            statistics.median(decades[f]) if decades[f] else float("nan"),
         ))  # fmt: skip
     return out
 
 
 def render_cv(held: list[Held]) -> str:
     head = ["features", "held out", "family", "turns", "greedy", "first tok", "TTFT/full",
-            "coverage (lowest)", "plans chosen"]  # fmt: skip
+            "coverage (lowest)", "log10 pred/meas", "plans chosen"]  # fmt: skip
     return markdown_table(head, [
         [h.features, h.split, h.family, str(h.turns), f"{h.greedy:.2f}", f"{h.first:.2f}",
-         f"{h.vs_full:.3f}", f"{h.covered:.2f}",
+         f"{h.vs_full:.3f}", f"{h.covered:.2f}", f"{h.conservative:.2f}",
          ", ".join(f"{k} {v}" for k, v in sorted(h.plans.items(), key=lambda kv: -kv[1]))]
         for h in held]) + "\n"  # fmt: skip
+
+
+def residuals(rows: list[PlanRow], which: str, label: str) -> list[dict[str, Any]]:
+    """In sample, per measure: each plan's KL fit on every tuning turn (all families pooled);
+    the residuals' spread and their mean per family (what the features leave unexplained
+    between families), medians over the plans fitted (log10)."""
+    by_plan: dict[str, list[PlanRow]] = {}
+    for r in rows:
+        if not r.signals.exact:
+            by_plan.setdefault(r.plan, []).append(r)
+    out = []
+    for key, _ in MEASURES:
+        sd, bias = [], defaultdict(list)
+        for rs in by_plan.values():
+            if len(rs) < MIN_ROWS:
+                continue
+            fit = fit_kl(rs, key, 0.5, which)
+            res = [math.log10(r.record[key] + EPS) - _mean(fit, r) for r in rs]
+            sd.append(statistics.pstdev(res))
+            fam: dict[str, list[float]] = defaultdict(list)
+            for r, e in zip(rs, res, strict=True):
+                fam[r.family].append(e)
+            for f, es in fam.items():
+                bias[f].append(statistics.fmean(es))
+        out.append(
+            {
+                "features": label,
+                "measure": key,
+                "sd": statistics.median(sd),
+                "bias": {f: statistics.median(b) for f, b in sorted(bias.items())},
+            }
+        )
+    return out
+
+
+def _mean(fit: KLFit, r: PlanRow) -> float:
+    return sum(w * v for w, v in zip(fit.coef, features(r.signals, fit.features), strict=True))
+
+
+def render_residuals(res: list[dict[str, Any]]) -> str:
+    families = sorted({f for r in res for f in r["bias"]})
+    head = ["features", "measure", "residual sd", *[f"mean residual {f}" for f in families]]
+    body = [[r["features"], r["measure"], f"{r['sd']:.2f}",
+             *[f"{r['bias'].get(f, float('nan')):+.2f}" for f in families]]
+            for r in res]  # fmt: skip
+    return markdown_table(head, body) + "\n"
 
 
 def why_table(p: Predictor, rows: list[PlanRow], family: str, floor: Floor) -> str:
