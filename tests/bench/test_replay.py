@@ -19,7 +19,9 @@ from agentcache.bench.server.targets import (
     Target,
     TargetOptions,
     command,
+    needs_phase_store,
     parse_targets,
+    phase_store_args,
     thread_env,
 )
 from agentcache.bench.stats import percentile
@@ -228,6 +230,13 @@ def test_target_commands() -> None:
     # every target gets the run's thread count; plain vLLM unbound, as agentcache's servers are
     assert thread_env("vllm", 1) == {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     assert thread_env("vllm-backend", 2) == {"AGENTCACHE_NUM_THREADS": "2"}
+    # a vLLM-backend phase starts on an empty store folder of its own, unless it names one
+    own, given, embedded = parse_targets(
+        ["vllm-backend", "vllm-backend@s", "embedded"], ["vllm-backend@s=--store-dir /s"]
+    )
+    assert needs_phase_store(own) and not needs_phase_store(given)
+    assert not needs_phase_store(embedded)
+    assert phase_store_args("/tmp/x") == ("--store-dir", "/tmp/x")
 
 
 def test_a_variant_is_its_target_with_more_server_arguments_last() -> None:

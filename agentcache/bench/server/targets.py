@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import shlex
 import sys
+import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agentcache.testing import LoopbackProcess
@@ -141,13 +142,39 @@ def command(target: Target | str, port: int, o: TargetOptions) -> list[str]:
 
 class ServerProcess(LoopbackProcess):
     """`target` started on a free loopback port (`agentcache.testing.LoopbackProcess`), its
-    output appended to `log`."""
+    output appended to `log`. A `vllm-backend` phase gets a store folder of its own, removed
+    when it closes (`phase_store_args`): its segments live in a folder, not in the process,
+    and a phase must start from an empty store as the other targets' fresh processes do."""
 
     def __init__(self, target: Target, options: TargetOptions, log: Path,
                  start_timeout_s: float = 900.0) -> None:  # fmt: skip
         self.target = target
+        self._store: tempfile.TemporaryDirectory[str] | None = None
+        if needs_phase_store(target):
+            self._store = tempfile.TemporaryDirectory(prefix="replay-store-")
+            target = replace(target, args=(*target.args, *phase_store_args(self._store.name)))
         super().__init__(target.label, lambda port: command(target, port, options), log,
                          thread_env(target.base, options.threads), start_timeout_s)  # fmt: skip
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self._store is not None:
+                self._store.cleanup()
+                self._store = None
+
+
+def needs_phase_store(target: Target) -> bool:
+    """A `vllm-backend` target whose arguments name no store folder of their own."""
+    return target.base == "vllm-backend" and "--store-dir" not in target.args
+
+
+def phase_store_args(folder: str) -> tuple[str, ...]:
+    """The `agentcache serve --backend vllm` arguments that keep a phase's segments in
+    `folder` (by default they go to the cache folder's `vllm-store`, shared by every process
+    and kept across them)."""
+    return ("--store-dir", folder)
 
 
 def thread_env(target: str, threads: int) -> dict[str, str]:
