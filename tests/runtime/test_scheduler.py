@@ -156,6 +156,9 @@ def test_a_step_fault_reaches_the_turns_in_it(
     def broken(*_: object) -> torch.Tensor:
         raise RuntimeError("step failed")
 
+    # every step the scheduler may take: together (the batched step, and the recompute of a
+    # preempted turn's batched tokens) and alone (the one-sequence step)
+    monkeypatch.setattr("agentcache.runtime.scheduler.batched_step", broken)
     monkeypatch.setattr("agentcache.runtime.scheduler.batched_dense_step", broken)
     monkeypatch.setattr("agentcache.runtime.scheduler.one_step", broken)
     with pytest.raises(RuntimeError, match="step failed"):
