@@ -18,10 +18,10 @@ from pathlib import Path
 from agentcache.argtypes import byte_size
 from agentcache.errors import AgentCacheError, ConfigError
 from agentcache.policy.spill import SPILL_POLICIES
+from agentcache.runtime.config import EngineConfig
 from agentcache.tiers.config import TierConfig
-from agentcache.units import GiB
 
-STORE_BYTES = 4 * GiB  # EngineConfig's store_bytes
+STORE_BYTES = EngineConfig.store_bytes  # the engine's default: the flat store, or the fast tier
 TIER_FLAGS = {"store_host_bytes": "--store-host-bytes", "store_disk_dir": "--store-disk-dir",
               "store_disk_bytes": "--store-disk-bytes", "store_spill": "--store-spill"}  # fmt: skip
 
