@@ -195,6 +195,24 @@ server() {
       --malloc-arenas $arenas --out docs/bench/server/load-tiny-16x1200-think1-active16-process-arenas$arenas &
   done
   wait
+  # docs/server.md "Replaying concurrent agents": agents with tool pauses over HTTP, the default
+  # model, 1 thread per server (the vLLM targets need .venv-vllm: make .venv-vllm/.installed)
+  local r=docs/bench/server/replay common="--model default --threads 1 --pause-median 2 --seed 0"
+  $py benchmarks/server/replay.py --split validate --n 4 --clients 1,4 \
+    --targets embedded,embedded-prefix $common --max-tokens 16 --out $r/validate-4x2
+  $py benchmarks/server/replay.py --split all --clients 1,16 \
+    --targets vllm,vllm-backend,embedded --vllm-python .venv-vllm/bin/python $common \
+    --max-tokens 32 --out $r/all-16x32
+  $py benchmarks/server/replay.py --split all --clients 16 \
+    --targets embedded-prefix,embedded@isolated \
+    --target-args 'embedded@isolated=--isolate-conversations' $common --max-tokens 32 \
+    --out $r/all-16x32-scopes
+  # a store holding about a quarter of 8 agents' KV (sizes: benchmarks/server/session_kv.py)
+  $py benchmarks/server/replay.py --split validate --clients 8 --rounds 2 $common \
+    --max-tokens 32 --targets embedded@drop,embedded@tiers \
+    --target-args 'embedded@drop=--kv-pages 321 --store-bytes 226MiB --retention-share 0' \
+    --target-args 'embedded@tiers=--kv-pages 321 --store-bytes 226MiB --store-host-bytes 1GiB' \
+    --out $r/store-pressure-8x2
 }
 
 # docs/benchmarks.md "vLLM", docs/lab/vllm.md (vllm-staged alone about 2 hours)
