@@ -130,6 +130,24 @@ def context_copy_id(
     return _digest(scoped_namespace(f"{namespace}/context", scope), through_id, start)
 
 
+INEXACT = "inexact:"
+
+
+def inexact_context(context_id: str) -> str:
+    """The context id a segment's first copy is stored under when its K/V is not full
+    recompute's after that context (computed after K/V reused approximately): no prompt's
+    chain equals it, so no prompt takes the copy for an exact run; `computed_after` reads the
+    context back."""
+    return INEXACT + context_id
+
+
+def computed_after(context_id: str | None) -> str | None:
+    """The chained id of the tokens a stored segment was computed after, exactly or not."""
+    if context_id is not None and context_id.startswith(INEXACT):
+        return context_id[len(INEXACT) :]
+    return context_id
+
+
 def store_key(model_id: str, tokenizer_id: str, cid: str) -> SegmentKey:
     """The key an entry of content id `cid` is held under: model and tokenizer included."""
     return SegmentKey(_digest(model_id, tokenizer_id, cid))

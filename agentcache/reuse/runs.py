@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from agentcache.kv.store import chain_id
+from agentcache.kv.store import chain_id, computed_after
 from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment
 from agentcache.reuse.segments import context_ids
 
@@ -93,11 +93,12 @@ def reused_runs(
 
 def _joins(prev: StoredHit | None, h: StoredHit) -> bool:
     """`h` was stored right after the whole of `prev`, from one prompt."""
+    before = None if prev is None else computed_after(prev.stored_context)
     return (
         prev is not None
         and prev.num_tokens == len(prev.segment.ids)
-        and prev.stored_context is not None
-        and h.stored_context == chain_id(prev.stored_context, prev.segment.ids)
+        and before is not None
+        and computed_after(h.stored_context) == chain_id(before, prev.segment.ids)
     )
 
 

@@ -22,6 +22,13 @@ is, nothing probed or recomputed, the same KV the earlier turn's output was comp
 (counted apart: `ReuseStats.context_copy_tokens`). Not used where outputs must equal full
 recompute's (`context_copies=False`: the planner's exact floor).
 
+Inexact first copies: a segment first stored by a turn that reused K/V before it
+approximately was computed after that approximate K/V, so its K/V is not full recompute's even
+after its own context. Its first copy is stored under its context marked inexact
+(`kv.store.inexact_context`): no prompt takes it for an exact run; a later prompt with the same
+context finds it as a context copy (what the earlier turn used there), and without context
+copies as a copy computed elsewhere, to recompute. Nor does the head index offer its opening.
+
     prompt 1 : [ sys t1 ][ tools ][ q1 ]   tools' first copy, context "sys t1"
     prompt 2 : [ sys t2 ][ tools ][ long q2 ]   tools found, not exact; all computed
                -> tools' exact copy for context "sys t2"
@@ -46,7 +53,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -55,8 +62,10 @@ from agentcache.kv.pool import SequenceKV
 from agentcache.kv.store import (
     StoredKV,
     chain_id,
+    computed_after,
     context_copy_id,
     exact_copy_id,
+    inexact_context,
     scoped_namespace,
     segment_content_id,
 )
@@ -159,6 +168,20 @@ def find_hits(
             start = seg.start if at_start else None
             space = scoped(namespace, seg)
             found = ctx.store.lookup(model_id, tokenizer_id, seg.ids, space, start)
+            kv = found.kv
+            after = None if kv is None else computed_after(kv.context_id)
+            # a first copy computed after K/V reused approximately is exact nowhere, but it
+            # is what an earlier turn used after this very context: there, a context copy
+            inexact = kv is not None and after != kv.context_id
+            if (
+                inexact
+                and kv is not None
+                and chain is not None
+                and ctx.context_copies
+                and after == chain[i]
+            ):
+                found = replace(found, kv=replace(kv, context_id=after))
+                context_copy = True
         assert found is not None
         if found.kv is None:
             assert found.miss is not None
@@ -372,6 +395,9 @@ def commit_segments(
     copies = () if left is None or left.exact_for(prompt) == 0 else left.recomputed
     ours = left is not None and prompt.ids[: len(left.ids)] == left.ids
     approximate = left.approximate if left is not None and ours else ()
+    # leading tokens whose K/V is full recompute's (a strategy that leaves no record computes
+    # or reuses every token exactly)
+    exact = prompt.num_tokens if left is None else left.exact_for(prompt)
     chain = chain_ids(prompt)
     for i, seg in enumerate(prompt.segments):
         start, context = (seg.start if at_start else None), chain[i]
@@ -381,17 +407,24 @@ def commit_segments(
             cid = context_copy_id(chain[i + 1], seg.segment.scope, seg.start, namespace)
         else:
             cid = segment_content_id(seg.ids, seg.segment.scope, namespace, start)
+        first = segment_content_id(seg.ids, seg.segment.scope, namespace, start)
+        # a first copy whose K/V is not full recompute's here (computed after K/V reused
+        # approximately) is stored under its context marked inexact: found as a context
+        # copy in this context, never as an exact run
+        inexact = cid == first and seg.end > exact
         # what the store holds after this context, as computed here (a context copy is not:
         # it holds the KV an earlier turn used approximately)
-        headed = not at_start and (seg.start, seg.end) not in approximate
+        headed = not at_start and (seg.start, seg.end) not in approximate and not inexact
         if ctx.store.contains_content(m.model_id, m.tokenizer.tokenizer_id, cid):
             continue
         span = slice(seg.start, seg.end)
         if seq.holes is not None and bool(seq.holes[span].any()):
             continue  # a sliding-window layer holds no K/V for some of its tokens
         keys, values = seq.gather_all(span)
+        stored_after = inexact_context(context) if inexact else context
         kv = StoredKV(
-            keys, values, positions[span].clone(), m.model_id, m.tokenizer.tokenizer_id, context
-        )
+            keys, values, positions[span].clone(), m.model_id, m.tokenizer.tokenizer_id,
+            stored_after,
+        )  # fmt: skip
         if ctx.store.put_content(cid, kv) and headed:
             head_index(ctx.store).add(scoped(namespace, seg), context, cid, seg.ids)
