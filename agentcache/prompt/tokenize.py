@@ -68,12 +68,13 @@ def tokenize_prompt(
     add_generation_prompt: bool = True,
 ) -> TokenizedPrompt:
     """Tokenize segment by segment. If the prompt uses chat roles and does not end inside an
-    open assistant message, a generation-prompt update segment is appended."""
+    open assistant message, a generation-prompt update segment is appended, in the scope of
+    the prompt's last segment (its KV stays with the prompt's)."""
     segs = list(prompt.segments)
     last = segs[-1]
     uses_chat = any(s.role for s in segs)
     if add_generation_prompt and uses_chat and last.role != "assistant":
-        segs.append(Segment(SegmentKind.UPDATE, "", GENERATION_PROMPT_ID, "assistant"))
+        segs.append(Segment(SegmentKind.UPDATE, "", GENERATION_PROMPT_ID, "assistant", last.scope))
     out: list[TokenizedSegment] = []
     ids: list[int] = []
     for i, seg in enumerate(segs):

@@ -41,7 +41,10 @@ def test_second_turn_reuses_the_first_and_names_the_new_reply(tiny: LoadedModel)
         ("computed", "generation-prompt"),
     ]  # fmt: skip
     sys_and_user = sum(s.num_tokens for s in r2.report.segments[:2])
-    assert r2.report.reused_tokens == r2.report.exact_tokens == sys_and_user
+    # the reply's message opens with turn 1's generation prompt, stored in the conversation's
+    # scope after this very context: that opening is its head, exact here
+    opened = r1.report.segments[-1].num_tokens
+    assert r2.report.reused_tokens == r2.report.exact_tokens == sys_and_user + opened
     n = r2.report.segments[2].num_tokens
     assert r2.report.why_no_hit()[0].endswith(f"(assistant #2, {n} tokens): new")
 

@@ -68,6 +68,16 @@ def test_generation_prompt_appended_after_closed_message() -> None:
     assert tp.ids[-len(last.ids) :] == enc("<|im_start|>assistant\n")
 
 
+def test_generation_prompt_takes_the_scope_of_the_prompts_last_segment() -> None:
+    """Its KV is stored with the prompt's, never in the namespace every scope shares."""
+    scoped = [Segment(s.kind, s.text, s.id, s.role, "tenant-a") for s in (SYS, NEW_U)]
+    tp = tokenize_prompt(SegmentedPrompt(scoped), TOK, CHATML)
+    assert tp.segments[-1].segment.id == GENERATION_PROMPT_ID
+    assert tp.segments[-1].segment.scope == "tenant-a"
+    shared = tokenize_prompt(SegmentedPrompt([SYS, NEW_U]), TOK, CHATML)
+    assert shared.segments[-1].segment.scope is None
+
+
 def test_no_generation_prompt_when_disabled_or_without_roles() -> None:
     tp = tokenize_prompt(SegmentedPrompt([SYS, NEW_U]), TOK, CHATML, add_generation_prompt=False)
     assert all(ts.segment.id != GENERATION_PROMPT_ID for ts in tp.segments)
