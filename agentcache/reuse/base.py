@@ -37,6 +37,11 @@ class ReuseContext:
     # a segment's context copy (reuse/segments.py) may serve as an exact run; False where the
     # output must equal full recompute's (the planner's exact floor)
     context_copies: bool = True
+    # an update's opening shared with a segment stored after this very context is found as an
+    # exact run (its head, reuse/segments.py); False where the computed tokens must be the
+    # ones a plan chose from the store's metadata alone (the vLLM connector's staged prefill:
+    # vLLM's prefix cache serves that opening)
+    update_heads: bool = True
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,10 @@ the rest of it is computed. The miss is still recorded: its text was not found.
     stored   : [ sys ][ # Tools ... fn_a fn_b ]       after context "sys"
     prompt   : [ sys ][ # Tools ... fn_c ]            opening shared up to "fn_"
                exact  [ head #######][computed]
+
+An update segment is computed, never looked up, but its opening is found the same way (a new
+user message's chat header, the lines of a state block that stayed): what exact prefix reuse
+finds there, the selective strategies find too (`ReuseContext.update_heads`).
 """
 
 from __future__ import annotations
@@ -152,6 +156,14 @@ def find_hits(
     hits = []
     for i, seg in enumerate(prompt.segments):
         if seg.kind not in REUSABLE:
+            # an update is computed, but the opening it shares with a segment stored after
+            # this very context (its message framing, the lines of a state block that stayed)
+            # is exact here, as prefix reuse finds it
+            if not ctx.update_heads or chain is None:
+                continue
+            if head := _head(ctx, prompt, seg, chain[i], namespace):
+                hits.append(head)
+                stats.head_tokens += head.num_tokens
             continue
         found, copy, context_copy = None, False, False
         if chain is not None:  # a presence check first: an absent copy counts no miss

@@ -236,11 +236,14 @@ def _meta_of(store: SegmentStore, model: LoadedModel) -> Callable[[TokenizedSegm
     ],
 )
 def test_plan_computes_what_the_embedded_strategy_computes(tiny: LoadedModel, text: str) -> None:
-    """With one-token blocks (no alignment) the plan's computed tokens are the strategy's own."""
+    """With one-token blocks (no alignment) the plan's computed tokens are the strategy's own
+    (run as the connector's filler runs it: without update heads, an opening vLLM's prefix
+    cache serves)."""
     spec = StrategySpec.parse(text)
     engine = Engine(
         tiny, EngineConfig(strategy=spec.name, strategy_options={spec.name: spec.options})
     )
+    engine.ctx = replace(engine.ctx, update_heads=False)
     engine.generate(agent_prompt("memory v1"), ONE)
     prompt = engine.tokenize(agent_prompt("memory v2, a good deal longer than the first one"))
     strategy = staged_strategy(StrategySpec.parse(text))

@@ -5,7 +5,10 @@ generated ids, finish reasons, and how many prompt tokens each turn reused and r
 (`recorded_strategies.json`) that `test_recorded_strategies.py` holds the engine to; it was
 written before the segment store became an interface with the tiered and folder stores
 composed around it. The `rpdc` entries were written again when its default gained `cover=1.5`
-(every strategy else unchanged; its replies now equal `full`'s on these turns).
+(every strategy else unchanged; its replies now equal `full`'s on these turns). The reuse
+counts were written again when an update's opening shared with a segment stored after the same
+context (its head) became found: reused and recomputed counts only, every id and finish reason
+unchanged.
 
 Layout per turn: [system][memory: update, its length changes][history: fixed, shifted][user],
 the shape where position-independent reuse differs from prefix reuse.

@@ -10,7 +10,7 @@ from agentcache.reuse import STRATEGIES
 from agentcache.reuse.ccpe import CCPEError, chunk_encodings
 from agentcache.runtime import Engine, EngineConfig, GenerationParams
 from agentcache.testing import tiny_model
-from tests.reuse.test_contract import agent_prompt
+from tests.reuse.test_contract import agent_prompt, update_head
 
 ONE = GenerationParams(max_new_tokens=1)
 LONG = "memory v2 is much longer than it was before " * 6
@@ -79,7 +79,9 @@ def test_chunks_reused_at_e_star_and_recomputed_at_another_encoding() -> None:
     assert all("!= e*" in r for r in moved.fallback_reasons)
     prompt = engine.tokenize(agent_prompt(LONG))
     system = prompt.segments[0]
-    assert moved.reused_tokens == len(system.ids)
+    # the system prompt, and the update's opening after it (its head: exact)
+    head = update_head(engine, "memory v1", LONG)
+    assert head > 0 and moved.reused_tokens == len(system.ids) + head
 
 
 def test_saturated_encodings_keep_reusing_after_a_shift() -> None:
@@ -90,7 +92,7 @@ def test_saturated_encodings_keep_reusing_after_a_shift() -> None:
     assert moved.fallbacks == 0
     prompt = engine.tokenize(agent_prompt(LONG))
     fixed = sum(len(s.ids) for s in prompt.segments if s.kind in ("system", "fixed"))
-    assert moved.reused_tokens == fixed
+    assert moved.reused_tokens == fixed + update_head(engine, "memory v1", LONG)
 
 
 def test_cope_decode_matches_dense_forward() -> None:

@@ -34,6 +34,14 @@ def agent_prompt(update: str) -> SegmentedPrompt:
     )
 
 
+def update_head(engine: Engine, before: str, after: str) -> int:
+    """Tokens `agent_prompt(after)`'s update shares from its start with `agent_prompt(before)`'s:
+    after the unchanged system prompt, its head (an exact run, reuse/segments.py)."""
+    a = engine.tokenize(agent_prompt(before)).segments[1].ids
+    b = engine.tokenize(agent_prompt(after)).segments[1].ids
+    return next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+
+
 @pytest.mark.parametrize("name", STRATEGIES.names())
 def test_nothing_changed_reproduces_full(tiny: LoadedModel, name: str) -> None:
     ref = Engine(tiny).generate(agent_prompt("memory v1"), PARAMS, strategy="full")

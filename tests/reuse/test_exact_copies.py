@@ -78,14 +78,17 @@ def test_a_prefix_hit_after_another_stamp_does_prefixs_work(tiny: LoadedModel) -
     engine, default = run(tiny, "rpdc", FIRST, SETUP, THEN)
     t = engine.tokenize(THEN)
     found = t.segments[2].start  # system + tools, whole
-    assert default.loaded_tokens == default.reused_tokens == found
-    # prefix's blocks cover the same tokens, and run on into the new question's chat header
-    # where a block ends inside it: reuse by segments computes those few tokens
+    # and the opening the new question shares with the one stored after this very context
+    # (its chat header): its head, exact here
     ask, setup_ask = t.segments[2].ids, engine.tokenize(SETUP).segments[2].ids
     header = next(i for i, (x, y) in enumerate(zip(ask, setup_ask, strict=False)) if x != y)
-    extra = prefix.loaded_tokens - found
-    assert 0 <= extra <= min(header, 15)
-    assert default.recomputed_tokens == prefix.recomputed_tokens + extra
+    assert header > 0
+    assert default.loaded_tokens == default.reused_tokens == found + header
+    # prefix's blocks cover the same tokens up to its last whole block: reuse by segments
+    # computes what prefix computes, less the opening past that block
+    extra = found + header - prefix.loaded_tokens
+    assert 0 <= extra <= 15
+    assert default.recomputed_tokens == prefix.recomputed_tokens - extra
     assert default.model_calls == prefix.model_calls == 2 * tiny.config.num_layers + 2  # no probe
     assert default.exact_plan and default.loaded_tokens + default.recomputed_tokens == t.num_tokens
 

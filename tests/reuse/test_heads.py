@@ -4,9 +4,14 @@ and computes the rest. Counted, not timed; the output checked against full recom
 
     1 : [ sys ][ # Tools ... fn_a, fn_b ][ q1 ]   the tools block stored after "sys"
     2 : [ sys ][ # Tools ... fn_c ][ q2 ]          its opening loaded exactly, the rest computed
+
+An update (a new question, a state block) is computed, but the opening it shares with the
+update stored after the same context (its chat header, lines that stayed) is found alike.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -209,3 +214,33 @@ def test_other_selective_strategies_take_the_head_too(tiny: LoadedModel, strateg
     engine, _ = run(tiny, strategy, FIRST)
     _, stats = first_logits(engine, OTHER)
     assert stats.head_tokens == opening(engine, FIRST, OTHER)
+
+
+def test_an_updates_opening_after_an_unchanged_context_is_an_exact_run(tiny: LoadedModel) -> None:
+    first, then = prompt("ab", "What is item 3?"), prompt("ab", "What is item 4?")
+    engine, _ = run(tiny, "rpdc", first)
+    t = engine.tokenize(then)
+    q, q_before = t.segments[2], engine.tokenize(first).segments[2]
+    shared = next(i for i, (a, b) in enumerate(zip(q.ids, q_before.ids, strict=False)) if a != b)
+    assert shared > 0
+    logits, stats = first_logits(engine, then)
+    assert stats.head_tokens == shared
+    assert stats.loaded_tokens == q.start + shared  # system, tools, the question's opening
+    assert stats.misses == []  # an update is not looked up: nothing missed
+    assert stats.exact_plan and bool(stats.exact[: q.start + shared].all())
+    ref, _ = first_logits(Engine(tiny, EngineConfig(strategy="full")), then)
+    torch.testing.assert_close(logits, ref, atol=2e-4, rtol=0)
+    # exact prefix reuse loads whole blocks of the same tokens: no more than the default
+    _, prefix = run(tiny, "prefix", first, then)
+    _, default = run(tiny, "rpdc", first, then)
+    assert default.loaded_tokens >= prefix.loaded_tokens
+    assert default.recomputed_tokens <= prefix.recomputed_tokens
+
+
+def test_without_update_heads_an_update_is_computed_whole(tiny: LoadedModel) -> None:
+    first, then = prompt("ab", "What is item 3?"), prompt("ab", "What is item 4?")
+    engine, _ = run(tiny, "rpdc", first)
+    engine.ctx = replace(engine.ctx, update_heads=False)
+    _, stats = first_logits(engine, then)
+    assert stats.head_tokens == 0
+    assert stats.loaded_tokens == engine.tokenize(then).segments[2].start

@@ -15,7 +15,7 @@ from agentcache.reuse.config import SelectiveOptions
 from agentcache.reuse.ranking.probs import attention_probs, attention_probs_reference
 from agentcache.reuse.wca import cksim, wca_weight
 from agentcache.runtime import Engine, EngineConfig, GenerationParams
-from tests.reuse.test_contract import agent_prompt
+from tests.reuse.test_contract import agent_prompt, update_head
 
 ONE = GenerationParams(max_new_tokens=1)
 
@@ -46,13 +46,16 @@ def test_pic_computes_only_update_and_missing_tokens(tiny: LoadedModel) -> None:
     prompt = engine.tokenize(agent_prompt("memory v2 is longer than before " * 5))
     stats = shifted(engine)
     fixed = sum(len(s.ids) for s in prompt.segments if s.kind in ("system", "fixed"))
-    assert stats.reused_tokens == fixed
-    assert stats.recomputed_tokens == prompt.num_tokens - fixed
+    head = update_head(engine, "memory v1", SHIFTED)  # the update's opening, exact
+    assert head > 0
+    assert stats.reused_tokens == fixed + head
+    assert stats.recomputed_tokens == prompt.num_tokens - fixed - head
 
 
 def test_epic_recomputes_first_k_of_each_non_first_chunk(tiny: LoadedModel) -> None:
     pic, epic = shifted(second_turn(tiny, "pic")), shifted(second_turn(tiny, "epic", boundary_k=8))
-    assert epic.recomputed_tokens - pic.recomputed_tokens == 2 * 8  # chunks h1, h2; not sys
+    # chunks: the update's head (exact, but epic knows no exact runs), h1, h2; not sys
+    assert epic.recomputed_tokens - pic.recomputed_tokens == 3 * 8
 
 
 def test_cacheblend_budget_and_layer0(tiny: LoadedModel) -> None:
@@ -159,8 +162,10 @@ def test_exact_prefix_is_not_recomputed(tiny: LoadedModel) -> None:
     prompt = engine.tokenize(agent_prompt("memory v2 is longer than before " * 5))
     system = prompt.segments[0]
     assert system.kind == "system"
-    # everything but the unchanged system prefix is recomputed at ratio 1.0
-    assert stats.recomputed_tokens == prompt.num_tokens - len(system.ids)
+    # everything but the unchanged system prefix and the update's opening after it (its
+    # head) is recomputed at ratio 1.0
+    head = update_head(engine, "memory v1", SHIFTED)
+    assert stats.recomputed_tokens == prompt.num_tokens - len(system.ids) - head
 
 
 def test_probe_with_zero_budget_equals_pic_compute(tiny: LoadedModel) -> None:
@@ -310,7 +315,9 @@ def test_offset_selection_at_epics_token_count_is_epic(tiny: LoadedModel) -> Non
     assert all(len(s.ids) > k for s in fixed)
     n = sum(len(s.ids) for s in fixed)  # candidates: the system prompt is an exact prefix
     ratio = (k * len(fixed) - 0.5) / n
-    epic = second_turn(tiny, "epic", boundary_k=k).generate(agent_prompt(SHIFTED), ONE)
+    # both told exact runs (the update's head is one), which the default knows
+    epic = second_turn(tiny, "epic", boundary_k=k, exact_prefix=True)
+    epic = epic.generate(agent_prompt(SHIFTED), ONE)
     offset = second_turn(tiny, "rpdc", selection="offset", ratio=ratio)
     out = offset.generate(agent_prompt(SHIFTED), ONE)
     assert out.stats.recomputed_tokens == epic.stats.recomputed_tokens
@@ -319,8 +326,10 @@ def test_offset_selection_at_epics_token_count_is_epic(tiny: LoadedModel) -> Non
 
 
 def test_per_chunk_budget_with_offset_order_is_epic(tiny: LoadedModel) -> None:
-    """`per_chunk=k` spends EPIC's own token count: in offset order, EPIC's prefill."""
-    epic = second_turn(tiny, "epic", boundary_k=8).generate(agent_prompt(SHIFTED), ONE)
+    """`per_chunk=k` spends EPIC's own token count: in offset order, EPIC's prefill (both
+    told exact runs, as the default is)."""
+    epic = second_turn(tiny, "epic", boundary_k=8, exact_prefix=True)
+    epic = epic.generate(agent_prompt(SHIFTED), ONE)
     same = second_turn(tiny, "rpdc", selection="offset", per_chunk=8)
     out = same.generate(agent_prompt(SHIFTED), ONE)
     assert out.stats.recomputed_tokens == epic.stats.recomputed_tokens
@@ -359,18 +368,22 @@ def test_span_chunks_join_segments_stored_together(tiny: LoadedModel) -> None:
     prompt = engine.tokenize(agent_prompt(SHIFTED))
     stats = ReuseStats(prompt.num_tokens, tiny.config.num_layers)
     hits = find_hits(engine.ctx, prompt, stats)
-    assert [h.segment.segment.id for h in hits] == ["sys", "h1", "h2"]
-    sys, h1, h2 = hits
+    # the update's opening is found too: its head, stored right after the system prompt
+    assert [h.segment.segment.id for h in hits] == ["sys", "memory", "h1", "h2"]
+    sys, head, h1, h2 = hits
+    assert head.head and not any(h.head for h in (sys, h1, h2))
     natural = torch.arange(prompt.num_tokens)
 
     def chunks(hits: list[Any], merge: bool) -> list[tuple[int, int]]:
         return chunk_spans(reused_runs(prompt, hits, natural, SelectiveOptions()), merge)
 
     assert chunks(hits, merge=False) == [(h.start, h.end) for h in hits]
-    assert chunks(hits, merge=True) == [(sys.start, sys.end), (h1.start, h2.end)]
+    assert chunks(hits, merge=True) == [(sys.start, head.end), (h1.start, h2.end)]
     # h2 stored after a different h1: its own span
     other = replace(h2, kv=replace(h2.kv, context_id="another prompt"))
-    assert chunks([sys, h1, other], merge=True) == [(h.start, h.end) for h in hits]
+    assert chunks([sys, head, h1, other], merge=True) == [
+        (sys.start, head.end), (h1.start, h1.end), (h2.start, h2.end)
+    ]  # fmt: skip
 
     # offset order from the span's start: h1's first tokens, then on into h2
     spans, segments = ({"selection": "offset", "per_chunk": 8, "chunks": c} for c in CHUNK_KINDS)

@@ -73,11 +73,14 @@ def prefix_work(
 ) -> tuple[int, int]:
     """Tokens exact prefix reuse loads in `then` after `first` (the whole 16-token blocks of
     their common token prefix, which runs past the system segment into the next one's chat
-    header), and the system segment's tokens (what segment-wise reuse finds exact)."""
+    header), and what segment-wise reuse finds exact: the whole common token prefix (the
+    system segment, then the opening the next segment shares with the one stored after it,
+    its head)."""
     engine = Engine(tiny)
     a, b = engine.tokenize(first).ids, engine.tokenize(then).ids
     common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a))
-    return common // 16 * 16, len(engine.tokenize(then).segments[0].ids)
+    assert common > len(engine.tokenize(then).segments[0].ids)  # into the next segment
+    return common // 16 * 16, common
 
 
 def test_a_prefix_hit_under_the_default_loads_what_prefix_loads(tiny: LoadedModel) -> None:
@@ -85,9 +88,9 @@ def test_a_prefix_hit_under_the_default_loads_what_prefix_loads(tiny: LoadedMode
     first, then = prompt(tiny, "memory v1", False), prompt(tiny, "another question", False)
     prefix = second_turn(tiny, "prefix", first, then)
     default = second_turn(tiny, "rpdc", first, then)
-    blocks, segment = prefix_work(tiny, first, then)
-    assert (prefix.loaded_tokens, default.loaded_tokens) == (blocks, segment)
-    assert abs(blocks - segment) < 16  # the chat header of the next segment, to a block
+    blocks, common = prefix_work(tiny, first, then)
+    assert (prefix.loaded_tokens, default.loaded_tokens) == (blocks, common)
+    assert 0 <= common - blocks < 16  # what prefix's last block leaves of the common prefix
     assert default.model_calls == prefix.model_calls
     for s in (prefix, default):
         assert s.loaded_tokens + s.recomputed_tokens == s.prompt_tokens
@@ -98,9 +101,9 @@ def test_an_exact_turn_under_the_default_does_prefixs_work(tiny: LoadedModel) ->
     first, then = prompt(tiny, "memory v1"), prompt(tiny, "memory v2, much longer: " * 12)
     prefix = second_turn(tiny, "prefix", first, then)
     default = second_turn(tiny, "rpdc", first, then)
-    blocks, segment = prefix_work(tiny, first, then)
+    blocks, common = prefix_work(tiny, first, then)
     assert default.exact_plan and default.reused_tokens > default.loaded_tokens  # h1, h2 not loaded
-    assert (prefix.loaded_tokens, default.loaded_tokens) == (blocks, segment)
+    assert (prefix.loaded_tokens, default.loaded_tokens) == (blocks, common)
     assert default.model_calls == prefix.model_calls
     for s in (prefix, default):
         assert s.loaded_tokens + s.recomputed_tokens == s.prompt_tokens

@@ -162,7 +162,8 @@ class SegmentFiller:
         c = model.config
         pages = -(-max_tokens // 16) + 1
         pool = PagePool(PoolConfig(c.num_layers, c.num_kv_heads, c.head_dim, pages, 16))
-        self.ctx = ReuseContext(model, store, pool)
+        # the filled span is the plan's, chosen from the store's metadata: no update heads
+        self.ctx = ReuseContext(model, store, pool, update_heads=False)
         self.default_strategy = default_strategy
         StrategySpec.parse(default_strategy)
         self._strategies: OrderedDict[str, ReuseStrategy] = OrderedDict()
