@@ -124,6 +124,18 @@ reuse() {
       --new-tokens 16 --strategies "$hybrid" --out "docs/bench/frontier/hybrid-$w"
   done
   $py benchmarks/reuse/frontier.py docs/bench/frontier/*/results.json --out docs/bench/frontier
+  # the default's exact turns against prefix's (docs/benchmarks.md "Exact turns at prefix's
+  # cost"); the swe_agent and memgpt runs ran side by side, memgpt-alone by itself (about 20
+  # minutes each)
+  for w in swe_agent memgpt; do
+    $ac bench "benchmarks/workloads/$w.jsonl" --split validate --sessions "$w-08,$w-09,$w-10,$w-11" \
+      --strategies full,prefix,default,transformers-prefix --threads 1 --out "docs/bench/exact-turns/$w"
+  done
+  $ac bench benchmarks/workloads/memgpt.jsonl --split validate \
+    --sessions memgpt-08,memgpt-09,memgpt-10,memgpt-11 --strategies full,prefix,default,transformers-prefix \
+    --threads 1 --out docs/bench/exact-turns/memgpt-alone
+  $py benchmarks/reuse/exact_turns.py docs/bench/exact-turns/{swe_agent,memgpt,memgpt-alone} \
+    --out docs/bench/exact-turns
   # agentcache's full prefill against transformers' forward pass (about 20 minutes)
   $py benchmarks/reuse/full_baseline.py benchmarks/workloads/reflexion.jsonl \
     benchmarks/workloads/memgpt.jsonl benchmarks/workloads/swe_agent.jsonl --out docs/bench/full-baseline
