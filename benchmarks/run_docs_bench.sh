@@ -134,8 +134,8 @@ reuse() {
   $ac bench benchmarks/workloads/memgpt.jsonl --split validate \
     --sessions memgpt-08,memgpt-09,memgpt-10,memgpt-11 --strategies full,prefix,default,transformers-prefix \
     --threads 1 --out docs/bench/exact-turns/memgpt-alone
-  $py benchmarks/reuse/exact_turns.py docs/bench/exact-turns/{swe_agent,memgpt,memgpt-alone} \
-    --out docs/bench/exact-turns
+  $py benchmarks/reuse/exact_turn_kinds.py docs/bench/validate-swe_agent docs/bench/exact-turns/swe_agent \
+    docs/bench/validate-memgpt docs/bench/exact-turns/{memgpt,memgpt-alone} --out docs/bench/exact-turns
   # agentcache's full prefill against transformers' forward pass (about 20 minutes)
   $py benchmarks/reuse/full_baseline.py benchmarks/workloads/reflexion.jsonl \
     benchmarks/workloads/memgpt.jsonl benchmarks/workloads/swe_agent.jsonl --out docs/bench/full-baseline
