@@ -14,6 +14,9 @@ from agentcache.prompt.segments import SegmentKind
 from agentcache.prompt.template import PromptTemplate
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
+from agentcache.runtime.stats import TokenUse
+
+REUSED = (TokenUse.EXACT, TokenUse.MOVED, TokenUse.REFRESHED)
 
 STEP_1 = {"action": "Thought 1: look it up.\nAction 1: Search[Ada Lovelace]", "observation": "a"}
 STEP_2 = {"action": "Thought 2: check the year.\nAction 2: Lookup[born]", "observation": "1815"}
@@ -88,7 +91,17 @@ def test_fixed_keys_stable_when_update_inputs_change(tiny: LoadedModel, name: st
     engine.generate(first, GenerationParams(max_new_tokens=2))
     out = engine.generate(second, GenerationParams(max_new_tokens=2))
     reusable = sum(len(s.ids) for s in second.segments if s.kind != SegmentKind.UPDATE)
-    assert out.stats.reused_tokens == reusable
+    # and of an update, at most its opening: what it shares with the segment stored after the
+    # same context (its head), loaded exactly
+    uses = out.stats.token_reuse
+    assert uses is not None
+    opened = 0
+    for s in second.segments:
+        if s.kind == SegmentKind.UPDATE:
+            n = sum(uses.count(u, s.start, s.end) for u in REUSED)
+            assert uses.count(TokenUse.EXACT, s.start, s.start + n) == n, s.segment.id
+            opened += n
+    assert out.stats.reused_tokens == reusable + opened
     assert not out.stats.misses
 
 
