@@ -66,7 +66,6 @@ from agentcache.kv.pool import SequenceKV
 from agentcache.kv.store import (
     StoredKV,
     chain_id,
-    computed_after,
     context_copy_id,
     exact_copy_id,
     inexact_context,
@@ -181,18 +180,11 @@ def find_hits(
             space = scoped(namespace, seg)
             found = ctx.store.lookup(model_id, tokenizer_id, seg.ids, space, start)
             kv = found.kv
-            after = None if kv is None else computed_after(kv.context_id)
             # a first copy computed after K/V reused approximately is exact nowhere, but it
             # is what an earlier turn used after this very context: there, a context copy
-            inexact = kv is not None and after != kv.context_id
-            if (
-                inexact
-                and kv is not None
-                and chain is not None
-                and ctx.context_copies
-                and after == chain[i]
-            ):
-                found = replace(found, kv=replace(kv, context_id=after))
+            here = None if chain is None or not ctx.context_copies else chain[i]
+            if kv is not None and here is not None and kv.context_id == inexact_context(here):
+                found = replace(found, kv=replace(kv, context_id=here))
                 context_copy = True
         assert found is not None
         if found.kv is None:
@@ -413,17 +405,17 @@ def commit_segments(
     chain = chain_ids(prompt)
     for i, seg in enumerate(prompt.segments):
         start, context = (seg.start if at_start else None), chain[i]
+        # a first copy whose K/V is not full recompute's here (computed after K/V reused
+        # approximately) is stored under its context marked inexact: found as a context
+        # copy in this context, never as an exact run
+        inexact = False
         if (seg.start, seg.end) in copies:
             cid = exact_copy_id(chain[i + 1], seg.segment.scope, seg.start, namespace)
         elif (seg.start, seg.end) in approximate:
             cid = context_copy_id(chain[i + 1], seg.segment.scope, seg.start, namespace)
         else:
             cid = segment_content_id(seg.ids, seg.segment.scope, namespace, start)
-        first = segment_content_id(seg.ids, seg.segment.scope, namespace, start)
-        # a first copy whose K/V is not full recompute's here (computed after K/V reused
-        # approximately) is stored under its context marked inexact: found as a context
-        # copy in this context, never as an exact run
-        inexact = cid == first and seg.end > exact
+            inexact = seg.end > exact
         # what the store holds after this context, as computed here (a context copy is not:
         # it holds the KV an earlier turn used approximately)
         headed = not at_start and (seg.start, seg.end) not in approximate and not inexact
