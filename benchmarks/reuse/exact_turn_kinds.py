@@ -25,14 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from agentcache.bench.provenance import provenance
+from agentcache.bench.reuse.report import exact_turn
 
 PEER = "transformers-prefix"
 TARGET = 1.01  # exact turns: median TTFT <= 1.01x prefix's
-
-
-def exact(row: dict[str, Any]) -> bool:
-    """Whether a turn of the default computed every reused token whose context changed."""
-    return bool(row["probe_skipped"] or row["candidates"] == 0)
 
 
 def part(
@@ -72,8 +68,8 @@ def family(results: dict[str, Any]) -> dict[str, Any]:
         "split": results["split"],
         "command": results["command"],
         "all": part(triples),
-        "exact": part([x for x in triples if exact(x[0])]),
-        "ranked": part([x for x in triples if not exact(x[0])]),
+        "exact": part([x for x in triples if exact_turn(x[0])]),
+        "ranked": part([x for x in triples if not exact_turn(x[0])]),
     }
     e = out["exact"]
     out["met"] = bool(e["turns"] and e["vs_prefix_median"] <= TARGET)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agentcache.bench.reuse.report import cold as cold_turns
-from agentcache.bench.reuse.report import dominated_by
+from agentcache.bench.reuse.report import dominated_by, exact_turn
 
 GREEDY, FIRST = 0.9, 0.99  # the fidelity floor
 VS_PREFIX, VS_PEER, COLD = 0.8, 0.67, 1.03  # the speed targets
@@ -39,11 +39,6 @@ def faithful(s: dict[str, Any]) -> bool:
 
 def median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
-
-
-def exact(row: dict[str, Any]) -> bool:
-    """Whether a turn of the default computed every reused token whose context changed."""
-    return bool(row["probe_skipped"] or row["candidates"] == 0)
 
 
 def covered_split(results: dict[str, Any], name: str) -> dict[str, Any] | None:
@@ -60,7 +55,7 @@ def covered_split(results: dict[str, Any], name: str) -> dict[str, Any] | None:
         return None
     out = {}
     for part, wanted in (("exact", True), ("ranked", False)):
-        chosen = [(d, p) for d, p in pairs if exact(d) == wanted]
+        chosen = [(d, p) for d, p in pairs if exact_turn(d) == wanted]
         out[part] = {
             "turns": len(chosen),
             "vs_peer": median([d["ttft_ms"] / p["ttft_ms"] for d, p in chosen]),

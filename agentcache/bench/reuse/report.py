@@ -44,6 +44,12 @@ def summarize(records: list[dict[str, Any]], key: str | None = None) -> dict[str
     return out[""] if key is None else out
 
 
+def exact_turn(row: dict[str, Any]) -> bool:
+    """Whether a turn of the default computed every reused token whose context changed
+    (`cover` acted, or there was no candidate to rank)."""
+    return bool(row["probe_skipped"] or row["candidates"] == 0)
+
+
 def peer_ratios(records: list[dict[str, Any]], peer: str = PEER) -> dict[str, float]:
     """Per strategy, the median over warm turns of its TTFT / the `transformers-prefix` peer's
     on the same turn (what a user would hand-roll in `transformers`); empty without the peer."""
