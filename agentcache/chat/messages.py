@@ -118,7 +118,8 @@ class ToolSpec:
         params = fn.get("parameters")
         if params is None:  # omitted (or null): a function without parameters
             params = {"type": "object", "properties": {}}
-        return cls(str(fn.get("name", "")), str(fn.get("description", "")), params)
+        description = fn.get("description")  # omitted or null: none
+        return cls(str(fn.get("name", "")), "" if description is None else str(description), params)
 
     def to_openai(self) -> dict[str, Any]:
         return {

@@ -27,6 +27,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from agentcache.chat.messages import ToolCall, ToolSpec
 
@@ -43,6 +44,13 @@ TOOLS_FOOTER = (
     "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
     '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
 )
+
+
+def chat_template() -> Path:
+    """A jinja chat template that renders a message list and its tools for a ChatML model as
+    the server does (the tools block, tool calls, `developer` as `system`): for another engine
+    serving the same model, e.g. `vllm serve --chat-template`, so it sends the same text."""
+    return Path(__file__).with_name("chatml_tools.jinja")
 
 
 def render_tools(tools: Sequence[ToolSpec]) -> str:

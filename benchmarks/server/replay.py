@@ -92,6 +92,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=DEFAULT_VLLM_EXTRA,
         help="more `vllm serve` arguments (default: %(default)s)",
     )
+    p.add_argument(
+        "--vllm-chat-template",
+        default="agentcache",
+        help="the chat template plain vLLM renders requests with: 'agentcache' (default: the "
+        "messages and tools as agentcache's server renders them, so every target gets the same "
+        "prompts), 'model' (the model's own) or a file",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads per agentcache server")
     p.add_argument(
         "--max-tokens",
@@ -143,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def target_options(args: argparse.Namespace) -> Any:
     from agentcache.bench.server.targets import TargetOptions
+    from agentcache.chat.tools import chat_template
 
     folder = None
     if any(t.base == "vllm" for t in args.target_specs):
@@ -152,7 +160,12 @@ def target_options(args: argparse.Namespace) -> Any:
             folder = str(convert_default_model(default_cache_dir()))
         elif args.model != "tiny":
             folder = args.model
-    return TargetOptions(args.model, args.vllm_python, args.vllm_serve_args, args.threads, folder)
+    template = {"agentcache": str(chat_template()), "model": None}.get(
+        args.vllm_chat_template, args.vllm_chat_template
+    )
+    return TargetOptions(
+        args.model, args.vllm_python, args.vllm_serve_args, args.threads, folder, template
+    )
 
 
 def run(args: argparse.Namespace, sessions: list[Any], pauses: dict[str, list[float]],
@@ -242,6 +255,7 @@ def config(
         "target_args": {t.label: list(t.args) for t in args.target_specs if t.args},
         "rounds": args.rounds, "threads": args.threads, "max_tokens": args.max_tokens,
         "vllm_python": args.vllm_python, "vllm_serve_args": args.vllm_serve_args,
+        "vllm_chat_template": args.vllm_chat_template,
         "model_folder": options.model_folder,
         "pauses": {"median_s": args.pause_median, "sigma": args.pause_sigma,
                    "max_s": args.pause_max, "seed": args.seed, "total_s": sum(drawn),

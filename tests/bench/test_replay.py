@@ -25,6 +25,7 @@ from agentcache.bench.server.targets import (
     thread_env,
 )
 from agentcache.bench.stats import percentile
+from agentcache.chat.tools import chat_template
 from tests.bench.scripts import load_script
 
 replay = load_script("server/replay")
@@ -225,6 +226,13 @@ def test_target_commands() -> None:
     plain = command("vllm", 9, opts)
     assert plain[:4] == ["/v/bin/python", str(VLLM_SERVE), "serve", "/m"]
     assert "--enable-prefix-caching" in plain and VLLM_SERVE.is_file()
+    # plain vLLM renders messages and tools with the template of agentcache's own rendering
+    template = plain[plain.index("--chat-template") + 1]
+    assert template == str(chat_template()) and Path(template).is_file()
+    own = command(
+        "vllm", 9, TargetOptions(vllm_python="/v", model_folder="/m", vllm_chat_template=None)
+    )
+    assert "--chat-template" not in own
     backend = command("vllm-backend", 9, opts)
     assert backend[0] == "/v/bin/python" and backend[-2:] == ["--backend", "vllm"]
     # every target gets the run's thread count; plain vLLM unbound, as agentcache's servers are

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from agentcache.chat.tools import chat_template
 from agentcache.testing import LoopbackProcess
 
 SERVED_NAME = "replay"
@@ -99,13 +100,17 @@ class TargetOptions:
     """How targets start: `model` is `tiny`, `default` or a model folder; `vllm_python` the
     vLLM venv's interpreter; `vllm_extra` more `vllm serve`
     arguments (its tool-call parser); `threads` torch threads of the agentcache servers;
-    `model_folder` the folder plain vLLM loads (the converted default model for `default`)."""
+    `model_folder` the folder plain vLLM loads (the converted default model for `default`);
+    `vllm_chat_template` the chat template plain vLLM renders requests with (by default the
+    one that renders messages and tools as agentcache's server does, so both targets get the
+    same prompts; None: the model's own)."""
 
     model: str = "default"
     vllm_python: str | None = None
     vllm_extra: str = DEFAULT_VLLM_EXTRA
     threads: int = 1
     model_folder: str | None = None
+    vllm_chat_template: str | None = str(chat_template())
 
 
 # scripts, not modules of the bench: the bench does not import the server (pyproject's layers)
@@ -130,9 +135,10 @@ def command(target: Target | str, port: int, o: TargetOptions) -> list[str]:
     if name == "vllm":
         if o.model_folder is None:
             raise ValueError("target vllm needs the model folder")
+        template = [] if o.vllm_chat_template is None else ["--chat-template", o.vllm_chat_template]
         return [str(o.vllm_python), str(VLLM_SERVE), "serve", o.model_folder, "--host",
                 "127.0.0.1", "--port", str(port), "--served-model-name", SERVED_NAME,
-                *VLLM_ENGINE_ARGS, *shlex.split(o.vllm_extra)]  # fmt: skip
+                *VLLM_ENGINE_ARGS, *template, *shlex.split(o.vllm_extra)]  # fmt: skip
     python = str(o.vllm_python) if name == "vllm-backend" else sys.executable
     model = [] if o.model == "default" else ["--model", o.model]
     return [python, "-m", "agentcache", "serve", "--port", str(port), "--served-model-name",
