@@ -22,10 +22,17 @@ from agentcache.engines.vllm.reports import RequestStats, read_report
 from agentcache.engines.vllm.request import RequestSpec, SegmentSpan
 from agentcache.engines.vllm.scheduler import ConnectorScheduler
 from agentcache.engines.vllm.storage import FolderSegmentStore
-from agentcache.engines.vllm.transfer import PrefixTransfer, SegmentFiller, StoredRunLoader
+from agentcache.engines.vllm.transfer import (
+    Filled,
+    PagedKV,
+    PrefixTransfer,
+    SegmentFiller,
+    StoredRunLoader,
+)
 from agentcache.engines.vllm.worker import ConnectorWorker
 from agentcache.errors import ContextLengthError
 from agentcache.prompt.segments import SegmentKind
+from agentcache.reuse.base import ReuseStats
 
 BS = 32
 SPANS = (SegmentSpan(SegmentKind.SYSTEM, 0, 40, "s"), SegmentSpan(SegmentKind.FIXED, 40, 80))
@@ -34,6 +41,26 @@ SPANS = (SegmentSpan(SegmentKind.SYSTEM, 0, 40, "s"), SegmentSpan(SegmentKind.FI
 class FailingFiller:
     def fill(self, *args: Any) -> None:
         raise ContextLengthError(5000, 4096)
+
+
+class BoundedFiller:
+    """Fills nothing; each fill says its K/V stops being full recompute's at `bounds[i]`."""
+
+    def __init__(self, *bounds: int | None) -> None:
+        self.bounds = list(bounds)
+
+    def fill(self, *args: Any) -> Filled:
+        return Filled(ReuseStats(prompt_tokens=80, num_layers=1), self.bounds.pop(0))
+
+
+class RecordingSegmentMode(SegmentMode):
+    """Records the boundary each save is given instead of storing."""
+
+    saved: list[int | None]
+
+    def save(self, paged: PagedKV, work: RequestWork, inexact_from: int | None = None) -> int:
+        self.saved.append(inexact_from)
+        return 0
 
 
 class PresentStore(FolderSegmentStore):
@@ -135,3 +162,36 @@ def test_a_segment_request_keeps_its_mode_and_says_why_vllm_computed_it(tmp_path
         body["mode"] == "prefix"
         and "segments must be a list" in body["scheduler_fallback_reasons"][0]
     )
+
+
+def test_a_request_saves_with_the_least_boundary_its_loads_left(tmp_path: Path) -> None:
+    """A prefill the scheduler split over steps loads more than once: its save stores the
+    segments after the earliest token any load left not full recompute's as inexact; a
+    request that ended before its save leaves nothing behind for the next one."""
+    store = FolderSegmentStore(tmp_path, 0)
+    keys = StoreKeys(store, "m", "t")
+    filler = BoundedFiller(60, 45, None, 30, None)
+    mode = RecordingSegmentMode(keys, 0.5, lambda: filler)  # type: ignore[arg-type,return-value]
+    mode.saved = []
+
+    def no_runs() -> StoredRunLoader:
+        raise AssertionError("no staged run here")
+
+    modes = Modes(PrefixMode(PrefixTransfer(store, "m", "t"), BS), mode, StagedMode(keys, no_runs))
+    worker = ConnectorWorker(modes, BS, tmp_path)
+    worker.paged = object()  # type: ignore[assignment]  # the fake filler never touches it
+    spec = RequestSpec(SPANS, "pic")
+
+    def work(req: str, load: tuple[int, int], save: bool) -> RequestWork:
+        return RequestWork(req, "segments", list(range(80)), [7, 8, 9], spec, load, save)
+
+    worker.load([work("r1", (16, 50), False)], [])
+    worker.load([work("r1", (50, 79), True)], [])
+    worker.save([work("r1", (50, 79), True)])
+    worker.load([work("r2", (16, 79), True)], [])  # this fill left every token exact
+    worker.save([work("r2", (16, 79), True)])
+    worker.load([work("r3", (16, 79), False)], [])
+    worker.load([], ["r3"])  # r3 ended (cancelled) before its prefill completed
+    worker.load([work("r3", (16, 79), True)], [])  # a request of the same id, exact
+    worker.save([work("r3", (16, 79), True)])
+    assert mode.saved == [45, None, None]

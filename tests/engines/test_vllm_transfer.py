@@ -12,6 +12,7 @@ import torch
 
 from agentcache.engines.vllm import VLLMUnavailableError, check_version
 from agentcache.engines.vllm.layout import CpuLayout, KVShape
+from agentcache.engines.vllm.modes import RequestWork, StagedMode, StoreKeys
 from agentcache.engines.vllm.request import RequestSpec
 from agentcache.engines.vllm.storage import FolderSegmentStore
 from agentcache.engines.vllm.transfer import (
@@ -21,10 +22,13 @@ from agentcache.engines.vllm.transfer import (
     SegmentFiller,
     layer_order,
     save_segments,
+    stored_inexact_from,
 )
-from agentcache.kv.store import MissReason
+from agentcache.kv.store import MissReason, inexact_context, segment_content_id
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
+from agentcache.prompt.tokenize import TokenizedPrompt
+from agentcache.reuse.segments import context_ids
 from agentcache.runtime.engine import Engine, EngineConfig
 
 BS = 32
@@ -111,8 +115,8 @@ def _filled(
     blocks2 = list(range(-(-p2.num_tokens // BS)))
     filler = SegmentFiller(tiny, store, 4096, strategy)
     start, end = 0, p2.num_tokens - 1
-    stats = filler.fill(pages, RequestSpec.from_prompt(p2, strategy), p2.ids, blocks2, start, end)
-    assert stats.reused_tokens > 0
+    filled = filler.fill(pages, RequestSpec.from_prompt(p2, strategy), p2.ids, blocks2, start, end)
+    assert filled.stats.reused_tokens > 0
     keys, _ = pages.read(blocks2, start, end)
     # the reference: agentcache's own engine, same strategy, same store contents
     ref_store = FolderSegmentStore(tmp_path, 64 * MB)
@@ -207,3 +211,103 @@ def test_the_filler_keeps_a_bounded_set_of_strategies(tiny: LoadedModel, tmp_pat
     assert len(filler._strategies) == MAX_STRATEGIES
     assert filler.strategy(specs[0]) is first
     assert specs[1] not in filler._strategies
+
+
+EXACT_PLAN = "pic:exact_prefix=true:selection=offset:ratio=1"  # recomputes every moved token
+
+
+def _with_new_history(update: str) -> SegmentedPrompt:
+    """`_prompt(update)` with a history segment no earlier turn stored, after the moved ones."""
+    segments = list(_prompt(update).segments)
+    new = Segment(SegmentKind.FIXED, "Then the user asked for a packing list for the trip. ", "h3")
+    return SegmentedPrompt([*segments[:-1], new, segments[-1]])
+
+
+def _stored_after(store: FolderSegmentStore, model: LoadedModel, p: TokenizedPrompt) -> list[str]:
+    """The context each segment of `p` is stored under, in the prompt's order."""
+    out = []
+    for seg in p.segments:
+        meta = store.meta(
+            model.model_id, "bytes-v1", segment_content_id(seg.ids, seg.segment.scope)
+        )
+        assert meta is not None and meta.context_id is not None
+        out.append(meta.context_id)
+    return out
+
+
+def _second_turn(
+    tiny: LoadedModel, tmp_path: Path, strategy: str
+) -> tuple[FolderSegmentStore, TokenizedPrompt, int | None]:
+    """Turn 1 computed by 'vLLM' and saved; turn 2 (its history moved by a longer update, a
+    new history segment after it) filled by the connector with `strategy`, then saved with
+    the fill's boundary. Returns the store, turn 2's prompt and the boundary."""
+    engine = Engine(tiny)
+    store = FolderSegmentStore(tmp_path, 64 * MB)
+    pages = _paged(tiny, blocks=40)
+    p1 = engine.tokenize(_prompt("step 1"))
+    blocks1 = list(range(20, 20 + -(-p1.num_tokens // BS)))
+    _vllm_prefill(tiny, pages, list(p1.ids), blocks1)
+    save_segments(store, tiny.model_id, "bytes-v1", pages, RequestSpec.from_prompt(p1, None),
+                  p1.ids, blocks1)  # fmt: skip
+    p2 = engine.tokenize(_with_new_history("step 2 " * 9))
+    spec2 = RequestSpec.from_prompt(p2, strategy)
+    blocks2 = list(range(-(-p2.num_tokens // BS)))
+    filled = SegmentFiller(tiny, store, 4096, strategy).fill(
+        pages, spec2, p2.ids, blocks2, 0, p2.num_tokens - 1
+    )
+    save_segments(store, tiny.model_id, "bytes-v1", pages, spec2, p2.ids, blocks2,
+                  filled.inexact_from)  # fmt: skip
+    return store, p2, filled.inexact_from
+
+
+def test_a_segment_computed_after_approximate_kv_is_stored_marked_inexact(
+    tiny: LoadedModel, tmp_path: Path
+) -> None:
+    """As the embedded engine commits it: `pic` reused the moved history approximately, so
+    the new history segment after it, computed over that K/V, is stored under its context
+    marked inexact; the changed update before the moved history, computed after exact K/V,
+    is stored plain."""
+    store, p2, inexact_from = _second_turn(tiny, tmp_path, "pic")
+    state, h3 = p2.segments[1], p2.segments[4]
+    assert inexact_from is not None and state.end <= inexact_from < h3.end
+    contexts = context_ids(p2)
+    stored = _stored_after(store, tiny, p2)
+    assert stored[4] == inexact_context(contexts[4])  # h3: new, after the moved history
+    assert stored[1] == contexts[1]  # the update: new, after the system prompt only
+
+
+def test_a_fill_that_recomputes_every_moved_token_stores_plain_contexts(
+    tiny: LoadedModel, tmp_path: Path
+) -> None:
+    store, p2, inexact_from = _second_turn(tiny, tmp_path, EXACT_PLAN)
+    assert inexact_from is None
+    contexts = context_ids(p2)
+    assert _stored_after(store, tiny, p2)[4] == contexts[4]
+
+
+def test_the_store_says_where_a_staged_prefill_stops_being_exact(
+    tiny: LoadedModel, tmp_path: Path
+) -> None:
+    """A staged prefill's earlier stages load stored copies through vLLM's prefix cache: a
+    stored segment computed after other tokens than it follows now starts the inexact part."""
+    engine = Engine(tiny)
+    store = FolderSegmentStore(tmp_path, 64 * MB)
+    pages = _paged(tiny, blocks=40)
+    p1 = engine.tokenize(_prompt("step 1"))
+    blocks1 = list(range(-(-p1.num_tokens // BS)))
+    _vllm_prefill(tiny, pages, list(p1.ids), blocks1)
+    spec1 = RequestSpec.from_prompt(p1, None)
+    save_segments(store, tiny.model_id, "bytes-v1", pages, spec1, p1.ids, blocks1)
+    assert stored_inexact_from(store, tiny.model_id, "bytes-v1", spec1, p1.ids) is None
+    p2 = engine.tokenize(_with_new_history("step 2 " * 9))
+    spec2 = RequestSpec.from_prompt(p2, "epic")
+    h1 = p2.segments[2]
+    assert stored_inexact_from(store, tiny.model_id, "bytes-v1", spec2, p2.ids) == h1.start
+    # the last stage's save reads it: the new history segment is stored marked inexact
+    blocks2 = list(range(20, 20 + -(-p2.num_tokens // BS)))
+    _vllm_prefill(tiny, pages, list(p2.ids), blocks2)
+    staged = StagedMode(StoreKeys(store, tiny.model_id, "bytes-v1"), lambda: None)  # type: ignore[arg-type,return-value]
+    work = RequestWork("r", "staged", list(p2.ids), blocks2, spec2, None, True)
+    assert staged.save(pages, work) == 2  # the new update and h3
+    stored, contexts = _stored_after(store, tiny, p2), context_ids(p2)
+    assert stored[4] == inexact_context(contexts[4]) and stored[1] == contexts[1]

@@ -32,6 +32,7 @@ from agentcache.engines.vllm.transfer import (
     SegmentFiller,
     StoredRunLoader,
     save_segments,
+    stored_inexact_from,
 )
 from agentcache.kv.store import SegmentStore
 
@@ -70,6 +71,9 @@ class Loaded:
 
     stats: RequestStats
     failed_blocks: frozenset[int] = field(default_factory=frozenset)
+    # the first token of the prompt whose K/V is not full recompute's after this load
+    # (None: every token's is, as far as this load goes)
+    inexact_from: int | None = None
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,9 @@ class TransferMode(ABC):
     the claimed tokens `work.load` into vLLM's pages; a block it cannot fill is returned in
     `Loaded.failed_blocks` (vLLM recomputes it), a fill that fails as a whole raises an
     `AgentCacheError`. `save` (worker) stores what the pages hold of a prompt whose prefill
-    is complete, skipping entries already stored, and returns the entries written.
+    is complete, skipping entries already stored, and returns the entries written;
+    `inexact_from` is the first token the request's loads left not full recompute's (the
+    least `Loaded.inexact_from` of its loads; None: none did).
     """
 
     name: ClassVar[str]
@@ -104,7 +110,7 @@ class TransferMode(ABC):
     def load(self, paged: PagedKV, work: RequestWork) -> Loaded: ...
 
     @abstractmethod
-    def save(self, paged: PagedKV, work: RequestWork) -> int: ...
+    def save(self, paged: PagedKV, work: RequestWork, inexact_from: int | None = None) -> int: ...
 
 
 class PrefixMode(TransferMode):
@@ -125,19 +131,20 @@ class PrefixMode(TransferMode):
         stats = RequestStats(self.name, reused_tokens=reused, load_failures=len(failed))
         return Loaded(stats, frozenset(failed))
 
-    def save(self, paged: PagedKV, work: RequestWork) -> int:
-        return self.prefix.save(paged, work.token_ids, work.block_ids)
+    def save(self, paged: PagedKV, work: RequestWork, inexact_from: int | None = None) -> int:
+        return self.prefix.save(paged, work.token_ids, work.block_ids)  # exact blocks only
 
 
 class _SavesSegments(TransferMode):
     def __init__(self, keys: StoreKeys) -> None:
         self.keys = keys
 
-    def save(self, paged: PagedKV, work: RequestWork) -> int:
+    def save(self, paged: PagedKV, work: RequestWork, inexact_from: int | None = None) -> int:
         k = self.keys
         return save_segments(
-            k.store, k.model_id, k.tokenizer_id, paged, work.spec, work.token_ids, work.block_ids
-        )
+            k.store, k.model_id, k.tokenizer_id, paged, work.spec, work.token_ids, work.block_ids,
+            inexact_from,
+        )  # fmt: skip
 
 
 class SegmentMode(_SavesSegments):
@@ -170,13 +177,14 @@ class SegmentMode(_SavesSegments):
     def load(self, paged: PagedKV, work: RequestWork) -> Loaded:
         assert work.load is not None and self.filler is not None  # claims nothing without it
         start, end = work.load
-        rs = self.filler().fill(paged, work.spec, work.token_ids, work.block_ids, start, end)
+        filled = self.filler().fill(paged, work.spec, work.token_ids, work.block_ids, start, end)
+        rs = filled.stats
         misses = tuple((m.segment_id, str(m.kind), m.num_tokens, str(m.reason)) for m in rs.misses)
         stats = RequestStats(
             self.name, reused_tokens=rs.reused_tokens, computed_tokens=rs.recomputed_tokens,
             fallbacks=rs.fallbacks, fallback_reasons=tuple(rs.fallback_reasons), misses=misses,
         )  # fmt: skip
-        return Loaded(stats)
+        return Loaded(stats, inexact_from=filled.inexact_from)
 
 
 class StagedMode(_SavesSegments):
@@ -201,6 +209,14 @@ class StagedMode(_SavesSegments):
             misses=tuple(run.misses),
         )  # fmt: skip
         return Loaded(stats, frozenset(run.failed_blocks))
+
+    def save(self, paged: PagedKV, work: RequestWork, inexact_from: int | None = None) -> int:
+        # the earlier stages' runs came through vLLM's prefix cache: what they loaded is read
+        # back from the store (the copies a run loads)
+        k = self.keys
+        stored = stored_inexact_from(k.store, k.model_id, k.tokenizer_id, work.spec, work.token_ids)
+        bounds = [b for b in (inexact_from, stored) if b is not None]
+        return super().save(paged, work, min(bounds) if bounds else None)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@
                     weights and writes the KV of the claimed span into vLLM's pages
     StoredRunLoader a staged prefill's run (stages.py): stored KV only, keys re-rotated
     save_segments   stores every segment of a finished prefill not stored yet, from the pages
+                    (a segment computed after K/V that is not full recompute's is stored
+                    under its context marked inexact, as the embedded engine stores it)
 
 Who computes what in segment mode (span = [num_computed, last prompt token)):
     [0, num_computed)          vLLM's own prefix cache (exact)
@@ -30,12 +32,13 @@ from agentcache.engines.vllm.layout import KVLayout, slots_of
 from agentcache.engines.vllm.plan import prefix_chunk_ids
 from agentcache.engines.vllm.reports import MissRow
 from agentcache.engines.vllm.request import RequestSpec
+from agentcache.engines.vllm.storage import FolderSegmentStore
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
-from agentcache.kv.store import SegmentStore, StoredKV, segment_content_id
+from agentcache.kv.store import SegmentStore, StoredKV, inexact_context, segment_content_id
 from agentcache.model.loading import LoadedModel
 from agentcache.model.rope import LayerRotary, RotaryEmbedding
 from agentcache.reuse.base import ReuseContext, ReuseStats, ReuseStrategy
-from agentcache.reuse.segments import context_ids
+from agentcache.reuse.segments import context_ids, exact_left
 from agentcache.reuse.spec import StrategySpec
 
 MAX_STRATEGIES = 8  # strategy instances a filler keeps
@@ -137,9 +140,16 @@ def save_segments(
     spec: RequestSpec,
     token_ids: Sequence[int],
     block_ids: Sequence[int],
+    inexact_from: int | None = None,
 ) -> int:
     """Store every segment of the prompt not stored yet, as agentcache's engine commits them
-    (update segments too: today's update is tomorrow's history). Returns entries written."""
+    (update segments too: today's update is tomorrow's history). Returns entries written.
+
+    `inexact_from`: the first token whose K/V in the pages is not full recompute's (None:
+    every token's is). A segment ending after it was computed after K/V reused approximately,
+    so its first copy is stored under its context marked inexact (`kv.store.inexact_context`):
+    a later prompt with the same context finds it as what this one used there, none takes it
+    for an exact run."""
     prompt = spec.tokenized(token_ids)
     written = 0
     for seg, context in zip(prompt.segments, context_ids(prompt), strict=True):
@@ -148,9 +158,49 @@ def save_segments(
             continue
         keys, values = kv.read(block_ids, seg.start, seg.end)
         positions = torch.arange(seg.start, seg.end)
-        stored = StoredKV(keys, values, positions, model_id, tokenizer_id, context)
+        inexact = inexact_from is not None and seg.end > inexact_from
+        after = inexact_context(context) if inexact else context
+        stored = StoredKV(keys, values, positions, model_id, tokenizer_id, after)
         written += int(store.put_content(cid, stored))
     return written
+
+
+def stored_inexact_from(
+    store: SegmentStore,
+    model_id: str,
+    tokenizer_id: str,
+    spec: RequestSpec,
+    token_ids: Sequence[int],
+) -> int | None:
+    """Where a staged prefill's K/V may stop being full recompute's, read from the store: the
+    start of the first segment whose stored copy (what a stage's run loads) was computed after
+    other tokens than it follows here, or whose context is unknown. A stage's run loads such
+    a copy re-rotated, and vLLM computes what follows over it. Conservative: a segment that
+    short-run rules left to vLLM counts too (its later copies are then only not taken for
+    exact runs). None: every stored segment of the prompt sits after its own context."""
+    prompt = spec.tokenized(token_ids)
+    for seg, context in zip(prompt.segments, context_ids(prompt), strict=True):
+        cid = segment_content_id(seg.ids, seg.segment.scope)
+        if not store.contains_content(model_id, tokenizer_id, cid):
+            continue
+        if isinstance(store, FolderSegmentStore):  # the connector's: read without the K/V
+            m = store.meta(model_id, tokenizer_id, cid)
+            stored_after = None if m is None else m.context_id
+        else:
+            found = store.lookup_content(model_id, tokenizer_id, cid).kv
+            stored_after = None if found is None else found.context_id
+        if stored_after != context:
+            return seg.start
+    return None
+
+
+@dataclass(frozen=True)
+class Filled:
+    """What a segment fill did: the strategy's stats, and the first token of the prompt whose
+    K/V in the pages is not full recompute's (None: every token's is)."""
+
+    stats: ReuseStats
+    inexact_from: int | None
 
 
 class SegmentFiller:
@@ -187,7 +237,7 @@ class SegmentFiller:
         block_ids: Sequence[int],
         start: int,
         end: int,
-    ) -> ReuseStats:
+    ) -> Filled:
         """Assemble the whole prompt's KV with the strategy and write tokens [start, end)."""
         prompt = spec.tokenized(token_ids)
         seq = SequenceKV(self.ctx.pool)
@@ -195,10 +245,14 @@ class SegmentFiller:
             with torch.inference_mode():
                 pre = self.strategy(spec.strategy).prefill(self.ctx, prompt, seq)
                 keys, values = seq.gather_all(slice(start, end))
+            left = exact_left(seq)
+            exact = prompt.num_tokens if left is None else left.exact_for(prompt)
             kv.write(block_ids, start, end, keys, values)
         finally:
             seq.free()
-        return pre.stats
+        # [0, start) is vLLM's own prefix hit (exact); the span was computed over the
+        # strategy's K/V for it, exact only as far as the strategy's record says
+        return Filled(pre.stats, None if exact >= end else max(exact, start))
 
 
 @dataclass

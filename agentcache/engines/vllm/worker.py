@@ -27,10 +27,14 @@ class ConnectorWorker:
         self.reports = ReportBook(report_folder)
         self._step_stats: dict[str, RequestStats] = {}
         self._failed_blocks: set[int] = set()
+        # per request: the first token its loads left not full recompute's, until its save
+        self._inexact_from: dict[str, int] = {}
 
     def load(self, work: Sequence[RequestWork], finished: Sequence[str]) -> None:
         """Fill every claimed span of the step, synchronously."""
         self.reports.forget(finished)
+        for req_id in finished:
+            self._inexact_from.pop(req_id, None)
         for w in work:
             if w.spec.report:
                 self.reports.remember(w.req_id, w.spec.report)
@@ -45,6 +49,9 @@ class ConnectorWorker:
         try:
             loaded = mode.load(self.paged, work)
             done, failed = loaded.stats, set(loaded.failed_blocks)
+            if loaded.inexact_from is not None:
+                old = self._inexact_from.get(work.req_id, loaded.inexact_from)
+                self._inexact_from[work.req_id] = min(old, loaded.inexact_from)
         except AgentCacheError as e:  # vLLM recomputes the span: one request's problem
             logger.warning("agentcache: request %s: %s; vLLM recomputes it", work.req_id, e)
             reason = f"fill failed ({e}): vLLM recomputed the span"
@@ -70,9 +77,8 @@ class ConnectorWorker:
         for w in work:
             if w.save and self.paged is not None:
                 mode = self.modes.named(w.mode)
-                self._count(
-                    w.req_id, RequestStats(mode.name, stored_entries=mode.save(self.paged, w))
-                )
+                written = mode.save(self.paged, w, self._inexact_from.pop(w.req_id, None))
+                self._count(w.req_id, RequestStats(mode.name, stored_entries=written))
 
     def load_errors(self) -> set[int]:
         """The blocks that could not be loaded since the last call (vLLM recomputes them)."""
