@@ -222,7 +222,9 @@ class Engine:
             reply_kv = None
             if commit and reply is not None:
                 segment = reply(text)
-                with self._lock, torch.inference_mode():
+                # with batching, ahead of waiting prefills once in turn (sharing.FairLock)
+                lock = self._lock.first() if self.batch is not None else self._lock
+                with lock, torch.inference_mode():
                     reply_kv = self._commit_reply(strat, tokens, seq, pre, ids, segment)
         prefill = PrefillPart.of(strat.name, pre.stats, ttft)
         stats = TurnStats.of(prefill=prefill, decode=decode, reply_kv=reply_kv)
@@ -403,12 +405,17 @@ class Engine:
         t0 = time.perf_counter()
         dense = DenseDecoder(self.step, seq, self._pool_tokens)
         greedy = params.temperature == 0
-        with self._lock, torch.inference_mode():
-            inner = self.decode.decoder(self.model, seq, params.max_new_tokens, greedy, dense)
+
+        def make_decoder() -> Decoder:
+            return self.decode.decoder(self.model, seq, params.max_new_tokens, greedy, dense)
+
         if self.batch is not None:
-            ids, finish = self._decode_batched(inner, pre, position, params, on_token, refill)
-            decoder: Decoder = inner
+            ids, finish, decoder = self._decode_batched(
+                make_decoder, pre, position, params, on_token, refill
+            )
         else:
+            with self._lock, torch.inference_mode():
+                inner = make_decoder()
             decoder = LockedDecoder(inner, self._lock)
             with torch.inference_mode():
                 ids, finish = decode_loop(
@@ -425,26 +432,28 @@ class Engine:
 
     def _decode_batched(
         self,
-        decoder: Decoder,
+        make_decoder: Callable[[], Decoder],
         pre: PrefillResult,
         position: int,
         params: GenerationParams,
         on_token: Callable[[int], None] | None,
         refill: Callable[[SequenceKV], None] | None = None,
-    ) -> tuple[list[int], str]:
-        """`decode_loop`'s result, the turn decoded in the scheduler's batch with the others."""
+    ) -> tuple[list[int], str, Decoder]:
+        """`decode_loop`'s result, the turn decoded in the scheduler's batch with the others,
+        and its decoder."""
         assert self.batch is not None
         max_pos = self.model.config.max_position_embeddings
         turn = TurnDecoding(pre.logits, position, params, max_pos, self.model.tokenizer)
-        if turn.finish is not None:  # nothing to decode (max_new_tokens 0)
-            return turn.ids, turn.finish
-        # the first token comes from the prefill's logits: chosen and handed over here, not
-        # after the next step's forward (the turn joins with its token chosen, to be fed)
-        token = turn.choose()
+        # the first token comes from the prefill's logits: chosen and handed over here, before
+        # the engine's lock is asked again (the decoder's set-up), not after the next step's
+        # forward (the turn joins with its token chosen, to be fed)
+        token = turn.choose() if turn.finish is None else None
         if token is not None and on_token is not None:
             on_token(token)
-        if turn.finish is not None:
-            return turn.ids, turn.finish
+        with self._lock.first(), torch.inference_mode():
+            decoder = make_decoder()
+        if turn.finish is not None:  # nothing (more) to decode
+            return turn.ids, turn.finish, decoder
         running = self.batch.join(turn, decoder, refill, chosen=True)
         try:
             for token in self.batch.tokens(running):
@@ -453,4 +462,4 @@ class Engine:
         finally:
             self.batch.leave(running)
         assert turn.finish is not None
-        return turn.ids, turn.finish
+        return turn.ids, turn.finish, decoder

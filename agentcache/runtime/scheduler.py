@@ -14,8 +14,10 @@
 
 There is no scheduler thread: a turn's thread that finds no token ready runs the next step
 itself unless another thread is running one, and waits otherwise. Each step, like each prefill,
-holds the engine's lock, so prefills and steps alternate in arrival order (a prefill runs as
-its own unit before its turn joins the batch).
+holds the engine's lock; a step asks it `first()` (`runtime/sharing.py`), so while prefills
+wait, steps and prefills alternate, one step after each prefill (a prefill runs as its own
+unit before its turn joins the batch). A turn's first token comes from its prefill's logits
+and reaches its caller before the turn asks the lock again (its decoder's set-up).
 
 Chunked prefill (`EngineConfig.prefill_chunk_tokens`, `runtime/chunked.py`): a long prefill
 whose plan the runtime runs in chunks is handed to the scheduler instead (`prefill`), and each
@@ -269,7 +271,8 @@ class BatchScheduler:
         turn that is not resumed does not)."""
         resumed = 0
         ready: list[Running] = []
-        with self._lock, torch.inference_mode():
+        # one step serves every running turn: ahead of the waiting prefills, once in turn
+        with self._lock.first(), torch.inference_mode():
             with self._cond:
                 self._active = [r for r in self._active + self._joining if not r.left]
                 self._joining = []

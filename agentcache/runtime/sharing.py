@@ -8,7 +8,10 @@
 the reply's commit) holds it; a thread that comes back for its next step queues behind the
 threads already waiting, so running turns take steps in turn and a short request is not held
 behind a long one. Each unit computes exactly what it computes alone: only the order of units
-changes.
+changes. With batched decode (`runtime/scheduler.py`) one step serves every running turn, so
+a step (and a turn's decoder set-up and reply commit) asks the lock `first()`: it goes ahead
+of the prefills waiting, one such unit after each prefill, and the running turns get a token
+per waiting prefill instead of one per round of them.
 
 `PageGate` admits a turn once the page pool can give it every page it will need (prompt,
 max_new_tokens, the reply's closing tokens), taken as one run of slots where the pool has one,
@@ -30,25 +33,48 @@ from agentcache.kv.pool import PagePool, SequenceKV
 
 
 class FairLock:
-    """A reentrant lock handed to waiting threads in the order they asked for it."""
+    """A reentrant lock handed to waiting threads in the order they asked for it, except that
+    a thread asking `first()` (a batched decode step: it serves every running turn) goes
+    ahead of the others once after each unit that did not: units asked `first()` and units
+    in arrival order alternate while both wait, so neither starves the other."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._owner: int | None = None
         self._depth = 0
-        self._line: deque[int] = deque()
+        self._line: deque[tuple[int, bool]] = deque()  # (thread, asked first), arrival order
+        self._last_first = False  # the last holder asked first
 
-    def acquire(self) -> None:
+    def acquire(self, first: bool = False) -> None:
         me = threading.get_ident()
         with self._cond:
             if self._owner == me:
                 self._depth += 1
                 return
-            self._line.append(me)
-            while self._owner is not None or self._line[0] != me:
+            entry = (me, first)
+            self._line.append(entry)
+            while self._owner is not None or self._next() != me:
                 self._cond.wait()
-            self._line.popleft()
+            self._line.remove(entry)
             self._owner, self._depth = me, 1
+            self._last_first = first
+
+    def _next(self) -> int:
+        """The waiting thread the lock goes to next."""
+        if not self._last_first:
+            for ident, asked_first in self._line:
+                if asked_first:
+                    return ident
+        return self._line[0][0]
+
+    @contextmanager
+    def first(self) -> Iterator[FairLock]:
+        """Hold the lock, going ahead of the threads waiting in arrival order (once in turn)."""
+        self.acquire(first=True)
+        try:
+            yield self
+        finally:
+            self.release()
 
     def release(self) -> None:
         with self._cond:

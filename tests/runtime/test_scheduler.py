@@ -217,6 +217,44 @@ def test_the_first_token_is_handed_over_before_any_step(tiny: LoadedModel) -> No
     assert steps_seen[1:] == list(range(2, len(gen.token_ids) + 1))
 
 
+def test_the_first_token_does_not_wait_for_the_engine_lock(tiny: LoadedModel) -> None:
+    """A thread that queued for the engine during the turn's prefill (another request's
+    prefill) holds it when the prefill ends: the turn's first token reaches its caller all
+    the same, and the turn then decodes what it decodes alone."""
+    e = engine(tiny)
+    ref = one(engine(tiny), 7)
+    holding, release, first = threading.Event(), threading.Event(), threading.Event()
+    commit = e._commit
+
+    def hold() -> None:
+        with e._lock:
+            holding.set()
+            release.wait(60)
+
+    def commit_then_queue(*args: object) -> None:
+        commit(*args)  # type: ignore[arg-type]
+        threading.Thread(target=hold, daemon=True).start()
+        while e._lock.waiting == 0:  # it asks while the prefill holds the lock
+            threading.Event().wait(0.001)
+
+    e._commit = commit_then_queue  # type: ignore[method-assign]
+    out: list[Generation] = []
+    strategy, params = REQUESTS[7]
+
+    def run() -> None:  # committed: the commit ends the prefill's hold of the lock
+        out.append(e.generate(prompt(7), params, strategy, on_token=lambda _: first.set()))
+
+    turn = threading.Thread(target=run)
+    turn.start()
+    try:
+        assert holding.wait(30) and first.wait(30)  # the first token, the lock held elsewhere
+        assert not release.is_set() and turn.is_alive()
+    finally:
+        release.set()
+        turn.join(60)
+    assert out[0].token_ids == ref.token_ids
+
+
 def test_the_server_batches_unless_told_not_to() -> None:
     from agentcache.cli import build_parser
 

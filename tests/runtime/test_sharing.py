@@ -145,6 +145,30 @@ def test_the_lock_goes_to_waiting_threads_in_arrival_order() -> None:
     assert order == [0, 1, 2, 3]
 
 
+def test_a_first_asker_goes_ahead_once_in_turn_with_the_others() -> None:
+    """`first()` (a batched decode step) goes ahead of threads waiting in arrival order, but
+    not twice in a row: first askers and the others alternate while both wait, each kind in
+    its own arrival order."""
+    lock = FairLock()
+    order: list[str] = []
+    lock.acquire()
+    threads = []
+    for i, name in enumerate(["n1", "n2", "f1", "f2", "n3"]):
+
+        def take(name: str = name) -> None:
+            with lock.first() if name.startswith("f") else lock:
+                order.append(name)
+
+        th = threading.Thread(target=take)
+        th.start()
+        threads.append(th)
+        wait_until(lambda i=i: lock.waiting == i + 1)
+    lock.release()
+    for th in threads:
+        th.join()
+    assert order == ["f1", "n1", "f2", "n2", "n3"]
+
+
 def test_the_lock_is_reentrant_and_only_its_holder_releases_it() -> None:
     lock = FairLock()
     with lock, lock:
