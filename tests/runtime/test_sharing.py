@@ -129,31 +129,13 @@ def wait_until(condition: Callable[[], bool]) -> None:
     raise AssertionError("condition not reached")
 
 
-def test_the_lock_goes_to_waiting_threads_in_arrival_order() -> None:
-    lock = FairLock()
-    order: list[int] = []
-    lock.acquire()
-    threads = []
-    for i in range(4):
-        th = threading.Thread(target=lambda i=i: (lock.acquire(), order.append(i), lock.release()))
-        th.start()
-        threads.append(th)
-        wait_until(lambda i=i: lock.waiting == i + 1)
-    lock.release()
-    for th in threads:
-        th.join()
-    assert order == [0, 1, 2, 3]
-
-
-def test_a_first_asker_goes_ahead_once_in_turn_with_the_others() -> None:
-    """`first()` (a batched decode step) goes ahead of threads waiting in arrival order, but
-    not twice in a row: first askers and the others alternate while both wait, each kind in
-    its own arrival order."""
-    lock = FairLock()
+def queue_then_release(lock: FairLock, names: list[str]) -> list[str]:
+    """Hold `lock`, queue one thread per name in that order (a name starting with "f" asks
+    `first()`), release it; the order in which they got it."""
     order: list[str] = []
     lock.acquire()
     threads = []
-    for i, name in enumerate(["n1", "n2", "f1", "f2", "n3"]):
+    for i, name in enumerate(names):
 
         def take(name: str = name) -> None:
             with lock.first() if name.startswith("f") else lock:
@@ -166,6 +148,18 @@ def test_a_first_asker_goes_ahead_once_in_turn_with_the_others() -> None:
     lock.release()
     for th in threads:
         th.join()
+    return order
+
+
+def test_the_lock_goes_to_waiting_threads_in_arrival_order() -> None:
+    assert queue_then_release(FairLock(), ["n0", "n1", "n2", "n3"]) == ["n0", "n1", "n2", "n3"]
+
+
+def test_a_first_asker_goes_ahead_once_in_turn_with_the_others() -> None:
+    """`first()` (a batched decode step) goes ahead of threads waiting in arrival order, but
+    not twice in a row: first askers and the others alternate while both wait, each kind in
+    its own arrival order."""
+    order = queue_then_release(FairLock(), ["n1", "n2", "f1", "f2", "n3"])
     assert order == ["f1", "n1", "f2", "n2", "n3"]
 
 
