@@ -212,9 +212,18 @@ server() {
   local r=docs/bench/server/replay common="--model default --threads 1 --pause-median 2 --seed 0"
   $py benchmarks/server/replay.py --split validate --n 4 --clients 1,4 \
     --targets embedded,embedded-prefix $common --max-tokens 16 --out $r/validate-4x2
+  # (plain vLLM with the model's own chat template, as that run had it: other prompts)
   $py benchmarks/server/replay.py --split all --clients 1,16 \
     --targets vllm,vllm-backend,embedded --vllm-python .venv-vllm/bin/python $common \
-    --max-tokens 32 --out $r/all-16x32
+    --vllm-chat-template model --max-tokens 32 --out $r/all-16x32
+  # every target sent the same prompts (plain vLLM with the server's chat template); the
+  # second after the engine's lock change (a separate run)
+  $py benchmarks/server/replay.py --split all --clients 1,16 \
+    --targets vllm,vllm-backend,embedded --target-args 'vllm-backend=--max-active 16' \
+    --vllm-python .venv-vllm/bin/python $common --max-tokens 32 --out $r/all-16x32-template
+  $py benchmarks/server/replay.py --split all --clients 16 --targets vllm,embedded \
+    --vllm-python .venv-vllm/bin/python $common --max-tokens 32 \
+    --out $r/all-16x32-template-after
   $py benchmarks/server/replay.py --split all --clients 16 \
     --targets embedded-prefix,embedded@isolated \
     --target-args 'embedded@isolated=--isolate-conversations' $common --max-tokens 32 \
