@@ -123,6 +123,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(str(e))
     if args.rounds < 1 or args.threads < 1:
         p.error("--rounds and --threads must be >= 1")
+    template = args.vllm_chat_template
+    if template not in ("agentcache", "model") and not Path(template).is_file():
+        p.error(f"--vllm-chat-template {template!r}: not 'agentcache', 'model' or a file")
     return args
 
 

@@ -302,6 +302,18 @@ def test_bad_target_args_are_a_usage_error(capsys: pytest.CaptureFixture[str]) -
     assert [t.label for t in args.target_specs] == ["embedded@a", "embedded"]
 
 
+def test_a_chat_template_that_is_no_file_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        replay.parse_args(["--out", "o", "--vllm-chat-template", str(tmp_path / "none.jinja")])
+    assert e.value.code == 2 and "--vllm-chat-template" in capsys.readouterr().err
+    for ok in ("agentcache", "model", str(chat_template())):
+        assert (
+            replay.parse_args(["--out", "o", "--vllm-chat-template", ok]).vllm_chat_template == ok
+        )
+
+
 def workload(path: Path) -> Path:
     """Two short sessions of three turns: a dialogue, and a tool-use session whose requests
     carry the recorded calls and their results."""
