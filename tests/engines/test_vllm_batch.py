@@ -1,6 +1,7 @@
 """Turns batch in vLLM's engine (marker `vllm`): four turns from four threads through one
 `VLLMBackend`, prompts of different lengths, greedy, each give the token ids the same prompt
-gives run alone, and the step loop held them in the engine, and stepped them, at once.
+gives run alone, and the step loop held them in the engine, and stepped them, at once; and
+the same when vLLM's KV cache runs out and it preempts some of them.
 
 One subprocess per reuse setting (a fresh vLLM each), as the other vLLM tests run.
 """
@@ -72,3 +73,79 @@ def test_batched_turns_give_what_each_gives_alone(tmp_path: Path, reuse: str) ->
     kv_tokens = result["kv_tokens"]  # vLLM's KV cache, in tokens: the default --max-active
     assert isinstance(kv_tokens, int) and kv_tokens > 0
     assert result["max_active"] == min(256, max(1, kv_tokens // 2048)), kv_tokens
+
+
+PREEMPT_SCRIPT = """
+import json, sys, threading
+from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
+from agentcache.prompt.segments import Segment, SegmentedPrompt
+from agentcache.runtime.engine import GenerationParams
+
+store = sys.argv[1]
+# 64 MiB of KV: 45 blocks of 32 tokens for the default model. Four prompts of ~250 tokens, no
+# prefix in common, take 32 blocks and are admitted together; their 200-token replies then
+# need 28 more, so vLLM preempts some (their blocks freed, prompts computed again on resume)
+backend = VLLMBackend(VLLMConfig(store_dir=store, kv_cache_bytes=64 << 20,
+                                 max_model_len=1024, fill="engine"))
+scheduler = backend.llm.llm_engine.engine_core.engine_core.scheduler
+preempted = []
+preempt = scheduler._preempt_request
+def counting(request, *args, **kwargs):
+    preempted.append(request.request_id)
+    return preempt(request, *args, **kwargs)
+scheduler._preempt_request = counting
+system = ("You are a patient maths tutor. You write every number out in digits, one per line, "
+          "and you never stop a list early. ") * 8
+asks = {"Ada": "List the numbers from 1 to 200, one per line.",
+        "Bea": "List the even numbers from 2 to 400, one per line.",
+        "Cy": "List the numbers from 300 to 500, one per line.",
+        "Dov": "List the multiples of 3 from 3 to 600, one per line."}
+prompts = [SegmentedPrompt([Segment("system", f"Your name is {name}. " + system, "sys", "system"),
+                            Segment("update", ask, "q", "user")])
+           for name, ask in asks.items()]
+params = GenerationParams(max_new_tokens=200)
+alone = [list(backend.generate(p, params).token_ids) for p in prompts]  # computes and stores
+preempted_alone = len(preempted)
+backend.llm.reset_prefix_cache()  # the batched turns find their prompts in the store only
+reports = {}
+report = backend.transfer_report
+def keep(sampling_params, out):
+    info = report(sampling_params, out)
+    reports[out.request_id] = info.get("claimed_tokens", 0)
+    return info
+backend.transfer_report = keep
+batched = [None] * len(prompts)
+start = threading.Barrier(len(prompts))
+def turn(i):
+    start.wait()
+    batched[i] = list(backend.generate(prompts[i], params).token_ids)
+threads = [threading.Thread(target=turn, args=(i,)) for i in range(len(prompts))]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+claimed = {rid: n for rid, n in reports.items() if any(p.startswith(rid) for p in preempted)}
+backend.close()
+print("RESULT " + json.dumps({"alone": alone, "batched": batched,
+                              "preempted_alone": preempted_alone, "preempted": len(preempted),
+                              "claimed": list(reports.values()),
+                              "claimed_preempted": list(claimed.values())}))
+"""
+
+
+def test_turns_vllm_preempts_give_what_each_gives_alone(tmp_path: Path) -> None:
+    """vLLM's preemption frees a running request's blocks and computes its tokens again when
+    it resumes; the connector fills the resumed prompt from the store again (its claim is
+    made anew), and every greedy reply equals the same prompt's alone."""
+    result = _run(PREEMPT_SCRIPT, str(tmp_path / "store"))
+    alone, batched = result["alone"], result["batched"]
+    assert isinstance(alone, list) and all(len(ids) == 200 for ids in alone)
+    assert result["preempted_alone"] == 0  # one at a time fits
+    assert isinstance(result["preempted"], int) and result["preempted"] >= 1
+    assert batched == alone
+    claimed = result["claimed"]
+    assert isinstance(claimed, list) and len(claimed) == 4
+    assert all(n > 0 for n in claimed)  # every batched prompt was filled from the store
+    again = result["claimed_preempted"]  # a request resumed reclaims (or vLLM still has it)
+    assert isinstance(again, list) and again
+    assert max(again) > min(claimed)  # at least one resumed request was filled twice
