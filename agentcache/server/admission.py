@@ -1,7 +1,9 @@
-"""Requests take turns at the engine, `max_active` at a time, with a line bounded by requests
-and by prompt tokens, shared fairly between tenants.
+"""Requests take turns at the engine, `max_active` at a time (and, where the engine does not
+admit by its own KV pages, at most `max_active_tokens` tokens at a time), with a line bounded
+by requests and by prompt tokens, shared fairly between tenants.
 
-    take(tenant, tokens) -> a Ticket, or QueueFull (-> 503) when the line has no room for it
+    take(tenant, tokens, reserve)
+                         -> a Ticket, or QueueFull (-> 503) when the line has no room for it
     turn                 -> done when the ticket is served (at the engine)
     release              -> a served ticket's slot goes to the next waiting one; a ticket
                             released before its turn leaves the line
@@ -21,6 +23,13 @@ Fairness between tenants (an API key + cache_salt, chat/identity.py):
   tenant's share stays larger than the arriving tenant's would be; that ticket's turn fails
   with QueueFull (-> 503). So one tenant can fill the line only while no one else waits, and a
   request of a tenant holding less than another is never refused for lack of room.
+- `max_active_tokens` (the vLLM backend: its KV cache, in tokens): a ticket `reserve`s the
+  tokens it may hold at the engine (prompt + max_tokens) and is served only when they fit
+  beside the active tickets' (a ticket alone is served whatever its size), one tenant's at
+  most its share of them (`tenant_slots / max_active`). The next ticket is chosen as above;
+  while it does not fit, every ticket waits behind it (a long prompt is not passed over for
+  ever by short ones), except that a tenant's first request still goes first when it is the
+  fair choice and fits.
 
 A plain lock hands the engine to whichever waiting thread the OS wakes; tickets keep the order
 above. The embedded engine interleaves the active turns token by token (`runtime/sharing.py`),
@@ -46,9 +55,9 @@ class QueueFull(Exception):
 
 class Ticket:
     def __init__(self, line: AdmissionLine, turn: asyncio.Future[None], tenant: str,
-                 tokens: int) -> None:  # fmt: skip
+                 tokens: int, reserve: int) -> None:  # fmt: skip
         self._line, self._turn = line, turn
-        self.tenant, self.tokens = tenant, tokens
+        self.tenant, self.tokens, self.reserve = tenant, tokens, reserve
         self.state = "waiting"  # -> "active" -> "gone"; "pushed" when pushed out of the line
 
     @property
@@ -67,6 +76,7 @@ class Ticket:
 class _Tenant:
     waiting: deque[Ticket] = field(default_factory=deque)
     active: int = 0
+    active_tokens: int = 0  # the reserves of its active tickets
     waiting_tokens: int = 0
     last_served: int = 0  # the line's count of tickets served when this tenant was last
 
@@ -76,7 +86,7 @@ class AdmissionLine:
 
     def __init__(
         self, max_queued: int, max_active: int = 1, max_queued_tokens: int | None = None,
-        tenant_slots: int | None = None,
+        tenant_slots: int | None = None, max_active_tokens: int | None = None,
     ) -> None:  # fmt: skip
         if max_queued < 0 or max_active < 1:
             raise ValueError("max_queued must be >= 0 and max_active >= 1")
@@ -86,15 +96,29 @@ class AdmissionLine:
         self.tenant_slots = max_active if tenant_slots is None else tenant_slots
         if max_queued_tokens is not None and max_queued_tokens < 1:
             raise ValueError("max_queued_tokens must be >= 1")
+        if max_active_tokens is not None and max_active_tokens < 1:
+            raise ValueError("max_active_tokens must be >= 1")
         self.max_queued, self.max_active = max_queued, max_active
         self.max_queued_tokens = max_queued_tokens
+        self.max_active_tokens = max_active_tokens
+        # tokens one tenant may hold at the engine: its share of the slots, of the tokens
+        self.tenant_tokens = (
+            None if max_active_tokens is None
+            else max(1, max_active_tokens * self.tenant_slots // max_active)
+        )  # fmt: skip
         self._tenants: dict[str, _Tenant] = {}
         self._active = self._waiting = self._waiting_tokens = self._served = 0
+        self._active_tokens = 0
 
     @property
     def active(self) -> int:
         """Tickets being served (at the engine)."""
         return self._active
+
+    @property
+    def active_tokens(self) -> int:
+        """The reserves of the tickets being served."""
+        return self._active_tokens
 
     @property
     def waiting(self) -> int:
@@ -116,18 +140,21 @@ class AdmissionLine:
         full = self._active >= self.max_active
         return full and not self._fits(self._waiting, self._waiting_tokens)
 
-    def refusal(self, tenant: str, tokens: int) -> str | None:
-        """Why `take(tenant, tokens)` would raise QueueFull, or None when it would not."""
-        if self._serves_now(tenant):
+    def refusal(self, tenant: str, tokens: int, reserve: int | None = None) -> str | None:
+        """Why `take(tenant, tokens, reserve)` would raise QueueFull, or None when it would not."""
+        if self._serves_now(tenant, tokens if reserve is None else reserve):
             return None
         return self._room(tenant, tokens, push=False)
 
-    def take(self, tenant: str = "", tokens: int = 0) -> Ticket:
+    def take(self, tenant: str = "", tokens: int = 0, reserve: int | None = None) -> Ticket:
+        """A ticket for a request of `tokens` prompt tokens (what it adds to the line) that
+        may hold `reserve` tokens at the engine (default: `tokens`)."""
+        reserve = tokens if reserve is None else reserve
         loop = asyncio.get_running_loop()
-        now = self._serves_now(tenant)
+        now = self._serves_now(tenant, reserve)
         if not now and (why := self._room(tenant, tokens, push=True)) is not None:
             raise QueueFull(why)
-        ticket = Ticket(self, loop.create_future(), tenant, tokens)
+        ticket = Ticket(self, loop.create_future(), tenant, tokens, reserve)
         t = self._tenants.setdefault(tenant, _Tenant())
         if now:
             self._serve(ticket, t)
@@ -136,14 +163,40 @@ class AdmissionLine:
             t.waiting_tokens += tokens
             self._waiting += 1
             self._waiting_tokens += tokens
+            self._dispatch()  # a ticket pushed out may have been the one that did not fit
         return ticket
 
-    def _serves_now(self, tenant: str) -> bool:
-        """A slot is free and `tenant` holds fewer than its slots (then none of its requests
-        waits, and whoever waits is a tenant at its slots: a free slot goes to anyone else
-        at once, `_leave`)."""
+    def _serves_now(self, tenant: str, reserve: int) -> bool:
+        """A slot (and room for `reserve` tokens) is free, `tenant` is under its share and has
+        nothing waiting, and no waiting ticket is the fairer choice (without a token bound,
+        whoever waits while a slot is free is a tenant at its slots: `_dispatch`)."""
         t = self._tenants.get(tenant)
-        return self._active < self.max_active and (t is None or t.active < self.tenant_slots)
+        if t is not None and t.waiting:
+            return False
+        if not (self._eligible(t, reserve) and self._room_for(reserve)):
+            return False
+        mine = (0, 0) if t is None else (t.active, t.last_served)
+        return not any(
+            (o.active, o.last_served) <= mine for o in self._tenants.values()
+            if o.waiting and self._eligible(o, o.waiting[0].reserve)
+        )  # fmt: skip
+
+    def _eligible(self, t: _Tenant | None, reserve: int) -> bool:
+        """Whether a ticket of `reserve` tokens of tenant `t` is within the tenant's share."""
+        if t is None or t.active == 0:
+            return True
+        if t.active >= self.tenant_slots:
+            return False
+        bound = self.tenant_tokens
+        return bound is None or t.active_tokens + reserve <= bound
+
+    def _room_for(self, reserve: int) -> bool:
+        """A free slot, and room for `reserve` tokens beside the active tickets' (a ticket
+        alone at the engine always has room)."""
+        if self._active >= self.max_active:
+            return False
+        bound = self.max_active_tokens
+        return bound is None or self._active == 0 or self._active_tokens + reserve <= bound
 
     def _fits(self, waiting: int, tokens: int) -> bool:
         """Whether one more request fits behind `waiting` ones, all of them `tokens` tokens
@@ -219,7 +272,9 @@ class AdmissionLine:
     def _serve(self, ticket: Ticket, t: _Tenant) -> None:
         ticket.state = "active"
         t.active += 1
+        t.active_tokens += ticket.reserve
         self._active += 1
+        self._active_tokens += ticket.reserve
         self._served += 1
         t.last_served = self._served
         ticket.turn.set_result(None)
@@ -228,17 +283,27 @@ class AdmissionLine:
         if ticket.state == "waiting":
             self._unqueue(ticket)
         elif ticket.state == "active":
-            self._tenants[ticket.tenant].active -= 1
+            t = self._tenants[ticket.tenant]
+            t.active -= 1
+            t.active_tokens -= ticket.reserve
             self._active -= 1
+            self._active_tokens -= ticket.reserve
             self._forget(ticket.tenant)
         ticket.state = "gone"
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Serve the fair choice among the waiting tickets while it fits."""
         while self._active < self.max_active and self._waiting:
             eligible = [
-                t for t in self._tenants.values() if t.waiting and t.active < self.tenant_slots
-            ]
+                t for t in self._tenants.values()
+                if t.waiting and self._eligible(t, t.waiting[0].reserve)
+            ]  # fmt: skip
             if not eligible:
                 break
             t = min(eligible, key=lambda t: (t.active, t.last_served))
+            if not self._room_for(t.waiting[0].reserve):
+                break  # the others wait behind it: it is not passed over
             head = t.waiting.popleft()
             t.waiting_tokens -= head.tokens
             self._waiting -= 1

@@ -82,11 +82,12 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
     kept_turns = TurnRetention(engine, config.retention)
     chat = ChatEngine(engine, tracker, kept_turns)
     line = AdmissionLine(config.max_queued, config.max_active, config.max_queued_tokens,
-                         config.tenant_slots)  # fmt: skip
+                         config.tenant_slots, config.max_active_tokens)  # fmt: skip
     tokenizing = Budget(config.max_tokenizing_chars)
     book = tracker.book
     metrics = ServerMetrics(
-        engine.store_bytes, lambda: (line.active, line.waiting), lambda: (book.nbytes, len(book)),
+        engine.store_bytes, lambda: (line.active, line.waiting, line.active_tokens),
+        lambda: (book.nbytes, len(book)),
         lambda: (line.waiting_tokens, tokenizing.in_flight), lambda: batch_stats(engine),
         kept_turns, tier_store(engine),
     )  # fmt: skip
@@ -142,7 +143,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
 
     def streamed(turn: Turn, emitter: Emitter) -> Response:
         """The turn as server-sent events, each written by `emitter` (the API's shape)."""
-        why = line.refusal(turn.tenant, turn.tokens)
+        why = line.refusal(turn.tenant, turn.tokens, turn.reserve)
         if why is not None:  # else the line is checked again when the stream starts
             raise overloaded(why)
         return StreamingResponse(

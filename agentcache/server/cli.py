@@ -132,8 +132,12 @@ def add_security(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-active", type=positive_int, default=None,
                    help="requests the engine runs at once, interleaved token by token, so a "
                    f"short request is not held behind a long one (default: {MAX_ACTIVE} on the "
-                   "embedded backend; on vllm, the requests its KV cache holds at "
-                   "--max-model-len each, at most its max_num_seqs: see docs/vllm.md)")  # fmt: skip
+                   "embedded backend; on vllm, its max_num_seqs: see docs/vllm.md)")  # fmt: skip
+    p.add_argument("--max-active-tokens", type=positive_int, default=None, metavar="N",
+                   help="tokens (prompt + max_tokens) the active requests may hold at once; a "
+                   "request waits in line until its own fit, a tenant holds at most its share "
+                   "(default: on vllm, the tokens its KV cache holds; none on the embedded "
+                   "backend, whose engine admits by its KV pages)")  # fmt: skip
     p.add_argument("--batch-decode", action=argparse.BooleanOptionalAction, default=True,
                    help="embedded backend: the active requests decode as one batch per step, "
                    "a lone one as without batching (default; --no-batch-decode: each steps "
@@ -198,12 +202,17 @@ def add_limits(p: argparse.ArgumentParser) -> None:
 
 
 def server_config(
-    args: argparse.Namespace, model_name: str, engine_max_active: int | None = None
-) -> ServerConfig:
+    args: argparse.Namespace, model_name: str, engine_max_active: int | None = None,
+    engine_kv_tokens: int | None = None,
+) -> ServerConfig:  # fmt: skip
     """The serve flags (and the environment variables they default to) as a ServerConfig;
-    `ConfigError` for bad ones (`check_flags`). `engine_max_active`: the vLLM backend's
-    `max_active`, the default `--max-active` there (ValueError without either)."""
+    `ConfigError` for bad ones (`check_flags`). `engine_max_active`, `engine_kv_tokens`: the
+    vLLM backend's `max_active` and `kv_tokens`, the defaults of `--max-active` (ValueError
+    without either) and `--max-active-tokens` there."""
     max_active = flag_max_active(args) or engine_max_active
+    max_active_tokens = args.max_active_tokens
+    if max_active_tokens is None and args.backend == "vllm":
+        max_active_tokens = engine_kv_tokens
     if max_active is None:
         raise ValueError("--backend vllm without --max-active needs the engine's max_active")
     check_flags(args, max_active)
@@ -216,7 +225,7 @@ def server_config(
         request_timeout_s=args.request_timeout, max_queued=args.max_queued,
         max_queued_tokens=args.max_queued_tokens, max_tokenizing_chars=args.max_tokenizing_chars,
         max_active_per_tenant=args.max_active_per_tenant,
-        max_active=max_active,
+        max_active=max_active, max_active_tokens=max_active_tokens,
         api_key_digests=frozenset(key_digest(k.strip()) for k in keys),
         metrics_key_digests=frozenset(key_digest(k.strip()) for k in metrics_keys),
         allowed_hosts=allowed_hosts(args.host, args.allowed_host), enable_docs=args.enable_docs,
@@ -321,7 +330,8 @@ def serve(args: argparse.Namespace, model: str | None, cache_dir: Path) -> int:
     with bind_address(args.host, args.port) as sock:
         engine = serving_engine(args, model, cache_dir)
         name = args.served_model_name or served_name(engine.model_id)
-        server = server_config(args, name, getattr(engine, "max_active", None))
+        server = server_config(args, name, getattr(engine, "max_active", None),
+                               getattr(engine, "kv_tokens", None))  # fmt: skip
         config = uvicorn.Config(create_app(engine, server), log_level="info")
         host, port = sock.getsockname()[:2]
         url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

@@ -52,6 +52,9 @@ class ServerConfig:
     max_active: int = MAX_ACTIVE  # requests the engine runs at once, interleaved by token
     # slots of max_active one tenant may hold (None: all but an eighth, kept for the others)
     max_active_per_tenant: int | None = None
+    # tokens (prompt + max_tokens) the active requests may reserve at once, each tenant its
+    # share of them (admission.py); None: the engine admits by its own KV pages (embedded)
+    max_active_tokens: int | None = None
     max_queued_tokens: int = 262_144  # prompt tokens of the waiting requests; more get 503
     # characters being tokenized at once (before a request has tokens to queue by)
     max_tokenizing_chars: int = 8_000_000
@@ -88,6 +91,8 @@ class ServerConfig:
             raise ValueError("max_queued must be >= 0 and tracker_bytes >= 1")
         if self.max_active < 1:
             raise ValueError("max_active must be >= 1")
+        if self.max_active_tokens is not None and self.max_active_tokens < 1:
+            raise ValueError("max_active_tokens must be >= 1")
         per = self.max_active_per_tenant
         if per is not None and not 1 <= per <= self.max_active:
             raise ValueError("max_active_per_tenant must be in [1, max_active]")

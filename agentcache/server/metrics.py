@@ -70,7 +70,7 @@ class ServerMetrics:
     def __init__(
         self,
         store_bytes: Callable[[], dict[str, int]],
-        line: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        line: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0),
         conversations: Callable[[], tuple[int, int]] = lambda: (0, 0),
         work: Callable[[], tuple[int, int]] = lambda: (0, 0),
         batch: Callable[[], BatchStats | None] = lambda: None,
@@ -126,6 +126,11 @@ class ServerMetrics:
         self.active = Gauge(
             "agentcache_requests_active", "requests at the engine (--max-active)", registry=r
         )
+        self.active_tokens = Gauge(
+            "agentcache_requests_active_tokens",
+            "tokens (prompt + max_tokens) the requests at the engine reserve "
+            "(--max-active-tokens)", registry=r,
+        )  # fmt: skip
         self.waiting = Gauge(
             "agentcache_requests_waiting", "requests waiting in line (--max-queued)", registry=r
         )
@@ -214,8 +219,9 @@ class ServerMetrics:
     def render(self) -> bytes:
         for tier, n in self._store_bytes().items():
             self.store_bytes.labels(tier).set(n)
-        active, waiting = self._line()
+        active, waiting, active_tokens = self._line()
         self.active.set(active)
+        self.active_tokens.set(active_tokens)
         self.waiting.set(waiting)
         waiting_tokens, tokenizing = self._work()
         self.waiting_tokens.set(waiting_tokens)

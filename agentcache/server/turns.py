@@ -65,10 +65,15 @@ class Turn:
         """The prompt's tokens: what the request adds to the line's waiting work."""
         return self.prepared.tokens.num_tokens
 
+    @property
+    def reserve(self) -> int:
+        """The tokens it may hold at the engine: prompt + max_tokens."""
+        return self.tokens + self.prepared.request.params.max_new_tokens
+
     def take(self) -> Ticket:
         """A ticket in the line; APIError 503 when there is no room for it."""
         try:
-            return self.line.take(self.tenant, self.tokens)
+            return self.line.take(self.tenant, self.tokens, self.reserve)
         except QueueFull as e:
             raise overloaded(str(e)) from None
 

@@ -80,18 +80,24 @@ def _sized(blocks: int | None, **config: int) -> VLLMBackend:
     return backend
 
 
-def test_max_active_is_what_the_kv_cache_holds_at_max_model_len() -> None:
-    assert _sized(1000, max_model_len=2048).max_active == 15  # 32000 tokens / 2048
-    assert _sized(1000, max_model_len=2048, max_num_seqs=4).max_active == 4
-    assert _sized(10, max_model_len=2048).max_active == 1  # less than one: still one
-    assert _sized(None, max_num_seqs=8).max_active == 8  # blocks unknown: vLLM's bound
+def test_max_active_is_max_num_seqs_and_kv_tokens_what_the_kv_cache_holds() -> None:
+    assert _sized(1000, max_model_len=2048).max_active == 256  # vLLM's max_num_seqs
+    assert _sized(1000, max_num_seqs=4).max_active == 4
+    assert _sized(1000).kv_tokens == 32000  # blocks of 32 tokens
+    assert _sized(None).kv_tokens is None  # blocks unknown: no token bound
 
 
-def test_serve_on_vllm_defaults_max_active_to_the_backends() -> None:
+def test_serve_on_vllm_defaults_max_active_and_its_tokens_to_the_backends() -> None:
     parse = build_parser().parse_args
-    assert server_config(parse(["serve", "--backend", "vllm"]), "m", 12).max_active == 12
-    given = parse(["serve", "--backend", "vllm", "--max-active", "3"])
-    assert server_config(given, "m", 12).max_active == 3
+    on_vllm = server_config(parse(["serve", "--backend", "vllm"]), "m", 12, 9000)
+    assert (on_vllm.max_active, on_vllm.max_active_tokens) == (12, 9000)
+    flags = ["serve", "--backend", "vllm", "--max-active", "3", "--max-active-tokens", "50"]
+    given = server_config(parse(flags), "m", 12, 9000)
+    assert (given.max_active, given.max_active_tokens) == (3, 50)
+    embedded = server_config(parse(["serve"]), "m", None, 9000)
+    assert embedded.max_active_tokens is None  # its engine admits by KV pages
+    tokens = parse(["serve", "--max-active-tokens", "4096"])
+    assert server_config(tokens, "m").max_active_tokens == 4096
     tenant = parse(["serve", "--backend", "vllm", "--max-active-per-tenant", "5"])
     assert flag_max_active(tenant) is None  # the engine's, once it has loaded
     check_flags(tenant, None)  # before it loads: the per-tenant bound waits for its value

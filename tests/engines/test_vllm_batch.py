@@ -54,7 +54,8 @@ blocks = backend.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
 backend.close()
 print("RESULT " + json.dumps({"alone": alone, "batched": batched, "streamed": streamed,
                               "max_held": stats.max_held, "max_stepped": stats.max_stepped,
-                              "max_active": backend.max_active, "kv_tokens": blocks * 32}))
+                              "max_active": backend.max_active, "kv_tokens": blocks * 32,
+                              "backend_kv_tokens": backend.kv_tokens}))
 """
 
 
@@ -70,9 +71,9 @@ def test_batched_turns_give_what_each_gives_alone(tmp_path: Path, reuse: str) ->
     assert all(b["ttft"] > 0 for b in batched)
     assert result["max_held"] == 4  # every turn's request in the engine at once
     assert isinstance(result["max_stepped"], int) and result["max_stepped"] > 1
-    kv_tokens = result["kv_tokens"]  # vLLM's KV cache, in tokens: the default --max-active
+    kv_tokens = result["kv_tokens"]  # vLLM's KV cache, in tokens: the default token bound
     assert isinstance(kv_tokens, int) and kv_tokens > 0
-    assert result["max_active"] == min(256, max(1, kv_tokens // 2048)), kv_tokens
+    assert result["max_active"] == 256 and result["backend_kv_tokens"] == kv_tokens
 
 
 PREEMPT_SCRIPT = """

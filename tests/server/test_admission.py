@@ -389,3 +389,75 @@ def test_over_http_the_text_being_tokenized_is_bounded_and_shared(
     assert "--max-tokenizing-chars 3000" in again.json()["error"]["message"]
     assert other.status_code == 200, other.text
     assert first[0].status_code == 200, first[0].text
+
+
+def test_active_tokens_bound_who_is_served() -> None:
+    """With a token bound (the vLLM backend's KV cache), a ticket is served when its reserve
+    fits beside the active ones'; one alone is served whatever its size; a ticket that fits
+    does not pass the fairer choice waiting for room, but a tenant with nothing at the engine
+    is the fairer choice."""
+
+    async def run() -> None:
+        line = AdmissionLine(max_queued=16, max_active=8, max_active_tokens=1000)
+        big = line.take("A", 10, reserve=5000)  # alone: served, though over the bound
+        b = line.take("B", 10, reserve=500)
+        assert big.turn.done() and not b.turn.done() and line.active_tokens == 5000
+        big.release()
+        assert b.turn.done() and line.active_tokens == 500
+        a1 = line.take("A", 10, reserve=600)  # 1100 > 1000: waits
+        a2 = line.take("A", 10, reserve=100)  # fits, but behind A's own first
+        b2 = line.take("B", 10, reserve=100)  # fits, but A (none at the engine) is fairer
+        assert not any(t.turn.done() for t in (a1, a2, b2))
+        c = line.take("C", 10, reserve=300)  # fits, none at the engine; so has A, waiting first
+        assert not c.turn.done()
+        b.release()  # A's 600, C's 300, B's 100; A's second (A holds one) waits for room
+        assert a1.turn.done() and b2.turn.done() and c.turn.done() and not a2.turn.done()
+        assert line.active_tokens == 1000
+        b2.release()
+        assert a2.turn.done() and line.active_tokens == 1000
+
+    asyncio.run(run())
+
+
+def test_a_tenant_holds_its_share_of_the_active_tokens() -> None:
+    async def run() -> None:
+        line = AdmissionLine(max_queued=16, max_active=4, tenant_slots=3, max_active_tokens=800)
+        assert line.tenant_tokens == 600  # 3 of 4 slots: 3/4 of the tokens
+        a = [line.take("A", 10, reserve=300) for _ in range(3)]
+        assert [t.turn.done() for t in a] == [True, True, False]  # 900 > A's 600
+        b = line.take("B", 10, reserve=200)  # the room A may not take: at once
+        assert b.turn.done() and line.active_tokens == 800
+        a[0].release()
+        assert a[2].turn.done()
+
+    asyncio.run(run())
+
+
+def test_over_http_a_request_waits_for_room_in_the_active_tokens() -> None:
+    """--max-active-tokens 1000: tenant A's request reserving ~620 tokens (prompt + max_tokens
+    600) is at the engine; tenant B's of the same size waits although slots are free, and
+    runs once A's has ended."""
+    engine = SlowEngine()
+    with serve_in_thread(_keys_app(engine, max_active=4, max_active_tokens=1000)) as url:
+
+        def post(key: str) -> None:
+            httpx.post(f"{url}/v1/chat/completions", json={**BODY, "max_tokens": 600},
+                       headers={"Authorization": f"Bearer {key}"}, timeout=120)  # fmt: skip
+
+        a = threading.Thread(target=post, args=("key-a",))
+        a.start()
+        engine.started.wait(30)
+        b = threading.Thread(target=post, args=("key-b",))
+        b.start()
+        auth = {"Authorization": "Bearer key-a"}
+        wait_for(lambda: "agentcache_requests_waiting 1.0" in httpx.get(
+            f"{url}/metrics", headers=auth).text)  # fmt: skip
+        metrics = httpx.get(f"{url}/metrics", headers=auth).text
+        a.join()
+        b.join()
+    assert "agentcache_requests_active 1.0" in metrics
+    line = next(
+        ln for ln in metrics.splitlines() if ln.startswith("agentcache_requests_active_tokens ")
+    )
+    assert 600 < float(line.split()[1]) < 1000  # A's prompt + 600
+    assert engine.produced == [600, 600]

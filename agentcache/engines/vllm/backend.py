@@ -127,14 +127,17 @@ class VLLMBackend:
 
     @property
     def max_active(self) -> int:
-        """Requests vLLM holds at once without preempting any: its KV cache's tokens over
-        `max_model_len` (every request could grow that long), at most `max_num_seqs`, at
-        least 1 (`agentcache serve --backend vllm`'s default `--max-active`)."""
-        c = self.config
+        """Requests vLLM runs at once, `max_num_seqs` (`agentcache serve --backend vllm`'s
+        default `--max-active`; how many fit is bounded by tokens, `kv_tokens`)."""
+        return self.config.max_num_seqs
+
+    @property
+    def kv_tokens(self) -> int | None:
+        """Tokens vLLM's KV cache holds (its blocks times `block_size`; None before it is
+        known): `agentcache serve --backend vllm`'s default `--max-active-tokens`, so the
+        server admits what fits and vLLM seldom preempts (it can: tests/engines/test_vllm_batch)."""
         blocks = self.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
-        if not blocks:
-            return c.max_num_seqs
-        return max(1, min(c.max_num_seqs, int(blocks) * c.block_size // c.max_model_len))
+        return int(blocks) * self.config.block_size if blocks else None
 
     def close(self) -> None:
         """Stop the step loop; turns still running fail, later ones raise."""
