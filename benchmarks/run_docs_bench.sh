@@ -72,6 +72,10 @@ reuse() {
       --strategies full,rpdc:extra=0.5,rpdc:extra=1:probe_redo=true,epic --out "docs/bench/wide-budget-$w"
   done
   $py benchmarks/reuse/budget_curve.py docs/bench/wide-*/results.json --out docs/bench/wide-budget-curve
+  # docs/benchmarks.md "Chunk starts on the exact turns": a rule replayed on the stored tuning
+  # (tune-cover, wide-budget) and validation runs above
+  $py benchmarks/reuse/covered_epic.py --uncovered rpdc:cover=0 \
+    --out docs/bench/planner/covered-epic
   # where greedy decoding parts from full's (docs/lab/reuse.md, "Where greedy decoding parts")
   $py benchmarks/reuse/greedy_margins.py docs/bench/wide-reflexion/results.json \
     --strategies pic,rpdc --out docs/bench/wide-reflexion/margins.md
