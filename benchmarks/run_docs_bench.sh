@@ -228,6 +228,11 @@ server() {
   $py benchmarks/server/replay.py --split all --clients 16 --targets vllm,embedded \
     --vllm-python .venv-vllm/bin/python $common --max-tokens 32 \
     --out $r/all-16x32-template-after
+  # the vLLM backend's admission by tokens (its default) against admission left to vLLM
+  $py benchmarks/server/replay.py --split all --clients 16 \
+    --targets vllm,vllm-backend,vllm-backend@ungated \
+    --target-args 'vllm-backend@ungated=--max-active 256 --max-active-tokens 1000000000' \
+    --vllm-python .venv-vllm/bin/python $common --max-tokens 32 --out $r/all-16x32-token-gate
   $py benchmarks/server/replay.py --split all --clients 16 \
     --targets embedded-prefix,embedded@isolated \
     --target-args 'embedded@isolated=--isolate-conversations' $common --max-tokens 32 \
