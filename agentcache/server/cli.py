@@ -240,6 +240,15 @@ def server_config(
     )  # fmt: skip
 
 
+def admission_summary(server: ServerConfig) -> str:
+    """What the engine admits at once, in words (printed when the server starts)."""
+    out = (f"at most {server.max_active} requests at the engine, {server.tenant_slots} of "
+           "them one tenant's")  # fmt: skip
+    if server.max_active_tokens is not None:
+        out += f"; at most {server.max_active_tokens} tokens (prompt + max_tokens) reserved"
+    return out + " (--max-active, --max-active-per-tenant, --max-active-tokens)"
+
+
 def flag_max_active(args: argparse.Namespace) -> int | None:
     """`--max-active`, else the embedded backend's default; None on the vLLM backend, whose
     default is the engine's `max_active` (known once it has loaded)."""
@@ -336,6 +345,7 @@ def serve(args: argparse.Namespace, model: str | None, cache_dir: Path) -> int:
         host, port = sock.getsockname()[:2]
         url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
         print(f"agentcache serve: {server.model_name} on {url} (Ctrl+C to quit)", file=sys.stderr)
+        print(f"agentcache serve: {admission_summary(server)}", file=sys.stderr)
         uvicorn.Server(config).run(sockets=[sock])
     return 0
 

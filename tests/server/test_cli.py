@@ -216,7 +216,9 @@ def test_serve_holds_its_port_from_the_check_until_uvicorn_serves_on_it(
     monkeypatch.setattr(uvicorn.Server, "run", run)
     assert main(["serve", "--port", "0"]) == 0
     assert len(served) == 1 and served[0].fileno() == -1  # closed once the server is done
-    assert f"on http://127.0.0.1:{held[0]} (Ctrl+C to quit)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"on http://127.0.0.1:{held[0]} (Ctrl+C to quit)" in err
+    assert "at most 16 requests at the engine, 14 of them one tenant's (" in err  # the defaults
 
 
 @pytest.mark.parametrize(
@@ -268,3 +270,13 @@ def test_an_unknown_preemption_policy_is_a_usage_error(
 ) -> None:
     err = usage_error(["serve", "--preemption", "drop"], capsys)
     assert "--preemption" in err and "swap" in err
+
+
+def test_the_admission_summary_names_the_token_bound_where_there_is_one() -> None:
+    from agentcache.server import ServerConfig
+    from agentcache.server.cli import admission_summary
+
+    bounded = admission_summary(ServerConfig("m", max_active=256, max_active_tokens=23296))
+    assert bounded.startswith("at most 256 requests at the engine, 224 of them one tenant's; "
+                              "at most 23296 tokens (prompt + max_tokens) reserved")  # fmt: skip
+    assert "tokens" not in admission_summary(ServerConfig("m")).split("(")[0]
