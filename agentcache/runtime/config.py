@@ -14,6 +14,8 @@ from agentcache.reuse.base import STRATEGIES
 from agentcache.tiers.config import TierConfig
 from agentcache.units import GiB
 
+PREFILL_ORDERS = ("arrival", "shortest")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -48,6 +50,10 @@ class EngineConfig:
     # decoding turns' stalls but delay the long prompt's first token, and only `full`'s plan
     # chunks today, so a `full` baseline would run another prefill than the reuse strategies
     prefill_chunk_tokens: int | None = 0
+    # the order prefills waiting for the engine run in (runtime/sharing.py FairLock):
+    # "arrival", or "shortest" (the fewest tokens of text the store does not hold first, a
+    # prefill passed over by at most 8 others); every prefill computes the same either way
+    prefill_order: str = "arrival"
 
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones
@@ -63,6 +69,9 @@ class EngineConfig:
         if self.preemption_host_bytes < 0:
             raise ConfigError(f"preemption_host_bytes must be >= 0, got "
                               f"{self.preemption_host_bytes}")  # fmt: skip
+        if self.prefill_order not in PREFILL_ORDERS:
+            raise ConfigError(f"prefill_order must be one of {', '.join(PREFILL_ORDERS)}, got "
+                              f"{self.prefill_order!r}")  # fmt: skip
         chunk = self.prefill_chunk_tokens
         whole = isinstance(chunk, int) and not isinstance(chunk, bool)
         if chunk is not None and not (whole and chunk >= 0):

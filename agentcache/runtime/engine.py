@@ -26,7 +26,7 @@ from agentcache.errors import ConfigError, ContextLengthError, OutOfPagesError
 from agentcache.kv.memory_store import MemorySegmentStore
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
 from agentcache.kv.preemption import PREEMPTION_POLICIES, PreemptionPolicy, Swap
-from agentcache.kv.store import SegmentStore
+from agentcache.kv.store import SegmentStore, segment_content_id
 from agentcache.model.loading import LoadedModel
 from agentcache.model.tokenizer import TextTokenizer
 from agentcache.prompt.reply import close_reply
@@ -94,7 +94,7 @@ class Engine:
         model.forward.require_strategy(self.config.strategy)  # the model family's limits
         self.decode = DecodeSetup.resolve(model, self.config.decode)
         self.gathered_steps = 0  # dense decode steps that copied the context (Engine.step)
-        self._lock = FairLock()
+        self._lock = FairLock(shortest_first=self.config.prefill_order == "shortest")
         self.gate = PageGate(self.ctx.pool, self._lock)
         self.batch: BatchScheduler | None = None
         if self.config.batch_decode:
@@ -237,7 +237,7 @@ class Engine:
         """The turn's prefill and (with `commit`) the prompt's commit, under the engine's lock;
         a prefill the scheduler runs in chunks (`_chunked`) runs in its steps, beside the
         decoding turns. Returns the strategy, the prefill and its time to the first token."""
-        with self._lock, torch.inference_mode():
+        with self._lock.prefill(self._prefill_cost(tokens)), torch.inference_mode():
             if cancel is not None and cancel.is_set():  # left while waiting for pages or lock
                 raise TurnCancelled("cancelled before its prefill started")
             strat = self.strategy(strategy)
@@ -256,6 +256,20 @@ class Engine:
             with self._lock, torch.inference_mode():
                 self._commit(strat, tokens, seq, pre)
         return strat, pre, ttft
+
+    def _prefill_cost(self, tokens: TokenizedPrompt) -> int:
+        """About the tokens a prefill computes, for its place among waiting prefills
+        (`prefill_order="shortest"`): the prompt's text the store does not hold (a segment
+        stored anywhere counts as found), and the last token. 0 in arrival order (unused)."""
+        if not self._lock.shortest_first:
+            return 0
+        m, store = self.model, self.ctx.store
+        cost = 1
+        for seg in tokens.segments:
+            cid = segment_content_id(seg.ids, seg.segment.scope)
+            if not store.contains_content(m.model_id, m.tokenizer.tokenizer_id, cid):
+                cost += seg.end - seg.start
+        return cost
 
     def _chunked(
         self, strat: ReuseStrategy, tokens: TokenizedPrompt, seq: SequenceKV

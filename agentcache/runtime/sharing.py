@@ -28,44 +28,84 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from agentcache.kv.pool import PagePool, SequenceKV
+
+
+@dataclass(eq=False)
+class _Waiter:
+    ident: int
+    first: bool  # asked `first()`
+    cost: int | None  # a prefill's tokens to compute (shortest first); None: arrival order
+    passed: int = 0  # prefills served in its place while it was first in line
 
 
 class FairLock:
     """A reentrant lock handed to waiting threads in the order they asked for it, except that
     a thread asking `first()` (a batched decode step: it serves every running turn) goes
     ahead of the others once after each unit that did not: units asked `first()` and units
-    in arrival order alternate while both wait, so neither starves the other."""
+    in arrival order alternate while both wait, so neither starves the other.
 
-    def __init__(self) -> None:
+    `shortest_first`: when the thread first in line is a prefill (`prefill(cost)`), the lock
+    goes to the prefill with the fewest tokens to compute among those waiting before the first
+    other unit in line (ties: the earliest), until `max_passes` prefills have gone in the place
+    of the one first in line; then it goes. Other units are passed by no prefill that came
+    after them. Off: costs are ignored (arrival order)."""
+
+    def __init__(self, shortest_first: bool = False, max_passes: int = 8) -> None:
+        if max_passes < 0:
+            raise ValueError("max_passes must be >= 0")
+        self.shortest_first, self.max_passes = shortest_first, max_passes
         self._cond = threading.Condition(threading.Lock())
         self._owner: int | None = None
         self._depth = 0
-        self._line: deque[tuple[int, bool]] = deque()  # (thread, asked first), arrival order
+        self._line: deque[_Waiter] = deque()  # arrival order
         self._last_first = False  # the last holder asked first
 
-    def acquire(self, first: bool = False) -> None:
+    def acquire(self, first: bool = False, cost: int | None = None) -> None:
         me = threading.get_ident()
         with self._cond:
             if self._owner == me:
                 self._depth += 1
                 return
-            entry = (me, first)
+            entry = _Waiter(me, first, cost if self.shortest_first and not first else None)
             self._line.append(entry)
-            while self._owner is not None or self._next() != me:
+            while self._owner is not None or self._next() is not entry:
                 self._cond.wait()
+            head = self._line[0]
+            if head is not entry and head.cost is not None and entry.cost is not None:
+                head.passed += 1  # a prefill went in its place
             self._line.remove(entry)
             self._owner, self._depth = me, 1
             self._last_first = first
 
-    def _next(self) -> int:
+    def _next(self) -> _Waiter:
         """The waiting thread the lock goes to next."""
         if not self._last_first:
-            for ident, asked_first in self._line:
-                if asked_first:
-                    return ident
-        return self._line[0][0]
+            for w in self._line:
+                if w.first:
+                    return w
+        head = self._line[0]
+        if head.cost is None or head.passed >= self.max_passes:
+            return head
+        prefills = []  # the prefills before the first other unit in line: only they reorder
+        for w in self._line:
+            if w.cost is not None:
+                prefills.append(w)
+            elif not w.first:
+                break
+        return min(prefills, key=lambda w: w.cost or 0)  # min keeps the earliest of ties
+
+    @contextmanager
+    def prefill(self, cost: int) -> Iterator[FairLock]:
+        """Hold the lock for a prefill of about `cost` tokens to compute (its place in line
+        with `shortest_first`; arrival order otherwise)."""
+        self.acquire(cost=cost)
+        try:
+            yield self
+        finally:
+            self.release()
 
     @contextmanager
     def first(self) -> Iterator[FairLock]:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+from agentcache.errors import ConfigError
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
@@ -61,8 +62,12 @@ def test_a_short_turn_runs_while_a_long_one_decodes(tiny: LoadedModel) -> None:
     assert engine.ctx.pool.num_free == engine.ctx.pool.config.num_pages
 
 
-@pytest.mark.parametrize("strategy", ["prefix", "rpdc"])
-def test_concurrent_conversations_get_their_solo_outputs(tiny: LoadedModel, strategy: str) -> None:
+@pytest.mark.parametrize(
+    ("strategy", "order"), [("prefix", "arrival"), ("rpdc", "arrival"), ("rpdc", "shortest")]
+)
+def test_concurrent_conversations_get_their_solo_outputs(
+    tiny: LoadedModel, strategy: str, order: str
+) -> None:  # fmt: skip
     users = ("list the files", "open README.md", "summarise it")
     params = GenerationParams(max_new_tokens=12)
 
@@ -79,7 +84,7 @@ def test_concurrent_conversations_get_their_solo_outputs(tiny: LoadedModel, stra
         return out
 
     solo = [conversation(Engine(tiny, EngineConfig(kv_pages=128)), i) for i in range(4)]
-    shared = Engine(tiny, EngineConfig(kv_pages=128))
+    shared = Engine(tiny, EngineConfig(kv_pages=128, prefill_order=order))
     assert at_once(lambda i: conversation(shared, i), 4) == solo
     assert shared.gate.peak_running >= 1
     assert shared.ctx.pool.num_free == shared.ctx.pool.config.num_pages
@@ -131,14 +136,18 @@ def wait_until(condition: Callable[[], bool]) -> None:
 
 def queue_then_release(lock: FairLock, names: list[str]) -> list[str]:
     """Hold `lock`, queue one thread per name in that order (a name starting with "f" asks
-    `first()`), release it; the order in which they got it."""
+    `first()`, "p<n>" is a prefill of n tokens), release it; the order in which they got it."""
     order: list[str] = []
     lock.acquire()
     threads = []
     for i, name in enumerate(names):
 
         def take(name: str = name) -> None:
-            with lock.first() if name.startswith("f") else lock:
+            if name.startswith("f"):
+                unit = lock.first()
+            else:
+                unit = lock.prefill(int(name[1:])) if name.startswith("p") else lock
+            with unit:
                 order.append(name)
 
         th = threading.Thread(target=take)
@@ -161,6 +170,26 @@ def test_a_first_asker_goes_ahead_once_in_turn_with_the_others() -> None:
     its own arrival order."""
     order = queue_then_release(FairLock(), ["n1", "n2", "f1", "f2", "n3"])
     assert order == ["f1", "n1", "f2", "n2", "n3"]
+
+
+def test_prefills_go_shortest_first_among_those_before_another_unit() -> None:
+    """With `shortest_first`, the prefills waiting ahead of the first other unit go fewest
+    tokens first; the other unit is passed by none that came after it; off, arrival order."""
+    names = ["p300", "p100", "n1", "p200", "p50"]
+    shortest = queue_then_release(FairLock(shortest_first=True), names)
+    assert shortest == ["p100", "p300", "n1", "p50", "p200"]
+    assert queue_then_release(FairLock(), names) == names
+
+
+def test_a_prefill_first_in_line_goes_after_max_passes_shorter_ones() -> None:
+    names = ["p900", "p10", "p20", "p30", "p40"]
+    order = queue_then_release(FairLock(shortest_first=True, max_passes=2), names)
+    assert order == ["p10", "p20", "p900", "p30", "p40"]
+
+
+def test_first_askers_still_alternate_with_prefills_in_shortest_order() -> None:
+    order = queue_then_release(FairLock(shortest_first=True), ["p300", "p100", "f1", "f2"])
+    assert order == ["f1", "p100", "f2", "p300"]
 
 
 def test_the_lock_is_reentrant_and_only_its_holder_releases_it() -> None:
@@ -205,3 +234,19 @@ def test_pages_are_taken_as_one_run_where_the_pool_has_one() -> None:
     assert len(seq.table.pages) == 5
     seq.free()
     assert pool.num_free == 7
+
+
+def test_a_prefills_cost_is_the_text_the_store_lacks(tiny: LoadedModel) -> None:
+    engine = Engine(tiny, EngineConfig(kv_pages=128, prefill_order="shortest"))
+    first = engine.tokenize(prompt(0))
+    assert engine._prefill_cost(first) == first.num_tokens + 1  # nothing stored yet
+    engine.generate(prompt(0), SHORT)
+    again = engine.tokenize(prompt(0, "open README.md"))
+    user = again.segments[1]  # the system prompt and the generation prompt are stored
+    assert engine._prefill_cost(again) == user.end - user.start + 1
+    assert Engine(tiny, EngineConfig(kv_pages=128))._prefill_cost(first) == 0  # arrival order
+
+
+def test_an_unknown_prefill_order_is_refused() -> None:
+    with pytest.raises(ConfigError, match="prefill_order must be one of arrival, shortest"):
+        EngineConfig(prefill_order="random")

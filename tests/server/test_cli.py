@@ -239,6 +239,7 @@ def test_serve_sets_the_preemption_policy(
     monkeypatch.setattr(loading, "load_model", lambda model, cache_dir: tiny)
     engine = serving_engine(build_parser().parse_args(["serve", *argv]), None, tmp_path)
     assert (engine.config.preemption, engine.config.preemption_host_bytes) == (policy, host_bytes)
+    assert engine.config.prefill_order == "arrival"  # the default
     assert (engine.batch is not None and engine.batch.preemption is not None) == (
         policy is not None
     )
@@ -251,6 +252,7 @@ def test_serve_sets_the_preemption_policy(
         (["--preemption", "recompute", "--backend", "vllm"], "--preemption needs"),
         (["--preemption-host-bytes", "1GiB"], "--preemption-host-bytes applies"),
         (["--preemption", "recompute", "--preemption-host-bytes", "1GiB"], "applies to"),
+        (["--prefill-order", "shortest", "--backend", "vllm"], "--prefill-order applies"),
     ],
 )
 def test_bad_preemption_flags_fail_before_the_model_loads(
@@ -280,3 +282,15 @@ def test_the_admission_summary_names_the_token_bound_where_there_is_one() -> Non
     assert bounded.startswith("at most 256 requests at the engine, 224 of them one tenant's; "
                               "at most 23296 tokens (prompt + max_tokens) reserved")  # fmt: skip
     assert "tokens" not in admission_summary(ServerConfig("m")).split("(")[0]
+
+
+def test_serve_sets_the_prefill_order(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import agentcache.model.loading as loading
+    from agentcache.server.cli import serving_engine
+
+    monkeypatch.setattr(loading, "load_model", lambda model, cache_dir: tiny)
+    args = build_parser().parse_args(["serve", "--prefill-order", "shortest"])
+    engine = serving_engine(args, None, tmp_path)
+    assert engine.config.prefill_order == "shortest" and engine._lock.shortest_first
