@@ -228,6 +228,17 @@ server() {
   $py benchmarks/server/replay.py --split all --clients 16 --targets vllm,embedded \
     --vllm-python .venv-vllm/bin/python $common --max-tokens 32 \
     --out $r/all-16x32-template-after
+  # prefill order: chosen on the tuning sessions, reported on the validation sessions
+  $py benchmarks/server/replay.py --split tune --clients 8 \
+    --targets embedded@arrival,embedded@shortest \
+    --target-args 'embedded@arrival=--prefill-order arrival' \
+    --target-args 'embedded@shortest=--prefill-order shortest' $common --max-tokens 32 \
+    --out $r/tune-8x32-prefill-order
+  $py benchmarks/server/replay.py --split validate --clients 8 \
+    --targets embedded@arrival,embedded@shortest \
+    --target-args 'embedded@arrival=--prefill-order arrival' \
+    --target-args 'embedded@shortest=--prefill-order shortest' $common --max-tokens 32 \
+    --out $r/validate-8x32-prefill-order
   # the vLLM backend's admission by tokens (its default) against admission left to vLLM
   $py benchmarks/server/replay.py --split all --clients 16 \
     --targets vllm,vllm-backend,vllm-backend@ungated \

@@ -51,9 +51,10 @@ class EngineConfig:
     # chunks today, so a `full` baseline would run another prefill than the reuse strategies
     prefill_chunk_tokens: int | None = 0
     # the order prefills waiting for the engine run in (runtime/sharing.py FairLock):
-    # "arrival", or "shortest" (the fewest tokens of text the store does not hold first, a
-    # prefill passed over by at most 8 others); every prefill computes the same either way
-    prefill_order: str = "arrival"
+    # "shortest" (the fewest tokens of text the store does not hold first, a prefill passed
+    # over by at most 8 others; chosen on replayed tuning sessions, docs/server.md "Prefill
+    # order"), or "arrival"; every prefill computes the same either way
+    prefill_order: str = "shortest"
 
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones

@@ -1,7 +1,8 @@
 """The engine: prompt in -> reuse strategy prefill -> decode over paged KV -> commit for reuse.
 
 Several threads (sessions, the server's requests) may share one engine and its store, each
-unit of work under the engine's lock, taken in arrival order (`runtime/sharing.py`). With
+unit of work under the engine's lock, taken in arrival order but for prefills waiting
+together, which go fewest tokens to compute first (`runtime/sharing.py`). With
 `EngineConfig.batch_decode`, the running turns decode as one batch per step
 (`runtime/scheduler.py`); without, their decode steps interleave token by token. Either way
 each turn gets the outputs it would get alone, and a short request is not held behind a long

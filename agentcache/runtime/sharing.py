@@ -13,6 +13,11 @@ a step (and a turn's decoder set-up and reply commit) asks the lock `first()`: i
 of the prefills waiting, one such unit after each prefill, and the running turns get a token
 per waiting prefill instead of one per round of them.
 
+With `EngineConfig.prefill_order="shortest"` (the default) the prefills waiting together go
+fewest tokens to compute first (`FairLock.prefill(cost)`, the cost estimated from what the
+store lacks), each passed over by at most `max_passes` others; every prefill computes what it
+computes alone. `"arrival"` keeps them in arrival order.
+
 `PageGate` admits a turn once the page pool can give it every page it will need (prompt,
 max_new_tokens, the reply's closing tokens), taken as one run of slots where the pool has one,
 so a running turn never finds the pool empty and its KV stays in few runs. Turns are admitted

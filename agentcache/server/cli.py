@@ -147,11 +147,11 @@ def add_security(p: argparse.ArgumentParser) -> None:
                    "(the full strategy's) computes at most N tokens per step, each step also "
                    "decoding the active requests (default: 0, every prefill runs whole, "
                    "stalling decoding for its duration; e.g. 512 with many agents)")  # fmt: skip
-    p.add_argument("--prefill-order", choices=("arrival", "shortest"), default="arrival",
+    p.add_argument("--prefill-order", choices=("shortest", "arrival"), default=None,
                    help="embedded backend: the order prefills waiting for the engine run in: "
-                   "arrival (default), or shortest (the fewest tokens of text the store does "
-                   "not hold first, none passed over by more than 8; outputs are the same "
-                   "either way)")  # fmt: skip
+                   "shortest (default: the fewest tokens of text the store does not hold "
+                   "first, none passed over by more than 8), or arrival; outputs are the same "
+                   "either way")  # fmt: skip
     p.add_argument("--preemption", choices=("swap", "recompute"), default=None,
                    help="embedded backend, with batching: when the KV pool is full, the newest "
                    "running request is preempted, its KV copied to host memory (swap) or "
@@ -276,7 +276,7 @@ def check_flags(args: argparse.Namespace, max_active: int | None) -> None:
     if args.preemption is not None and (args.backend != "embedded" or not args.batch_decode):
         raise ConfigError("--preemption needs the embedded backend with batched decode "
                           "(drop --no-batch-decode / --backend vllm)")  # fmt: skip
-    if args.prefill_order != "arrival" and args.backend != "embedded":
+    if args.prefill_order is not None and args.backend != "embedded":
         raise ConfigError("--prefill-order applies to the embedded backend (vLLM's scheduler "
                           "orders its own prefills)")  # fmt: skip
     if args.preemption_host_bytes is not None and args.preemption != "swap":
@@ -422,7 +422,7 @@ def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path)
         if args.preemption_host_bytes is None else args.preemption_host_bytes,
         prefill_chunk_tokens=default.prefill_chunk_tokens
         if args.prefill_chunk_tokens is None else args.prefill_chunk_tokens,
-        prefill_order=args.prefill_order,
+        prefill_order=default.prefill_order if args.prefill_order is None else args.prefill_order,
     )  # fmt: skip
     try:
         return Engine(loaded, engine_config)

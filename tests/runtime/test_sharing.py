@@ -237,14 +237,15 @@ def test_pages_are_taken_as_one_run_where_the_pool_has_one() -> None:
 
 
 def test_a_prefills_cost_is_the_text_the_store_lacks(tiny: LoadedModel) -> None:
-    engine = Engine(tiny, EngineConfig(kv_pages=128, prefill_order="shortest"))
+    engine = Engine(tiny, EngineConfig(kv_pages=128))  # shortest first: the default
     first = engine.tokenize(prompt(0))
     assert engine._prefill_cost(first) == first.num_tokens + 1  # nothing stored yet
     engine.generate(prompt(0), SHORT)
     again = engine.tokenize(prompt(0, "open README.md"))
     user = again.segments[1]  # the system prompt and the generation prompt are stored
     assert engine._prefill_cost(again) == user.end - user.start + 1
-    assert Engine(tiny, EngineConfig(kv_pages=128))._prefill_cost(first) == 0  # arrival order
+    arrival = Engine(tiny, EngineConfig(kv_pages=128, prefill_order="arrival"))
+    assert arrival._prefill_cost(first) == 0  # not used
 
 
 def test_an_unknown_prefill_order_is_refused() -> None:

@@ -239,7 +239,7 @@ def test_serve_sets_the_preemption_policy(
     monkeypatch.setattr(loading, "load_model", lambda model, cache_dir: tiny)
     engine = serving_engine(build_parser().parse_args(["serve", *argv]), None, tmp_path)
     assert (engine.config.preemption, engine.config.preemption_host_bytes) == (policy, host_bytes)
-    assert engine.config.prefill_order == "arrival"  # the default
+    assert engine.config.prefill_order == "shortest"  # the default
     assert (engine.batch is not None and engine.batch.preemption is not None) == (
         policy is not None
     )
@@ -291,6 +291,6 @@ def test_serve_sets_the_prefill_order(
     from agentcache.server.cli import serving_engine
 
     monkeypatch.setattr(loading, "load_model", lambda model, cache_dir: tiny)
-    args = build_parser().parse_args(["serve", "--prefill-order", "shortest"])
+    args = build_parser().parse_args(["serve", "--prefill-order", "arrival"])
     engine = serving_engine(args, None, tmp_path)
-    assert engine.config.prefill_order == "shortest" and engine._lock.shortest_first
+    assert engine.config.prefill_order == "arrival" and not engine._lock.shortest_first
