@@ -12,6 +12,7 @@ from agentcache.cli import ModelCommand, build_parser, main
 from agentcache.decode.config import DecodeConfig
 from agentcache.engines.vllm import installed_vllm_version
 from agentcache.model.loading import LoadedModel
+from agentcache.runtime.engine import Engine
 from agentcache.server.cli import served_name, server_config
 from tests.conftest import no_model, usage_error
 
@@ -100,15 +101,23 @@ def test_serve_rejects_a_bad_decode_policy_before_loading(
     assert f"--decode {spec}" in err and message in err and "Traceback" not in err
 
 
-def test_serve_builds_the_engine_with_the_decode_policy(
-    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def serve_engine(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *argv: str
+) -> Engine:
+    """The engine `agentcache serve ARGV` builds, on the tiny model."""
     import agentcache.model.loading as loading
     from agentcache.server.cli import serving_engine
 
     monkeypatch.setattr(loading, "load_model", lambda model, cache_dir: tiny)
-    args = build_parser().parse_args(["serve", "--decode", "quest:verify=4:budget=8"])
-    engine = serving_engine(args, None, tmp_path)
+    engine = serving_engine(build_parser().parse_args(["serve", *argv]), None, tmp_path)
+    assert isinstance(engine, Engine)
+    return engine
+
+
+def test_serve_builds_the_engine_with_the_decode_policy(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    engine = serve_engine(tiny, monkeypatch, tmp_path, "--decode", "quest:verify=4:budget=8")
     assert engine.config.decode == DecodeConfig(
         "quest", budget_pages=8, verify=4, profile_dir=tmp_path / "profiles"
     )
@@ -121,11 +130,7 @@ def test_serve_sets_the_store_size(
     tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, argv: list[str],
     store_bytes: int,
 ) -> None:  # fmt: skip
-    import agentcache.model.loading as loading
-    from agentcache.server.cli import serving_engine
-
-    monkeypatch.setattr(loading, "load_model", lambda model, cache_dir: tiny)
-    engine = serving_engine(build_parser().parse_args(["serve", *argv]), None, tmp_path)
+    engine = serve_engine(tiny, monkeypatch, tmp_path, *argv)
     assert engine.store.capacity_bytes == store_bytes
 
 
@@ -233,11 +238,7 @@ def test_serve_sets_the_preemption_policy(
     tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, argv: list[str],
     policy: str | None, host_bytes: int,
 ) -> None:  # fmt: skip
-    import agentcache.model.loading as loading
-    from agentcache.server.cli import serving_engine
-
-    monkeypatch.setattr(loading, "load_model", lambda model, cache_dir: tiny)
-    engine = serving_engine(build_parser().parse_args(["serve", *argv]), None, tmp_path)
+    engine = serve_engine(tiny, monkeypatch, tmp_path, *argv)
     assert (engine.config.preemption, engine.config.preemption_host_bytes) == (policy, host_bytes)
     assert engine.config.prefill_order == "shortest"  # the default
     assert (engine.batch is not None and engine.batch.preemption is not None) == (
@@ -287,10 +288,5 @@ def test_the_admission_summary_names_the_token_bound_where_there_is_one() -> Non
 def test_serve_sets_the_prefill_order(
     tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    import agentcache.model.loading as loading
-    from agentcache.server.cli import serving_engine
-
-    monkeypatch.setattr(loading, "load_model", lambda model, cache_dir: tiny)
-    args = build_parser().parse_args(["serve", "--prefill-order", "arrival"])
-    engine = serving_engine(args, None, tmp_path)
+    engine = serve_engine(tiny, monkeypatch, tmp_path, "--prefill-order", "arrival")
     assert engine.config.prefill_order == "arrival" and not engine._lock.shortest_first
