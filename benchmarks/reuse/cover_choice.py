@@ -24,6 +24,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from agentcache.bench.reuse.report import covered_at, exact_compute
+
 COVERS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
 
 
@@ -42,9 +44,8 @@ def warm_turns(run: dict[str, Any], uncovered: str) -> list[tuple[dict[str, Any]
 def replay(turns: list[tuple[dict[str, Any], dict[str, Any]]], cover: float) -> dict[str, float]:
     rows = []  # (greedy exact, first token, KL tf, compute, covered) per turn
     for a, _ in turns:
-        if a["candidates"] <= cover * a["computed_anyway"] or a["probe_skipped"]:
-            all_of_them = (a["computed_anyway"] + a["candidates"]) / a["prompt_tokens"]
-            rows.append((1.0, 1.0, 0.0, all_of_them, 1.0))
+        if covered_at(a, cover):
+            rows.append((1.0, 1.0, 0.0, exact_compute(a), 1.0))
         else:
             rows.append((a["greedy_exact_match"], a["first_token_agreement"], a["tf_kl"],
                          a["recompute_fraction"], 0.0))  # fmt: skip

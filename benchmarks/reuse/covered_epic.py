@@ -30,7 +30,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from agentcache.bench.reuse.report import exact_turn
+from agentcache.bench.reuse.report import covered_at, exact_compute, exact_turn
 
 ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = ("memgpt", "reflexion", "swe_agent")
@@ -54,21 +54,16 @@ def tuning(bench: Path, family: str, label: str = "rpdc") -> list[dict[str, Any]
     epic = by_turn(load(bench / f"wide-budget-{family}"), "epic")
     out = []
     for key, a in sorted(uncovered.items()):
-        covered = bool(a["candidates"] <= COVER * a["computed_anyway"] or a["probe_skipped"])
+        covered = covered_at(a, COVER)
         if covered:
-            exact = (a["computed_anyway"] + a["candidates"]) / a["prompt_tokens"]
+            exact = exact_compute(a)
             default = (1.0, 1.0, 0.0, exact)
             e = epic.get(key)
             if e is None:
                 raise SystemExit(f"{family}: no epic record of tuning turn {key}")
-            if e["recompute_fraction"] <= exact:
-                rule = (float(e["greedy_exact_match"]), float(e["first_token_agreement"]),
-                        float(e["tf_kl"]), float(e["recompute_fraction"]))  # fmt: skip
-            else:
-                rule = default
+            rule = fidelity(e) if e["recompute_fraction"] <= exact else default
         else:
-            default = rule = (float(a["greedy_exact_match"]), float(a["first_token_agreement"]),
-                              float(a["tf_kl"]), float(a["recompute_fraction"]))  # fmt: skip
+            default = rule = fidelity(a)
         out.append({"turn": list(key), "covered": covered, "default": default, "rule": rule})
     return out
 
@@ -88,11 +83,15 @@ def validation(bench: Path, family: str) -> list[dict[str, Any]]:
     return out
 
 
-def cells(r: Row, prefix: Row) -> tuple[float, ...]:
-    """(greedy, first token, tf KL, compute, TTFT over `prefix`'s on the same turn)."""
+def fidelity(r: Row) -> tuple[float, float, float, float]:
+    """(greedy, first token, tf KL, compute) of a turn's record."""
     return (float(r["greedy_exact_match"]), float(r["first_token_agreement"]),
-            float(r["tf_kl"]), float(r["recompute_fraction"]),
-            r["ttft_ms"] / prefix["ttft_ms"])  # fmt: skip
+            float(r["tf_kl"]), float(r["recompute_fraction"]))  # fmt: skip
+
+
+def cells(r: Row, prefix: Row) -> tuple[float, ...]:
+    """`fidelity`, and the TTFT over `prefix`'s on the same turn."""
+    return (*fidelity(r), r["ttft_ms"] / prefix["ttft_ms"])
 
 
 def summary(turns: list[dict[str, Any]], who: str) -> dict[str, float]:

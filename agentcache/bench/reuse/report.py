@@ -50,6 +50,18 @@ def exact_turn(row: dict[str, Any]) -> bool:
     return bool(row["probe_skipped"] or row["candidates"] == 0)
 
 
+def covered_at(row: dict[str, Any], cover: float) -> bool:
+    """Whether `rpdc` with `cover` would compute every candidate of a turn recorded without
+    cover: at most `cover` candidates per token computed anyway (or no probe ran)."""
+    return bool(row["candidates"] <= cover * row["computed_anyway"] or row["probe_skipped"])
+
+
+def exact_compute(row: dict[str, Any]) -> float:
+    """The share of the prompt a turn recorded without cover computes when it computes every
+    candidate (the tokens computed anyway and the candidates)."""
+    return float((row["computed_anyway"] + row["candidates"]) / row["prompt_tokens"])
+
+
 def peer_ratios(records: list[dict[str, Any]], peer: str = PEER) -> dict[str, float]:
     """Per strategy, the median over warm turns of its TTFT / the `transformers-prefix` peer's
     on the same turn (what a user would hand-roll in `transformers`); empty without the peer."""
