@@ -81,6 +81,11 @@ class _Tenant:
     last_served: int = 0  # the line's count of tickets served when this tenant was last
 
 
+def _fair_order(t: _Tenant) -> tuple[int, int]:
+    """Who is served first: fewest tickets at the engine, then served longest ago."""
+    return (t.active, t.last_served)
+
+
 class AdmissionLine:
     """One per app, used from its event loop only (no locks needed)."""
 
@@ -175,11 +180,13 @@ class AdmissionLine:
             return False
         if not (self._eligible(t, reserve) and self._room_for(reserve)):
             return False
-        mine = (0, 0) if t is None else (t.active, t.last_served)
-        return not any(
-            (o.active, o.last_served) <= mine for o in self._tenants.values()
-            if o.waiting and self._eligible(o, o.waiting[0].reserve)
-        )  # fmt: skip
+        mine = (0, 0) if t is None else _fair_order(t)
+        return not any(_fair_order(o) <= mine for o in self._candidates())
+
+    def _candidates(self) -> list[_Tenant]:
+        """The tenants whose next waiting ticket is within their share."""
+        return [t for t in self._tenants.values()
+                if t.waiting and self._eligible(t, t.waiting[0].reserve)]  # fmt: skip
 
     def _eligible(self, t: _Tenant | None, reserve: int) -> bool:
         """Whether a ticket of `reserve` tokens of tenant `t` is within the tenant's share."""
@@ -295,13 +302,10 @@ class AdmissionLine:
     def _dispatch(self) -> None:
         """Serve the fair choice among the waiting tickets while it fits."""
         while self._active < self.max_active and self._waiting:
-            eligible = [
-                t for t in self._tenants.values()
-                if t.waiting and self._eligible(t, t.waiting[0].reserve)
-            ]  # fmt: skip
+            eligible = self._candidates()
             if not eligible:
                 break
-            t = min(eligible, key=lambda t: (t.active, t.last_served))
+            t = min(eligible, key=_fair_order)
             if not self._room_for(t.waiting[0].reserve):
                 break  # the others wait behind it: it is not passed over
             head = t.waiting.popleft()
