@@ -137,6 +137,23 @@ def test_max_active_defaults_by_backend_and_rejects_zero(
     assert "--max-active" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--max-active-tokens", "0"], "--max-active-tokens"),
+        (["--max-active-tokens", "-5"], "--max-active-tokens"),
+        (["--max-active-tokens", "1e9"], "--max-active-tokens"),
+        (["--prefill-order", "random"], "--prefill-order"),
+    ],
+)
+def test_bad_admission_and_order_flags_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], argv: list[str], flag: str
+) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", *argv])
+    assert flag in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("path", ["/docs", "/redoc", "/openapi.json"])
 def test_docs_are_off_unless_enabled(path: str) -> None:
     with client() as c:
