@@ -48,7 +48,12 @@ from agentcache.server.limits import check_request, check_tools, prompt_chars
 from agentcache.server.messages_api import message_body, message_id, to_turn
 from agentcache.server.messages_schema import CountTokensRequest, MessagesRequest
 from agentcache.server.messages_stream import MessagesEmitter
-from agentcache.server.metrics import ServerMetrics, batch_stats, tier_store
+from agentcache.server.metrics import (
+    ServerMetrics,
+    batch_stats,
+    engine_preemptions,
+    tier_store,
+)
 from agentcache.server.middleware import BodyLimit, CountResponses, Gatekeeper
 from agentcache.server.response_store import ResponseStore
 from agentcache.server.responses import ResponseIds, ResponsesEmitter, response_body
@@ -89,7 +94,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         engine.store_bytes, lambda: (line.active, line.waiting, line.active_tokens),
         lambda: (book.nbytes, len(book)),
         lambda: (line.waiting_tokens, tokenizing.in_flight), lambda: batch_stats(engine),
-        kept_turns, tier_store(engine),
+        kept_turns, tier_store(engine), lambda: engine_preemptions(engine),
     )  # fmt: skip
     docs = config.enable_docs
     stored = ResponseStore(config.max_stored_responses, config.stored_response_bytes,

@@ -51,6 +51,13 @@ def tier_counts(store: TieredSegmentStore) -> dict[str, int]:
     }  # fmt: skip
 
 
+def engine_preemptions(engine: object) -> int | None:
+    """The vLLM backend's count of vLLM's preemptions (`VLLMBackend.preemptions`); None for an
+    engine without one."""
+    n = getattr(engine, "preemptions", None)
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
 def batch_stats(engine: object) -> BatchStats | None:
     """The counts of an engine's batched scheduler; None for one without (the vLLM backend,
     the embedded engine with `--no-batch-decode`)."""
@@ -63,7 +70,9 @@ class ServerMetrics:
     `line` the requests at the engine and waiting for it, `work` the prompt tokens waiting
     and the characters being tokenized, `conversations` the tracker's
     estimated bytes and conversations, `batch` the batched scheduler's counts (None without
-    one: the vLLM backend, `--no-batch-decode`); all are read at each scrape, with the
+    one: the vLLM backend, `--no-batch-decode`), `preemptions` the vLLM backend's count of
+    vLLM's preemptions (`engine_preemptions`, read when `batch` gives None); all are read
+    at each scrape, with the
     process's memory (resident, and malloc's bytes in use and free but held, where the
     platform says)."""
 
@@ -76,9 +85,11 @@ class ServerMetrics:
         batch: Callable[[], BatchStats | None] = lambda: None,
         retention: TurnRetention | None = None,
         tiers: TieredSegmentStore | None = None,
+        preemptions: Callable[[], int | None] = lambda: None,
     ) -> None:
         self._store_bytes, self._line, self._conversations = store_bytes, line, conversations
         self._work, self._batch, self._retention = work, batch, retention
+        self._preemptions = preemptions
         self._tiers = tiers
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
@@ -161,7 +172,9 @@ class ServerMetrics:
         self.batch = Gauge(
             "agentcache_batch", "the batched scheduler's counts since start: steps, peak_batch "
             "(most requests in one step), preempted, resumed, swapped_bytes (KV copied to the "
-            "host by preemptions), recomputed_tokens (on resume); waiting_preempted is now",
+            "host by preemptions), recomputed_tokens (on resume); waiting_preempted is now. "
+            "On --backend vllm, preempted alone: vLLM's preemptions of finished turns' "
+            "requests",
             ["kind"], registry=r,
         )  # fmt: skip
 
@@ -232,6 +245,8 @@ class ServerMetrics:
         if (b := self._batch()) is not None:
             for kind in BATCH_KINDS:
                 self.batch.labels(kind).set(getattr(b, kind))
+        elif (preempted := self._preemptions()) is not None:  # the vLLM backend's, alone
+            self.batch.labels("preempted").set(preempted)
         if (store := self._tiers) is not None:
             with store.locked():
                 for kind, n in tier_counts(store).items():

@@ -107,12 +107,14 @@ prompts = [SegmentedPrompt([Segment("system", f"Your name is {name}. " + system,
 params = GenerationParams(max_new_tokens=200)
 alone = [list(backend.generate(p, params).token_ids) for p in prompts]  # computes and stores
 preempted_alone = len(preempted)
+counted_alone = backend.preemptions
 backend.llm.reset_prefix_cache()  # the batched turns find their prompts in the store only
-reports = {}
+reports, per_request = {}, {}
 report = backend.transfer_report
 def keep(sampling_params, out):
     info = report(sampling_params, out)
     reports[out.request_id] = info.get("claimed_tokens", 0)
+    per_request[out.request_id] = info.get("preemptions")
     return info
 backend.transfer_report = keep
 batched = [None] * len(prompts)
@@ -126,18 +128,22 @@ for t in threads:
 for t in threads:
     t.join()
 claimed = {rid: n for rid, n in reports.items() if any(p.startswith(rid) for p in preempted)}
+counted = backend.preemptions
 backend.close()
 print("RESULT " + json.dumps({"alone": alone, "batched": batched,
                               "preempted_alone": preempted_alone, "preempted": len(preempted),
                               "claimed": list(reports.values()),
-                              "claimed_preempted": list(claimed.values())}))
+                              "claimed_preempted": list(claimed.values()),
+                              "counted_alone": counted_alone, "counted": counted,
+                              "per_request": list(per_request.values())}))
 """
 
 
 def test_turns_vllm_preempts_give_what_each_gives_alone(tmp_path: Path) -> None:
     """vLLM's preemption frees a running request's blocks and computes its tokens again when
     it resumes; the connector fills the resumed prompt from the store again (its claim is
-    made anew), and every greedy reply equals the same prompt's alone."""
+    made anew), counts the preemptions (`VLLMBackend.preemptions`, each request's report),
+    and every greedy reply equals the same prompt's alone."""
     result = _run(PREEMPT_SCRIPT, str(tmp_path / "store"))
     alone, batched = result["alone"], result["batched"]
     assert isinstance(alone, list) and all(len(ids) == 200 for ids in alone)
@@ -150,3 +156,8 @@ def test_turns_vllm_preempts_give_what_each_gives_alone(tmp_path: Path) -> None:
     again = result["claimed_preempted"]  # a request resumed reclaims (or vLLM still has it)
     assert isinstance(again, list) and again
     assert max(again) > min(claimed)  # at least one resumed request was filled twice
+    # the connector counts each preemption in its request's report, the backend their sum
+    assert result["counted_alone"] == 0
+    per_request = result["per_request"]
+    assert isinstance(per_request, list) and len(per_request) == 4
+    assert sum(per_request) == result["counted"] == result["preempted"]

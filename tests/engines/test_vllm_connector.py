@@ -142,6 +142,25 @@ def test_the_scheduler_claims_stored_prefix_blocks_and_reports_them(tmp_path: Pa
     assert len(scheduler) == 0
 
 
+def test_the_scheduler_counts_a_requests_preemptions_in_its_report(tmp_path: Path) -> None:
+    """Each preemption is in one step's `preempted_req_ids`; the request's report counts
+    them; an id the connector does not hold (finished, or never seen) is ignored."""
+    store = PresentStore(tmp_path, 0)
+    store.present = set()
+    scheduler = ConnectorScheduler(_modes(store), "")
+    ids = list(range(40))
+    scheduler.claim(_request("r", ids), 0)
+    scheduler.work(_step("r", ids, [1, 2], 0))  # a step without the field: vLLM before it
+    for preempted in ({"r", "gone"}, set(), {"r"}):
+        step = _step("r", ids, [1, 2], 0)
+        step.preempted_req_ids = preempted
+        scheduler.work(step)
+    body = scheduler.finished("r")["agentcache"]
+    assert body["preemptions"] == 2
+    scheduler.claim(_request("q", ids), 0)
+    assert scheduler.finished("q")["agentcache"]["preemptions"] == 0
+
+
 def test_a_segment_request_keeps_its_mode_and_says_why_vllm_computed_it(tmp_path: Path) -> None:
     store = PresentStore(tmp_path, 0)
     store.present = set()

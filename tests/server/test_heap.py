@@ -175,3 +175,20 @@ def test_metrics_report_the_batched_schedulers_counts() -> None:
     assert batch_stats(ScriptedEngine()) is None
     bare = ServerMetrics(lambda: {}).render().decode()
     assert 'agentcache_batch{kind="steps"}' not in bare
+    assert 'agentcache_batch{kind="preempted"}' not in bare
+
+
+def test_metrics_report_the_vllm_backends_preemptions_alone() -> None:
+    """The vLLM backend has no batched scheduler: its count of vLLM's preemptions is the one
+    batch count it reports; an engine with neither reports none."""
+    from types import SimpleNamespace
+
+    from agentcache.server.metrics import ServerMetrics, engine_preemptions
+
+    backend = SimpleNamespace(preemptions=5)
+    assert engine_preemptions(backend) == 5
+    assert engine_preemptions(ScriptedEngine()) is None
+    assert engine_preemptions(SimpleNamespace(preemptions=True)) is None  # not a count
+    text = ServerMetrics(lambda: {}, preemptions=lambda: engine_preemptions(backend)).render()
+    lines = [x for x in text.decode().splitlines() if x.startswith("agentcache_batch{")]
+    assert lines == ['agentcache_batch{kind="preempted"} 5.0']

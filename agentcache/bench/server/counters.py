@@ -1,9 +1,10 @@
 """A server's counters from its /metrics page (Prometheus text), read before and after a phase.
 
 Each reported quantity names the samples that hold it on each kind of server; a server with
-none of them reports None for it (the vLLM backend has no batched scheduler, plain vLLM no
-segment store, a flat segment store no tiers), never 0. Where several samples match (vLLM
-labels its counters by model), they are summed.
+none of them reports None for it (the vLLM backend has no batched scheduler, so no swapped
+bytes, plain vLLM no segment store, a flat segment store no tiers), never 0. The vLLM
+backend's preemptions are vLLM's, counted by the connector as each turn finishes. Where
+several samples match (vLLM labels its counters by model), they are summed.
 
 | quantity         | agentcache serve                         | vllm serve                        |
 |------------------|------------------------------------------|-----------------------------------|

@@ -124,6 +124,8 @@ class VLLMBackend:
         self.decider = FillDecider(c, FolderSegmentStore(Path(self.store_dir), 0), store_ids)
         self.last_transfer: dict[str, Any] = {}  # the connector's report on the latest turn
         self._decide_lock = threading.Lock()  # the fill decision's state (FillDecider)
+        self._preemptions = 0
+        self._count_lock = threading.Lock()
 
     @property
     def max_active(self) -> int:
@@ -138,6 +140,15 @@ class VLLMBackend:
         server admits what fits and vLLM seldom preempts (it can: tests/engines/test_vllm_batch)."""
         blocks = self.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks
         return int(blocks) * self.config.block_size if blocks else None
+
+    @property
+    def preemptions(self) -> int:
+        """Times vLLM preempted the requests of the turns finished so far (their blocks freed,
+        their tokens computed again on resume), as the connector counted them: a turn's count
+        reaches this when it finishes (a staged turn's over its requests; a cancelled turn's
+        not at all), and its own is in `last_transfer["preemptions"]`."""
+        with self._count_lock:
+            return self._preemptions
 
     def close(self) -> None:
         """Stop the step loop; turns still running fail, later ones raise."""
@@ -255,6 +266,8 @@ class VLLMBackend:
         if chosen:
             with self._decide_lock:
                 self.chooser(strategy).observe(fill, ttft * 1e3, computed)
+        with self._count_lock:
+            self._preemptions += int(info.get("preemptions", 0))
         info["fill"] = fill
         comp = out.outputs[0]
         ids = self.driver.token_ids(comp.token_ids)[: params.max_new_tokens]

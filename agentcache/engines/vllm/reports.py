@@ -97,6 +97,7 @@ class SchedulerReport:
     worker: RequestStats | None = None
     scheduler_misses: tuple[MissRow, ...] = ()
     scheduler_fallback_reasons: tuple[str, ...] = ()
+    preemptions: int = 0  # times vLLM preempted the request (its prompt computed again)
 
     def as_params(self) -> dict[str, Any]:
         """The request's kv_transfer_params (`{"agentcache": {...}}`)."""
@@ -106,6 +107,7 @@ class SchedulerReport:
             body |= self.worker.as_dict()
         body["scheduler_misses"] = [list(m) for m in self.scheduler_misses]
         body["scheduler_fallback_reasons"] = list(self.scheduler_fallback_reasons)
+        body["preemptions"] = self.preemptions
         return {"agentcache": body}
 
 

@@ -42,6 +42,7 @@ class RequestState:
     block_ids: list[int] = field(default_factory=list)
     saved: bool = False
     worker: RequestStats | None = None  # the worker stats that reached the scheduler
+    preemptions: int = 0  # times vLLM's scheduler preempted it (its blocks freed)
 
     def record(self, claim: Claim, num_computed: int) -> None:
         self.claim = (num_computed, num_computed + claim.num_tokens)
@@ -54,7 +55,7 @@ class RequestState:
         found = (self.rejected, declined, self.declined)
         return SchedulerReport(
             self.spec.mode, start, end - start, self.worker,
-            tuple(misses), tuple(r for r in found if r is not None),
+            tuple(misses), tuple(r for r in found if r is not None), self.preemptions,
         )  # fmt: skip
 
 
@@ -97,7 +98,11 @@ class ConnectorScheduler:
             state.to_load = (start, start + num_external_tokens)
 
     def work(self, so: SchedulerOutput) -> list[RequestWork]:
-        """This step's transfers."""
+        """This step's transfers; counts the requests vLLM preempted since the last step
+        (`SchedulerOutput.preempted_req_ids`: each preemption is in one step's output)."""
+        for req_id in getattr(so, "preempted_req_ids", None) or ():
+            if (preempted := self._requests.get(req_id)) is not None:
+                preempted.preemptions += 1
         out: list[RequestWork] = []
         for new in so.scheduled_new_reqs:
             state = self._requests.get(new.req_id)
