@@ -4,7 +4,8 @@
     PerComputedToken(e)   ceil(e * always-computed)       a bound on TTFT over a perfect cache
     EpicCount(k)          EPIC's token count at k         a comparison with EPIC at its cost
 
-Spec options `ratio=`, `extra=` and `per_chunk=` parse into it (`SelectiveOptions.budget`).
+Spec options `ratio=`, `extra=` and `per_chunk=` parse into it (`SelectiveOptions.budget`);
+`min_ratio=m` puts a floor of ceil(m * candidates) under `extra` or `per_chunk`.
 `cover=c` wraps any of them: when the candidates number at most c per always-computed token,
 the budget is all of them (the turn is exact, and costs at most 1 + c times a perfect cache).
 `cover_min=n` is its floor in tokens: n or fewer candidates are all computed too, however few
@@ -62,11 +63,24 @@ class EpicCount:
 
 
 @dataclass(frozen=True)
+class AtLeastRatio:
+    """`within`'s tokens, but at least a fraction `ratio` of the candidates: a floor in the
+    stale tokens themselves, for a turn that computes little beside many of them (an edit
+    early in a long history and a short new message)."""
+
+    within: PerComputedToken | EpicCount
+    ratio: float
+
+    def tokens(self, basis: BudgetBasis) -> int:
+        return max(self.within.tokens(basis), math.ceil(self.ratio * basis.candidates))
+
+
+@dataclass(frozen=True)
 class Covered:
     """All candidates when they are few beside the tokens computed anyway (`cover` per computed
     token) or few outright (`floor` tokens), else `within`."""
 
-    within: RatioOfReused | PerComputedToken | EpicCount
+    within: RatioOfReused | PerComputedToken | EpicCount | AtLeastRatio
     cover: float
     floor: int = 0
 
@@ -77,7 +91,7 @@ class Covered:
         return self.within.tokens(basis)
 
 
-Budget = RatioOfReused | PerComputedToken | EpicCount | Covered
+Budget = RatioOfReused | PerComputedToken | EpicCount | AtLeastRatio | Covered
 
 
 def epic_tokens(runs: list[ReusedRun], candidates: Tensor, k: int) -> int:

@@ -8,7 +8,14 @@ from dataclasses import dataclass, fields
 
 from agentcache.errors import ConfigError
 from agentcache.reuse import ccpe  # noqa: F401  (registers the ccpe plan)
-from agentcache.reuse.budget import Budget, Covered, EpicCount, PerComputedToken, RatioOfReused
+from agentcache.reuse.budget import (
+    AtLeastRatio,
+    Budget,
+    Covered,
+    EpicCount,
+    PerComputedToken,
+    RatioOfReused,
+)
 from agentcache.reuse.options import OPTION_TYPES, check_choice
 from agentcache.reuse.positions import PLANS
 from agentcache.reuse.ranking import RANKERS, RankerConfig, TokenRanker
@@ -42,6 +49,9 @@ class SelectiveOptions:
     # recompute (the first per_chunk of every reused segment not at index 0 whose KV is not
     # exact), spent in the selection's order: a comparison with EPIC at its own token count
     per_chunk: int = 0
+    # when > 0, a floor under the `extra` or `per_chunk` budget: at least this fraction of the
+    # reused tokens, so a turn that computes little beside many stale tokens refreshes some
+    min_ratio: float = 0.0
     # when > 0: a turn whose candidates number at most `cover` per always-computed token
     # computes them all (exact; the probe is skipped), whatever the budget above says
     cover: float = 0.0
@@ -97,6 +107,11 @@ class SelectiveOptions:
             raise ConfigError(f"per_chunk must be >= 0, got {self.per_chunk}")
         if sum(b > 0 for b in (self.ratio, self.extra, self.per_chunk)) > 1:
             raise ConfigError("ratio, extra and per_chunk are alternative budgets: set one")
+        if not 0.0 <= self.min_ratio <= 1.0:
+            raise ConfigError(f"min_ratio must be in [0, 1], got {self.min_ratio:g}")
+        if self.min_ratio > 0 and not (self.extra > 0 or self.per_chunk > 0):
+            raise ConfigError("min_ratio floors an extra or per_chunk budget: set one of them "
+                              "(with ratio, the ratio itself is the fraction)")  # fmt: skip
         if min(self.boundary_k, self.gate_every, self.probe_layers) < 0 or self.probe_window < 1:
             raise ConfigError(
                 "boundary_k, gate_every, probe_layers must be >= 0, probe_window >= 1"
@@ -149,13 +164,15 @@ class SelectiveOptions:
 
     @property
     def budget(self) -> Budget:
-        within: RatioOfReused | PerComputedToken | EpicCount
+        within: RatioOfReused | PerComputedToken | EpicCount | AtLeastRatio
         if self.extra > 0:
             within = PerComputedToken(self.extra)
         elif self.per_chunk > 0:
             within = EpicCount(self.per_chunk)
         else:
             within = RatioOfReused(self.ratio)
+        if self.min_ratio > 0 and not isinstance(within, RatioOfReused):
+            within = AtLeastRatio(within, self.min_ratio)
         return Covered(within, self.cover, self.cover_min) if self.covers else within
 
     @property

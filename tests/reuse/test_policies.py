@@ -11,7 +11,13 @@ import torch
 from agentcache.errors import ConfigError
 from agentcache.model.loading import LoadedModel
 from agentcache.reuse import StrategySpec
-from agentcache.reuse.budget import Covered, EpicCount, PerComputedToken, RatioOfReused
+from agentcache.reuse.budget import (
+    AtLeastRatio,
+    Covered,
+    EpicCount,
+    PerComputedToken,
+    RatioOfReused,
+)
 from agentcache.reuse.config import SelectiveOptions
 from agentcache.reuse.positions import BoundedCounts, ModeStart, segment_key
 from agentcache.reuse.ranking.offset import by_offset
@@ -38,6 +44,8 @@ from tests.reuse.test_contract import agent_prompt
         ("rpdc:ratio=0.3:cover=1", Covered(RatioOfReused(0.3), 1.0, 0)),
         ("rpdc:extra=0.5", PerComputedToken(0.5)),  # a budget given replaces cover too
         ("rpdc:extra=0.5:cover=2", Covered(PerComputedToken(0.5), 2.0, 0)),
+        ("rpdc:min_ratio=0.25", Covered(AtLeastRatio(PerComputedToken(0.2), 0.25), 1.5, 0)),
+        ("rpdc:per_chunk=8:min_ratio=0.1", AtLeastRatio(EpicCount(8), 0.1)),
     ],
 )
 def test_spec_budgets_parse_into_one_tagged_value(text: str, budget: object) -> None:
@@ -122,9 +130,23 @@ def test_cover_min_computes_few_candidates_however_few_are_computed(
     assert int(sel.base[2:16].sum()) == sel.budget and not bool(sel.base[16:22].any())
 
 
+@pytest.mark.parametrize(("min_ratio", "budget"), [(0.0, 2), (0.1, 2), (0.25, 4), (1.0, 14)])
+def test_min_ratio_floors_the_budget_in_the_candidates(min_ratio: float, budget: int) -> None:
+    """10 tokens computed anyway, 14 candidates, cover 0.5 (allows 5, so not exact): `extra`
+    gives 2; a floor of min_ratio x 14 (rounded up) raises it when larger."""
+    runs = [ReusedRun(5, 7), ReusedRun(12, 7)]
+    o = SelectiveOptions(selection="offset", extra=0.2, cover=0.5, min_ratio=min_ratio)
+    sel = select_up_front(o, 24, runs)
+    assert sel.budget == budget
+    assert int((sel.base[5:19]).sum()) == budget
+
+
 @pytest.mark.parametrize(
     ("text", "words"),
     [
+        ("rpdc:min_ratio=1.5", "min_ratio must be in"),
+        ("rpdc:min_ratio=-0.1", "min_ratio must be in"),
+        ("rpdc:ratio=0.3:min_ratio=0.1", "min_ratio floors an extra or per_chunk budget"),
         ("rpdc:cover=-1", "cover must be >= 0"),
         ("pic:cover=1", "needs a ranking"),
         ("rpdc:cover_min=-1", "cover_min must be >= 0"),
