@@ -76,6 +76,15 @@ reuse() {
   # (tune-cover, wide-budget) and validation runs above
   $py benchmarks/reuse/covered_epic.py --uncovered rpdc:cover=0 \
     --out docs/bench/planner/covered-epic
+  # rpdc's floor in the stale tokens (docs/benchmarks.md "A floor in the stale tokens"):
+  # min_ratio chosen or not on the chat edit families' tuning sessions, then reported on
+  # chat-sysprompt's validation sessions
+  $ac bench benchmarks/workloads/chat-sysprompt.jsonl benchmarks/workloads/chat-edit.jsonl \
+    --strategies full,prefix,default,rpdc:min_ratio=0.1,rpdc:min_ratio=0.25 --split tune \
+    --max-turns 4 --threads 2 --out docs/bench/planner/min-ratio/tune
+  $ac bench benchmarks/workloads/chat-sysprompt.jsonl \
+    --strategies full,prefix,default,rpdc:min_ratio=0.1 --split validate --max-turns 4 \
+    --threads 2 --out docs/bench/planner/min-ratio/validate
   # where greedy decoding parts from full's (docs/lab/reuse.md, "Where greedy decoding parts")
   $py benchmarks/reuse/greedy_margins.py docs/bench/wide-reflexion/results.json \
     --strategies pic,rpdc --out docs/bench/wide-reflexion/margins.md

@@ -65,7 +65,9 @@ class RPDC(SelectiveRecompute):
     family's tuning sessions (docs/benchmarks.md); `cover=0` is the default before it.
 
     `cover_min=n` (not set here) adds a floor: a turn with at most n such tokens computes
-    them all, however few it computes anyway (docs/benchmarks.md, "Cover's floor")."""
+    them all, however few it computes anyway (docs/benchmarks.md, "Cover's floor").
+    `min_ratio=m` (not set here) ranks at least ceil(m x candidates) of them however few
+    tokens the turn computes anyway (docs/benchmarks.md, "A floor in the stale tokens")."""
 
     name = "rpdc"
     defaults = SelectiveOptions(
