@@ -185,19 +185,21 @@ def report(results: dict[str, Any]) -> str:
         "| agents | interleaved tok/s (median) | batched tok/s (median) "
         "| batched / interleaved per repeat | median | agent 0's decode tok/s, batched / "
         "interleaved, median (range) | tokens per CPU second, batched / interleaved, median "
-        "(range) |",
-        "|---|---|---|---|---|---|---|",
+        "(range) | batched / one agent alone (batched), median (range) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for n, row in summary.items():
         ratios = row["batched_over_interleaved"]
         dec = row["decode_batched_over_interleaved_agent0"]
         cpu = row["cpu_batched_over_interleaved"]
+        alone = row["batched"]["over_one_alone"]  # N agents over the first N's, each repeat
         lines.append(
             f"| {n} | {row['interleaved']['tokens_per_s_median']:.2f} "
             f"| {row['batched']['tokens_per_s_median']:.2f} "
             f"| {', '.join(f'{x:.2f}' for x in ratios)} | {statistics.median(ratios):.2f} "
             f"| {statistics.median(dec):.2f} ({min(dec):.2f}-{max(dec):.2f}) "
-            f"| {statistics.median(cpu):.2f} ({min(cpu):.2f}-{max(cpu):.2f}) |"
+            f"| {statistics.median(cpu):.2f} ({min(cpu):.2f}-{max(cpu):.2f}) "
+            f"| {statistics.median(alone):.2f} ({min(alone):.2f}-{max(alone):.2f}) |"
         )
     a = results["agreement"]
     lines += [
