@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agentcache.argtypes import output_folder, positive_int
 from agentcache.bench.peer import PEER, TransformersPrefix, load_peer_model
@@ -16,6 +15,7 @@ from agentcache.bench.reuse.harness import BenchRunner, parse_specs, sweep_specs
 from agentcache.bench.reuse.report import scope_line, table, write_results
 from agentcache.errors import ConfigError
 from agentcache.model.loading import load_model, model_folder
+from agentcache.progress import progress_bar
 from agentcache.reuse import DEFAULT_STRATEGY
 from agentcache.reuse.spec import StrategySpec
 from agentcache.workload.files import Session, load_workload
@@ -201,10 +201,7 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
     runner = BenchRunner(model, specs, peer=peer)
     total = sum(len(s.turns) for s in sessions) * len(specs)
     records = []
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console,
-    ) as progress:  # fmt: skip
+    with progress_bar(console) as progress:
         task = progress.add_task("bench", total=total)
         for session in sessions:
 

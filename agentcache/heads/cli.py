@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agentcache.argtypes import fraction, output_file, positive_int
 from agentcache.decode.config import DEFAULT_BUDGET_PAGES
 from agentcache.decode.minmax import GQA_COMBINES
 from agentcache.decode.profile import profile_filename, save_profile
 from agentcache.errors import AgentCacheError
+from agentcache.progress import progress_bar
 
 if TYPE_CHECKING:  # the modules that build models and engines load with the command
     from agentcache.decode.profile import HeadProfile
@@ -49,13 +49,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--gqa", choices=GQA_COMBINES, default="sum", help="GQA combine profiled")
     p.add_argument("--out", type=Path, default=None, help="profile JSON path (default: cache)")
     return p
-
-
-def progress_bar(console: Console) -> Progress:
-    return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console,
-    )  # fmt: skip
 
 
 def check_context(positions: int, max_positions: int, what: str) -> None:

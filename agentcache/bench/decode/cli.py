@@ -15,7 +15,8 @@ from agentcache.bench.provenance import machine, provenance
 from agentcache.decode.config import DEFAULT_BUDGET_PAGES, DecodeConfig
 from agentcache.decode.minmax import GQA_COMBINES
 from agentcache.errors import AgentCacheError, ProfileError
-from agentcache.heads.cli import add_prompt_options, check_context, make_profile, progress_bar
+from agentcache.heads.cli import add_prompt_options, check_context, make_profile
+from agentcache.progress import progress_bar
 
 if TYPE_CHECKING:  # the modules that build models and engines load with the command
     from agentcache.decode.setup import DecodeSetup

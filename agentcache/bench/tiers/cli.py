@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agentcache.argtypes import non_negative_int, output_folder, positive_int
 from agentcache.bench.cli import select
@@ -20,6 +19,7 @@ from agentcache.bench.tiers.bench import TierBenchConfig, run_policy
 from agentcache.bench.tiers.report import ratios, store_only_figure
 from agentcache.errors import ConfigError
 from agentcache.model.loading import load_model
+from agentcache.progress import progress_bar
 
 MiB = 1 << 20
 COLUMNS = (
@@ -94,10 +94,7 @@ def run(args: argparse.Namespace, model_path: str | None, cache_dir: Path) -> in
     per_policy = sum(len(s.turns) for s in sessions) + min(cfg.ttft_samples, len(sessions))
     per_policy += cfg.replays > 0
     results: dict[str, Any] = {}
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console,
-    ) as progress:  # fmt: skip
+    with progress_bar(console) as progress:
         task = progress.add_task("bench-tiers", total=per_policy * len(policies))
         for policy in policies:
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from agentcache.engines.vllm import require_vllm
 from agentcache.engines.vllm.config import FILL_MODES
 from agentcache.engines.vllm.stages import staged_strategy
 from agentcache.errors import ConfigError
+from agentcache.progress import progress_bar
 from agentcache.reuse import DEFAULT_STRATEGY, StrategySpec
 from agentcache.workload.files import Session
 
@@ -47,10 +47,7 @@ def run_vllm(
 
     require_vllm()  # a clear error before anything starts
     total = len(bench_configs(strategies)) * sum(len(s.turns) for s in sessions) * args.rounds
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console,
-    ) as progress:  # fmt: skip
+    with progress_bar(console) as progress:
         task = progress.add_task("vLLM bench", total=total)
         results = run_all(
             sessions,
