@@ -85,6 +85,14 @@ reuse() {
   $ac bench benchmarks/workloads/chat-sysprompt.jsonl \
     --strategies full,prefix,default,rpdc:min_ratio=0.1 --split validate --max-turns 4 \
     --threads 2 --out docs/bench/planner/min-ratio/validate
+  # chat-edit's parting turns with every candidate computed, then cover_min=256 (read off the
+  # tuning run's candidate counts) on chat-edit's validation sessions
+  $ac bench benchmarks/workloads/chat-edit.jsonl --sessions chat-edit-00,chat-edit-02 \
+    --strategies full,default,rpdc:min_ratio=0.5,rpdc:min_ratio=1,rpdc:cover=100,epic \
+    --max-turns 3 --threads 2 --out docs/bench/planner/min-ratio/tune-misses
+  $ac bench benchmarks/workloads/chat-edit.jsonl \
+    --strategies full,prefix,default,rpdc:cover_min=256 --split validate --max-turns 4 \
+    --threads 2 --out docs/bench/planner/min-ratio/cover-min-validate
   # where greedy decoding parts from full's (docs/lab/reuse.md, "Where greedy decoding parts")
   $py benchmarks/reuse/greedy_margins.py docs/bench/wide-reflexion/results.json \
     --strategies pic,rpdc --out docs/bench/wide-reflexion/margins.md
