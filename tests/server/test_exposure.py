@@ -17,6 +17,7 @@ from agentcache.server import ServerConfig, ServerLimits, create_app
 from agentcache.server.cli import server_config
 from agentcache.server.config import key_digest
 from agentcache.server.middleware import BodyLimit
+from tests.conftest import usage_error
 from tests.server.test_serving_engine import ScriptedEngine
 
 BODY = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -149,9 +150,7 @@ def test_max_active_defaults_by_backend_and_rejects_zero(
 def test_bad_admission_and_order_flags_are_usage_errors(
     capsys: pytest.CaptureFixture[str], argv: list[str], flag: str
 ) -> None:
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["serve", *argv])
-    assert flag in capsys.readouterr().err
+    assert flag in usage_error(["serve", *argv], capsys)
 
 
 @pytest.mark.parametrize("path", ["/docs", "/redoc", "/openapi.json"])
