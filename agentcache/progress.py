@@ -6,7 +6,7 @@ until the end, so a run of half an hour would say nothing while it runs; there t
 off and each task instead prints a plain line when it advances, at most one per `every_s`
 seconds, and always its last:
 
-    [12:05:41] bench 17/160 chat-sysprompt-01 rpdc (3m 12s)
+    [12:05:41] chat-sysprompt-01 rpdc 17/160 (3m 12s)       (description, done/total, elapsed)
 """
 
 from __future__ import annotations
