@@ -12,6 +12,11 @@ and what each would do on this turn, known before any layer runs (`PlanSignals`)
 | probe5 | rpdc:extra=0.5                           | no    | ... at 0.5 per computed token      |
 
 A non-exact plan becomes exact on a turn where it leaves no changed-context token out.
+
+A plan's cost (`PlanSignals.work`) is the work it would do as a share of `full`'s, in the
+units of the cost guard (`reuse/guard.py`, from the model's shapes): token-layers through the
+projections and MLP, attention pairs (a token late in the prompt attends more), loads, and a
+probe pass where one runs (`reuse/plan_cost.py`), the figures every strategy's guard reads.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from agentcache.errors import ConfigError
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse.base import ReuseStrategy
 from agentcache.reuse.config import SelectiveOptions
+from agentcache.reuse.guard import CostModel, PlanCost, computed_cost, full_cost, loaded
+from agentcache.reuse.plan_cost import selective_cost
 from agentcache.reuse.runs import StoredHit, reused_runs
 from agentcache.reuse.selective import SelectiveRecompute
 from agentcache.reuse.spec import StrategySpec
@@ -86,6 +93,7 @@ class PlanSignals:
     left: int  # of them, the tokens the plan leaves uncomputed
     shift: float  # mean |position shift| of the changed tokens
     probe: bool  # a probe pass runs (and ranks)
+    work: float  # the plan's work over full's on this turn, in the cost guard's units
     # where the changed tokens the plan may leave out sit: the prompt tokens after the last
     # of them (0 when none), and the tokens before it that no stored copy supplies (new or
     # edited text: how much of their context is new)
@@ -112,15 +120,23 @@ class PlanSignals:
 
 def plan_signals(
     c: Candidate, strategy: ReuseStrategy, prompt: TokenizedPrompt, hits: list[StoredHit],
-    prefix_tokens: int,
+    prefix_tokens: int, costs: CostModel,
 ) -> PlanSignals:  # fmt: skip
-    """`prefix_tokens`: the tokens `prefix` would reuse (its matching blocks)."""
+    """`prefix_tokens`: the tokens `prefix` would reuse (its matching blocks); `costs` the
+    model's cost weights (`CostModel.of(config)`)."""
     t = prompt.num_tokens
     if c.name == FULL:
-        return PlanSignals(c.name, t, t, 0, 0, 0, 0.0, False)
+        return PlanSignals(c.name, t, t, 0, 0, 0, 0.0, False, 1.0)
     if c.name == PREFIX:
-        return PlanSignals(c.name, t, t - prefix_tokens, prefix_tokens, 0, 0, 0.0, False)
-    return _selective(c.name, cast(SelectiveRecompute, strategy), prompt, hits)
+        cost = computed_cost(torch.arange(prefix_tokens, t), t, costs.num_layers)
+        work = _share(cost + loaded(prefix_tokens), t, costs)
+        return PlanSignals(c.name, t, t - prefix_tokens, prefix_tokens, 0, 0, 0.0, False, work)
+    return _selective(c.name, cast(SelectiveRecompute, strategy), prompt, hits, costs)
+
+
+def _share(cost: PlanCost, num_tokens: int, costs: CostModel) -> float:
+    """A plan's cost over `full`'s on a prompt of `num_tokens`."""
+    return cost.units(costs) / max(full_cost(num_tokens, costs.num_layers).units(costs), 1e-9)
 
 
 @dataclass(frozen=True)
@@ -177,22 +193,28 @@ def _selection(
 
 
 def _selective(
-    name: str, s: SelectiveRecompute, prompt: TokenizedPrompt, hits: list[StoredHit]
-) -> PlanSignals:
+    name: str, s: SelectiveRecompute, prompt: TokenizedPrompt, hits: list[StoredHit],
+    costs: CostModel,
+) -> PlanSignals:  # fmt: skip
     t = prompt.num_tokens
     sel, changed, probe = _selection(s.options, prompt, hits)
     shift = _shift(hits, changed)
+    # what the strategy's guard counts: tokens computed up front (none when a pass ranks) and
+    # the reused tokens loaded (those computed up front are not, as the strategy skips them)
+    computed = None if probe else sel.base
+    num_loaded = int((sel.reused if computed is None else sel.reused & ~computed).sum())
+    work = _share(selective_cost(s.options, sel, computed, num_loaded, costs.num_layers), t, costs)
     if probe:  # the probe picks `budget` of the pool: left are the changed it cannot reach
         pool = sel.candidates & ~sel.base
         budget = min(int(pool.sum()), sel.budget)
         reach, fresh = _where(changed & ~sel.base, sel.reused)
         left = max(0, int((changed & ~sel.base).sum()) - budget)
         return PlanSignals(name, t, int(sel.base.sum()) + budget, int(sel.reused.sum()),
-                           int(changed.sum()), left, shift, True, reach, fresh)  # fmt: skip
+                           int(changed.sum()), left, shift, True, work, reach, fresh)  # fmt: skip
     left_mask = changed & ~sel.base
     reach, fresh = _where(left_mask, sel.reused)
     return PlanSignals(name, t, int(sel.base.sum()), int(sel.reused.sum()), int(changed.sum()),
-                       int(left_mask.sum()), shift, False, reach, fresh)  # fmt: skip
+                       int(left_mask.sum()), shift, False, work, reach, fresh)  # fmt: skip
 
 
 def _where(left: Tensor, reused: Tensor) -> tuple[int, int]:

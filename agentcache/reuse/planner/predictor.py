@@ -19,9 +19,10 @@ feature set (absent: base). `margin` is a high quantile of the fit's residuals o
 turns, so a prediction is an upper bound on most turns rather than a mean. A plan that leaves
 no changed token out is exact: KL 0, no fit needed.
 
-Cost, as a fraction of `full`'s TTFT on the same turn (one linear fit over every plan):
-
-    cost = compute * computed/T + load * loaded/T + probe * [probe pass] + base[plan kind]
+A plan's cost is not fitted: it is the plan's work over `full`'s (`PlanSignals.work`, the
+cost guard's units, from the model's shapes). Format version 1 carried a cost fitted on
+stored TTFTs, which inherited the timings of runs on a loaded machine and of code since
+made faster, and put every plan above `full` on sessions unlike the tuning ones.
 
 The file names the model it was fitted on and the format version; a file of another version
 is refused when read, one of another model before the first prefill's model work.
@@ -40,7 +41,7 @@ from agentcache.errors import ConfigError
 from agentcache.reuse.planner.candidates import CANDIDATES, PlanSignals
 
 FORMAT = "agentcache-plan-predictor"
-VERSION = 1
+VERSION = 2
 EPS = 1e-7
 SHIPPED = Path(__file__).parent / "data"
 
@@ -79,7 +80,7 @@ FEATURES: dict[str, Callable[[PlanSignals], list[float]]] = {
 # read from the model: fitted and judged offline (bench/reuse/planner/reads.py); the planner
 # runs no such read, so a file of these sets is refused
 MODEL_READ = frozenset({"attn", "dev"})
-_PROBE = PlanSignals("pic", 1, 0, 0, 0, 0, 0.0, False, attn=0.0, dev=0.0)
+_PROBE = PlanSignals("pic", 1, 0, 0, 0, 0, 0.0, False, 1.0, attn=0.0, dev=0.0)
 WIDTH = {name: len(f(_PROBE)) for name, f in FEATURES.items()}
 
 
@@ -109,22 +110,6 @@ class PlanFit:
 
 
 @dataclass(frozen=True)
-class CostFit:
-    compute: float
-    load: float
-    probe: float
-    base: dict[str, float]  # per plan: what the linear terms leave (lookup, assembly)
-
-    def predict(self, s: PlanSignals) -> float:
-        return (
-            self.compute * s.compute_fraction
-            + self.load * s.loaded_fraction
-            + (self.probe if s.probe else 0.0)
-            + self.base.get(s.plan, 0.0)
-        )
-
-
-@dataclass(frozen=True)
 class FloorBound:
     first: float  # bound on first-token KL
     tf: float  # bound on teacher-forced KL
@@ -134,7 +119,6 @@ class FloorBound:
 class Predictor:
     model_id: str
     plans: dict[str, PlanFit]
-    cost: CostFit
     floors: dict[str, FloorBound]  # "high", "balanced": KL bounds chosen on tuning turns
     quantile: float
     fitted_on: dict[str, Any] = field(default_factory=dict)  # sessions, runs, commit
@@ -179,11 +163,8 @@ def _parse(raw: dict[str, Any]) -> Predictor:
         if name not in CANDIDATES:
             raise ValueError(f"unknown plan {name!r}; known: {sorted(CANDIDATES)}")
         plans[name] = PlanFit(_kl(p["first"]), _kl(p["tf"]), int(p["turns"]))
-    c = raw["cost"]
-    cost = CostFit(float(c["compute"]), float(c["load"]), float(c["probe"]),
-                   {str(k): float(v) for k, v in c["base"].items()})  # fmt: skip
     floors = {k: FloorBound(float(v["first"]), float(v["tf"])) for k, v in raw["floors"].items()}
-    return Predictor(str(raw["model_id"]), plans, cost, floors, float(raw["quantile"]),
+    return Predictor(str(raw["model_id"]), plans, floors, float(raw["quantile"]),
                      dict(raw.get("fitted_on", {})), int(raw["version"]))  # fmt: skip
 
 

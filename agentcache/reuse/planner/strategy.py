@@ -2,7 +2,8 @@
 
     metadata  : hits from the planner's own commit history and the store's presence checks
                 (no lookup counted), the tokens `prefix` would reuse
-    estimate  : per plan, `PlanSignals` -> predicted cost and KL (predictor.py)
+    estimate  : per plan, `PlanSignals` -> its work over full's (the cost guard's units) and
+                predicted KL (predictor.py)
     choose    : choice.py; the chosen plan's strategy prefills, unchanged
     commit    : every plan's store entries (prefix blocks and segments), so that any plan can
                 run next turn
@@ -30,6 +31,7 @@ from agentcache.reuse.base import (
     ReuseContext,
     ReuseStrategy,
 )
+from agentcache.reuse.guard import CostModel
 from agentcache.reuse.options import OPTION_TYPES, OptionType
 from agentcache.reuse.planner.candidates import (
     CANDIDATES,
@@ -141,7 +143,8 @@ class PlannedReuse(ReuseStrategy):
         except Unknown as e:  # an exact floor needed no prediction: not a fallback
             return self._exact_only(), None if floor.name == EXACT_FLOOR.name else str(e)
         prefix = self._prefix_tokens(ctx, prompt, held) if PREFIX in self.plans else 0
-        signals = [plan_signals(CANDIDATES[n], self.strategies[n], prompt, hits, prefix)
+        costs = CostModel.of(m.config)
+        signals = [plan_signals(CANDIDATES[n], self.strategies[n], prompt, hits, prefix, costs)
                    for n in self.plans]  # fmt: skip
         nothing_stored = not hits and prefix == 0
         why = None
@@ -175,13 +178,13 @@ class PlannedReuse(ReuseStrategy):
 
 
 def estimate(s: PlanSignals, p: Predictor | None) -> Estimate:
-    """Predicted cost and KL of one plan; without a predictor, compute share as its cost and
+    """Predicted cost (the plan's work over full's) and KL of one plan; without a predictor,
     no KL (only its exactness can be used)."""
+    cost = s.work
     if p is None:
-        return Estimate(s.plan, s.exact, s.compute_fraction, 0.0 if s.exact else 1.0,
+        return Estimate(s.plan, s.exact, cost, 0.0 if s.exact else 1.0,
                         0.0 if s.exact else 1.0)  # fmt: skip
     fit = p.plans.get(s.plan)
-    cost = p.cost.predict(s)
     if s.exact:
         return Estimate(s.plan, True, cost, 0.0, 0.0)
     if fit is None:  # a plan the predictor was not fitted for: never chosen unless exact

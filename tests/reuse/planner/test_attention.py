@@ -11,6 +11,7 @@ from agentcache.bench.reuse.planner.data import tokenize
 from agentcache.bench.reuse.planner.reads import session_deviations, session_masses
 from agentcache.kv.store import segment_content_id
 from agentcache.model.loading import LoadedModel
+from agentcache.reuse.guard import CostModel
 from agentcache.reuse.planner.attention import read_attention
 from agentcache.reuse.planner.candidates import CANDIDATES, LeftOut, left_out, plan_signals
 from agentcache.reuse.planner.history import PlanHistory
@@ -68,7 +69,7 @@ def test_left_out_positions_agree_with_each_plans_count(tiny: LoadedModel) -> No
         hits = list(history.hits(prompt, held.__contains__))
         scores = torch.rand(prompt.num_tokens, generator=torch.Generator().manual_seed(0))
         for n, c in CANDIDATES.items():
-            s = plan_signals(c, strategies[n], prompt, hits, 0)
+            s = plan_signals(c, strategies[n], prompt, hits, 0, CostModel.of(tiny.config))
             left = left_out(c, strategies[n], prompt, hits).given(scores)
             assert int(left.sum()) == s.left, n
             approximate += not s.exact

@@ -3,6 +3,7 @@ that cannot be predicted runs exact and is counted."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,49 @@ def test_turn_stats_name_the_plan_its_predictions_and_any_fallback(
 
     other = Engine(tiny).generate(agent_prompt(UPDATES[0]), PARAMS, strategy="rpdc")
     assert other.stats.plan is None
+
+
+@pytest.mark.parametrize("heads", [False, True])
+@pytest.mark.parametrize("plan", ["exact", "prefix", "epic", "pic", "probe", "probe5"])
+def test_a_plans_cost_is_the_work_its_own_guard_counts(
+    tiny: LoadedModel, tmp_path: Path, tiny_predictor: Predictor, plan: str, heads: bool
+) -> None:
+    """The planner's cost of a plan, read before any layer runs, is what the plan's strategy
+    then counts for its cost guard (`ReuseStats.guard`: its work over full's). The planner
+    knows the segments it committed, not the openings of changed ones (`update_heads`), so
+    with heads the strategy may reuse more than planned: the cost is then an upper bound."""
+    path = tmp_path / "p.json"
+    tiny_predictor.save(path)  # every approximate plan predicts KL 1e-5: under `balanced`
+    e = engine(tiny, predictor=str(path), fidelity="balanced", plans=f"{plan}+full", min_gain=0.0)
+    e.ctx = replace(e.ctx, update_heads=heads)
+    _prefill(e, UPDATES[0])  # nothing stored yet: no plan beside full's, no guard
+    above = 0
+    for update in UPDATES[1:]:
+        stats = _prefill(e, update)
+        assert stats.plan is not None and stats.plan.plan == plan
+        assert stats.guard is not None and stats.guard.taken
+        cost, counted = stats.plan.chosen.cost, stats.guard.ratio
+        if heads:
+            assert cost >= counted - 1e-9
+            above += cost > counted + 1e-9
+        else:
+            assert cost == pytest.approx(counted, rel=1e-9)
+        assert cost < 1.0  # below full's, which it was chosen over
+    if heads and plan != "prefix":  # these updates keep their opening: a head is found
+        assert above > 0
+
+
+def test_no_plan_that_computes_a_subset_of_fulls_tokens_costs_more_than_full(
+    tiny: LoadedModel,
+) -> None:
+    """On a turn where every token after an early edit is recomputed by `prefix`, the
+    planner still ranks it and `exact` below `full` (a fitted cost once put them above)."""
+    e = engine(tiny, fidelity="exact")
+    for update in UPDATES:
+        stats = _prefill(e, update)
+    assert stats.plan is not None
+    considered = {x.plan: x for x in stats.plan.considered}
+    assert considered["full"].cost == 1.0
+    for name in ("exact", "prefix"):
+        assert considered[name].cost < 1.0, (name, considered[name].cost)
+    assert stats.plan.plan != "full"

@@ -29,20 +29,20 @@ def test_round_trip(tmp_path: Path, tiny_predictor: Predictor) -> None:
 
 def test_prediction_is_monotone_in_the_margin_and_zero_when_exact() -> None:
     p = predictor_for("m", kl_log10=-4.0)
-    s = PlanSignals("pic", 1000, 100, 900, 500, 500, 12.0, False)
+    s = PlanSignals("pic", 1000, 100, 900, 500, 500, 12.0, False, 0.1)
     assert p.plans["pic"].tf.predict(s) == pytest.approx(1e-4 - 1e-7)
-    exact = PlanSignals("pic", 1000, 100, 900, 500, 0, 12.0, False)
+    exact = PlanSignals("pic", 1000, 100, 900, 500, 0, 12.0, False, 0.1)
     assert p.plans["pic"].tf.predict(exact) == 0.0
 
 
 def test_the_where_features_read_where_the_left_out_tokens_sit(tmp_path: Path) -> None:
     fit = KLFit((-5.0, 0.0, 0.0, 0.0, 2.0, -1.0), 0.0, "where")
-    near = PlanSignals("pic", 1000, 100, 900, 500, 500, 12.0, False, reach=0, fresh=1000)
-    far = PlanSignals("pic", 1000, 100, 900, 500, 500, 12.0, False, reach=1000, fresh=0)
+    near = PlanSignals("pic", 1000, 100, 900, 500, 500, 12.0, False, 0.1, reach=0, fresh=1000)
+    far = PlanSignals("pic", 1000, 100, 900, 500, 500, 12.0, False, 0.1, reach=1000, fresh=0)
     assert fit.predict(near) == pytest.approx(1e-6 - 1e-7)  # -5 + 0 - 1
     assert fit.predict(far) == pytest.approx(1e-3 - 1e-7)  # -5 + 2 - 0
     p = predictor_for("m")
-    p = Predictor(p.model_id, {"pic": type(p.plans["pic"])(fit, fit, 10)}, p.cost, p.floors,
+    p = Predictor(p.model_id, {"pic": type(p.plans["pic"])(fit, fit, 10)}, p.floors,
                   p.quantile, p.fitted_on)  # fmt: skip
     path = tmp_path / "p.json"
     p.save(path)
@@ -51,7 +51,7 @@ def test_the_where_features_read_where_the_left_out_tokens_sit(tmp_path: Path) -
 
 def test_the_model_read_features_need_their_read() -> None:
     fit = KLFit((-5.0, 0.0, 0.0, 0.0, 1.0), 0.0, "attn")
-    s = PlanSignals("pic", 1000, 100, 900, 500, 500, 12.0, False)
+    s = PlanSignals("pic", 1000, 100, 900, 500, 500, 12.0, False, 0.1)
     with pytest.raises(ValueError, match="feature set attn needs the model-read signal"):
         fit.predict(s)
     assert fit.predict(replace(s, attn=0.1 - 1e-4)) == pytest.approx(1e-6 - 1e-7)  # -5 - 1

@@ -43,11 +43,13 @@ def test_replay_takes_the_chosen_plans_record_and_counts_exact_stand_ins() -> No
     """A replay judges a choice by the stored record of the chosen plan; `exact`, which no
     stored run measured, by prefix's."""
     p = predictor_for("m", kl_log10=-5.0)  # approximate plans predict 1e-5
-    pic = PlanSignals("pic", 1000, 100, 900, 500, 500, 3.0, False)
-    prefix = PlanSignals("prefix", 1000, 700, 300, 0, 0, 0.0, False)
+    pic = PlanSignals("pic", 1000, 100, 900, 500, 500, 3.0, False, 0.1)
+    prefix = PlanSignals("prefix", 1000, 700, 300, 0, 0, 0.0, False, 0.7)
+    exact = PlanSignals("exact", 1000, 600, 900, 500, 0, 3.0, False, 0.6)
+    turn = {"pic": pic, "prefix": prefix, "exact": exact}  # the replay's, every plan
     rows = [
-        PlanRow("w", "s", 1, "pic", pic, rec("pic", 1, 30.0, ttft_full_ms=100.0)),
-        PlanRow("w", "s", 1, "prefix", prefix, rec("prefix", 1, 70.0, ttft_full_ms=100.0)),
+        PlanRow("w", "s", 1, "pic", pic, rec("pic", 1, 30.0, ttft_full_ms=100.0), turn),
+        PlanRow("w", "s", 1, "prefix", prefix, rec("prefix", 1, 70.0, ttft_full_ms=100.0), turn),
     ]
     (loose,) = replay_choices(p, rows, Floor("kl", 1e-3, 1e-3), 0.02)
     assert loose["plans"] == {"pic": 1} and loose["vs_full"] == pytest.approx(0.3)

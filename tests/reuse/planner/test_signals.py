@@ -19,7 +19,8 @@ def test_reach_and_fresh_count_around_the_last_left_out_token() -> None:
 
 
 def _row(family: str, session: int, turn: int, plan: str, left: int, kl: float) -> PlanRow:
-    s = PlanSignals(plan, 1000, 1000 - left, 900, 500 if left else 0, left, 10.0, False)
+    work = 1.0 - left / 1000
+    s = PlanSignals(plan, 1000, 1000 - left, 900, 500 if left else 0, left, 10.0, False, work)
     record = {"kl_first_token": kl, "tf_kl": kl, "greedy_exact_match": 1.0,
               "first_token_agreement": 1.0, "ttft_ms": 1000.0 - left,
               "ttft_full_ms": 1000.0}  # fmt: skip

@@ -4,6 +4,9 @@ fixed plan on a validation session, the predictor's (conservative) KL against th
     covered : share of turns whose measured KL is at most the prediction (the fit's margin
               is the `quantile` of tuning residuals, so about that share is expected)
     log10   : median log10(predicted / measured): how conservative, in decades
+
+and the cost the planner reads (a plan's work over full's, not fitted) against the measured
+TTFT over full's.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from agentcache.bench.reuse.planner.data import PlanRow
 from agentcache.bench.reuse.report import markdown_table
+from agentcache.bench.stats import quantile
 from agentcache.reuse.planner.candidates import PlanSignals
 from agentcache.reuse.planner.choice import Floor, choose
 from agentcache.reuse.planner.predictor import Predictor
@@ -42,6 +46,36 @@ def calibrate(p: Predictor, rows: list[PlanRow]) -> list[dict[str, Any]]:
                 "predicted_median": statistics.median(q for q, _ in pairs),
             })  # fmt: skip
     return out
+
+
+def cost_calibration(rows: list[PlanRow]) -> list[dict[str, Any]]:
+    """Per family and plan: the planner's cost (the plan's work over full's) against the
+    measured TTFT over full's on the same turns."""
+    groups: dict[tuple[str, str], list[PlanRow]] = defaultdict(list)
+    for r in rows:
+        groups[(r.family, r.plan)].append(r)
+    out = []
+    for (family, plan), rs in sorted(groups.items()):
+        pairs = [(r.signals.work, r.record["ttft_ms"] / r.record["ttft_full_ms"]) for r in rs]
+        out.append({
+            "family": family, "plan": plan, "turns": len(pairs),
+            "work_median": statistics.median(w for w, _ in pairs),
+            "measured_median": statistics.median(m for _, m in pairs),
+            "excess_median": statistics.median(m - w for w, m in pairs),
+            "excess_q25": quantile([m - w for w, m in pairs], 0.25),
+            "excess_q75": quantile([m - w for w, m in pairs], 0.75),
+        })  # fmt: skip
+    return out
+
+
+def render_cost(cal: list[dict[str, Any]]) -> str:
+    head = ["family", "plan", "turns", "work / full's (median)", "TTFT / full's (median)",
+            "TTFT/full - work, median (IQR)"]  # fmt: skip
+    return markdown_table(head, [
+        [c["family"], c["plan"], str(c["turns"]), f"{c['work_median']:.3f}",
+         f"{c['measured_median']:.3f}",
+         f"{c['excess_median']:+.3f} ({c['excess_q25']:+.3f} to {c['excess_q75']:+.3f})"]
+        for c in cal]) + "\n"  # fmt: skip
 
 
 def render(cal: list[dict[str, Any]]) -> str:
@@ -88,10 +122,5 @@ def replay_choices(
 
 
 def _exact_signals(plans: dict[str, PlanRow]) -> PlanSignals | None:
-    """The `exact` plan's signals on a turn, from any selective plan's: all changed computed
-    (None without one)."""
-    s = next((r.signals for r in plans.values() if r.plan not in ("prefix", "full")), None)
-    if s is None:
-        return None
-    computed = s.computed + s.left
-    return PlanSignals("exact", s.prompt_tokens, computed, s.loaded, s.changed, 0, s.shift, False)
+    """The `exact` plan's signals on a turn, replayed with the others (None when not)."""
+    return next((r.on_turn["exact"] for r in plans.values() if "exact" in r.on_turn), None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import torch
 from agentcache.kv.store import segment_content_id
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.tokenize import TokenizedPrompt, tokenize_prompt
+from agentcache.reuse.guard import CostModel
 from agentcache.reuse.planner.candidates import CANDIDATES, PlanSignals, plan_signals
 from agentcache.reuse.planner.history import PlanHistory
 from agentcache.reuse.prefix import block_chain, chain_scope
@@ -38,12 +39,14 @@ class PlanRow:
     plan: str
     signals: PlanSignals
     record: dict[str, Any]  # the bench record: ttft_ms, ttft_full_ms, kl_first_token, tf_kl...
+    on_turn: dict[str, PlanSignals] = field(default_factory=dict)  # every plan's, this turn
 
 
 def session_signals(model: LoadedModel, session: Session) -> list[dict[str, PlanSignals]]:
     """Per turn, every plan's signals, replaying what the planner's commits would store."""
     strategies = {n: c.build() for n, c in CANDIDATES.items()}
-    return [{n: plan_signals(c, strategies[n], t.prompt, t.hits, t.prefix)
+    costs = CostModel.of(model.config)
+    return [{n: plan_signals(c, strategies[n], t.prompt, t.hits, t.prefix, costs)
              for n, c in CANDIDATES.items()} for t in replay(model, session)]  # fmt: skip
 
 
@@ -93,9 +96,10 @@ def rows_from_runs(
                 continue
             if s.name not in cache:
                 cache[s.name] = session_signals(model, s)
-            sig = cache[s.name][r["turn"]][labels[r["strategy"]]]
+            turn = cache[s.name][r["turn"]]
+            sig = turn[labels[r["strategy"]]]
             if sig.prompt_tokens != r["prompt_tokens"]:
                 dropped += 1
                 continue
-            rows.append(PlanRow(s.workload, s.name, r["turn"], sig.plan, sig, r))
+            rows.append(PlanRow(s.workload, s.name, r["turn"], sig.plan, sig, r, turn))
     return rows, dropped

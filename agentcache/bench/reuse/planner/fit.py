@@ -1,9 +1,9 @@
 """Fitting the plan predictor on tuning turns (`PlanRow`s): per plan, log-linear KL fits
-with a residual-quantile margin; one cost fit; the floors' KL bounds.
+with a residual-quantile margin; the floors' KL bounds. A plan's cost is not fitted (its work
+over full's, predictor.py).
 
     KL     log10(KL + 1e-7) ~ features(signals), least squares on the plan's rows that leave
            a changed token out; margin = the `quantile` of the residuals
-    cost   TTFT / full's ~ compute share, loaded share, probe pass, one constant per plan
     floors the largest bound on predicted KL (a grid of half-decades) under which tuning
            turns kept greedy agreement and first-token agreement at the floor's rates
 """
@@ -20,7 +20,6 @@ import torch
 from agentcache.bench.reuse.planner.data import PlanRow
 from agentcache.reuse.planner.predictor import (
     EPS,
-    CostFit,
     FloorBound,
     KLFit,
     PlanFit,
@@ -44,21 +43,6 @@ def fit_kl(rows: list[PlanRow], key: str, quantile: float, which: str = "base") 
     resid = y - x @ coef
     margin = float(torch.quantile(resid, quantile))
     return KLFit(tuple(float(c) for c in coef), margin, which)
-
-
-def fit_cost(rows: list[PlanRow], plans: list[str]) -> CostFit:
-    """TTFT / full's on the same turn; `full` is 1 by definition and joins as such."""
-
-    def row(r: PlanRow) -> list[float]:
-        s = r.signals
-        return [s.compute_fraction, s.loaded_fraction, float(s.probe)] + [
-            float(r.plan == p) for p in plans]  # fmt: skip
-
-    x = torch.tensor([row(r) for r in rows], dtype=torch.float64)
-    y = torch.tensor([r.record["ttft_ms"] / r.record["ttft_full_ms"] for r in rows],
-                     dtype=torch.float64)  # fmt: skip
-    c = torch.linalg.lstsq(x, y.unsqueeze(1), driver="gelsd").solution.flatten().tolist()
-    return CostFit(c[0], c[1], c[2], dict(zip(plans, c[3:], strict=True)))
 
 
 def fit_floor(rows: list[PlanRow], plans: dict[str, PlanFit], greedy: float,
@@ -98,15 +82,10 @@ def fit_predictor(
             first = fit_kl(informative, "kl_first_token", quantile, which)
             tf = fit_kl(informative, "tf_kl", quantile, which)
             plans[plan] = PlanFit(first, tf, len(informative))
-    cost = fit_cost(rows, sorted(by_plan))
-    base = {"full": 1.0 - cost.compute}  # full is 1 by definition
-    if "epic" in cost.base:  # `exact` runs epic's up-front machinery (no stored run of it)
-        base["exact"] = cost.base["epic"]
-    cost = CostFit(cost.compute, cost.load, cost.probe, base | cost.base)
     approximate = [r for r in rows if not r.signals.exact]
     floors = {name: fit_floor(approximate, plans, g, f) for name, (g, f) in FLOOR_RATES.items()}
     best = {name: best_fixed(by_plan, g, f) for name, (g, f) in TARGET_RATES.items()}
-    return Predictor(model_id, plans, cost, floors, quantile, fitted_on | {"best_fixed": best})
+    return Predictor(model_id, plans, floors, quantile, fitted_on | {"best_fixed": best})
 
 
 def best_fixed(by_plan: dict[str, list[PlanRow]], greedy: float, first: float) -> str | None:
