@@ -12,7 +12,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agentcache.bench.reuse.planner.calibration import calibrate, render, replay_choices
+from agentcache.bench.reuse.planner.calibration import (
+    calibrate,
+    cost_calibration,
+    render,
+    render_cost,
+    replay_choices,
+)
 from agentcache.bench.reuse.planner.data import PlanRow, rows_from_runs
 from agentcache.bench.reuse.report import markdown_table
 from agentcache.model.loading import load_model
@@ -44,6 +50,13 @@ def main() -> None:
         f"{len(rows)} plan-turns ({dropped} dropped: prompt length differs from the workload "
         f"file's). Margin: the {predictor.quantile:g} quantile of tuning residuals.\n\n"
         + render(calibrate(predictor, rows))
+    )
+    text += (
+        "\n## Cost: the plans' work against their measured TTFT\n\n"
+        "The planner's cost of a plan is its work over full's (the cost guard's units: "
+        "token-layers, attention pairs, loads, a probe pass), not fitted. Against the stored "
+        "runs' TTFT over full's on the same turns (those runs' machine load and code "
+        "included):\n\n" + render_cost(cost_calibration(rows))
     )
     text += replay_table(predictor, rows, runs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
