@@ -32,6 +32,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from agentcache.bench.provenance import provenance
 from agentcache.bench.reuse.planner.report import PLANNER, Rates, by_turn, meets, rates
 from agentcache.bench.reuse.report import markdown_table
 from agentcache.bench.stats import quantile
@@ -176,7 +177,13 @@ def main() -> None:
     if PLANNER in labels:
         who["plan"] = PLANNER
     who = {k: v for k, v in who.items() if v is not None}
+    sessions = [*tune.get("sessions", []), *val.get("sessions", [])]
+    argv = ["--tune", str(args.tune), "--validate", str(args.validate), "--vs-prefix",
+            f"{args.vs_prefix:g}", "--out", str(args.out)]  # fmt: skip
+    record = provenance(split="mixed", sessions=sessions, argv=argv,
+                        script="benchmarks/reuse/tuned_choice.py")  # fmt: skip
     choice = {
+        "provenance": record,
         "floor": {"greedy": floor.greedy, "first": floor.first},
         "vs_prefix_target": args.vs_prefix,
         "tuned": tuned,
