@@ -93,6 +93,28 @@ reuse() {
   $ac bench benchmarks/workloads/chat-edit.jsonl \
     --strategies full,prefix,default,rpdc:cover_min=256 --split validate --max-turns 4 \
     --threads 2 --out docs/bench/planner/min-ratio/cover-min-validate
+  # the generated family (docs/benchmarks.md "Generated sessions"): every strategy and the
+  # planner on 4 tuning and 4 validation sessions, 4 turns each (the two runs side by side,
+  # one per core); the fixed strategy the tuning run picks (fastest at the floor) read on the
+  # validation run beside the default
+  s=full,prefix,promptcache,pic,cacheblend,epic,cacheslide,default,transformers-prefix
+  s=$s,rpdc:cover=0,rpdc:extra=0.5,plan
+  $ac bench benchmarks/workloads/generated.jsonl --split tune \
+    --sessions generated-00,generated-01,generated-02,generated-03 --max-turns 4 \
+    --strategies $s --threads 1 --out docs/bench/generated/tune
+  $ac bench benchmarks/workloads/generated.jsonl --split validate \
+    --sessions generated-16,generated-17,generated-18,generated-19 --max-turns 4 \
+    --strategies $s --threads 1 --out docs/bench/generated/validate
+  $py benchmarks/reuse/tuned_choice.py --tune docs/bench/generated/tune \
+    --validate docs/bench/generated/validate --out docs/bench/generated/choice
+  # four more validation sessions, with `plan` costed by its plans' work (format version 2)
+  $ac bench benchmarks/workloads/generated.jsonl --split validate \
+    --sessions generated-20,generated-21,generated-22,generated-23 --max-turns 4 \
+    --strategies "${s/,transformers-prefix/}" --threads 1 --out docs/bench/generated/validate-b
+  $py benchmarks/reuse/tuned_choice.py --tune docs/bench/generated/tune \
+    --validate docs/bench/generated/validate-b --out docs/bench/generated/choice-b
+  $py benchmarks/reuse/exact_turn_kinds.py docs/bench/generated/validate \
+    docs/bench/generated/validate-b --out docs/bench/generated/exact-turns
   # where greedy decoding parts from full's (docs/lab/reuse.md, "Where greedy decoding parts")
   $py benchmarks/reuse/greedy_margins.py docs/bench/wide-reflexion/results.json \
     --strategies pic,rpdc --out docs/bench/wide-reflexion/margins.md
