@@ -4,9 +4,9 @@ meets the floor.
     floor   exact            : only plans exact on this turn
             high | balanced  : predicted first-token KL <= bound.first and TF KL <= bound.tf
             kl=x             : both predictions <= x
-    cost    predicted TTFT over full's; an approximate plan must beat the cheapest exact
-            one by `min_gain` (the planner's own estimate is not free of error: a saving
-            smaller than that is not worth the fidelity)
+    cost    the plan's work over full's (as the cost guard counts it); an approximate plan
+            must beat the cheapest exact one by `min_gain` (the planner's own estimate is
+            not free of error: a saving smaller than that is not worth the fidelity)
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def check_fidelity(fidelity: str, kl: float) -> None:
 class Estimate:
     plan: str
     exact: bool  # exact on this turn: output equal to full recompute's
-    cost: float  # predicted TTFT / full's
+    cost: float  # the plan's work over full's (the cost guard's units)
     first_kl: float  # predicted (0 when exact)
     tf_kl: float
 
