@@ -115,6 +115,9 @@ reuse() {
     --validate docs/bench/generated/validate-b --out docs/bench/generated/choice-b
   $py benchmarks/reuse/exact_turn_kinds.py docs/bench/generated/validate \
     docs/bench/generated/validate-b --out docs/bench/generated/exact-turns
+  # `cover` replayed on the generated tuning turns (the rule of tune-cover/cover.md)
+  $py benchmarks/reuse/cover_choice.py docs/bench/generated/tune --uncovered rpdc:cover=0 \
+    --out docs/bench/generated/cover.md
   # where greedy decoding parts from full's (docs/lab/reuse.md, "Where greedy decoding parts")
   $py benchmarks/reuse/greedy_margins.py docs/bench/wide-reflexion/results.json \
     --strategies pic,rpdc --out docs/bench/wide-reflexion/margins.md
