@@ -118,6 +118,11 @@ reuse() {
   # `cover` replayed on the generated tuning turns (the rule of tune-cover/cover.md)
   $py benchmarks/reuse/cover_choice.py docs/bench/generated/tune --uncovered rpdc:cover=0 \
     --out docs/bench/generated/cover.md
+  # ... and the cover it picks there (2), on the validation sessions -16..-23
+  $ac bench benchmarks/workloads/generated.jsonl --split validate \
+    --sessions generated-16,generated-17,generated-18,generated-19,generated-20,generated-21,generated-22,generated-23 \
+    --max-turns 4 --strategies full,prefix,default,rpdc:cover=2,epic --threads 1 \
+    --out docs/bench/generated/cover2-validate
   # where greedy decoding parts from full's (docs/lab/reuse.md, "Where greedy decoding parts")
   $py benchmarks/reuse/greedy_margins.py docs/bench/wide-reflexion/results.json \
     --strategies pic,rpdc --out docs/bench/wide-reflexion/margins.md
