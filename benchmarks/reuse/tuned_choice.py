@@ -2,11 +2,11 @@
 """A fixed strategy chosen on a tuning run, read on a validation run beside the default.
 
 The rule, fixed before either run was read: on the tuning run's warm turns (its families
-pooled), among every
-strategy but `full`, the `transformers-prefix` peer and the planner (`plan`), take the one
-with the lowest median per-turn TTFT / full's that meets the floor (greedy continuation equal
-to full's on >= 0.9 of the turns, first token on >= 0.99); a tie goes to the lower mean
-compute. On the validation run, each of these is read on the same turns:
+pooled), among every strategy but `full`, the `transformers-prefix` peer and the planner
+(`plan`), take the one with the lowest median per-turn TTFT / full's that meets the floor
+(greedy continuation equal to full's on >= 0.9 of the turns, first token on >= 0.99): the
+planner report's oracle rule (`fastest_at_floor`). On the validation run, each of these is
+read on the same turns:
 
     default   the run's default strategy
     plan      the per-turn planner, when the run has it
@@ -33,11 +33,19 @@ from pathlib import Path
 from typing import Any
 
 from agentcache.bench.provenance import provenance
-from agentcache.bench.reuse.planner.report import PLANNER, Rates, by_turn, meets, rates
+from agentcache.bench.reuse.planner.report import (
+    PLANNER,
+    Rates,
+    by_turn,
+    fastest_at_floor,
+    meets,
+    per_turn,
+    rates,
+    ratio,
+)
 from agentcache.bench.reuse.report import markdown_table
-from agentcache.bench.stats import quantile
+from agentcache.bench.stats import spread
 
-NOT_CANDIDATES = {PLANNER, "full", "transformers-prefix"}
 WITHIN_ORACLE, WORST_VS_PREFIX = 1.05, 1.03
 
 Turns = list[dict[str, dict[str, Any]]]
@@ -53,26 +61,9 @@ def load(folder: Path, split: str) -> dict[str, Any]:
     return run
 
 
-def per_turn(turns: Turns, label: str, over: str) -> list[float]:
-    return [t[label]["ttft_ms"] / t[over]["ttft_ms"] for t in turns if label in t and over in t]
-
-
 def compute(turns: Turns, label: str) -> float:
     xs = [t[label]["recompute_fraction"] for t in turns if label in t]
     return statistics.fmean(xs) if xs else math.nan
-
-
-def choose(turns: Turns, floor: Rates) -> str | None:
-    """The rule: the fastest strategy at the floor (median per-turn TTFT / full's)."""
-    labels = sorted({s for t in turns for s in t} - NOT_CANDIDATES)
-    at_floor = [s for s in labels if meets(turns, s, floor)]
-    key = lambda s: (statistics.median(per_turn(turns, s, "full")), compute(turns, s))  # noqa: E731
-    return min(at_floor, key=key, default=None)
-
-
-def spread(xs: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(xs), "q25": quantile(xs, 0.25),
-            "q75": quantile(xs, 0.75), "min": min(xs), "max": max(xs)}  # fmt: skip
 
 
 def row(turns: Turns, label: str, floor: Rates) -> dict[str, Any]:
@@ -93,7 +84,7 @@ def targets(
     r = row(turns, label, floor)
     out: dict[str, Any] = {"floor": r["meets"]}
     if oracle is not None:
-        out["vs_oracle"] = statistics.median(per_turn(turns, label, oracle))
+        out["vs_oracle"] = ratio(turns, label, oracle)
         out["within_oracle"] = out["vs_oracle"] <= WITHIN_ORACLE
     if "vs_prefix" in r:
         out["worst_vs_prefix"] = r["vs_prefix"]["max"]
@@ -168,7 +159,7 @@ def main() -> None:
         raise SystemExit(f"runs of two models: {tune['model']} and {val['model']}")
     floor = Rates()
     t_turns, v_turns = list(by_turn(tune["turns"]).values()), list(by_turn(val["turns"]).values())
-    tuned, oracle = choose(t_turns, floor), choose(v_turns, floor)
+    tuned, oracle = fastest_at_floor(t_turns, floor), fastest_at_floor(v_turns, floor)
     default = val["default_strategy"]
     labels = sorted({s for t in v_turns for s in t})
     if tuned is not None and tuned not in labels:

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from agentcache.bench.reuse.planner.report import Rates, by_turn
+from agentcache.bench.reuse.planner.report import Rates, by_turn, fastest_at_floor
 from tests.bench.scripts import load_script
 
 
@@ -20,7 +20,6 @@ def _records(spec: dict[str, list[tuple[float, float]]]) -> list[dict[str, Any]]
 
 
 def test_the_rule_takes_the_fastest_strategy_at_the_floor_and_never_full_the_peer_or_plan() -> None:
-    choice = load_script("reuse/tuned_choice")
     ten = 10
     spec = {
         "full": [(100.0, 1.0)] * ten,
@@ -31,11 +30,11 @@ def test_the_rule_takes_the_fastest_strategy_at_the_floor_and_never_full_the_pee
         "prefix": [(60.0, 1.0)] * ten,
     }
     turns = list(by_turn(_records(spec)).values())
-    assert choice.choose(turns, Rates()) == "epic"
+    assert fastest_at_floor(turns, Rates()) == "epic"
     # one more miss and epic falls under the floor too: prefix is the fastest left
     spec["epic"] = [(40.0, 1.0)] * 8 + [(40.0, 0.0)] * 2
     turns = list(by_turn(_records(spec)).values())
-    assert choice.choose(turns, Rates()) == "prefix"
+    assert fastest_at_floor(turns, Rates()) == "prefix"
 
 
 def test_targets_read_the_median_over_the_oracle_and_the_worst_turn_over_prefix() -> None:
@@ -47,7 +46,7 @@ def test_targets_read_the_median_over_the_oracle_and_the_worst_turn_over_prefix(
         "epic": [(30.0, 1.0), (32.0, 1.0), (40.0, 1.0)],
     }
     turns = list(by_turn(_records(spec)).values())
-    oracle = choice.choose(turns, Rates())
+    oracle = fastest_at_floor(turns, Rates())
     assert oracle == "epic"
     got = choice.targets(turns, "rpdc", oracle, Rates(), 0.75)
     assert got["vs_oracle"] == pytest.approx(1.25)  # per turn 1.0, 1.25, 1.3

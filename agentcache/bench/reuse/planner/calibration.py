@@ -18,7 +18,7 @@ from typing import Any
 
 from agentcache.bench.reuse.planner.data import PlanRow
 from agentcache.bench.reuse.report import markdown_table
-from agentcache.bench.stats import quantile
+from agentcache.bench.stats import spread
 from agentcache.reuse.planner.candidates import PlanSignals
 from agentcache.reuse.planner.choice import Floor, choose
 from agentcache.reuse.planner.predictor import Predictor
@@ -57,13 +57,13 @@ def cost_calibration(rows: list[PlanRow]) -> list[dict[str, Any]]:
     out = []
     for (family, plan), rs in sorted(groups.items()):
         pairs = [(r.signals.work, r.record["ttft_ms"] / r.record["ttft_full_ms"]) for r in rs]
+        excess = spread([m - w for w, m in pairs])
         out.append({
             "family": family, "plan": plan, "turns": len(pairs),
             "work_median": statistics.median(w for w, _ in pairs),
             "measured_median": statistics.median(m for _, m in pairs),
-            "excess_median": statistics.median(m - w for w, m in pairs),
-            "excess_q25": quantile([m - w for w, m in pairs], 0.25),
-            "excess_q75": quantile([m - w for w, m in pairs], 0.75),
+            "excess_median": excess["median"], "excess_q25": excess["q25"],
+            "excess_q75": excess["q75"],
         })  # fmt: skip
     return out
 

@@ -33,8 +33,14 @@ def by_turn(records: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, di
     return out
 
 
+def per_turn(turns: list[dict[str, dict[str, Any]]], label: str, over: str) -> list[float]:
+    """`label`'s TTFT over `over`'s, per turn that measured both."""
+    return [t[label]["ttft_ms"] / t[over]["ttft_ms"] for t in turns if label in t and over in t]
+
+
 def ratio(turns: list[dict[str, dict[str, Any]]], label: str, over: str) -> float:
-    xs = [t[label]["ttft_ms"] / t[over]["ttft_ms"] for t in turns if label in t and over in t]
+    """The median of the per-turn ratios (nan when no turn measured both)."""
+    xs = per_turn(turns, label, over)
     return statistics.median(xs) if xs else math.nan
 
 
@@ -53,6 +59,19 @@ def meets(turns: list[dict[str, dict[str, Any]]], label: str, floor: Rates) -> b
     return n > 0 and g >= floor.greedy and f >= floor.first
 
 
+# not fixed strategies a user would pick: the planner is what is compared, `full` the
+# reference, the `transformers` peer no agentcache setting
+NOT_FIXED = frozenset({PLANNER, "full", "transformers-prefix"})
+
+
+def fastest_at_floor(turns: list[dict[str, dict[str, Any]]], floor: Rates) -> str | None:
+    """The fixed strategy with the lowest median per-turn TTFT / full's among those whose
+    turns meet `floor` (None when none does)."""
+    labels = sorted({s for t in turns for s in t} - NOT_FIXED)
+    fixed = [s for s in labels if meets(turns, s, floor)]
+    return min(fixed, key=lambda s: ratio(turns, s, "full"), default=None)
+
+
 def family_rows(
     records: list[dict[str, Any]], tuned: str | None, floor: Rates
 ) -> list[dict[str, Any]]:
@@ -63,9 +82,7 @@ def family_rows(
     rows = []
     for fam, recs in sorted(fams.items()):
         turns = list(by_turn(recs).values())
-        labels = sorted({s for t in turns for s in t} - {PLANNER, "full", "transformers-prefix"})
-        fixed = [s for s in labels if meets(turns, s, floor)]
-        oracle = min(fixed, key=lambda s: ratio(turns, s, "full"), default=None)
+        oracle = fastest_at_floor(turns, floor)
         row: dict[str, Any] = {"family": fam, "turns": len(turns), "oracle": oracle,
                                "tuned": tuned}  # fmt: skip
         for who, label in (("plan", PLANNER), ("oracle", oracle), ("tuned", tuned)):
@@ -78,21 +95,11 @@ def family_rows(
                 "vs_full": ratio(turns, label, "full"), "vs_prefix": ratio(turns, label, "prefix"),
             }  # fmt: skip
         if "oracle" in row and "plan" in row:
-            row["plan_vs_oracle"] = _paired(turns, PLANNER, row["oracle"]["label"])
-        if "prefix" in labels and "plan" in row:
-            row["plan_worst_vs_prefix"] = _worst(turns, PLANNER, "prefix")
+            row["plan_vs_oracle"] = ratio(turns, PLANNER, row["oracle"]["label"])
+        if any("prefix" in t for t in turns) and "plan" in row:
+            row["plan_worst_vs_prefix"] = max(per_turn(turns, PLANNER, "prefix"), default=math.nan)
         rows.append(row)
     return rows
-
-
-def _paired(turns: list[dict[str, dict[str, Any]]], a: str, b: str) -> float:
-    xs = [t[a]["ttft_ms"] / t[b]["ttft_ms"] for t in turns if a in t and b in t]
-    return statistics.median(xs) if xs else math.nan
-
-
-def _worst(turns: list[dict[str, dict[str, Any]]], a: str, b: str) -> float:
-    xs = [t[a]["ttft_ms"] / t[b]["ttft_ms"] for t in turns if a in t and b in t]
-    return max(xs) if xs else math.nan
 
 
 def plan_choices(records: list[dict[str, Any]]) -> dict[str, Counter[str]]:
