@@ -17,6 +17,10 @@ with the issue's targets for the default and the planner: the floor; TTFT within
 oracle's (median of per-turn ratios); no turn more than 1.03x `prefix`'s; median TTFT
 <= `--vs-prefix` x `prefix`'s (0.75 where prefix reuse leaves shifted segments to compute).
 
+`--family NAME` keeps the turns of that workload family only, on both runs: the choice a user
+who runs one kind of agent would make on its tuning sessions. Without it, every family of the
+tuning run is pooled (one choice for all).
+
     python benchmarks/reuse/tuned_choice.py --tune docs/bench/generated/tune \
         --validate docs/bench/generated/validate --out docs/bench/generated/choice
 
@@ -61,6 +65,17 @@ def load(folder: Path, split: str) -> dict[str, Any]:
     return run
 
 
+def family_turns(run: dict[str, Any], family: str | None, folder: Path) -> Turns:
+    """The run's warm turns by (session, turn), of workload `family` only when given."""
+    records = run["turns"]
+    if family is not None:
+        records = [r for r in records if r.get("workload") == family]
+        if not records:
+            known = sorted({str(r.get("workload")) for r in run["turns"]})
+            raise SystemExit(f"{folder}: no turn of family {family!r}; it has {known}")
+    return list(by_turn(records).values())
+
+
 def compute(turns: Turns, label: str) -> float:
     xs = [t[label]["recompute_fraction"] for t in turns if label in t]
     return statistics.fmean(xs) if xs else math.nan
@@ -96,8 +111,11 @@ def targets(
 
 def render(choice: dict[str, Any]) -> str:
     floor = choice["floor"]
+    family = choice.get("family")
     lines = [
         f"Tuning run: `{choice['tune']['command']}`",
+        "",
+        f"Turns read: family `{family}` only." if family else "Turns read: every family, pooled.",
         "",
         f"Validation run: `{choice['validate']['command']}`",
         "",
@@ -152,13 +170,15 @@ def main() -> None:
     p.add_argument("--tune", type=Path, required=True, help="bench output folder (tuning run)")
     p.add_argument("--validate", type=Path, required=True, help="bench output folder (validation)")
     p.add_argument("--vs-prefix", type=float, default=0.75, help="the speed target over prefix")
+    p.add_argument("--family", help="keep this workload family's turns only (default: pooled)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     tune, val = load(args.tune, "tune"), load(args.validate, "validate")
     if tune["model"] != val["model"]:
         raise SystemExit(f"runs of two models: {tune['model']} and {val['model']}")
     floor = Rates()
-    t_turns, v_turns = list(by_turn(tune["turns"]).values()), list(by_turn(val["turns"]).values())
+    t_turns = family_turns(tune, args.family, args.tune)
+    v_turns = family_turns(val, args.family, args.validate)
     tuned, oracle = fastest_at_floor(t_turns, floor), fastest_at_floor(v_turns, floor)
     default = val["default_strategy"]
     labels = sorted({s for t in v_turns for s in t})
@@ -171,6 +191,8 @@ def main() -> None:
     sessions = [*tune.get("sessions", []), *val.get("sessions", [])]
     argv = ["--tune", str(args.tune), "--validate", str(args.validate), "--vs-prefix",
             f"{args.vs_prefix:g}", "--out", str(args.out)]  # fmt: skip
+    if args.family is not None:
+        argv += ["--family", args.family]
     record = provenance(split="mixed", sessions=sessions, argv=argv,
                         script="benchmarks/reuse/tuned_choice.py")  # fmt: skip
     choice = {
@@ -178,6 +200,7 @@ def main() -> None:
         "floor": {"greedy": floor.greedy, "first": floor.first},
         "vs_prefix_target": args.vs_prefix,
         "tuned": tuned,
+        "family": args.family,
         "tune": {"command": tune.get("command"), "sessions": tune.get("sessions"),
                  "rows": [row(t_turns, s, floor) for s in sorted({s for t in t_turns for s in t})]},
         "validate": {

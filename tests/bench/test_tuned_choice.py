@@ -60,3 +60,18 @@ def test_a_run_of_the_wrong_split_is_refused(tmp_path) -> None:
     (tmp_path / "results.json").write_text('{"split": "validate", "turns": []}')
     with pytest.raises(SystemExit, match="not 'tune'"):
         choice.load(tmp_path, "tune")
+
+
+def test_family_keeps_one_workload_and_names_the_families_a_run_has(tmp_path) -> None:
+    choice = load_script("reuse/tuned_choice")
+    records = []
+    for family, ms in (("memgpt", 30.0), ("reflexion", 70.0)):
+        for r in _records({"full": [(100.0, 1.0)] * 2, "epic": [(ms, 1.0)] * 2}):
+            records.append({**r, "session": f"{family}-00", "workload": family})
+    run = {"turns": records}
+    pooled = choice.family_turns(run, None, tmp_path)
+    only = choice.family_turns(run, "memgpt", tmp_path)
+    assert len(pooled) == 4 and len(only) == 2
+    assert {t["epic"]["session"] for t in only} == {"memgpt-00"}
+    with pytest.raises(SystemExit, match=r"no turn of family 'chat'.*\['memgpt', 'reflexion'\]"):
+        choice.family_turns(run, "chat", tmp_path)
