@@ -76,6 +76,19 @@ def family_turns(run: dict[str, Any], family: str | None, folder: Path) -> Turns
     return list(by_turn(records).values())
 
 
+def pooled(runs: list[dict[str, Any]], family: str | None, folders: list[Path]) -> Turns:
+    """The warm turns of every run, of workload `family` only when given (in any of them)."""
+    known = sorted({str(r.get("workload")) for run in runs for r in run["turns"]})
+    if family is not None and family not in known:
+        names = ", ".join(map(str, folders))
+        raise SystemExit(f"{names}: no turn of family {family!r}; they have {known}")
+    turns: Turns = []
+    for run in runs:
+        keep = [r for r in run["turns"] if family is None or r.get("workload") == family]
+        turns += list(by_turn(keep).values())
+    return turns
+
+
 def compute(turns: Turns, label: str) -> float:
     xs = [t[label]["recompute_fraction"] for t in turns if label in t]
     return statistics.fmean(xs) if xs else math.nan
@@ -113,7 +126,7 @@ def render(choice: dict[str, Any]) -> str:
     floor = choice["floor"]
     family = choice.get("family")
     lines = [
-        f"Tuning run: `{choice['tune']['command']}`",
+        f"Tuning run(s): `{choice['tune']['command']}`",
         "",
         f"Turns read: family `{family}` only." if family else "Turns read: every family, pooled.",
         "",
@@ -167,17 +180,19 @@ def _table(rows: list[dict[str, Any]], who: dict[str, str] | None = None) -> str
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tune", type=Path, required=True, help="bench output folder (tuning run)")
+    p.add_argument("--tune", type=Path, nargs="+", required=True,
+                   help="bench output folder(s) of the tuning run(s), pooled")  # fmt: skip
     p.add_argument("--validate", type=Path, required=True, help="bench output folder (validation)")
     p.add_argument("--vs-prefix", type=float, default=0.75, help="the speed target over prefix")
     p.add_argument("--family", help="keep this workload family's turns only (default: pooled)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
-    tune, val = load(args.tune, "tune"), load(args.validate, "validate")
-    if tune["model"] != val["model"]:
-        raise SystemExit(f"runs of two models: {tune['model']} and {val['model']}")
+    tunes, val = [load(t, "tune") for t in args.tune], load(args.validate, "validate")
+    for tune in tunes:
+        if tune["model"] != val["model"]:
+            raise SystemExit(f"runs of two models: {tune['model']} and {val['model']}")
     floor = Rates()
-    t_turns = family_turns(tune, args.family, args.tune)
+    t_turns = pooled(tunes, args.family, args.tune)
     v_turns = family_turns(val, args.family, args.validate)
     tuned, oracle = fastest_at_floor(t_turns, floor), fastest_at_floor(v_turns, floor)
     default = val["default_strategy"]
@@ -188,8 +203,8 @@ def main() -> None:
     if PLANNER in labels:
         who["plan"] = PLANNER
     who = {k: v for k, v in who.items() if v is not None}
-    sessions = [*tune.get("sessions", []), *val.get("sessions", [])]
-    argv = ["--tune", str(args.tune), "--validate", str(args.validate), "--vs-prefix",
+    sessions = [*(s for t in tunes for s in t.get("sessions", [])), *val.get("sessions", [])]
+    argv = ["--tune", *map(str, args.tune), "--validate", str(args.validate), "--vs-prefix",
             f"{args.vs_prefix:g}", "--out", str(args.out)]  # fmt: skip
     if args.family is not None:
         argv += ["--family", args.family]
@@ -201,7 +216,8 @@ def main() -> None:
         "vs_prefix_target": args.vs_prefix,
         "tuned": tuned,
         "family": args.family,
-        "tune": {"command": tune.get("command"), "sessions": tune.get("sessions"),
+        "tune": {"command": " ; ".join(str(t.get("command")) for t in tunes),
+                 "sessions": [s for t in tunes for s in t.get("sessions", [])],
                  "rows": [row(t_turns, s, floor) for s in sorted({s for t in t_turns for s in t})]},
         "validate": {
             "command": val.get("command"), "sessions": val.get("sessions"), "who": who,

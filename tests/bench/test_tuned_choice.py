@@ -75,3 +75,18 @@ def test_family_keeps_one_workload_and_names_the_families_a_run_has(tmp_path) ->
     assert {t["epic"]["session"] for t in only} == {"memgpt-00"}
     with pytest.raises(SystemExit, match=r"no turn of family 'chat'.*\['memgpt', 'reflexion'\]"):
         choice.family_turns(run, "chat", tmp_path)
+
+
+def test_several_tuning_runs_pool_and_a_family_is_looked_for_in_all(tmp_path) -> None:
+    choice = load_script("reuse/tuned_choice")
+    runs = []
+    for family, ms in (("memgpt", 30.0), ("reflexion", 70.0)):
+        rows = _records({"full": [(100.0, 1.0)] * 2, "epic": [(ms, 1.0)] * 2})
+        runs.append({"turns": [{**r, "session": f"{family}-00", "workload": family}
+                               for r in rows]})  # fmt: skip
+    folders = [tmp_path / "a", tmp_path / "b"]
+    assert len(choice.pooled(runs, None, folders)) == 4
+    only = choice.pooled(runs, "reflexion", folders)
+    assert [t["epic"]["ttft_ms"] for t in only] == [70.0, 70.0]
+    with pytest.raises(SystemExit, match=r"no turn of family 'chat'.*\['memgpt', 'reflexion'\]"):
+        choice.pooled(runs, "chat", folders)
