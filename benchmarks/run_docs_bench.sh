@@ -115,6 +115,30 @@ reuse() {
     --validate docs/bench/generated/validate-b --out docs/bench/generated/choice-b
   $py benchmarks/reuse/exact_turn_kinds.py docs/bench/generated/validate \
     docs/bench/generated/validate-b --out docs/bench/generated/exact-turns
+  # every strategy of the validation runs on the agent and chat families' tuning sessions
+  # -00..-03 (5 turns each; reflexion and memgpt side by side, then swe_agent beside chat),
+  # and the fixed strategy each tuning run picks (fastest at the floor), read on the stored
+  # validation runs beside the default: per family, and pooled over the agent families
+  # (docs/benchmarks.md "A fixed strategy chosen on tuning")
+  a=full,prefix,pic,epic,cacheblend,cacheslide,default,rpdc:cover=0,transformers-prefix
+  for w in $W; do
+    $ac bench "benchmarks/workloads/$w.jsonl" --split tune --sessions "$w-00,$w-01,$w-02,$w-03" \
+      --max-turns 5 --strategies $a --threads 1 --out "docs/bench/tuned/tune-$w"
+  done
+  $ac bench benchmarks/workloads/chat.jsonl --split tune --sessions chat-00,chat-01,chat-02,chat-03 \
+    --strategies full,prefix,pic,epic,cacheblend,default,transformers-prefix --threads 1 \
+    --out docs/bench/tuned/tune-chat
+  for w in $W; do
+    $py benchmarks/reuse/tuned_choice.py --tune "docs/bench/tuned/tune-$w" --family "$w" \
+      --validate "docs/bench/validate-$w" --out "docs/bench/tuned/$w"
+  done
+  # chat only appends: there the target is no slower than prefix reuse (<= 1.01x)
+  $py benchmarks/reuse/tuned_choice.py --tune docs/bench/tuned/tune-chat --family chat \
+    --validate docs/bench/validate-chat --vs-prefix 1.01 --out docs/bench/tuned/chat
+  for w in $W; do
+    $py benchmarks/reuse/tuned_choice.py --tune docs/bench/tuned/tune-{reflexion,memgpt,swe_agent} \
+      --validate "docs/bench/validate-$w" --out "docs/bench/tuned/pooled-$w"
+  done
   # `cover` replayed on the generated tuning turns (the rule of tune-cover/cover.md)
   $py benchmarks/reuse/cover_choice.py docs/bench/generated/tune --uncovered rpdc:cover=0 \
     --out docs/bench/generated/cover.md
