@@ -2,13 +2,18 @@
 committed (positions, preceding context), and whether the store still holds each.
 
 The plan is made from metadata alone so that planning moves no store counter: the chosen
-plan's own lookup is the turn's one lookup. A stored segment the planner did not commit
-(another strategy wrote it into a shared store) has unknown metadata: the turn cannot be
-predicted (`Unknown`), and the planner falls back to an exact plan.
+plan's own lookup is the turn's one lookup. The opening a changed segment shares with one
+stored after this very context (a head, `reuse/segments.py`) is found the same way: the
+store's head index names the candidates, this history's metadata says where each was
+computed. A stored segment the planner did not commit (another strategy wrote it into a
+shared store) has unknown metadata: the turn cannot be predicted (`Unknown`), and the planner
+falls back to an exact plan.
 
     commit : content id -> (positions (n,), context id)     bounded, least recently used out
     plan   : REUSABLE segment, in store and known  -> PlannedHit
                                in store, not known -> Unknown
+                               not in store        -> its head, when one is known
+             update segment (with heads)           -> its head, when one is known
 """
 
 from __future__ import annotations
@@ -17,12 +22,20 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from agentcache.kv.store import segment_content_id
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse.runs import PlannedHit
-from agentcache.reuse.segments import REUSABLE, context_ids, reusable_tokens
+from agentcache.reuse.segments import (
+    MIN_HEAD,
+    REUSABLE,
+    HeadIndex,
+    context_ids,
+    reusable_tokens,
+    scoped,
+)
 
 MAX_SEGMENTS = 4096
 
@@ -59,15 +72,25 @@ class PlanHistory:
             while len(self._meta) > self.max_segments:
                 self._meta.popitem(last=False)
 
-    def hits(self, prompt: TokenizedPrompt, stored: StoreProbe) -> list[PlannedHit]:
+    def hits(
+        self, prompt: TokenizedPrompt, stored: StoreProbe, heads: HeadIndex | None = None,
+        update_heads: bool = False,
+    ) -> list[PlannedHit]:  # fmt: skip
         """The prompt's reusable segments the store holds, with their metadata; `Unknown`
-        when one is held that this history never recorded."""
+        when one is held that this history never recorded. With the store's head index,
+        also the head of each reusable segment the store lacks and (`update_heads`) of each
+        update segment, as the selective strategies find them (`segments.find_hits`)."""
         hits = []
-        for seg in prompt.segments:
+        contexts = context_ids(prompt) if heads is not None else []
+        for i, seg in enumerate(prompt.segments):
             if seg.kind not in REUSABLE:
+                if heads is not None and update_heads:
+                    hits += self._head(heads, prompt, i, contexts, stored)
                 continue
             cid = segment_content_id(seg.ids, seg.segment.scope)
             if not stored(cid):
+                if heads is not None:
+                    hits += self._head(heads, prompt, i, contexts, stored)
                 continue
             meta = self._meta.get(cid)
             if meta is None:
@@ -76,3 +99,28 @@ class PlanHistory:
             if n > 0:
                 hits.append(PlannedHit(seg, n, meta.context_id, meta.positions))
         return hits
+
+    def _head(
+        self, heads: HeadIndex, prompt: TokenizedPrompt, i: int, contexts: list[str],
+        stored: StoreProbe,
+    ) -> list[PlannedHit]:  # fmt: skip
+        """Segment i's longest opening shared with a segment stored after its very context
+        at its very positions (`segments._head`, read from metadata); [] when none is known. A
+        candidate this history did not record is passed over: the plan's cost is then an upper
+        bound, as without heads."""
+        seg, context = prompt.segments[i], contexts[i]
+        limit = reusable_tokens(prompt, seg)
+        if limit < MIN_HEAD:
+            return []
+        for cid, n in heads.longest(scoped("segment", seg), context, seg.ids):
+            n = min(n, limit)
+            if n < MIN_HEAD:
+                break
+            meta = self._meta.get(cid)
+            if meta is None or meta.context_id != context or not stored(cid):
+                continue
+            here = torch.arange(seg.start, seg.start + n)
+            if not bool(torch.equal(meta.positions[:n], here)):
+                continue
+            return [PlannedHit(seg, n, context, meta.positions)]
+        return []

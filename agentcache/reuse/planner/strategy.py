@@ -53,7 +53,7 @@ from agentcache.reuse.planner.predictor import Predictor, load_predictor, shippe
 from agentcache.reuse.planner.stats import PlannedStats, PlanReport
 from agentcache.reuse.prefix import PrefixReuse, block_chain, chain_scope
 from agentcache.reuse.runs import StoredHit
-from agentcache.reuse.segments import commit_segments
+from agentcache.reuse.segments import commit_segments, head_index
 
 DEFAULT_FIDELITY = "high"
 
@@ -139,7 +139,8 @@ class PlannedReuse(ReuseStrategy):
             return ctx.store.contains_content(m.model_id, m.tokenizer.tokenizer_id, cid)
 
         try:
-            hits: list[StoredHit] = list(self.history.hits(prompt, held))
+            index = head_index(ctx.store)
+            hits: list[StoredHit] = list(self.history.hits(prompt, held, index, ctx.update_heads))
         except Unknown as e:  # an exact floor needed no prediction: not a fallback
             return self._exact_only(), None if floor.name == EXACT_FLOOR.name else str(e)
         prefix = self._prefix_tokens(ctx, prompt, held) if PREFIX in self.plans else 0

@@ -26,6 +26,7 @@ from agentcache.reuse.planner.candidates import CANDIDATES, PlanSignals, plan_si
 from agentcache.reuse.planner.history import PlanHistory
 from agentcache.reuse.prefix import block_chain, chain_scope
 from agentcache.reuse.runs import StoredHit
+from agentcache.reuse.segments import HeadIndex, context_ids, scoped
 from agentcache.workload.files import Session, load_workload
 
 PAGE = 16  # the engine's default page size, as the stored runs used
@@ -59,11 +60,12 @@ class ReplayedTurn:
 
 def replay(model: LoadedModel, session: Session) -> Iterator[ReplayedTurn]:
     """Each turn as the planner would see it, every earlier turn committed at its natural
-    positions (what the planner's commits store)."""
-    history, held, blocks = PlanHistory(), set[str](), set[str]()
+    positions (what the planner's commits store), with the heads the engine's strategies
+    find (`update_heads`, on by default)."""
+    history, held, blocks, heads = PlanHistory(), set[str](), set[str](), HeadIndex()
     for turn in session.turns:
         prompt = tokenize(model, turn.prompt)
-        hits: list[StoredHit] = list(history.hits(prompt, held.__contains__))
+        hits: list[StoredHit] = list(history.hits(prompt, held.__contains__, heads, True))
         prefix = 0
         for cid in block_chain(prompt.ids, PAGE, chain_scope(prompt)):
             if cid not in blocks:
@@ -71,7 +73,11 @@ def replay(model: LoadedModel, session: Session) -> Iterator[ReplayedTurn]:
             prefix += PAGE
         yield ReplayedTurn(prompt, hits, max(0, min(prefix, prompt.num_tokens - 1)))
         history.record(prompt, torch.arange(prompt.num_tokens))
-        held.update(segment_content_id(s.ids, s.segment.scope) for s in prompt.segments)
+        for seg, context in zip(prompt.segments, context_ids(prompt), strict=True):
+            cid = segment_content_id(seg.ids, seg.segment.scope)
+            if cid not in held:  # stored now, computed after this very context
+                heads.add(scoped("segment", seg), context, cid, seg.ids)
+                held.add(cid)
         blocks.update(block_chain(prompt.ids, PAGE, chain_scope(prompt)))
 
 

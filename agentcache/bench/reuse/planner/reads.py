@@ -83,7 +83,9 @@ def session_deviations(model: LoadedModel, session: Session, layers: int,
         if t.hits:
             dev = torch.zeros(layers, t.prompt.num_tokens)
             for h in t.hits:
-                old = stored[segment_content_id(h.segment.ids, h.segment.segment.scope)]
+                old = stored.get(segment_content_id(h.segment.ids, h.segment.segment.scope))
+                if old is None:  # a head: another segment's opening, exact here
+                    continue
                 new = read.keys[:, h.start : h.start + h.num_tokens]
                 diff = (new - old[:, : h.num_tokens]).pow(2).sum(dim=(2, 3))
                 dev[:, h.start : h.start + h.num_tokens] = diff / new.pow(2).sum(dim=(2, 3))
