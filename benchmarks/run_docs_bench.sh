@@ -139,6 +139,16 @@ reuse() {
     $py benchmarks/reuse/tuned_choice.py --tune docs/bench/tuned/tune-{reflexion,memgpt,swe_agent} \
       --validate "docs/bench/validate-$w" --out "docs/bench/tuned/pooled-$w"
   done
+  # `cover` replayed on those tuning runs picks 2 (docs/bench/tuned/cover.md): rpdc:cover=2
+  # beside the default on the agent families' validation sessions (the three runs side by side)
+  $py benchmarks/reuse/cover_choice.py docs/bench/tuned/tune-{reflexion,memgpt,swe_agent} \
+    --uncovered rpdc:cover=0 --out docs/bench/tuned/cover.md
+  $py benchmarks/reuse/exact_turn_kinds.py docs/bench/tuned/tune-{reflexion,memgpt,swe_agent} \
+    --out docs/bench/tuned/exact-turns
+  for w in $W; do
+    $ac bench "benchmarks/workloads/$w.jsonl" --split validate --sessions "$w-08,$w-09,$w-10,$w-11" \
+      --strategies full,prefix,default,rpdc:cover=2 --threads 1 --out "docs/bench/tuned/cover2-$w"
+  done
   # `cover` replayed on the generated tuning turns (the rule of tune-cover/cover.md)
   $py benchmarks/reuse/cover_choice.py docs/bench/generated/tune --uncovered rpdc:cover=0 \
     --out docs/bench/generated/cover.md
