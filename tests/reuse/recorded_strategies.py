@@ -8,7 +8,8 @@ composed around it. The `rpdc` entries were written again when its default gaine
 (every strategy else unchanged; its replies now equal `full`'s on these turns). The reuse
 counts were written again when an update's opening shared with a segment stored after the same
 context (its head) became found: reused and recomputed counts only, every id and finish reason
-unchanged.
+unchanged. The `plan` entries were written again when the planner began to count those heads
+in its plans' costs (it now takes `exact` where it took `prefix`): counts only, as above.
 
 Layout per turn: [system][memory: update, its length changes][history: fixed, shifted][user],
 the shape where position-independent reuse differs from prefix reuse.
