@@ -56,7 +56,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -282,23 +282,48 @@ def _head(
 ) -> SegmentHit | None:  # fmt: skip
     """The longest opening of `seg` that a segment stored after this very `context`, at these
     positions, shares with it (`MIN_HEAD` tokens or more), as an exact run; None: none."""
+    m = ctx.model
+    found: dict[str, StoredKV] = {}
+
+    def where(cid: str) -> tuple[str, Tensor] | None:
+        if not ctx.store.contains_content(m.model_id, m.tokenizer.tokenizer_id, cid):
+            return None  # dropped since: no lookup, so no miss is counted twice
+        kv = ctx.store.lookup_content(m.model_id, m.tokenizer.tokenizer_id, cid).kv
+        if kv is None or kv.context_id is None:
+            return None  # never stored after this context
+        found[cid] = kv
+        return kv.context_id, kv.positions
+
+    head = longest_head(head_index(ctx.store), prompt, seg, context, where, namespace)
+    return None if head is None else SegmentHit(seg, found[head[0]], head[1], head=True)
+
+
+# content id -> (the context it was stored after, its positions), None: not usable
+HeadSource = Callable[[str], tuple[str, Tensor] | None]
+
+
+def longest_head(
+    index: HeadIndex, prompt: TokenizedPrompt, seg: TokenizedSegment, context: str,
+    where: HeadSource, namespace: str = "segment",
+) -> tuple[str, int] | None:  # fmt: skip
+    """(content id, tokens) of the longest opening of `seg` shared with a segment `index`
+    names after `context` that `where` says was stored after this very context at these very
+    positions (`MIN_HEAD` tokens or more, the prompt's last token never); None: none. The
+    strategies' lookup (`where` reads the store) and the planner's (its own metadata) share it."""
     limit = reusable_tokens(prompt, seg)
     if limit < MIN_HEAD:
         return None
-    m = ctx.model
-    for cid, n in head_index(ctx.store).longest(scoped(namespace, seg), context, seg.ids):
+    for cid, n in index.longest(scoped(namespace, seg), context, seg.ids):
         n = min(n, limit)
         if n < MIN_HEAD:
             break
-        if not ctx.store.contains_content(m.model_id, m.tokenizer.tokenizer_id, cid):
-            continue  # dropped since: no lookup, so no miss is counted twice
-        kv = ctx.store.lookup_content(m.model_id, m.tokenizer.tokenizer_id, cid).kv
-        if kv is None or kv.context_id != context:
+        source = where(cid)
+        if source is None or source[0] != context:
             continue
         here = torch.arange(seg.start, seg.start + n)
-        if not bool(torch.equal(kv.positions[:n], here)):
+        if not bool(torch.equal(source[1][:n], here)):
             continue
-        return SegmentHit(seg, kv, n, head=True)
+        return cid, n
     return None
 
 

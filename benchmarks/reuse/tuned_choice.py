@@ -65,17 +65,6 @@ def load(folder: Path, split: str) -> dict[str, Any]:
     return run
 
 
-def family_turns(run: dict[str, Any], family: str | None, folder: Path) -> Turns:
-    """The run's warm turns by (session, turn), of workload `family` only when given."""
-    records = run["turns"]
-    if family is not None:
-        records = [r for r in records if r.get("workload") == family]
-        if not records:
-            known = sorted({str(r.get("workload")) for r in run["turns"]})
-            raise SystemExit(f"{folder}: no turn of family {family!r}; it has {known}")
-    return list(by_turn(records).values())
-
-
 def pooled(runs: list[dict[str, Any]], family: str | None, folders: list[Path]) -> Turns:
     """The warm turns of every run, of workload `family` only when given (in any of them)."""
     known = sorted({str(r.get("workload")) for run in runs for r in run["turns"]})
@@ -193,7 +182,7 @@ def main() -> None:
             raise SystemExit(f"runs of two models: {tune['model']} and {val['model']}")
     floor = Rates()
     t_turns = pooled(tunes, args.family, args.tune)
-    v_turns = family_turns(val, args.family, args.validate)
+    v_turns = pooled([val], args.family, [args.validate])
     tuned, oracle = fastest_at_floor(t_turns, floor), fastest_at_floor(v_turns, floor)
     default = val["default_strategy"]
     labels = sorted({s for t in v_turns for s in t})

@@ -69,12 +69,12 @@ def test_family_keeps_one_workload_and_names_the_families_a_run_has(tmp_path) ->
         for r in _records({"full": [(100.0, 1.0)] * 2, "epic": [(ms, 1.0)] * 2}):
             records.append({**r, "session": f"{family}-00", "workload": family})
     run = {"turns": records}
-    pooled = choice.family_turns(run, None, tmp_path)
-    only = choice.family_turns(run, "memgpt", tmp_path)
+    pooled = choice.pooled([run], None, [tmp_path])
+    only = choice.pooled([run], "memgpt", [tmp_path])
     assert len(pooled) == 4 and len(only) == 2
     assert {t["epic"]["session"] for t in only} == {"memgpt-00"}
     with pytest.raises(SystemExit, match=r"no turn of family 'chat'.*\['memgpt', 'reflexion'\]"):
-        choice.family_turns(run, "chat", tmp_path)
+        choice.pooled([run], "chat", [tmp_path])
 
 
 def test_several_tuning_runs_pool_and_a_family_is_looked_for_in_all(tmp_path) -> None:

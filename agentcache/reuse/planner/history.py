@@ -22,19 +22,17 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from agentcache.kv.store import segment_content_id
 from agentcache.prompt.tokenize import TokenizedPrompt
 from agentcache.reuse.runs import PlannedHit
 from agentcache.reuse.segments import (
-    MIN_HEAD,
     REUSABLE,
     HeadIndex,
     context_ids,
+    longest_head,
     reusable_tokens,
-    scoped,
 )
 
 MAX_SEGMENTS = 4096
@@ -104,23 +102,16 @@ class PlanHistory:
         self, heads: HeadIndex, prompt: TokenizedPrompt, i: int, contexts: list[str],
         stored: StoreProbe,
     ) -> list[PlannedHit]:  # fmt: skip
-        """Segment i's longest opening shared with a segment stored after its very context
-        at its very positions (`segments._head`, read from metadata); [] when none is known. A
-        candidate this history did not record is passed over: the plan's cost is then an upper
-        bound, as without heads."""
+        """Segment i's head as the strategies find it (`segments.longest_head`), read from this
+        history's metadata; [] when none is known. A candidate this history did not record is
+        passed over: the plan's cost is then an upper bound, as without heads."""
         seg, context = prompt.segments[i], contexts[i]
-        limit = reusable_tokens(prompt, seg)
-        if limit < MIN_HEAD:
-            return []
-        for cid, n in heads.longest(scoped("segment", seg), context, seg.ids):
-            n = min(n, limit)
-            if n < MIN_HEAD:
-                break
+
+        def where(cid: str) -> tuple[str, Tensor] | None:
             meta = self._meta.get(cid)
-            if meta is None or meta.context_id != context or not stored(cid):
-                continue
-            here = torch.arange(seg.start, seg.start + n)
-            if not bool(torch.equal(meta.positions[:n], here)):
-                continue
-            return [PlannedHit(seg, n, context, meta.positions)]
-        return []
+            return None if meta is None or not stored(cid) else (meta.context_id, meta.positions)
+
+        head = longest_head(heads, prompt, seg, context, where)
+        if head is None:
+            return []
+        return [PlannedHit(seg, head[1], context, self._meta[head[0]].positions)]
