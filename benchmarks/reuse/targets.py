@@ -14,6 +14,11 @@ TTFT.
     python benchmarks/reuse/targets.py docs/bench/validate-{reflexion,memgpt,swe_agent,chat} \
         --cold docs/bench/cold --out docs/bench/targets
 
+With `--workloads` (the runs' workload files), the warm turns are also split by each turn's
+edit (agentcache.workload.edits: `append`, or the family's edit such as `system`, `clear`,
+`retry`): per kind, every strategy but `full` and `prefix` on those turns alone, as the edit
+families' targets speak of the turns that carry the edit.
+
 Writes targets.md and targets.json to --out.
 """
 
@@ -27,6 +32,7 @@ from typing import Any
 
 from agentcache.bench.reuse.report import cold as cold_turns
 from agentcache.bench.reuse.report import dominated_by, exact_turn
+from agentcache.workload.edits import check_edits
 
 GREEDY, FIRST = 0.9, 0.99  # the fidelity floor
 VS_PREFIX, VS_PEER, COLD = 0.8, 0.67, 1.03  # the speed targets
@@ -134,6 +140,85 @@ def family(
     }
 
 
+def turn_edits(paths: list[Path]) -> dict[tuple[str, int], str]:
+    """(session, turn) -> the turn's edit kind, from workload files; `start` reads `append`
+    (a session's first turn is cold, and a fork's first request is `fork`)."""
+    out = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if line.strip():
+                session = json.loads(line)
+                for e in check_edits(session):
+                    out[(session["name"], e.turn)] = "append" if e.kind == "start" else e.kind
+    return out
+
+
+def by_edit(results: dict[str, Any], kinds: dict[tuple[str, int], str]) -> dict[str, Any]:
+    """Per edit kind of the run's warm turns, per strategy but `full` and `prefix`: its turns,
+    greedy exact and first-token shares, TTFT / `prefix`'s on the same turn (median, min, max)
+    and mean compute beside `prefix`'s. SystemExit when a turn has no kind (another file)."""
+    rows: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+    for t in results["turns"]:
+        if t["turn"] > 0:
+            rows.setdefault((t["session"], t["turn"]), {})[t["strategy"]] = t
+    out: dict[str, Any] = {}
+    for key, row in sorted(rows.items()):
+        if key not in kinds:
+            raise SystemExit(f"{key[0]} turn {key[1]}: not in the workload files given")
+        if "prefix" not in row:
+            continue
+        prefix = row["prefix"]
+        for name, t in row.items():
+            if name in ("full", "prefix"):
+                continue
+            part = out.setdefault(kinds[key], {}).setdefault(name, {"rows": []})
+            part["rows"].append((t, prefix))
+    for kind in out.values():
+        for part in kind.values():
+            pairs = part.pop("rows")
+            ratios = [t["ttft_ms"] / p["ttft_ms"] for t, p in pairs]
+            part |= {
+                "turns": len(pairs),
+                "greedy_exact": statistics.fmean(t["greedy_exact_match"] for t, _ in pairs),
+                "first_token": statistics.fmean(t["first_token_agreement"] for t, _ in pairs),
+                "vs_prefix": statistics.median(ratios),
+                "vs_prefix_min": min(ratios),
+                "vs_prefix_max": max(ratios),
+                "compute": statistics.fmean(t["recompute_fraction"] for t, _ in pairs),
+                "prefix_compute": statistics.fmean(p["recompute_fraction"] for _, p in pairs),
+            }
+    return out
+
+
+def render_by_edit(families: dict[str, dict[str, Any]], vs_prefix_target: float) -> list[str]:
+    lines = [
+        "",
+        "## By edit",
+        "",
+        "Each family's warm turns by the edit they carry (`append`: the request extends the "
+        "previous one); per strategy on those turns: greedy exact and first-token shares, "
+        "TTFT / `prefix`'s on the same turn (median of per-turn ratios, min-max) against "
+        f"the {vs_prefix_target}x target (the default's, on edited turns), and mean compute "
+        "(prefix's):",
+        "",
+        "| family | edit | strategy | n | greedy exact | first token | TTFT vs prefix | "
+        "compute (prefix's) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for fam, f in families.items():
+        for kind, strategies in sorted(f["by_edit"].items(), key=lambda kv: kv[0] == "append"):
+            for name, s in strategies.items():
+                speed = f"{s['vs_prefix']:.2f}x ({s['vs_prefix_min']:.2f}-{s['vs_prefix_max']:.2f})"
+                if kind != "append" and name == f["default"]:
+                    speed += f" ({mark(s['vs_prefix'] <= vs_prefix_target)})"
+                lines.append(
+                    f"| {fam} | {kind} | `{name}` | {s['turns']} | {s['greedy_exact']:.2f} | "
+                    f"{s['first_token']:.2f} | {speed} | {s['compute']:.3f} "
+                    f"({s['prefix_compute']:.3f}) |"
+                )
+    return lines
+
+
 def mark(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
@@ -212,6 +297,9 @@ def render(
         if f["by_turn_kind"] is not None:
             k = f["by_turn_kind"]
             lines.append(f"| {fam} | {part(k['exact'])} | {part(k['ranked'])} |")
+    if any("by_edit" in f for f in families.values()):
+        split = {k: f for k, f in families.items() if "by_edit" in f}
+        lines += render_by_edit(split, vs_prefix_target)
     if cold is not None:
         lines += [
             "",
@@ -238,7 +326,16 @@ def main() -> None:
     p.add_argument("--vs-prefix", type=float, default=VS_PREFIX, help="TTFT target vs prefix")
     p.add_argument("--vs-peer", type=float, default=VS_PEER, help="TTFT target vs the peer")
     p.add_argument("--no-peer-target", action="store_true", help="report the peer, no target")
+    p.add_argument(
+        "--workloads",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="JSONL",
+        help="the runs' workload files: split warm turns by each turn's edit",
+    )
     args = p.parse_args()
+    kinds = None if args.workloads is None else turn_edits(args.workloads)
     peer_target = None if args.no_peer_target else args.vs_peer
     targets = {"vs_prefix_target": args.vs_prefix, "vs_peer_target": peer_target}
     families = {}
@@ -246,7 +343,10 @@ def main() -> None:
         results = json.loads((run / "results.json").read_text())
         if results["split"] != "validate":
             raise SystemExit(f"{run}: split {results['split']!r}, not validation sessions")
-        families[", ".join(sorted(results["by_workload"]))] = family(results, **targets)
+        fam = family(results, **targets)
+        if kinds is not None:
+            fam["by_edit"] = by_edit(results, kinds)
+        families[", ".join(sorted(results["by_workload"]))] = fam
     cold = None
     if args.cold is not None:
         results = json.loads((args.cold / "results.json").read_text())
@@ -266,6 +366,8 @@ def main() -> None:
         if getattr(args, k) != d
     )
     cmd += " --no-peer-target" if args.no_peer_target else ""
+    if args.workloads:
+        cmd += " --workloads " + " ".join(str(w) for w in args.workloads)
     cmd += f" --out {args.out}"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "targets.json").write_text(

@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from tests.bench.scripts import load_script
 
 
@@ -41,3 +45,39 @@ def test_speed_targets_are_the_ones_given_and_no_peer_target_leaves_it_out() -> 
     assert edits["vs_peer"] == 0.65  # still reported
     md = targets.render({"w": edits}, None, "cmd", vs_prefix_target=0.6, vs_peer_target=None)
     assert "0.70x (**missed**)" in md and "0.65x |" in md and "peer's" not in md.split("|")[0]
+
+
+def test_turns_split_by_their_edit_per_strategy_with_per_turn_ratios() -> None:
+    targets = load_script("reuse/targets")
+    kinds = targets.turn_edits([Path("benchmarks/workloads/chat-retry.jsonl")])
+    assert kinds[("chat-retry-06", 0)] == "append"  # the first request: start, read as append
+    assert kinds[("chat-retry-06", 2)] == "retry"
+    assert kinds[("chat-retry-06", 1)] == "append"
+
+    def turn(t: int, strategy: str, ms: float, greedy: float = 1.0) -> dict[str, object]:
+        return {"session": "chat-retry-06", "turn": t, "strategy": strategy, "ttft_ms": ms,
+                "greedy_exact_match": greedy, "first_token_agreement": 1.0,
+                "recompute_fraction": ms / 1000}  # fmt: skip
+
+    results = {"turns": [
+        turn(0, "rpdc", 900), turn(0, "prefix", 900), turn(0, "full", 900),  # cold: left out
+        turn(1, "rpdc", 50), turn(1, "prefix", 100), turn(1, "full", 200),
+        turn(2, "rpdc", 30, greedy=0.0), turn(2, "prefix", 100), turn(2, "full", 200),
+        turn(3, "rpdc", 90), turn(3, "prefix", 100), turn(3, "full", 200),
+    ]}  # fmt: skip
+    got = targets.by_edit(results, kinds)
+    assert set(got) == {"append", "retry"} and set(got["retry"]) == {"rpdc"}
+    retry, append = got["retry"]["rpdc"], got["append"]["rpdc"]
+    assert retry["turns"] == 1 and retry["greedy_exact"] == 0.0 and retry["vs_prefix"] == 0.3
+    assert append["turns"] == 2 and append["greedy_exact"] == 1.0
+    assert round(append["vs_prefix"], 3) == 0.7 and append["vs_prefix_max"] == 0.9
+    assert round(append["prefix_compute"], 3) == 0.1
+
+    fam = {"by_edit": got, "default": "rpdc"}
+    md = "\n".join(targets.render_by_edit({"chat-retry": fam}, 0.6))
+    assert "| chat-retry | retry | `rpdc` | 1 | 0.00 | 1.00 | 0.30x (0.30-0.30) (met) |" in md
+    assert "| chat-retry | append | `rpdc` | 2 |" in md and "0.70x (0.50-0.90) |" in md
+
+    stranger = {"turns": [turn(1, "rpdc", 50) | {"session": "elsewhere"}]}
+    with pytest.raises(SystemExit, match="elsewhere turn 1"):
+        targets.by_edit(stranger, kinds)
