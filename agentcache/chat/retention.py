@@ -24,13 +24,18 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from agentcache.backends import ServingEngine
 from agentcache.chat.messages import ChatMessage
 from agentcache.chat.segmenter import ChatPrompt, fingerprint, message_text
 from agentcache.kv.retention import GapLearner, PauseBook, RetainingStore, RetentionConfig
-from agentcache.kv.store import context_copy_id, exact_copy_id, segment_content_id
+from agentcache.kv.store import (
+    SegmentStore,
+    context_copy_id,
+    exact_copy_id,
+    segment_content_id,
+)
 from agentcache.prompt.reply import close_reply
 from agentcache.prompt.segments import Segment
 from agentcache.prompt.tokenize import TokenizedPrompt
@@ -123,9 +128,18 @@ class TurnRetention:
         self.pauses: PauseBook[Held] = PauseBook(max_pauses)
         self._lock = threading.Lock()
         self._engine = engine if isinstance(engine, Engine) else None
-        store = getattr(engine, "store", None)
-        can_pin = isinstance(store, RetainingStore) and self.config.pinned_share > 0
-        self.store = store if can_pin else None  # a share of 0: retention off
+        # what a turn stored: the embedded engine's ids (below), or a backend's own
+        # (`retained_ids`, with its `retention_store`: the vLLM backend's shared folder)
+        self._ids: Callable[[TokenizedPrompt, Segment], tuple[str, str, list[str]]] | None
+        store: object
+        if self._engine is not None:
+            store, self._ids = self._engine.store, self._engine_ids
+        else:
+            store = getattr(engine, "retention_store", None)
+            self._ids = getattr(engine, "retained_ids", None)
+        can_pin = self.config.pinned_share > 0 and self._ids is not None
+        # a share of 0: retention off
+        self.store = store if can_pin and isinstance(store, RetainingStore) else None
         if self.store is not None:
             self.store.set_retain_share(self.config.pinned_share, self.config.tenant_share)
 
@@ -177,7 +191,7 @@ class TurnRetention:
             seconds, source = None, "none"
         pinned, nbytes, refused, over_share = 0, 0, 0, 0
         held: Held | None = None
-        if seconds is not None and self.store is not None and self._engine is not None:
+        if seconds is not None and self.store is not None:
             held = self._held(tokens, reply_segment, tool_call, source == "learned")
             got = self.store.retain(held.model_id, held.tokenizer_id, held.cids, seconds, tenant)
             pinned, nbytes, refused = len(got.pinned), got.nbytes, len(got.refused)
@@ -190,7 +204,7 @@ class TurnRetention:
         if seconds is not None:
             self._pause(prepared_chat, tenant, reply, held, tool_call, source == "learned")
         return RetentionReport(
-            requested_s, seconds, source, self.store is not None and self._engine is not None,
+            requested_s, seconds, source, self.store is not None,
             pinned, nbytes, refused,
             None if resumed is None else resumed.gap_s,
             0 if resumed is None else resumed.prefetched_pages, over_share,
@@ -199,20 +213,27 @@ class TurnRetention:
     def _held(
         self, tokens: TokenizedPrompt, reply_segment: Segment, tool_call: bool, learned: bool
     ) -> Held:
-        """The entries of this turn the store holds: the prompt's and, closed in place of the
-        generation prompt, the reply's (as `Engine.generate` stores them)."""
+        """The entries of this turn the store holds (the ids the engine may store it under)."""
+        assert self._ids is not None and self.store is not None
+        model_id, tokenizer_id, ids = self._ids(tokens, reply_segment)
+        store = cast(SegmentStore, self.store)
+        held = [c for c in dict.fromkeys(ids)
+                if store.contains_content(model_id, tokenizer_id, c)]  # fmt: skip
+        return Held(model_id, tokenizer_id, tuple(held), tool_call, learned)
+
+    def _engine_ids(
+        self, tokens: TokenizedPrompt, reply_segment: Segment
+    ) -> tuple[str, str, list[str]]:
+        """The embedded engine's: the prompt's and, closed in place of the generation prompt,
+        the reply's (as `Engine.generate` stores them)."""
         engine = self._engine
         assert engine is not None
-        store = engine.store
-        model_id, tokenizer_id = engine.model_id, engine.tokenizer.tokenizer_id
         page = engine.config.page_size
         ids = stored_ids(tokens, page)
         full = close_reply(tokens, reply_segment, engine.tokenizer, engine.model.chat_format)
         if full is not None:
             ids += stored_ids(full, page)
-        held = [c for c in dict.fromkeys(ids)
-                if store.contains_content(model_id, tokenizer_id, c)]  # fmt: skip
-        return Held(model_id, tokenizer_id, tuple(held), tool_call, learned)
+        return engine.model_id, engine.tokenizer.tokenizer_id, ids
 
     def _pause(
         self, chat: ChatPrompt, tenant: str, reply: ChatMessage, held: Held | None,

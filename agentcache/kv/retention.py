@@ -199,6 +199,10 @@ class PinTable:
         for key in keys:
             self._pins.pop(key, None)
 
+    def clear(self) -> None:
+        """Forget every pin (the entries are gone); the refusal counters stay."""
+        self._pins.clear()
+
     def expire(self, now: float) -> list[Hashable]:
         """Forget the pins that expired; returns their keys."""
         gone = [k for k, (_, until, _) in self._pins.items() if until <= now]

@@ -102,3 +102,54 @@ def test_serve_on_vllm_reuses_the_store_and_answers_as_vllm_without_it(tmp_path:
     for run in (reference, first, restarted):
         aborted, unfinished, streamed, after = run["hang_up"]  # type: ignore[misc]
         assert (aborted, unfinished, streamed) == (True, False, 2) and after > 0
+
+
+RETENTION_SCRIPT = """
+import json, sys
+from pathlib import Path
+import openai
+from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
+from agentcache.engines.vllm.storage import FolderSegmentStore
+from agentcache.server import ServerConfig, create_app
+from agentcache.server.inprocess import serve_in_thread
+
+store, reuse = sys.argv[1], sys.argv[2]
+backend = VLLMBackend(VLLMConfig(reuse=reuse, store_dir=store, kv_cache_bytes=256 << 20,
+                                 max_model_len=2048, fill="engine"))
+messages = [{"role": "system", "content": "You are a build agent. Be brief. " * 8},
+            {"role": "user", "content": "Which file holds the settings?"}]
+with serve_in_thread(create_app(backend, ServerConfig("default"))) as url:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    r = client.chat.completions.create(model="default", messages=messages, temperature=0,
+                                       max_tokens=4, extra_body={"prompt_cache_retention": "24h"})
+    kept = r.model_extra["agentcache"]["cache_control"]
+    other = [{"role": "system", "content": "You are a review agent. Be terse. " * 8},
+             {"role": "user", "content": "Is the diff safe?"}]
+    client.chat.completions.create(model="default", messages=other, temperature=0, max_tokens=4)
+pins = sorted(str(p.relative_to(store)) for p in Path(store).rglob("*.pin"))
+entries = len(list(Path(store).rglob("*.kv")))
+# a worker's eviction scan with room for nothing: only the pinned entries stay
+scan = FolderSegmentStore(Path(store), 0, folder_bytes=1)
+left = sorted(str(p.relative_to(store)) for p in Path(store).rglob("*.kv"))
+print("RESULT " + json.dumps({"kept": kept, "pins": pins, "entries": entries, "left": left,
+                              "evicted": scan.folder_evictions}))
+"""
+
+
+def test_retention_pins_a_turns_segments_in_the_shared_folder(tmp_path: Path) -> None:
+    """On vLLM with the connector a request that asks for retention is enforced: each of its
+    segments in the shared folder gets a pin that another process's eviction scan passes
+    over (another conversation's, unpinned, go); on vLLM alone nothing is pinned (reported
+    not enforced)."""
+    got = _run(RETENTION_SCRIPT, str(tmp_path / "store"), "agentcache")
+    kept = got["kept"]
+    assert isinstance(kept, dict) and kept["enforced"], kept
+    assert kept["granted_ttl_s"] > 0 and kept["pinned_segments"] > 0
+    assert kept["refused_segments"] == 0 and kept["pinned_bytes"] > 0
+    pins = got["pins"]
+    assert isinstance(pins, list) and len(pins) == kept["pinned_segments"]
+    assert got["left"] == [p.removesuffix(".pin") + ".kv" for p in pins]
+    assert isinstance(got["entries"], int) and got["entries"] > len(pins)
+    assert got["evicted"] == got["entries"] - len(pins)
+    alone = _run(RETENTION_SCRIPT, str(tmp_path / "alone"), "prefix")["kept"]
+    assert isinstance(alone, dict) and not alone["enforced"] and alone["pinned_segments"] == 0

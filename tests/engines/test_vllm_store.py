@@ -195,3 +195,91 @@ def test_a_meta_file_failing_its_checks_is_a_counted_miss(
     reader = FolderSegmentStore(tmp_path, 0)
     assert reader.meta("m#1", "tok#1", "cid") is None and reader.checksum_failures == 1
     assert reader.lookup_content("m#1", "tok#1", "cid").kv is not None  # the KV stays good
+
+
+# ---- retention: pins every process's eviction scan honours ----
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _aged(folder: Path, cids: list[str]) -> int:
+    """Write `cids` (oldest first) to `folder`; the bytes of one entry."""
+    writer = FolderSegmentStore(folder, 0)
+    for cid in cids:
+        writer.put_content(cid, _kv())
+    for i, path in enumerate(_kv_paths(folder, cids)):
+        os.utime(path, ns=(10**18 + i, 10**18 + i))
+    return sum(p.stat().st_size for p in folder.rglob("*.*")) // len(cids)
+
+
+def _held(store: FolderSegmentStore, cids: list[str]) -> list[str]:
+    return [c for c in cids if store.contains_content("m#1", "tok#1", c)]
+
+
+def test_a_pinned_entry_outlives_another_processs_eviction_until_its_pin_expires(
+    tmp_path: Path,
+) -> None:
+    cids = ["c0", "c1", "c2", "c3"]
+    entry = _aged(tmp_path, cids)
+    clock = Clock()
+    server = FolderSegmentStore(tmp_path, 0, folder_bytes=10 * entry, clock=clock)
+    server.set_retain_share(0.5)
+    got = server.retain("m#1", "tok#1", ["c0", "gone"], 30.0, owner="tenant-a")
+    assert len(got.pinned) == 1 and len(got.refused) == 1  # "gone" was never stored
+    assert got.nbytes == entry and server.retention_stats().pinned_bytes == entry
+    (pin,) = tmp_path.rglob("*.pin")
+    assert float(pin.read_text()) == 1030.0
+    # a worker's scan (its own process, its own store) with room for two entries
+    worker = FolderSegmentStore(tmp_path, 0, folder_bytes=5 * entry // 2, clock=clock)
+    assert _held(worker, cids) == ["c0", "c3"]  # the oldest, c0, was passed over
+    clock.now = 1030.0  # the pin expired: protects nothing
+    worker.put_content("c4", _kv())
+    assert _held(worker, [*cids, "c4"]) == ["c3", "c4"]
+    assert not list(tmp_path.rglob("*.pin"))  # deleted with its entry
+
+
+def test_pins_stay_within_the_share_and_a_tenants_part_and_release_unpins(
+    tmp_path: Path,
+) -> None:
+    cids = ["c0", "c1", "c2", "c3"]
+    entry = _aged(tmp_path, cids)
+    clock = Clock()
+    server = FolderSegmentStore(tmp_path, 0, folder_bytes=4 * entry, clock=clock)
+    with pytest.raises(ValueError, match="retain_share"):
+        server.set_retain_share(1.5)
+    assert server.retain("m#1", "tok#1", ["c0"], 30.0).refused  # no share set yet: none
+    server.set_retain_share(0.5, owner_share=0.5)  # two entries in all, one per tenant
+    a = server.retain("m#1", "tok#1", ["c0", "c1"], 30.0, owner="a")
+    assert len(a.pinned) == 1 and len(a.owner_refused) == 1
+    b = server.retain("m#1", "tok#1", ["c2"], 30.0, owner="b")
+    assert len(b.pinned) == 1
+    c = server.retain("m#1", "tok#1", ["c3"], 30.0, owner="c")
+    assert c.refused and not c.owner_refused  # the share is full
+    assert len(list(tmp_path.rglob("*.pin"))) == 2
+    server.release("m#1", "tok#1", ["c0"])
+    assert len(list(tmp_path.rglob("*.pin"))) == 1
+    worker = FolderSegmentStore(tmp_path, 0, folder_bytes=3 * entry // 2, clock=clock)
+    assert _held(worker, cids) == ["c2"]  # only the pinned one is left
+    server.clear()
+    assert not list(tmp_path.rglob("*.*")) and server.retention_stats().pinned_bytes == 0
+
+
+@pytest.mark.parametrize("planted", ["soon", "inf", "nan", "", "link"])
+def test_a_pin_file_that_does_not_parse_protects_nothing(tmp_path: Path, planted: str) -> None:
+    cids = ["c0", "c1"]
+    entry = _aged(tmp_path, cids)
+    pin = _kv_paths(tmp_path, cids)[0].with_suffix(".pin")
+    if planted == "link":  # a link to a far-future time elsewhere is not followed
+        target = tmp_path / "elsewhere"
+        target.write_text("9e18\n")
+        pin.symlink_to(target)
+    else:
+        pin.write_text(planted)
+    worker = FolderSegmentStore(tmp_path, 0, folder_bytes=3 * entry // 2, clock=Clock())
+    assert _held(worker, cids) == ["c1"] and not pin.exists() and not pin.is_symlink()

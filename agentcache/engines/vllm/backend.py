@@ -46,7 +46,7 @@ from agentcache.engines.vllm.stages import (
 )
 from agentcache.engines.vllm.storage import FolderSegmentStore
 from agentcache.errors import ConfigError
-from agentcache.kv.store import MissReason
+from agentcache.kv.store import MissReason, segment_content_id
 from agentcache.model.loading import DEFAULT_MODEL
 from agentcache.model.tokenizer import HFTokenizer, chat_format_for
 from agentcache.prompt.segments import Segment, SegmentedPrompt
@@ -100,6 +100,9 @@ class VLLMBackend:
         }
         self.store_dir = c.store_dir or ConnectorSettings().store_dir
         self.scope_key = secrets.token_hex(16)  # signs the scopes this backend issues
+        # what the server's retention pins (a turn's segments across a tool pause): the
+        # shared folder, bounded as the connector bounds it; its pins every process honours
+        self.retention_store: FolderSegmentStore | None = None
         if c.reuse == "agentcache":
             settings = ConnectorSettings(
                 store_dir=self.store_dir,
@@ -111,6 +114,10 @@ class VLLMBackend:
                 scope_key=self.scope_key,
             )
             kwargs["kv_transfer_config"] = kv_transfer_config(settings)
+            folder_bytes = settings.folder_bytes
+            self.retention_store = FolderSegmentStore(
+                Path(self.store_dir), 0, folder_bytes=folder_bytes
+            )
         if c.in_process:
             _check_in_process()
         self.llm = vllm.LLM(**kwargs)
@@ -122,6 +129,7 @@ class VLLMBackend:
         store_ids = (store_model_id(ident.model_id, getattr(torch, c.dtype)), ident.tokenizer_id)
         # the store as a staged prefill plans from it: metadata only, no KV held here
         self.decider = FillDecider(c, FolderSegmentStore(Path(self.store_dir), 0), store_ids)
+        self._store_ids = store_ids
         self.last_transfer: dict[str, Any] = {}  # the connector's report on the latest turn
         self._decide_lock = threading.Lock()  # the fill decision's state (FillDecider)
         self._preemptions = 0
@@ -289,6 +297,19 @@ class VLLMBackend:
         )
         text = cut_at_stop(self.tokenizer.decode(ids), params.stop)
         return Generation(text, ids, finish, self._first_logits(comp.logprobs), stats)
+
+    def retained_ids(
+        self, tokens: TokenizedPrompt, reply_segment: Segment | None = None
+    ) -> tuple[str, str, list[str]]:
+        """The store's model and tokenizer ids, and the content ids the connector stores a
+        turn of `tokens` under: each segment's, scope included (a reply's KV is not stored,
+        and prefix blocks, unscoped, are not retained)."""
+        model_id, tokenizer_id = self._store_ids
+        return (
+            model_id,
+            tokenizer_id,
+            [segment_content_id(s.ids, s.segment.scope) for s in tokens.segments],
+        )
 
     def report_strategy(self, strategy: str | None) -> str:
         """The strategy a turn's stats name: the connector's, or for the baselines the

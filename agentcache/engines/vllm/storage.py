@@ -24,6 +24,14 @@ leaves it None): each process adds what it writes to its estimate of
 the folder's size and, past the bound, scans the folder and deletes the least recently used
 entries (by modification time; a folder hit refreshes it) until it is under `LOW_WATER` of
 it. Several writers may overshoot the bound by what they wrote since their last scan.
+
+Retention (`RetainingStore`): a process that retains entries (the server, across a tool
+pause) writes `<key>.pin` beside each, holding the wall-clock time (`time.time`, which every
+process reads alike) the pin expires at; every process's eviction scan passes over an entry
+whose pin has not expired, and deletes an expired pin with its entry. The bounds on pinned
+bytes (a share of `folder_bytes`, a tenant's part of it) are kept by the retaining process's
+own pin table: pins are taken in one process only. A pin file that does not parse protects
+nothing.
 """
 
 from __future__ import annotations
@@ -32,16 +40,27 @@ import contextlib
 import hashlib
 import io
 import json
+import math
 import os
+import sys
 import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from agentcache.fsutil import write_atomic
+from agentcache.fsutil import open_nofollow, write_atomic
 from agentcache.kv.memory_store import MemorySegmentStore
+from agentcache.kv.retention import (
+    PinResult,
+    PinTable,
+    RetainingStore,
+    RetentionStats,
+    check_shares,
+)
 from agentcache.kv.store import (
     Lookup,
     MissReason,
@@ -63,11 +82,12 @@ class StoredMeta:
     positions: torch.Tensor | None  # None: unknown (no readable meta file)
 
 
-class FolderSegmentStore(SegmentStore):
+class FolderSegmentStore(SegmentStore, RetainingStore):
     """A `MemorySegmentStore` of `capacity_bytes` whose entries also live in `folder`,
     visible to every process. A put writes the folder first, so an entry the memory tier
     rejects (False) is still in the folder. `clear()` empties both (the folder's files are
-    deleted, for every process)."""
+    deleted, for every process). Retained entries are pinned in the folder (module
+    docstring); `clock` is the wall clock pins expire on."""
 
     def __init__(
         self,
@@ -75,7 +95,12 @@ class FolderSegmentStore(SegmentStore):
         capacity_bytes: int,
         policy: str = "lru",
         folder_bytes: int | None = None,  # None: this process never evicts the folder
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        self.clock = clock
+        # pins taken by this process; bounded by a share of folder_bytes (set_retain_share;
+        # none until then); a folder without a bound is never evicted, so any pin fits
+        self.retained = PinTable(0)
         self.memory = MemorySegmentStore(capacity_bytes, policy)
         self._lock = threading.Lock()  # guards folder_hits, which `stats` reads
         self.folder = Path(folder)
@@ -150,12 +175,52 @@ class FolderSegmentStore(SegmentStore):
         return self.memory.put_content(cid, kv)
 
     def clear(self) -> None:
-        """Empty the memory tier and delete every entry's files from the folder."""
+        """Empty the memory tier and delete every entry's files (pins too) from the folder."""
         self.memory.clear()
         for path in self.folder.glob("*/*.kv"):
-            path.unlink(missing_ok=True)
-            path.with_suffix(".meta").unlink(missing_ok=True)
+            _delete(path)
+        with self._lock:
+            self.retained.clear()
         self._folder_estimate = 0
+
+    # ---- retention (RetainingStore) ----
+
+    def retain(
+        self, model_id: str, tokenizer_id: str, cids: Sequence[str], seconds: float,
+        owner: Hashable = None,
+    ) -> PinResult:  # fmt: skip
+        sizes, absent = [], []
+        for cid in cids:
+            path = self._path(model_id, tokenizer_id, cid)
+            try:
+                sizes.append((path, path.stat().st_size + _size(path.with_suffix(".meta"))))
+            except OSError:  # not in the folder (never stored, or evicted)
+                absent.append(path)
+        with self._lock:
+            got = self.retained.pin(sizes, seconds, self.clock(), owner)
+            for key in got.pinned:
+                path = Path(str(key))
+                until = max(got.until, _pinned_until(path) or 0.0)
+                write_atomic(path.with_suffix(".pin"), f"{until!r}\n".encode(), fsync=False)
+        return replace(got, refused=(*got.refused, *absent))
+
+    def release(self, model_id: str, tokenizer_id: str, cids: Sequence[str]) -> None:
+        paths = [self._path(model_id, tokenizer_id, c) for c in cids]
+        with self._lock:
+            self.retained.unpin(paths)
+            for path in paths:
+                path.with_suffix(".pin").unlink(missing_ok=True)
+
+    def set_retain_share(self, share: float, owner_share: float = 1.0) -> None:
+        check_shares(share, owner_share)
+        bound = sys.maxsize if self.folder_bytes is None else int(share * self.folder_bytes)
+        with self._lock:
+            self.retained.max_bytes = bound if share > 0 else 0
+            self.retained.owner_share = owner_share
+
+    def retention_stats(self) -> RetentionStats:
+        with self._lock:
+            return self.retained.stats(self.clock())
 
     def _write(self, path: Path, kv: StoredKV) -> None:
         buf = io.BytesIO()
@@ -192,11 +257,13 @@ class FolderSegmentStore(SegmentStore):
         total = sum(size for _, size, _ in entries)
         bound = self.folder_bytes
         if bound is not None and total > bound:
+            now = self.clock()
             for _, size, path in sorted(entries):
                 if total <= LOW_WATER * bound:
                     break
-                path.unlink(missing_ok=True)
-                path.with_suffix(".meta").unlink(missing_ok=True)
+                if (_pinned_until(path) or 0.0) > now:  # retained: passed over
+                    continue
+                _delete(path)
                 total -= size
                 self.folder_evictions += 1
         self._folder_estimate = total
@@ -262,6 +329,24 @@ def _parse_meta(raw: bytes, kv_digest: bytes | None) -> StoredMeta | None:
         return StoredMeta(str(meta["context_id"]) or None, positions)
     except (ValueError, KeyError, TypeError, RuntimeError):
         return None
+
+
+def _delete(path: Path) -> None:
+    """An entry's files: its KV, meta and pin."""
+    for suffix in (".kv", ".meta", ".pin"):
+        path.with_suffix(suffix).unlink(missing_ok=True)
+
+
+def _pinned_until(path: Path) -> float | None:
+    """When the pin on the entry at `path` expires (wall clock); None: no pin, or one that does
+    not parse (it protects nothing)."""
+    try:
+        with open_nofollow(path.with_suffix(".pin")) as f:
+            raw = f.read(64)
+        until = float(raw.decode("ascii").strip())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return until if math.isfinite(until) else None
 
 
 def _size(path: Path) -> int:
