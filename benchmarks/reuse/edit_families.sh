@@ -75,12 +75,41 @@ heads_targets() {
     --out docs/bench/edits/heads/targets
 }
 
+# Every turn of every validation session of each family (4 sessions, 6 to 9 turns), with what
+# decides the targets (full for fidelity, prefix for speed, the default) and the option that
+# computes every candidate when there are few (cover_min=256, read off chat-edit's tuning
+# counts), 1 torch thread, two families at a time (one per core; ~17 min a family, chat-fork
+# ~25), then the targets on all warm turns and split by each turn's edit:
+#
+#   bash benchmarks/reuse/edit_families.sh wide     # then: wide-targets
+W=full,prefix,default,rpdc:cover_min=256
+wide_run() {
+  $ac bench "benchmarks/workloads/chat-$1.jsonl" --strategies "$W" --split validate \
+    --threads 1 --out "docs/bench/edits/wide/chat-$1"
+}
+wide() {
+  wide_run sysprompt & wide_run edit & wait
+  wide_run compact & wide_run retry & wait
+  wide_run fork
+}
+wide_targets() {
+  local f runs=() files=()
+  for f in sysprompt edit compact retry fork; do
+    runs+=("docs/bench/edits/wide/chat-$f")
+    files+=("benchmarks/workloads/chat-$f.jsonl")
+  done
+  $py benchmarks/reuse/targets.py "${runs[@]}" --vs-prefix 0.6 --no-peer-target \
+    --workloads "${files[@]}" --out docs/bench/edits/wide/targets
+}
+
 for what in "${@:-edit compact retry fork sysprompt targets}"; do
   for w in $what; do
     case $w in
       targets) targets ;;
       heads) heads ;;
       heads-targets) heads_targets ;;
+      wide) wide ;;
+      wide-targets) wide_targets ;;
       *) run "$w" ;;
     esac
   done

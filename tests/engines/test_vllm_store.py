@@ -222,13 +222,21 @@ def _held(store: FolderSegmentStore, cids: list[str]) -> list[str]:
     return [c for c in cids if store.contains_content("m#1", "tok#1", c)]
 
 
+def _retaining(
+    folder: Path, bound_entries: int
+) -> tuple[list[str], int, Clock, FolderSegmentStore]:
+    """Four aged entries and the server's store on them, bounded to `bound_entries` of them."""
+    cids = ["c0", "c1", "c2", "c3"]
+    entry = _aged(folder, cids)
+    clock = Clock()
+    store = FolderSegmentStore(folder, 0, folder_bytes=bound_entries * entry, clock=clock)
+    return cids, entry, clock, store
+
+
 def test_a_pinned_entry_outlives_another_processs_eviction_until_its_pin_expires(
     tmp_path: Path,
 ) -> None:
-    cids = ["c0", "c1", "c2", "c3"]
-    entry = _aged(tmp_path, cids)
-    clock = Clock()
-    server = FolderSegmentStore(tmp_path, 0, folder_bytes=10 * entry, clock=clock)
+    cids, entry, clock, server = _retaining(tmp_path, 10)
     server.set_retain_share(0.5)
     got = server.retain("m#1", "tok#1", ["c0", "gone"], 30.0, owner="tenant-a")
     assert len(got.pinned) == 1 and len(got.refused) == 1  # "gone" was never stored
@@ -247,10 +255,7 @@ def test_a_pinned_entry_outlives_another_processs_eviction_until_its_pin_expires
 def test_pins_stay_within_the_share_and_a_tenants_part_and_release_unpins(
     tmp_path: Path,
 ) -> None:
-    cids = ["c0", "c1", "c2", "c3"]
-    entry = _aged(tmp_path, cids)
-    clock = Clock()
-    server = FolderSegmentStore(tmp_path, 0, folder_bytes=4 * entry, clock=clock)
+    cids, entry, clock, server = _retaining(tmp_path, 4)
     with pytest.raises(ValueError, match="retain_share"):
         server.set_retain_share(1.5)
     assert server.retain("m#1", "tok#1", ["c0"], 30.0).refused  # no share set yet: none
