@@ -277,26 +277,29 @@ def render(
                 f"- {fam}, TTFT <= {target}x {label}: the fastest at the floor is "
                 f"`{best['strategy']}` at {best['ratio']:.2f}x, which {reach} it."
             )
-    lines += [
-        "",
-        "The default's warm turns by kind: exact (every reused token whose context changed was "
-        "computed: `cover` acted, or there were none) and ranked (the probe chose "
-        "`extra` of them); median TTFT / the peer's on the same turn, and mean compute:",
-        "",
-        "| family | exact turns | vs peer | compute (peer's) | ranked turns | vs peer | "
-        "compute (peer's) |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    kinds = {fam: f["by_turn_kind"] for fam, f in families.items() if f["by_turn_kind"]}
+    lines += (
+        []
+        if not kinds
+        else [
+            "",
+            "The default's warm turns by kind: exact (every reused token whose context changed was "
+            "computed: `cover` acted, or there were none) and ranked (the probe chose "
+            "`extra` of them); median TTFT / the peer's on the same turn, and mean compute:",
+            "",
+            "| family | exact turns | vs peer | compute (peer's) | ranked turns | vs peer | "
+            "compute (peer's) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+    )
 
     def part(k: dict[str, Any]) -> str:
         if not k["turns"]:
             return "0 | - | -"
         return f"{k['turns']} | {k['vs_peer']:.2f}x | {k['compute']:.3f} ({k['peer_compute']:.3f})"
 
-    for fam, f in families.items():
-        if f["by_turn_kind"] is not None:
-            k = f["by_turn_kind"]
-            lines.append(f"| {fam} | {part(k['exact'])} | {part(k['ranked'])} |")
+    for fam, k in kinds.items():  # (the peer's runs only: no peer, no such table)
+        lines.append(f"| {fam} | {part(k['exact'])} | {part(k['ranked'])} |")
     if any("by_edit" in f for f in families.values()):
         split = {k: f for k, f in families.items() if "by_edit" in f}
         lines += render_by_edit(split, vs_prefix_target)
