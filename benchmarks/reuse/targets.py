@@ -207,7 +207,9 @@ def render_by_edit(families: dict[str, dict[str, Any]], vs_prefix_target: float)
     ]
     for fam, f in families.items():
         for kind, strategies in sorted(f["by_edit"].items(), key=lambda kv: kv[0] == "append"):
-            for name, s in strategies.items():
+            for name, s in sorted(
+                strategies.items(), key=lambda kv: (kv[0] != f["default"], kv[0])
+            ):
                 speed = f"{s['vs_prefix']:.2f}x ({s['vs_prefix_min']:.2f}-{s['vs_prefix_max']:.2f})"
                 if kind != "append" and name == f["default"]:
                     speed += f" ({mark(s['vs_prefix'] <= vs_prefix_target)})"
