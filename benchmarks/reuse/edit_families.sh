@@ -81,7 +81,7 @@ heads_targets() {
 # counts), 1 torch thread, two families at a time (one per core; ~17 min a family, chat-fork
 # ~25), then the targets on all warm turns and split by each turn's edit:
 #
-#   bash benchmarks/reuse/edit_families.sh wide     # then: wide-targets
+#   bash benchmarks/reuse/edit_families.sh wide     # then: wide-targets (and wide-extra)
 W=full,prefix,default,rpdc:cover_min=256
 wide_run() {
   $ac bench "benchmarks/workloads/chat-$1.jsonl" --strategies "$W" --split validate \
@@ -91,6 +91,15 @@ wide() {
   wide_run sysprompt & wide_run edit & wait
   wide_run compact & wide_run retry & wait
   wide_run fork
+}
+# chat-sysprompt's memory sessions part from full's under the default (wide, above): larger
+# `extra` budgets on that family's memory tuning sessions (-00, -02), every turn, side by side
+# with the wide runs (docs/benchmarks.md "Edited histories on every validation turn")
+wide_extra() {
+  $ac bench benchmarks/workloads/chat-sysprompt.jsonl \
+    --strategies full,prefix,default,rpdc:extra=0.4,rpdc:extra=0.6 --split tune \
+    --sessions chat-sysprompt-00,chat-sysprompt-02 --threads 1 \
+    --out docs/bench/edits/wide/sysprompt-extra-tune
 }
 wide_targets() {
   local f runs=() files=()
@@ -110,6 +119,7 @@ for what in "${@:-edit compact retry fork sysprompt targets}"; do
       heads-targets) heads_targets ;;
       wide) wide ;;
       wide-targets) wide_targets ;;
+      wide-extra) wide_extra ;;
       *) run "$w" ;;
     esac
   done
