@@ -62,7 +62,8 @@ def test_a_bad_token_starts_a_new_conversation_and_says_so() -> None:
     t = ConversationTracker()
     first = t.segment([SYS, USER])
     t.record(first, REPLY)
-    bad = first.conversation_id[:-2] + "00"
+    token = first.conversation_id
+    bad = token[:-1] + ("1" if token[-1] == "0" else "0")  # its MAC altered, always
     p = t.segment([SYS, USER, REPLY, USER], conversation=bad)
     assert p.conversation.rejected_token and p.conversation.id != first.conversation.id
     assert not any(pl.changed for pl in p.plan)  # nothing to compare with
