@@ -96,7 +96,7 @@ reuse() {
   # the edit families on every turn of their validation sessions, the memory sessions' budgets
   # on tuning, and the targets split by edit (docs/benchmarks.md "Edited histories on every
   # validation turn"; ~75 min on 2 cores)
-  bash benchmarks/reuse/edit_families.sh wide wide-extra wide-targets
+  bash benchmarks/reuse/edit_families.sh wide wide-extra wide-memory wide-targets
   # the generated family (docs/benchmarks.md "Generated sessions"): every strategy and the
   # planner on 4 tuning and 4 validation sessions, 4 turns each (the two runs side by side,
   # one per core); the fixed strategy the tuning run picks (fastest at the floor) read on the

@@ -81,7 +81,7 @@ heads_targets() {
 # counts), 1 torch thread, two families at a time (one per core; ~17 min a family, chat-fork
 # ~25), then the targets on all warm turns and split by each turn's edit:
 #
-#   bash benchmarks/reuse/edit_families.sh wide     # then: wide-targets (and wide-extra)
+#   bash benchmarks/reuse/edit_families.sh wide     # then: wide-targets (wide-extra, wide-memory)
 W=full,prefix,default,rpdc:cover_min=256
 wide_run() {
   $ac bench "benchmarks/workloads/chat-$1.jsonl" --strategies "$W" --split validate \
@@ -93,13 +93,26 @@ wide() {
   wide_run fork
 }
 # chat-sysprompt's memory sessions part from full's under the default (wide, above): larger
-# `extra` budgets on that family's memory tuning sessions (-00, -02), every turn, side by side
-# with the wide runs (docs/benchmarks.md "Edited histories on every validation turn")
+# `extra` budgets, then floors in the moved tokens (`min_ratio`), on that family's memory
+# tuning sessions (-00, -02), every turn (docs/benchmarks.md "Edited histories on every
+# validation turn"); the rule, fixed before the second run: the smallest min_ratio of 0.25 and
+# 0.5 at greedy >= 0.9, first token 1.00 and median TTFT <= 0.6x prefix's on those turns,
+# then measured on the memory validation sessions (-04, -06) with `wide-memory`
 wide_extra() {
   $ac bench benchmarks/workloads/chat-sysprompt.jsonl \
     --strategies full,prefix,default,rpdc:extra=0.4,rpdc:extra=0.6 --split tune \
     --sessions chat-sysprompt-00,chat-sysprompt-02 --threads 1 \
     --out docs/bench/edits/wide/sysprompt-extra-tune
+  $ac bench benchmarks/workloads/chat-sysprompt.jsonl \
+    --strategies full,prefix,default,rpdc:min_ratio=0.25,rpdc:min_ratio=0.5 --split tune \
+    --sessions chat-sysprompt-00,chat-sysprompt-02 --threads 1 \
+    --out docs/bench/edits/wide/sysprompt-minratio-tune
+}
+wide_memory() {
+  $ac bench benchmarks/workloads/chat-sysprompt.jsonl \
+    --strategies full,prefix,default,rpdc:min_ratio=0.25 --split validate \
+    --sessions chat-sysprompt-04,chat-sysprompt-06 --threads 1 \
+    --out docs/bench/edits/wide/sysprompt-minratio-validate
 }
 wide_targets() {
   local f runs=() files=()
@@ -120,6 +133,7 @@ for what in "${@:-edit compact retry fork sysprompt targets}"; do
       wide) wide ;;
       wide-targets) wide_targets ;;
       wide-extra) wide_extra ;;
+      wide-memory) wide_memory ;;
       *) run "$w" ;;
     esac
   done
