@@ -22,7 +22,7 @@ from agentcache.argtypes import (
     positive_int,
 )
 from agentcache.backends import BACKENDS
-from agentcache.engines.vllm.config import FILL_MODES, REUSE_MODES  # no vLLM import
+from agentcache.engines.vllm.config import FILL_MODES, REUSE_MODES, VLLMConfig  # no vLLM
 from agentcache.errors import AgentCacheError, ConfigError
 from agentcache.server.config import (
     LOOPBACK_HOSTS,
@@ -85,6 +85,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=None,
         help="vllm backend: the shared segment folder (default: <cache>/vllm-store)",
     )
+    p.add_argument("--vllm-folder-bytes", type=byte_size, default=None, metavar="SIZE",
+                   help="vllm backend: the bound the shared segment folder is evicted to, "
+                   "least recently used first; --retention-share is a share of it "
+                   "(default: 16GiB)")  # fmt: skip
     p.add_argument("--vllm-fill", choices=FILL_MODES, default="auto",
                    help="vllm backend: who computes what reuse cannot supply: vllm (staged "
                    "prefills; pic, epic or rpdc:selection=offset:...), engine (agentcache's "
@@ -378,6 +382,18 @@ def bind_address(host: str, port: int) -> socket.socket:
     return sock
 
 
+def vllm_config(
+    args: argparse.Namespace, model: str | None, strategy: str, cache_dir: Path
+) -> VLLMConfig:
+    """`--backend vllm`'s engine settings from the flags (imports no vLLM)."""
+    store_dir = args.store_dir or str(cache_dir / "vllm-store")
+    extra = {} if args.vllm_folder_bytes is None else {"folder_bytes": args.vllm_folder_bytes}
+    return VLLMConfig(
+        model=model, reuse=args.vllm_reuse, strategy=strategy, store_dir=store_dir,
+        max_model_len=args.max_model_len, fill=args.vllm_fill, **extra,
+    )  # fmt: skip
+
+
 def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path) -> ServingEngine:
     """The engine of `--backend`. vLLM absent: `VLLMUnavailableError` (naming the extra)
     before anything loads; `agentcache` prints it and exits with 2."""
@@ -393,14 +409,9 @@ def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path)
         from agentcache.engines.vllm import require_vllm
 
         require_vllm()
-        from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
+        from agentcache.engines.vllm.backend import VLLMBackend
 
-        store_dir = args.store_dir or str(cache_dir / "vllm-store")
-        config = VLLMConfig(
-            model=model, reuse=args.vllm_reuse, strategy=strategy, store_dir=store_dir,
-            max_model_len=args.max_model_len, fill=args.vllm_fill,
-        )  # fmt: skip
-        return VLLMBackend(config, cache_dir)
+        return VLLMBackend(vllm_config(args, model, strategy, cache_dir), cache_dir)
     STRATEGIES.get(strategy)  # unknown names fail before anything loads
     from agentcache.decode.config import DecodeConfig
     from agentcache.model.loading import load_model

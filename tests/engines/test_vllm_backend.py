@@ -122,3 +122,23 @@ def test_serve_checks_the_per_tenant_bound_once_max_active_is_final(
     assert main([*tenant, "--backend", "vllm"]) == 2
     err = capsys.readouterr().err
     assert "vLLM is not installed" in err and "exceeds" not in err
+
+
+def test_the_shared_folders_bound_comes_from_its_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--vllm-folder-bytes` sizes the folder the connector evicts to (and the retained share
+    is of it); without it, the connector's default."""
+    from agentcache.server.cli import vllm_config
+    from tests.conftest import usage_error
+
+    parse = build_parser().parse_args
+    flags = ["serve", "--backend", "vllm", "--vllm-folder-bytes", "256MiB"]
+    config = vllm_config(parse(flags), None, "rpdc", tmp_path)
+    assert config.folder_bytes == 256 << 20 and config.store_dir == str(tmp_path / "vllm-store")
+    default = vllm_config(parse(["serve", "--backend", "vllm"]), None, "rpdc", tmp_path)
+    assert default.folder_bytes == VLLMConfig().folder_bytes == 16 << 30
+    for bad in ("0", "lots", "-1GiB"):
+        assert "--vllm-folder-bytes" in usage_error(["serve", "--vllm-folder-bytes", bad], capsys)
+    with pytest.raises(ValueError, match="folder_bytes must be >= 1"):
+        VLLMConfig(folder_bytes=0)

@@ -116,7 +116,8 @@ from agentcache.server.inprocess import serve_in_thread
 
 store, reuse = sys.argv[1], sys.argv[2]
 backend = VLLMBackend(VLLMConfig(reuse=reuse, store_dir=store, kv_cache_bytes=256 << 20,
-                                 max_model_len=2048, fill="engine"))
+                                 max_model_len=2048, fill="engine", folder_bytes=64 << 20))
+bound = None if backend.retention_store is None else backend.retention_store.folder_bytes
 messages = [{"role": "system", "content": "You are a build agent. Be brief. " * 8},
             {"role": "user", "content": "Which file holds the settings?"}]
 with serve_in_thread(create_app(backend, ServerConfig("default"))) as url:
@@ -133,7 +134,7 @@ entries = len(list(Path(store).rglob("*.kv")))
 scan = FolderSegmentStore(Path(store), 0, folder_bytes=1)
 left = sorted(str(p.relative_to(store)) for p in Path(store).rglob("*.kv"))
 print("RESULT " + json.dumps({"kept": kept, "pins": pins, "entries": entries, "left": left,
-                              "evicted": scan.folder_evictions}))
+                              "evicted": scan.folder_evictions, "bound": bound}))
 """
 
 
@@ -152,5 +153,6 @@ def test_retention_pins_a_turns_segments_in_the_shared_folder(tmp_path: Path) ->
     assert got["left"] == [p.removesuffix(".pin") + ".kv" for p in pins]
     assert isinstance(got["entries"], int) and got["entries"] > len(pins)
     assert got["evicted"] == got["entries"] - len(pins)
+    assert got["bound"] == 64 << 20  # the folder's bound, of which the retained share is
     alone = _run(RETENTION_SCRIPT, str(tmp_path / "alone"), "prefix")["kept"]
     assert isinstance(alone, dict) and not alone["enforced"] and alone["pinned_segments"] == 0

@@ -107,6 +107,7 @@ class VLLMBackend:
             settings = ConnectorSettings(
                 store_dir=self.store_dir,
                 store_bytes=c.store_bytes,
+                folder_bytes=c.folder_bytes,
                 strategy=c.strategy,
                 model_name=name,
                 min_reused_fraction=c.min_reused_fraction,

@@ -79,6 +79,9 @@ class VLLMConfig:
     min_reused_fraction: float = 0.5  # see ConnectorSettings
     store_dir: str | None = None  # shared segment folder (default ~/.cache/agentcache/vllm-store)
     store_bytes: int = 2 * GiB
+    # the bound the shared folder is evicted to (ConnectorSettings.folder_bytes); the server's
+    # retained share (pins across tool pauses) is a share of it
+    folder_bytes: int = 16 * GiB
     kv_cache_bytes: int = 1 * GiB  # vLLM's own paged KV memory
     max_model_len: int = 8192
     max_num_seqs: int = 256  # requests vLLM runs at once (its CPU default for `LLM`)
@@ -101,6 +104,8 @@ class VLLMConfig:
             raise ValueError(f"fill must be one of {FILL_MODES}, got {self.fill!r}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.folder_bytes < 1:
+            raise ValueError(f"folder_bytes must be >= 1, got {self.folder_bytes}")
         if self.min_stage_tokens < 1:
             raise ValueError(f"min_stage_tokens must be >= 1, got {self.min_stage_tokens}")
         spec = StrategySpec.parse(self.strategy)
