@@ -30,6 +30,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from agentcache.bench.reuse.planner.report import by_turn
 from agentcache.bench.reuse.report import cold as cold_turns
 from agentcache.bench.reuse.report import dominated_by, exact_turn
 from agentcache.workload.edits import check_edits
@@ -52,10 +53,7 @@ def covered_split(results: dict[str, Any], name: str) -> dict[str, Any] | None:
     changed (`cover` acted, the probe had nothing worth ranking, or there was no such token):
     per part, the turn count, the median TTFT / the peer's on the same turn, and the mean
     compute of each (None: the run predates the `candidates` field)."""
-    rows: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
-    for t in results["turns"]:
-        if t["turn"] > 0:
-            rows.setdefault((t["session"], t["turn"]), {})[t["strategy"]] = t
+    rows = by_turn(results["turns"])
     pairs = [(r[name], r[PEER]) for r in rows.values() if name in r and PEER in r]
     if not pairs or any("candidates" not in d for d, _ in pairs):
         return None
@@ -157,12 +155,8 @@ def by_edit(results: dict[str, Any], kinds: dict[tuple[str, int], str]) -> dict[
     """Per edit kind of the run's warm turns, per strategy but `full` and `prefix`: its turns,
     greedy exact and first-token shares, TTFT / `prefix`'s on the same turn (median, min, max)
     and mean compute beside `prefix`'s. SystemExit when a turn has no kind (another file)."""
-    rows: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
-    for t in results["turns"]:
-        if t["turn"] > 0:
-            rows.setdefault((t["session"], t["turn"]), {})[t["strategy"]] = t
     out: dict[str, Any] = {}
-    for key, row in sorted(rows.items()):
+    for key, row in sorted(by_turn(results["turns"]).items()):
         if key not in kinds:
             raise SystemExit(f"{key[0]} turn {key[1]}: not in the workload files given")
         if "prefix" not in row:
@@ -280,30 +274,27 @@ def render(
                 f"`{best['strategy']}` at {best['ratio']:.2f}x, which {reach} it."
             )
     kinds = {fam: f["by_turn_kind"] for fam, f in families.items() if f["by_turn_kind"]}
-    lines += (
-        []
-        if not kinds
-        else [
+    if kinds:  # (the peer's runs only: no peer, no such table)
+        lines += [
             "",
-            "The default's warm turns by kind: exact (every reused token whose context changed was "
-            "computed: `cover` acted, or there were none) and ranked (the probe chose "
+            "The default's warm turns by kind: exact (every reused token whose context changed "
+            "was computed: `cover` acted, or there were none) and ranked (the probe chose "
             "`extra` of them); median TTFT / the peer's on the same turn, and mean compute:",
             "",
             "| family | exact turns | vs peer | compute (peer's) | ranked turns | vs peer | "
             "compute (peer's) |",
             "|---|---|---|---|---|---|---|",
         ]
-    )
 
     def part(k: dict[str, Any]) -> str:
         if not k["turns"]:
             return "0 | - | -"
         return f"{k['turns']} | {k['vs_peer']:.2f}x | {k['compute']:.3f} ({k['peer_compute']:.3f})"
 
-    for fam, k in kinds.items():  # (the peer's runs only: no peer, no such table)
+    for fam, k in kinds.items():
         lines.append(f"| {fam} | {part(k['exact'])} | {part(k['ranked'])} |")
-    if any("by_edit" in f for f in families.values()):
-        split = {k: f for k, f in families.items() if "by_edit" in f}
+    split = {fam: f for fam, f in families.items() if "by_edit" in f}
+    if split:
         lines += render_by_edit(split, vs_prefix_target)
     if cold is not None:
         lines += [

@@ -115,9 +115,8 @@ class VLLMBackend:
                 scope_key=self.scope_key,
             )
             kwargs["kv_transfer_config"] = kv_transfer_config(settings)
-            folder_bytes = settings.folder_bytes
             self.retention_store = FolderSegmentStore(
-                Path(self.store_dir), 0, folder_bytes=folder_bytes
+                Path(self.store_dir), 0, folder_bytes=settings.folder_bytes
             )
         if c.in_process:
             _check_in_process()
