@@ -34,6 +34,12 @@ copies as a copy computed elsewhere, to recompute. Nor does the head index offer
                -> tools' exact copy for context "sys t2"
     prompt 3 : [ sys t2 ][ tools ][ q3 ]   tools found exact: loaded, nothing recomputed
 
+Repeated texts: a text that occurs more than once in one prompt (a cleared tool result's
+placeholder, a repeated "OK") is stored once under its content key, at its first place; every
+later occurrence the commit stores as its copy for its own context: the exact copy where its
+K/V is full recompute's, else the context copy (what this turn used there). The next turn,
+with the same context, finds each as an exact run, as exact prefix reuse finds them.
+
 Heads: a segment whose text is not in the store (a tools block with another tool list, a
 memory block with a line added at its end) may still open with the tokens of a segment stored
 after this very context, at these positions: those tokens' K/V is exact here (each token's
@@ -428,22 +434,32 @@ def commit_segments(
     # or reuses every token exactly)
     exact = prompt.num_tokens if left is None else left.exact_for(prompt)
     chain = chain_ids(prompt)
+    firsts: set[str] = set()  # first copies this commit stored
     for i, seg in enumerate(prompt.segments):
         start, context = (seg.start if at_start else None), chain[i]
         # a first copy whose K/V is not full recompute's here (computed after K/V reused
         # approximately) is stored under its context marked inexact: found as a context
         # copy in this context, never as an exact run
-        inexact = False
+        inexact, first = False, False
+        context_copy = (seg.start, seg.end) in approximate
         if (seg.start, seg.end) in copies:
             cid = exact_copy_id(chain[i + 1], seg.segment.scope, seg.start, namespace)
-        elif (seg.start, seg.end) in approximate:
+        elif context_copy:
             cid = context_copy_id(chain[i + 1], seg.segment.scope, seg.start, namespace)
         else:
             cid = segment_content_id(seg.ids, seg.segment.scope, namespace, start)
-            inexact = seg.end > exact
+            inexact, first = seg.end > exact, True
+            if cid in firsts and not at_start:
+                # the same text earlier in this prompt (a cleared tool result's placeholder,
+                # a repeated "OK"): its first copy is that one, after another context. This
+                # one's K/V is stored as its copy for this context: exact, or (computed after
+                # K/V reused approximately) the context copy, what this turn used here
+                copy_id = context_copy_id if inexact else exact_copy_id
+                cid = copy_id(chain[i + 1], seg.segment.scope, seg.start, namespace)
+                inexact, first, context_copy = False, False, inexact
         # what the store holds after this context, as computed here (a context copy is not:
         # it holds the KV an earlier turn used approximately)
-        headed = not at_start and (seg.start, seg.end) not in approximate and not inexact
+        headed = not at_start and not context_copy and not inexact
         if ctx.store.contains_content(m.model_id, m.tokenizer.tokenizer_id, cid):
             continue
         span = slice(seg.start, seg.end)
@@ -455,5 +471,9 @@ def commit_segments(
             keys, values, positions[span].clone(), m.model_id, m.tokenizer.tokenizer_id,
             stored_after,
         )  # fmt: skip
-        if ctx.store.put_content(cid, kv) and headed:
+        if not ctx.store.put_content(cid, kv):
+            continue
+        if first:
+            firsts.add(cid)
+        if headed:
             head_index(ctx.store).add(scoped(namespace, seg), context, cid, seg.ids)
