@@ -161,3 +161,32 @@ def test_the_token_split_of_a_prefill_matches_a_token_by_token_reference() -> No
         assert got == expected
         assert all(a[2] != b[2] and a[1] == b[0] for a, b in itertools.pairwise(runs))
     assert TokenReuse.of(3, None, None, None).runs == ((0, 3, TokenUse.COMPUTED),)
+
+
+CLEARED = "[Old tool result content cleared]"
+
+
+def test_every_cleared_result_is_found_where_it_sits_on_the_next_request(chat: Any) -> None:
+    """Context editing gives every cleared tool result the same text. The request after the
+    clearing one only appends: each placeholder is then found at its place, exact or as the
+    clearing turn used it, none recomputed as text computed elsewhere (the store holds one
+    copy per text at its first place, and each later occurrence beside it: reuse/segments.py
+    "Repeated texts")."""
+    system, ask = ChatMessage("system", SYSTEM), ChatMessage("user", "List src, tests, docs.")
+    history: list[ChatMessage] = [system, ask]
+    for i, folder in enumerate(("src", "tests", "docs")):
+        call = ChatMessage("assistant", "", (ToolCall(f"c{i}", "ls", {"path": folder}),))
+        out = "\n".join(f"{folder}/file_{k}.py" for k in range(10))
+        history += [call, ChatMessage("tool", out)]
+    chat(history, "Three folders.", tools=(LS,))
+    cleared = [ChatMessage("tool", CLEARED) if m.role == "tool" else m for m in history]
+    clearing = chat(cleared, "Done listing.", tools=(LS,))
+    appended = [*cleared, clearing.message(), ChatMessage("user", "Which is largest?")]
+    r = chat(appended, "src.", tools=(LS,))
+    places = [i for i, m in enumerate(appended) if m.role == "tool"]
+    assert len(places) == 3
+    for s in (s for s in r.report.segments if s.message_index in places):
+        assert s.status in FOUND, s
+        assert s.refreshed_tokens == 0 and (s.exact_tokens or 0) + (s.moved_tokens or 0) == (
+            s.num_tokens
+        ), s

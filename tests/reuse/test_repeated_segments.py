@@ -26,6 +26,7 @@ from agentcache.prompt import SegmentKind as K
 from agentcache.reuse.base import ReuseStats
 from agentcache.reuse.segments import SegmentHit, find_hits
 from agentcache.runtime import Engine, EngineConfig, GenerationParams
+from tests.reuse.exact_floor import exact_floor_output
 
 PARAMS = GenerationParams(max_new_tokens=6)
 OK = "[Old tool result content cleared]"
@@ -121,11 +122,5 @@ def test_the_exact_floor_gives_full_recomputes_output_after_repeated_texts(
     tiny: LoadedModel,
 ) -> None:
     e = edited_turns(tiny)
-    exact = EngineConfig(strategy="plan", strategy_options={"plan": {"fidelity": "exact"}})
-    planned = Engine(tiny, exact, store=e.store)
-    third = prompt(LONGER, EDITED, "q3")
-    ref = Engine(tiny).generate(third, PARAMS, strategy="full")
-    out = planned.generate(third, PARAMS)
-    assert out.token_ids == ref.token_ids
-    assert (out.first_token_logits - ref.first_token_logits).abs().max().item() <= 1e-4
+    out = exact_floor_output(tiny, e.store, prompt(LONGER, EDITED, "q3"), PARAMS)
     assert out.stats.context_copy_tokens == 0
