@@ -124,6 +124,29 @@ wide_targets() {
     --workloads "${files[@]}" --out docs/bench/edits/wide/targets
 }
 
+# A text repeated in one prompt (every cleared tool result's placeholder; swe_agent-10's
+# "Observation: None") stored as its copy at each place (reuse/segments.py "Repeated texts"):
+# the two validation families that carry one, at the commit that stores them, one run each,
+# both at once (one per core), 1 torch thread; then their targets, chat-edit split by edit:
+#
+#   bash benchmarks/reuse/edit_families.sh repeats     # then: repeats-targets
+repeats() {
+  $ac bench benchmarks/workloads/chat-edit.jsonl --strategies "$W" --split validate \
+    --threads 1 --out docs/bench/edits/repeats/chat-edit &
+  $ac bench benchmarks/workloads/swe_agent.jsonl --split validate \
+    --sessions swe_agent-08,swe_agent-09,swe_agent-10,swe_agent-11 \
+    --strategies full,prefix,default,transformers-prefix --threads 1 \
+    --out docs/bench/edits/repeats/swe_agent &
+  wait
+}
+repeats_targets() {
+  $py benchmarks/reuse/targets.py docs/bench/edits/repeats/chat-edit --vs-prefix 0.6 \
+    --no-peer-target --workloads benchmarks/workloads/chat-edit.jsonl \
+    --out docs/bench/edits/repeats/targets-chat-edit
+  $py benchmarks/reuse/targets.py docs/bench/edits/repeats/swe_agent \
+    --out docs/bench/edits/repeats/targets-swe_agent
+}
+
 for what in "${@:-edit compact retry fork sysprompt targets}"; do
   for w in $what; do
     case $w in
@@ -134,6 +157,8 @@ for what in "${@:-edit compact retry fork sysprompt targets}"; do
       wide-targets) wide_targets ;;
       wide-extra) wide_extra ;;
       wide-memory) wide_memory ;;
+      repeats) repeats ;;
+      repeats-targets) repeats_targets ;;
       *) run "$w" ;;
     esac
   done
