@@ -111,7 +111,8 @@ class TurnRetention:
     `clock`: seconds, what gaps are measured on (the store's own clock expires its pins).
     The store's retained share is set to `config.pinned_share` when it can pin (a share of 0
     turns pinning off: reports say `enforced` false, as on a store that cannot pin), and a
-    tenant's part of it to `config.tenant_share` (pins are owned by their tenant). Each tenant
+    tenant's part of it to `config.tenant_share` and its reservation to `config.reserve`
+    (pins are owned by their tenant). Each tenant
     learns its own default from its own pauses (`learner` is the empty one each starts from;
     the `max_tenants` most recent are remembered), so no tenant's traffic shows in another's."""
 
@@ -141,7 +142,8 @@ class TurnRetention:
         # a share of 0: retention off
         self.store = store if can_pin and isinstance(store, RetainingStore) else None
         if self.store is not None:
-            self.store.set_retain_share(self.config.pinned_share, self.config.tenant_share)
+            c = self.config
+            self.store.set_retain_share(c.pinned_share, c.tenant_share, c.reserve)
 
     def default_s(self, tenant: str) -> float:
         """The retention a tool-call turn of `tenant` gets without a request: learned from

@@ -148,11 +148,14 @@ class MemorySegmentStore(SegmentStore, RetainingStore):
         with self._lock:
             self.retained.unpin([store_key(model_id, tokenizer_id, c) for c in cids])
 
-    def set_retain_share(self, share: float, owner_share: float = 1.0) -> None:
-        check_shares(share, owner_share)
+    def set_retain_share(
+        self, share: float, owner_share: float = 1.0, owner_reserve: float = 0.0
+    ) -> None:
+        check_shares(share, owner_share, owner_reserve)
         with self._lock:
             self.retained.max_bytes = int(share * self.capacity_bytes)
             self.retained.owner_share = owner_share
+            self.retained.owner_reserve = owner_reserve
 
     def retention_stats(self) -> RetentionStats:
         with self._lock:

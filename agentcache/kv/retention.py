@@ -11,7 +11,10 @@
                                     high quantile of the recent gaps, capped
     PinTable                        segment -> (bytes, expiry, owner); pinned bytes never
                                     exceed `max_bytes` (a share of the pool), nor an owner's
-                                    (a tenant's) `owner_share` of that; an expired pin is no
+                                    (a tenant's) `owner_share` of that; an owner's first
+                                    `owner_reserve` of it is guaranteed: a full table gives
+                                    an owner under it room by ending, soonest to expire
+                                    first, pins of owners over theirs; an expired pin is no
                                     pin: evictable at once, without a timer
     RetainingStore                  the seam of a store that keeps entries for a time
                                     (the memory and the tiered store implement it)
@@ -31,6 +34,9 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+# of the retained share, each tenant's guaranteed part unless set: up to four tenants each
+# keep a quarter however busy the others are
+DEFAULT_TENANT_RESERVE = 0.25
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|min|m|h)?\s*")
 
@@ -39,7 +45,10 @@ _DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|min|m|h)?\s*")
 class RetentionConfig:
     """`default_s`: retention before any gap is observed; `max_s`: the cap on any retention
     (from a request or learned); `pinned_share`: of the pool's bytes, the most pins may hold;
-    `tenant_share`: of those, the most one tenant's pins may hold; `quantile`: of the
+    `tenant_share`: of those, the most one tenant's pins may hold; `tenant_reserve`: of
+    those, what each tenant is guaranteed (its pins up to it are never ended early, and a
+    tenant under it ends other tenants' pins beyond theirs to get it; 0: no guarantee; None:
+    `DEFAULT_TENANT_RESERVE`, or `tenant_share` when lower: `reserve`); `quantile`: of the
     observed gaps, the learned retention covers this many."""
 
     default_s: float = 60.0
@@ -47,6 +56,7 @@ class RetentionConfig:
     pinned_share: float = 0.25
     quantile: float = 0.9
     tenant_share: float = 0.5
+    tenant_reserve: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.default_s <= self.max_s < math.inf:
@@ -57,8 +67,20 @@ class RetentionConfig:
             raise ValueError(f"pinned_share must be from 0 to 1, got {self.pinned_share}")
         if not 0 < self.tenant_share <= 1:
             raise ValueError(f"tenant_share must be above 0 and at most 1, got {self.tenant_share}")
+        if self.tenant_reserve is not None and not 0 <= self.tenant_reserve <= self.tenant_share:
+            raise ValueError(
+                f"tenant_reserve must be from 0 to tenant_share={self.tenant_share}, got "
+                f"{self.tenant_reserve}"
+            )
         if not 0 < self.quantile <= 1:
             raise ValueError(f"quantile must be in (0, 1], got {self.quantile}")
+
+    @property
+    def reserve(self) -> float:
+        """Each tenant's guaranteed part of the retained share (`tenant_reserve` resolved)."""
+        if self.tenant_reserve is not None:
+            return self.tenant_reserve
+        return min(DEFAULT_TENANT_RESERVE, self.tenant_share)
 
 
 def parse_retention(value: object, field: str, max_s: float) -> float:
@@ -83,13 +105,17 @@ def parse_retention(value: object, field: str, max_s: float) -> float:
     return seconds
 
 
-def check_shares(share: float, owner_share: float) -> None:
-    """ValueError unless `share` is from 0 to 1 and `owner_share` above 0 and at most 1
-    (`RetainingStore.set_retain_share`)."""
+def check_shares(share: float, owner_share: float, owner_reserve: float = 0.0) -> None:
+    """ValueError unless `share` is from 0 to 1, `owner_share` above 0 and at most 1, and
+    `owner_reserve` from 0 to `owner_share` (`RetainingStore.set_retain_share`)."""
     if not 0 <= share <= 1:
         raise ValueError(f"retain_share must be from 0 to 1, got {share}")
     if not 0 < owner_share <= 1:
         raise ValueError(f"owner_share must be above 0 and at most 1, got {owner_share}")
+    if not 0 <= owner_reserve <= owner_share:
+        raise ValueError(
+            f"owner_reserve must be from 0 to owner_share={owner_share}, got {owner_reserve}"
+        )
 
 
 class GapLearner:
@@ -120,40 +146,57 @@ class PinResult:
     until: float
     nbytes: int = 0  # bytes of the pinned keys
     owner_refused: tuple[Hashable, ...] = ()  # of `refused`, those over the owner's share
+    # other owners' pins ended to make room within this owner's reservation (their entries
+    # stay stored, evictable as any other)
+    preempted: tuple[Hashable, ...] = ()
 
 
 @dataclass(frozen=True)
 class RetentionStats:
     """A store's pins now: live pins and their bytes, the cap, pins refused for it so far,
-    and of those, pins refused for their owner's share."""
+    of those, pins refused for their owner's share, and pins ended early so far for another
+    owner's reservation."""
 
     pinned_entries: int
     pinned_bytes: int
     max_bytes: int
     refused: int
     owner_refused: int = 0
+    preempted: int = 0
 
 
 class PinTable:
     """Pins on keys (a store's segments) with a byte size, an expiry on the caller's clock
     (`now`, seconds) and an owner (a tenant; None: no one's). Contract: `pinned_bytes(now) <=
     max_bytes` always, and an owner's live pins hold at most `owner_share` of `max_bytes`
-    (None's: no bound but the table's); `pin` never evicts another pin to make room (it
-    refuses, and says which); an expired pin counts nowhere."""
+    (None's: no bound but the table's). An owner's pins up to `owner_reserve` of `max_bytes`
+    are its reservation: never ended early. When a pin does not fit the table and its owner
+    stays within its reservation with it, `pin` ends other owners' pins beyond their own
+    reservations (soonest to expire first; `PinResult.preempted`) if that makes room, and
+    otherwise refuses; beyond its reservation an owner never takes another's pin, and `pin`
+    refuses (and says which). An expired pin counts nowhere."""
 
-    def __init__(self, max_bytes: int, owner_share: float = 1.0) -> None:
+    def __init__(
+        self, max_bytes: int, owner_share: float = 1.0, owner_reserve: float = 0.0
+    ) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = max_bytes
         self.owner_share = owner_share
+        self.owner_reserve = owner_reserve
         # key -> (bytes, expiry, owner)
         self._pins: dict[Hashable, tuple[int, float, Hashable]] = {}
         self.refused = 0  # pins refused for a cap (the table's or an owner's)
         self.owner_refused = 0  # of those, for the owner's share
+        self.preempted = 0  # pins ended early for another owner's reservation
 
     @property
     def owner_max_bytes(self) -> int:
         return int(self.owner_share * self.max_bytes)
+
+    @property
+    def owner_reserve_bytes(self) -> int:
+        return int(self.owner_reserve * self.max_bytes)
 
     def pin(
         self, sizes: Iterable[tuple[Hashable, int]], seconds: float, now: float,
@@ -164,13 +207,19 @@ class PinTable:
         self.expire(now)
         until = now + seconds
         total, mine = self.pinned_bytes(now), self.owner_bytes(owner, now)
-        pinned, refused, over_share = [], [], []
+        pinned, refused, over_share, preempted = [], [], [], []
         for key, nbytes in sizes:
             held = self._pins.get(key)
             grow = nbytes - (held[0] if held else 0)
             grow_mine = nbytes - (held[0] if held and held[2] == owner else 0)
             over_table = total + max(grow, 0) > self.max_bytes
             over_mine = owner is not None and mine + max(grow_mine, 0) > self.owner_max_bytes
+            reserved = mine + max(grow_mine, 0) <= self.owner_reserve_bytes
+            if over_table and not over_mine and reserved and held is None:
+                ended = self._preempt(total + grow - self.max_bytes, owner, now)
+                preempted += ended
+                total -= sum(b for _, b in ended)
+                over_table = total + grow > self.max_bytes
             if over_table or over_mine:
                 refused.append(key)
                 self.refused += 1
@@ -182,7 +231,32 @@ class PinTable:
             total, mine = total + grow, mine + grow_mine
             pinned.append(key)
         nbytes_pinned = sum(self._pins[k][0] for k in pinned)
-        return PinResult(tuple(pinned), tuple(refused), until, nbytes_pinned, tuple(over_share))
+        return PinResult(
+            tuple(pinned), tuple(refused), until, nbytes_pinned, tuple(over_share),
+            tuple(k for k, _ in preempted),
+        )  # fmt: skip
+
+    def _preempt(self, need: int, owner: Hashable, now: float) -> list[tuple[Hashable, int]]:
+        """End other owners' pins, soonest to expire first, each only while its owner keeps
+        its reservation, until `need` bytes are free; none when they cannot free that many.
+        Returns the (key, bytes) ended."""
+        held: dict[Hashable, int] = {}
+        for b, _, o in self._pins.values():
+            held[o] = held.get(o, 0) + b
+        chosen, freed = [], 0
+        by_expiry = sorted(self._pins.items(), key=lambda kv: kv[1][1])
+        for key, (b, _, o) in by_expiry:
+            if freed >= need:
+                break
+            if o != owner and held[o] - b >= self.owner_reserve_bytes:
+                held[o] -= b
+                chosen.append((key, b))
+                freed += b
+        if freed < need:
+            return []
+        self.unpin(k for k, _ in chosen)
+        self.preempted += len(chosen)
+        return chosen
 
     def owner_bytes(self, owner: Hashable, now: float) -> int:
         """Bytes of `owner`'s live pins."""
@@ -212,8 +286,9 @@ class PinTable:
     def stats(self, now: float) -> RetentionStats:
         live = [b for b, until, _ in self._pins.values() if until > now]
         return RetentionStats(
-            len(live), sum(live), self.max_bytes, self.refused, self.owner_refused
-        )
+            len(live), sum(live), self.max_bytes, self.refused, self.owner_refused,
+            self.preempted,
+        )  # fmt: skip
 
 
 class RetainingStore(ABC):
@@ -227,9 +302,11 @@ class RetainingStore(ABC):
       (`PinResult.refused`, with the ids it does not hold; those over the owner's part also
       in `PinResult.owner_refused`). A pin is extended, never shortened. `seconds` was
       checked by the caller (`parse_retention`).
-    - A pinned entry is never evicted before it expires; an expired pin protects nothing (the
-      entry is evictable at once, in its policy's turn). A put that cannot fit beside the
-      pinned entries is rejected, never served by evicting one.
+    - A pinned entry is never evicted before its pin ends: it expires, or (beyond its
+      owner's reservation, `set_retain_share`) it is ended for an owner under its own
+      (`PinResult.preempted`); an ended pin protects nothing (the entry is evictable at once,
+      in its policy's turn). A put that cannot fit beside the pinned entries is rejected,
+      never served by evicting one.
     - Pins are per entry, and an entry's key carries its scope (`segment_content_id`), so a
       pin protects only the entries of the scope whose ids were named.
     - `release` drops these entries' pins (they stay stored, evictable as any other).
@@ -245,10 +322,13 @@ class RetainingStore(ABC):
     def release(self, model_id: str, tokenizer_id: str, cids: Sequence[str]) -> None: ...
 
     @abstractmethod
-    def set_retain_share(self, share: float, owner_share: float = 1.0) -> None:
+    def set_retain_share(
+        self, share: float, owner_share: float = 1.0, owner_reserve: float = 0.0
+    ) -> None:
         """Pinned bytes may be at most `share` (0 to 1) of the bytes retained entries stay in
-        (the store's, or its fast tier's), and one owner's at most `owner_share` (above 0, at
-        most 1) of that; pins above a lowered cap stay until they expire."""
+        (the store's, or its fast tier's), one owner's at most `owner_share` (above 0, at
+        most 1) of that, and `owner_reserve` of it (0 to `owner_share`) is each owner's
+        reservation (`PinTable`); pins above a lowered cap stay until they expire."""
 
     @abstractmethod
     def retention_stats(self) -> RetentionStats: ...

@@ -192,6 +192,12 @@ def add_security(p: argparse.ArgumentParser) -> None:
                    metavar="FRACTION", help="of --retention-share, the most one tenant's "
                    "retained segments may hold, so one tenant cannot fill it; beyond it a "
                    "retention is refused and reported (default: 0.5)")  # fmt: skip
+    p.add_argument("--retention-tenant-reserve", type=fraction, default=None,
+                   metavar="FRACTION", help="of --retention-share, what each tenant is "
+                   "guaranteed: its retained segments up to it are never released early, and "
+                   "a tenant under it releases other tenants' segments beyond theirs to get "
+                   "it (0: none; at most --retention-tenant-share; default: 0.25, or "
+                   "--retention-tenant-share when lower)")  # fmt: skip
     p.add_argument("--trim-interval", type=non_negative_float, default=10.0, metavar="SECONDS",
                    help="seconds between handing freed heap memory back to the system, so "
                    "resident memory stays flat under load (glibc only; 0: never; "
@@ -246,6 +252,7 @@ def server_config(
         max_retention_s=args.max_retention, retention_default_s=args.retention_default,
         retention_share=args.retention_share,
         retention_tenant_share=args.retention_tenant_share,
+        retention_tenant_reserve=args.retention_tenant_reserve,
     )  # fmt: skip
 
 
@@ -285,6 +292,10 @@ def check_flags(args: argparse.Namespace, max_active: int | None) -> None:
                           "orders its own prefills)")  # fmt: skip
     if args.preemption_host_bytes is not None and args.preemption != "swap":
         raise ConfigError("--preemption-host-bytes applies to --preemption swap only")
+    reserve = args.retention_tenant_reserve
+    if reserve is not None and reserve > args.retention_tenant_share:
+        raise ConfigError(f"--retention-tenant-reserve {reserve:g} exceeds "
+                          f"--retention-tenant-share {args.retention_tenant_share:g}")  # fmt: skip
     per_tenant = args.max_active_per_tenant
     if max_active is not None and per_tenant is not None and per_tenant > max_active:
         raise ConfigError(f"--max-active-per-tenant {per_tenant} exceeds "

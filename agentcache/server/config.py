@@ -79,6 +79,10 @@ class ServerConfig:
     retention_share: float = 0.25  # of the store (its fast tier), the most retained bytes
     # of those, the most one tenant's retained bytes (one tenant cannot fill the share)
     retention_tenant_share: float = 0.5
+    # of those, each tenant's guaranteed part: its pins up to it are never ended early, and
+    # a tenant under it ends other tenants' pins beyond theirs to get it (None: 0.25, or the
+    # tenant share when lower; RetentionConfig.reserve)
+    retention_tenant_reserve: float | None = None
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -110,6 +114,7 @@ class ServerConfig:
         return RetentionConfig(
             min(self.retention_default_s, self.max_retention_s), self.max_retention_s,
             self.retention_share, tenant_share=self.retention_tenant_share,
+            tenant_reserve=self.retention_tenant_reserve,
         )  # fmt: skip
 
     @property

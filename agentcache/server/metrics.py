@@ -195,7 +195,9 @@ class ServerMetrics:
             "agentcache_retained", "the store's retained entries now (segments, bytes), the "
             "most bytes they may hold (cap_bytes: --retention-share), retentions refused for "
             "a cap since start (refused), and of those, for the tenant's part of the share "
-            "(refused_tenant: --retention-tenant-share)", ["kind"], registry=r,
+            "(refused_tenant: --retention-tenant-share), and retentions released early since "
+            "start for another tenant's reservation (preempted: --retention-tenant-reserve)",
+            ["kind"], registry=r,
         )  # fmt: skip
         self.retained_turns = Counter(
             "agentcache_retained_turns", "turns whose segments were retained, by where the "
@@ -258,7 +260,8 @@ class ServerMetrics:
             s = kept.store.retention_stats()
             for kind, n in (("segments", s.pinned_entries), ("bytes", s.pinned_bytes),
                             ("cap_bytes", s.max_bytes), ("refused", s.refused),
-                            ("refused_tenant", s.owner_refused)):  # fmt: skip
+                            ("refused_tenant", s.owner_refused),
+                            ("preempted", s.preempted)):  # fmt: skip
                 self.retained.labels(kind).set(n)
         if (rss := resident_bytes()) is not None:
             self.resident_bytes.set(rss)

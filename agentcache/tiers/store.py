@@ -144,12 +144,15 @@ class TieredSegmentStore(SegmentStore, RetainingStore):
         with self._lock:
             self._placement.retained.unpin([store_key(model_id, tokenizer_id, c) for c in cids])
 
-    def set_retain_share(self, share: float, owner_share: float = 1.0) -> None:
+    def set_retain_share(
+        self, share: float, owner_share: float = 1.0, owner_reserve: float = 0.0
+    ) -> None:
         """Of the fast tier's bytes (`TierConfig.retain_share` until set)."""
-        check_shares(share, owner_share)
+        check_shares(share, owner_share, owner_reserve)
         with self._lock:
             self._placement.retained.max_bytes = int(share * self.config.fast_bytes)
             self._placement.retained.owner_share = owner_share
+            self._placement.retained.owner_reserve = owner_reserve
 
     def retention_stats(self) -> RetentionStats:
         at = self._placement

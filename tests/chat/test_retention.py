@@ -87,13 +87,13 @@ def store_of(ce: ChatEngine) -> MemorySegmentStore:
 
 def engine(
     tiny: LoadedModel, clock: Clock, capacity: int, retain: bool = True, share: float = 0.5,
-    min_gaps: int = 8, tenant_share: float = 1.0,
+    min_gaps: int = 8, tenant_share: float = 1.0, tenant_reserve: float | None = None,
 ) -> ChatEngine:  # fmt: skip
     """`tenant_share` 1 by default: these tests are of one tenant and the whole share."""
     store = MemorySegmentStore(capacity, clock=clock)
     eng = Engine(tiny, EngineConfig(kv_pages=256), store=store)
     config = RetentionConfig(default_s=30, max_s=600, pinned_share=share,
-                             tenant_share=tenant_share)  # fmt: skip
+                             tenant_share=tenant_share, tenant_reserve=tenant_reserve)  # fmt: skip
     kept = TurnRetention(eng, config, clock, GapLearner(config, min_gaps=min_gaps))
     return ChatEngine(eng, retention=kept if retain else None)
 
@@ -183,6 +183,36 @@ def test_one_tenant_cannot_fill_the_share_another_still_gets_pins(
     else:
         assert a_refused == 0 and stats.owner_refused == 0
         assert b.retention.refused_segments > 0
+
+
+@pytest.mark.parametrize("reserve", [0.25, 0.0])
+def test_a_third_tenant_gets_its_reservation_when_two_have_filled_the_share(
+    tiny: LoadedModel, reserve: float
+) -> None:
+    """A and B pause two conversations each, filling a share that holds two (each tenant's part
+    one); C's pause then gets its reservation (a quarter of the share) by ending A's and B's
+    pins beyond theirs, and A and B keep theirs. The reference, without reservations: C gets
+    nothing until their pins expire."""
+    clock = Clock()
+    one = conversation_bytes(tiny)
+    ce = engine(tiny, clock, 4 * one + 1, share=0.5, tenant_share=0.5, tenant_reserve=reserve)
+    store = store_of(ce)
+    for tenant, names in (("A", "AD"), ("B", "BE")):
+        for name in names:
+            turn(ce, opening(name), tool_call=True, tenant=tenant)
+    full = store.retention_stats()
+    assert full.pinned_bytes > 0.8 * full.max_bytes and full.preempted == 0
+    c = turn(ce, opening("C"), tool_call=True, tenant="C")
+    assert c.retention is not None
+    stats, table = store.retention_stats(), store.retained
+    if reserve > 0:
+        assert c.retention.pinned_segments > 0 and stats.preempted > 0
+        assert table.owner_bytes("C", clock()) <= table.owner_reserve_bytes
+        for tenant in "AB":
+            assert table.owner_bytes(tenant, clock()) >= table.owner_reserve_bytes
+        assert stats.pinned_bytes <= stats.max_bytes
+    else:
+        assert c.retention.pinned_segments == 0 and stats.preempted == 0
 
 
 def test_retained_bytes_stay_within_the_share(tiny: LoadedModel) -> None:

@@ -275,6 +275,26 @@ def test_pins_stay_within_the_share_and_a_tenants_part_and_release_unpins(
     assert not list(tmp_path.rglob("*.*")) and server.retention_stats().pinned_bytes == 0
 
 
+def test_a_pin_ended_for_another_tenants_reservation_loses_its_pin_file(
+    tmp_path: Path,
+) -> None:
+    """Tenant a holds the whole share (two entries); c, under its reservation of one, gets a
+    pin by ending a's soonest to expire: that entry's pin file goes, and another process's
+    scan may evict it; a's other pin holds."""
+    cids, entry, clock, server = _retaining(tmp_path, 4)
+    server.set_retain_share(0.5, owner_share=1.0, owner_reserve=0.5)
+    assert len(server.retain("m#1", "tok#1", ["c0"], 60.0, owner="a").pinned) == 1
+    a1 = server.retain("m#1", "tok#1", ["c1"], 30.0, owner="a")
+    assert len(a1.pinned) == 1
+    c = server.retain("m#1", "tok#1", ["c2"], 60.0, owner="c")
+    assert len(c.pinned) == 1 and len(c.preempted) == 1
+    assert server.retention_stats().preempted == 1
+    assert c.preempted == a1.pinned and len(list(tmp_path.rglob("*.pin"))) == 2
+    assert not Path(str(c.preempted[0])).with_suffix(".pin").exists()
+    worker = FolderSegmentStore(tmp_path, 0, folder_bytes=5 * entry // 2, clock=clock)
+    assert _held(worker, cids) == ["c0", "c2"]  # c1's pin ended: evicted with the unpinned
+
+
 @pytest.mark.parametrize("planted", ["soon", "inf", "nan", "", "link"])
 def test_a_pin_file_that_does_not_parse_protects_nothing(tmp_path: Path, planted: str) -> None:
     cids = ["c0", "c1"]

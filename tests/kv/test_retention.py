@@ -105,6 +105,38 @@ def test_an_owner_holds_at_most_its_part_of_the_cap_and_another_still_pins() -> 
     assert table.pin([("a3", 10)], seconds=10, now=10, owner="A").pinned == ("a3",)  # a2 expired
 
 
+def test_an_owner_under_its_reservation_ends_pins_beyond_the_others_reservations() -> None:
+    """A full table: B (nothing pinned, a reservation of 25 bytes) gets room by ending A's
+    pins beyond A's own 25, soonest to expire first; never A's reservation, never for a pin
+    beyond B's; and nothing is ended when that would not make room. The reference without
+    reservations refuses B."""
+    for reserve in (0.25, 0.0):
+        table = PinTable(max_bytes=100, owner_share=1.0, owner_reserve=reserve)
+        table.pin([("a1", 20), ("a2", 20)], seconds=30, now=0, owner="A")
+        table.pin([("a3", 20), ("a4", 20), ("a5", 20)], seconds=10, now=0, owner="A")
+        got = table.pin([("b1", 15)], seconds=60, now=1, owner="B")
+        if reserve == 0.0:
+            assert got.pinned == () and got.refused == ("b1",) and got.preempted == ()
+            continue
+        assert got.pinned == ("b1",) and got.preempted == ("a3",)  # expires first (t=10)
+        assert not table.is_pinned("a3", now=2) and table.is_pinned("a1", now=2)
+        # B's second pin takes it to 30 > its 25: beyond its reservation, no preemption
+        got = table.pin([("b2", 15)], seconds=60, now=1, owner="B")
+        assert got.refused == ("b2",) and got.preempted == ()
+        # C and D within theirs: each ends one more of A's (95 + 25 and 100 + 20 bytes)
+        got = table.pin([("c1", 25)], seconds=60, now=1, owner="C")
+        assert got.pinned == ("c1",) and got.preempted == ("a4",)
+        got = table.pin([("d1", 20)], seconds=60, now=1, owner="D")
+        assert got.pinned == ("d1",) and got.preempted == ("a5",)
+        # E: A holds 40, and ending 20 more would take it under its 25; B, C and D are
+        # within theirs: refused, nothing ended
+        got = table.pin([("e1", 20)], seconds=60, now=1, owner="E")
+        assert got.refused == ("e1",) and got.preempted == ()
+        assert table.owner_bytes("A", now=2) == 40 >= table.owner_reserve_bytes
+        assert table.pinned_bytes(now=2) == 100
+        assert table.stats(now=2).preempted == 3 == table.preempted
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0
@@ -267,3 +299,32 @@ def test_contract_one_owner_holds_at_most_its_part_and_another_still_pins(
     assert len(got.pinned) == 1 and got.owner_refused == ()
     with pytest.raises(ValueError, match="owner_share"):
         s.set_retain_share(0.5, owner_share=0.0)
+
+
+def test_contract_an_owner_under_its_reservation_ends_pins_beyond_anothers(
+    retaining: tuple[Any, Clock],
+) -> None:
+    """A fills the whole share; B, under its reservation, gets a pin by ending A's soonest to
+    expire; that entry is then evictable, A's other pins are not."""
+    s, _ = retaining
+    s.set_retain_share(1.0)
+    share = min(1.0, (2 * ENTRY + 1) / s.retention_stats().max_bytes)  # two entries' worth
+    s.set_retain_share(share, owner_share=1.0, owner_reserve=0.5)  # an entry each
+    cap = s.retention_stats().max_bytes
+    assert s.put_content(cid(0, "b"), entry(0.0))  # stored before A's pins fill the share
+    n = 0
+    while s.retention_stats().pinned_bytes + ENTRY <= cap:
+        s.put_content(cid(n, "a"), entry(float(n)))
+        assert s.retain(M, T, [cid(n, "a")], seconds=60 - n, owner="A").pinned
+        n += 1
+    assert n >= 2
+    got = s.retain(M, T, [cid(0, "b")], seconds=60, owner="B")
+    assert len(got.pinned) == 1 and len(got.preempted) == 1  # A's last: the soonest expiry
+    assert s.retention_stats().preempted == 1 and s.retention_stats().pinned_bytes <= cap
+    s.release(M, T, [cid(0, "b")])
+    for k in range(100, 116):  # pressure: the ended pin's entry goes, A's others stay
+        s.put_content(cid(k), entry(float(k)))
+    assert s.lookup_content(M, T, cid(n - 1, "a")).miss is MissReason.EVICTED
+    assert all(s.lookup_content(M, T, cid(k, "a")).hit for k in range(n - 1))
+    with pytest.raises(ValueError, match="owner_reserve"):
+        s.set_retain_share(0.5, owner_share=0.5, owner_reserve=0.6)

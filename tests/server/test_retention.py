@@ -14,6 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from agentcache.cli import build_parser
+from agentcache.errors import ConfigError
 from agentcache.model.loading import LoadedModel
 from agentcache.runtime.engine import Engine, EngineConfig
 from agentcache.server import ServerConfig, create_app
@@ -223,6 +224,25 @@ def test_the_retention_flags_reach_the_config(capsys: pytest.CaptureFixture[str]
         assert "--retention-tenant-share" in why
         assert "above 0 and at most 1" in why or "a number from 0 to 1" in why
     assert "--retention-default" in usage_error(["serve", "--retention-default", "-1"], capsys)
+
+
+def test_the_tenant_reservation_flag_reaches_the_config_and_is_checked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parse = build_parser().parse_args
+    assert server_config(parse(["serve"]), "m").retention.reserve == 0.25  # a quarter each
+    low = ["serve", "--retention-tenant-share", "0.1"]  # the default follows a lower part
+    assert server_config(parse(low), "m").retention.reserve == 0.1
+    argv = ["serve", "--retention-tenant-reserve", "0"]
+    assert server_config(parse(argv), "m").retention.reserve == 0.0
+    over = ["serve", "--retention-tenant-share", "0.3", "--retention-tenant-reserve", "0.4"]
+    with pytest.raises(ConfigError, match=r"--retention-tenant-reserve 0\.4 exceeds"):
+        server_config(parse(over), "m")
+    for bad in ("-0.1", "1.5", "most"):
+        why = usage_error(["serve", "--retention-tenant-reserve", bad], capsys)
+        assert "--retention-tenant-reserve" in why
+    with pytest.raises(ValueError, match="tenant_reserve"):
+        ServerConfig(MODEL, retention_tenant_share=0.3, retention_tenant_reserve=0.5)
 
 
 # ---- a tool-call turn kept across its pause, through the HTTP API ----

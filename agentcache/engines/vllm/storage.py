@@ -198,6 +198,8 @@ class FolderSegmentStore(SegmentStore, RetainingStore):
                 absent.append(path)
         with self._lock:
             got = self.retained.pin(sizes, seconds, self.clock(), owner)
+            for key in got.preempted:  # ended for another tenant's reservation
+                Path(str(key)).with_suffix(".pin").unlink(missing_ok=True)
             for key in got.pinned:
                 path = Path(str(key))
                 until = max(got.until, _pinned_until(path) or 0.0)
@@ -211,12 +213,15 @@ class FolderSegmentStore(SegmentStore, RetainingStore):
             for path in paths:
                 path.with_suffix(".pin").unlink(missing_ok=True)
 
-    def set_retain_share(self, share: float, owner_share: float = 1.0) -> None:
-        check_shares(share, owner_share)
+    def set_retain_share(
+        self, share: float, owner_share: float = 1.0, owner_reserve: float = 0.0
+    ) -> None:
+        check_shares(share, owner_share, owner_reserve)
         bound = sys.maxsize if self.folder_bytes is None else int(share * self.folder_bytes)
         with self._lock:
             self.retained.max_bytes = bound if share > 0 else 0
             self.retained.owner_share = owner_share
+            self.retained.owner_reserve = owner_reserve
 
     def retention_stats(self) -> RetentionStats:
         with self._lock:
