@@ -38,16 +38,19 @@ HISTORY = (
 LONGER = "memory v2, now much longer: " * 4
 
 
-def prompt(memory: str, body: list[str], question: str) -> SegmentedPrompt:
-    """`body` names history texts: h0-h2 or ok (the repeated one); segment ids are unique."""
+def prompt(
+    memory: str, body: list[str], question: str, scope: str | None = None
+) -> SegmentedPrompt:
+    """`body` names history texts: h0-h2 or ok (the repeated one); segment ids are unique;
+    `scope` keeps every segment private to it (a tenant's)."""
     segments = [
-        Segment(K.SYSTEM, "You are a careful agent. " * 4, "sys", "system"),
-        Segment(K.UPDATE, memory, "memory", "user"),
+        Segment(K.SYSTEM, "You are a careful agent. " * 4, "sys", "system", scope),
+        Segment(K.UPDATE, memory, "memory", "user", scope),
     ]
     for i, name in enumerate(body):
         text = OK if name == "ok" else HISTORY[int(name[1:])]
-        segments.append(Segment(K.FIXED, text, f"{name}-{i}", "tool"))
-    return SegmentedPrompt([*segments, Segment(K.UPDATE, question, "q", "user")])
+        segments.append(Segment(K.FIXED, text, f"{name}-{i}", "tool", scope))
+    return SegmentedPrompt([*segments, Segment(K.UPDATE, question, "q", "user", scope)])
 
 
 def hits(e: Engine, p: SegmentedPrompt, context_copies: bool = True) -> dict[str, SegmentHit]:
@@ -89,6 +92,15 @@ def test_an_exact_turn_with_a_repeated_text_computes_what_prefix_computes(
     assert (out["rpdc"].first_token_logits - ref.first_token_logits).abs().max().item() <= 1e-4
     # before, the second ok was found not exact here and computed: more than prefix computed
     assert out["rpdc"].stats.computed_tokens <= out["prefix"].stats.computed_tokens
+
+
+def test_a_repeated_texts_copies_stay_in_their_scope(tiny: LoadedModel) -> None:
+    """The copies are keyed with the segment's scope: another tenant with the same prompt
+    finds none of them, not even the repeated text's."""
+    e = Engine(tiny)
+    e.generate(prompt("memory v1", APPEND, "q1", scope="tenant-a"), PARAMS, strategy="epic")
+    assert hits(e, prompt("memory v1", APPEND, "q2", scope="tenant-a"))["ok-3"].copy
+    assert hits(e, prompt("memory v1", APPEND, "q2", scope="tenant-b")) == {}
 
 
 EDITED = ["h0", "h1", "ok", "h2", "ok"]
