@@ -348,3 +348,26 @@ def test_one_tenant_fills_only_its_part_of_the_share_over_http(tiny: LoadedModel
     assert a[0]["tenant_refused_segments"] == 0 and refused > 0
     assert metric(text, 'agentcache_retained{kind="refused_tenant"}') == refused
     assert b["pinned_segments"] > 0 and b["refused_segments"] == 0
+    assert metric(text, 'agentcache_retained{kind="preempted"}') == 0  # room without it
+
+
+def test_a_third_tenant_gets_its_reservation_over_http(tiny: LoadedModel) -> None:
+    """Tenants A and B fill a share that holds two conversations (each its part, one); C's
+    pause still gets pins (its reservation, a quarter) by ending A's and B's beyond theirs,
+    counted in /metrics only: A's and B's reports of their own turns are what they were."""
+    one = one_conversation(tiny)
+    keys = ("key-a", "key-b", "key-c")
+    app = tool_app(tiny, 4 * one + 1, retention_share=0.5, retention_tenant_share=0.5,
+                   api_key_digests=frozenset(map(key_digest, keys)))  # fmt: skip
+    with TestClient(app) as c:
+        auth = [{"Authorization": f"Bearer {k}"} for k in keys]
+        a = call_ls(c, "A", auth[0])["agentcache"]["cache_control"]
+        b = call_ls(c, "B", auth[1])["agentcache"]["cache_control"]
+        before = c.get("/metrics", headers=auth[0]).text
+        third = call_ls(c, "C", auth[2])["agentcache"]["cache_control"]
+        text = c.get("/metrics", headers=auth[0]).text
+    assert a["pinned_segments"] > 0 and b["pinned_segments"] > 0
+    assert metric(before, 'agentcache_retained{kind="preempted"}') == 0
+    assert third["pinned_segments"] > 0 and third["enforced"]
+    assert metric(text, 'agentcache_retained{kind="preempted"}') > 0
+    assert "preempted" not in str(third)  # another tenant's pins are not named to C
