@@ -256,6 +256,9 @@ server() {
   # each step to a default and a --strategy prefix server in one run
   $py benchmarks/server/append.py --conversations 4 --steps 6 --max-tokens 128 --no-full \
     --out docs/bench/server/append-only-copies
+  # the same at the commit that stores repeated texts at each place (docs/benchmarks.md)
+  $py benchmarks/server/append.py --conversations 4 --steps 6 --max-tokens 128 --no-full \
+    --out docs/bench/server/append-only-repeats
   # docs/server.md "Under load" (about 100 minutes): first one request at a time at the engine
   export AGENTCACHE_NUM_THREADS=1
   $py benchmarks/server/load.py --clients 8 --duration 60 --model tiny --max-active 1 \
