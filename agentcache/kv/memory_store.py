@@ -153,9 +153,7 @@ class MemorySegmentStore(SegmentStore, RetainingStore):
     ) -> None:
         check_shares(share, owner_share, owner_reserve)
         with self._lock:
-            self.retained.max_bytes = int(share * self.capacity_bytes)
-            self.retained.owner_share = owner_share
-            self.retained.owner_reserve = owner_reserve
+            self.retained.bound(int(share * self.capacity_bytes), owner_share, owner_reserve)
 
     def retention_stats(self) -> RetentionStats:
         with self._lock:

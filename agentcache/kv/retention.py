@@ -190,6 +190,12 @@ class PinTable:
         self.owner_refused = 0  # of those, for the owner's share
         self.preempted = 0  # pins ended early for another owner's reservation
 
+    def bound(self, max_bytes: int, owner_share: float, owner_reserve: float) -> None:
+        """Set the table's cap and an owner's part and reservation of it (checked by the
+        caller: `check_shares`); pins above a lowered cap stay until they expire."""
+        self.max_bytes, self.owner_share = max_bytes, owner_share
+        self.owner_reserve = owner_reserve
+
     @property
     def owner_max_bytes(self) -> int:
         return int(self.owner_share * self.max_bytes)
@@ -216,7 +222,7 @@ class PinTable:
             over_mine = owner is not None and mine + max(grow_mine, 0) > self.owner_max_bytes
             reserved = mine + max(grow_mine, 0) <= self.owner_reserve_bytes
             if over_table and not over_mine and reserved and held is None:
-                ended = self._preempt(total + grow - self.max_bytes, owner, now)
+                ended = self._preempt(total + grow - self.max_bytes, owner)
                 preempted += ended
                 total -= sum(b for _, b in ended)
                 over_table = total + grow > self.max_bytes
@@ -236,10 +242,10 @@ class PinTable:
             tuple(k for k, _ in preempted),
         )  # fmt: skip
 
-    def _preempt(self, need: int, owner: Hashable, now: float) -> list[tuple[Hashable, int]]:
-        """End other owners' pins, soonest to expire first, each only while its owner keeps
-        its reservation, until `need` bytes are free; none when they cannot free that many.
-        Returns the (key, bytes) ended."""
+    def _preempt(self, need: int, owner: Hashable) -> list[tuple[Hashable, int]]:
+        """End other owners' pins (all live: `pin` expired the rest first), soonest to expire
+        first, each only while its owner keeps its reservation, until `need` bytes are free;
+        none when they cannot free that many. Returns the (key, bytes) ended."""
         held: dict[Hashable, int] = {}
         for b, _, o in self._pins.values():
             held[o] = held.get(o, 0) + b

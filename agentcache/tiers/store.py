@@ -150,9 +150,8 @@ class TieredSegmentStore(SegmentStore, RetainingStore):
         """Of the fast tier's bytes (`TierConfig.retain_share` until set)."""
         check_shares(share, owner_share, owner_reserve)
         with self._lock:
-            self._placement.retained.max_bytes = int(share * self.config.fast_bytes)
-            self._placement.retained.owner_share = owner_share
-            self._placement.retained.owner_reserve = owner_reserve
+            fast = int(share * self.config.fast_bytes)
+            self._placement.retained.bound(fast, owner_share, owner_reserve)
 
     def retention_stats(self) -> RetentionStats:
         at = self._placement

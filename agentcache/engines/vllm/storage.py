@@ -219,9 +219,7 @@ class FolderSegmentStore(SegmentStore, RetainingStore):
         check_shares(share, owner_share, owner_reserve)
         bound = sys.maxsize if self.folder_bytes is None else int(share * self.folder_bytes)
         with self._lock:
-            self.retained.max_bytes = bound if share > 0 else 0
-            self.retained.owner_share = owner_share
-            self.retained.owner_reserve = owner_reserve
+            self.retained.bound(bound if share > 0 else 0, owner_share, owner_reserve)
 
     def retention_stats(self) -> RetentionStats:
         with self._lock:
