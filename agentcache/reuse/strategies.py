@@ -71,6 +71,6 @@ class RPDC(SelectiveRecompute):
 
     name = "rpdc"
     defaults = SelectiveOptions(
-        probe_layers=10, probe_window=128, extra=0.2, cover=1.5, exact_prefix=True,
-        selection="attention",
+        probe_layers=10, probe_window=128, extra=0.2, cover=1.5, cover_min=256,
+        exact_prefix=True, selection="attention",
     )  # fmt: skip

@@ -157,21 +157,27 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("workloads", nargs="+", type=Path)
     p.add_argument("--out", type=Path, required=True, help="folder for plans.md, plans.json")
+    p.add_argument("--split", choices=("tune", "validate"), default="tune",
+                   help="which half of each workload to replay (default: tune)")  # fmt: skip
+    p.add_argument("--floor", default=SPECS["floor"],
+                   help=f"the spec with a floor (default: {SPECS['floor']})")  # fmt: skip
     p.add_argument("--probe-runs", type=Path, nargs="*", default=[],
                    help="stored tuning runs of full, prefix and rpdc without cover")  # fmt: skip
     args = p.parse_args()
     torch.set_num_threads(1)
+    SPECS["floor"] = args.floor
     model = planning_model()
     summaries, every = [], []
     for path in args.workloads:
-        sessions = [s for s in load_workload(path).sessions if s.split == "tune"]
+        sessions = [s for s in load_workload(path).sessions if s.split == args.split]
         rows = [r for s in sessions for r in run_session(model, s)]
         every += rows
         summaries.append(summary(path.stem, rows))
         print(table(summaries[-1:]).splitlines()[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     specs = ", ".join(f"{k} = `{v}`" for k, v in SPECS.items())
-    text = f"# `cover_min`: plans with and without the floor, tuning sessions\n\n{specs}\n\n"
+    half = {"tune": "tuning", "validate": "validation"}[args.split]
+    text = f"# `cover_min`: plans with and without the floor, {half} sessions\n\n{specs}\n\n"
     extra = overhead_lines(args.probe_runs) if args.probe_runs else []
     (args.out / "plans.md").write_text(text + "\n".join([table(summaries), *extra]) + "\n")
     (args.out / "plans.json").write_text(json.dumps({"summaries": summaries, "turns": every}))

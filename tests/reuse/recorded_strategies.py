@@ -9,7 +9,9 @@ composed around it. The `rpdc` entries were written again when its default gaine
 counts were written again when an update's opening shared with a segment stored after the same
 context (its head) became found: reused and recomputed counts only, every id and finish reason
 unchanged. The `plan` entries were written again when the planner began to count those heads
-in its plans' costs (it now takes `exact` where it took `prefix`): counts only, as above.
+in its plans' costs (it now takes `exact` where it took `prefix`): counts only, as above. The
+`rpdc` counts were written again when its default gained `cover_min=256` (its third turn's 41
+moved tokens now all computed: counts only, every id and finish reason unchanged).
 
 Layout per turn: [system][memory: update, its length changes][history: fixed, shifted][user],
 the shape where position-independent reuse differs from prefix reuse.

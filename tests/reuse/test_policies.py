@@ -30,10 +30,11 @@ from tests.reuse.test_contract import agent_prompt
 @pytest.mark.parametrize(
     ("text", "budget"),
     [
-        ("rpdc", Covered(PerComputedToken(0.2), 1.5, 0)),
+        ("rpdc", Covered(PerComputedToken(0.2), 1.5, 256)),
         ("rpdc:cover=0", PerComputedToken(0.2)),  # no cover rule: no default floor either
         ("rpdc:cover=2", Covered(PerComputedToken(0.2), 2.0, 0)),
         ("rpdc:cover_min=50", Covered(PerComputedToken(0.2), 1.5, 50)),
+        ("rpdc:cover=1.5", Covered(PerComputedToken(0.2), 1.5, 0)),  # the rule without its floor
         ("rpdc:cover=0:cover_min=64", Covered(PerComputedToken(0.2), 0.0, 64)),
         ("pic:selection=offset:cover_min=8", Covered(RatioOfReused(0.0), 0.0, 8)),
         ("rpdc:ratio=0.3", RatioOfReused(0.3)),
@@ -44,7 +45,7 @@ from tests.reuse.test_contract import agent_prompt
         ("rpdc:ratio=0.3:cover=1", Covered(RatioOfReused(0.3), 1.0, 0)),
         ("rpdc:extra=0.5", PerComputedToken(0.5)),  # a budget given replaces cover too
         ("rpdc:extra=0.5:cover=2", Covered(PerComputedToken(0.5), 2.0, 0)),
-        ("rpdc:min_ratio=0.25", Covered(AtLeastRatio(PerComputedToken(0.2), 0.25), 1.5, 0)),
+        ("rpdc:min_ratio=0.25", Covered(AtLeastRatio(PerComputedToken(0.2), 0.25), 1.5, 256)),
         ("rpdc:per_chunk=8:min_ratio=0.1", AtLeastRatio(EpicCount(8), 0.1)),
     ],
 )
