@@ -64,8 +64,14 @@ class RPDC(SelectiveRecompute):
     cache. The value is the smallest that brought greedy agreement to 0.9 on every agent
     family's tuning sessions (docs/benchmarks.md); `cover=0` is the default before it.
 
-    `cover_min=n` (not set here) adds a floor: a turn with at most n such tokens computes
-    them all, however few it computes anyway (docs/benchmarks.md, "Cover's floor").
+    `cover_min=256` is its floor: a turn with at most 256 such tokens computes them all,
+    however few it computes anyway. A turn that appends a short message after a short moved
+    span (a cleared tool result, a compaction, a repeated tool output) would otherwise rank a
+    handful of tokens at a probe's cost and pass approximate K/V on to every later turn; the
+    agent families' ranked turns have hundreds of candidates and are untouched
+    (docs/benchmarks.md, "Cover's floor" and "The default gains `cover_min=256`"). A spec
+    that sets `cover` or a budget without `cover_min` has no floor: `rpdc:cover=1.5` is the
+    default before it.
     `min_ratio=m` (not set here) ranks at least ceil(m x candidates) of them however few
     tokens the turn computes anyway (docs/benchmarks.md, "A floor in the stale tokens")."""
 

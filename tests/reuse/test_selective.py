@@ -10,6 +10,8 @@ import torch
 from agentcache.bench.reuse.metrics import kl
 from agentcache.errors import ConfigError
 from agentcache.model.loading import LoadedModel
+from agentcache.prompt.segments import Segment, SegmentedPrompt
+from agentcache.prompt.segments import SegmentKind as K
 from agentcache.reuse.base import PrefillResult, ReuseStats
 from agentcache.reuse.config import SelectiveOptions
 from agentcache.reuse.ranking.probs import attention_probs, attention_probs_reference
@@ -269,6 +271,41 @@ def test_cover_min_makes_a_turn_with_few_candidates_exact(tiny: LoadedModel) -> 
     seq.free()
     torch.testing.assert_close(at.logits, full.logits, rtol=1e-4, atol=1e-4)
     assert not torch.allclose(ranked.logits, full.logits, rtol=1e-4, atol=1e-4)
+
+
+def test_the_default_floor_makes_exact_a_turn_cover_alone_would_rank(tiny: LoadedModel) -> None:
+    """The default is `cover=1.5` with `cover_min=256`: a turn whose candidates are more than
+    1.5 per token computed anyway, but at most 256, is ranked by the rule without its floor
+    (`rpdc:cover=1.5`, the previous default) and computed whole by the default, which then
+    gives full recompute's logits."""
+
+    def prompt(update: str) -> SegmentedPrompt:  # a short history after a short update
+        return SegmentedPrompt([
+            Segment(K.SYSTEM, "You are a careful agent. " * 4, "sys", "system"),
+            Segment(K.UPDATE, update, "memory", "user"),
+            Segment(K.FIXED, "Earlier the user asked about trains to Lyon. " * 2, "h1", "user"),
+            Segment(K.UPDATE, "Answer:", "obs", "user"),
+        ])  # fmt: skip
+
+    def turn(**options: object) -> PrefillResult:
+        engine = Engine(tiny, EngineConfig(strategy="rpdc", strategy_options={"rpdc": options}))
+        engine.generate(prompt("memory v1"), ONE)
+        seq, pre = engine.prefill(engine.tokenize(prompt("memory v2, moved")))
+        seq.free()
+        return pre
+
+    without = turn(cover=1.5)
+    s = without.stats
+    assert 1.5 * s.computed_anyway < s.candidates <= 256
+    assert not s.probe_skipped and not s.exact_plan
+    default = turn()
+    assert default.stats.probe_skipped and default.stats.exact_plan
+    assert default.stats.recomputed_tokens == s.computed_anyway + s.candidates
+    engine = Engine(tiny)
+    seq, full = engine.prefill(engine.tokenize(prompt("memory v2, moved")), strategy="full")
+    seq.free()
+    torch.testing.assert_close(default.logits, full.logits, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(without.logits, full.logits, rtol=1e-4, atol=1e-4)
 
 
 def test_probe_redo_shortcut_never_costs_more_than_the_probe(tiny: LoadedModel) -> None:
