@@ -5,6 +5,7 @@ a results file records of itself (its `provenance`, or the older top-level `comm
 `sessions`, `machine`) comes first, and the index adds only what the file does not record:
 
     default = "rpdc:cover=1.5:..."    # today's default strategy, resolved (tests tie it to code)
+    previous = ["rpdc:..."]           # the defaults before it, resolved, newest first
 
     [runs."docs/bench/validate-memgpt/results.json"]  # (a file with a `provenance` record
                                       # needs no entry; one may still add `what`, `regenerate`)
@@ -21,6 +22,7 @@ than its trace shows:
 | the sentence says            | the figure must have read                                    |
 |------------------------------|--------------------------------------------------------------|
 | "default"                    | a label whose resolved spec is today's default               |
+| "previous default"           | a label whose resolved spec is one of `previous`             |
 | "validation" / "tuning"      | runs of that split only                                      |
 | (anything, README.md)        | validation runs, and only today's default or exact baselines |
 | (a ratio paired across runs) | "separate runs" (or processes)                               |
@@ -44,6 +46,7 @@ from figure_query import Trace
 RUNS = "docs/bench/runs.toml"
 BASELINES = frozenset({"full", "prefix", "transformers-prefix"})  # exact: nothing to resolve
 DEFAULT = re.compile(r"\bdefault\b", re.IGNORECASE)
+PREVIOUS = re.compile(r"\b(previous|earlier) defaults?\b", re.IGNORECASE)
 SPLITS = {"validate": re.compile(r"\bvalidation\b"), "tune": re.compile(r"\btuning\b")}
 ACROSS = re.compile(r"separate (runs?|process(es)?)|across runs|one after (the )?other", re.I)
 OF_MEDIANS = re.compile(r"ratio of (the |two )?medians", re.IGNORECASE)
@@ -81,6 +84,7 @@ class Run:
 class Index:
     default: str  # today's default strategy, resolved
     runs: dict[str, Run]
+    previous: tuple[str, ...] = ()  # the defaults before it, resolved
 
 
 RUN_KEYS = {"what", "stored", "within_run", "specs", "regenerate", "split", "sessions",
@@ -99,7 +103,7 @@ def load_index(root: Path, path: str = RUNS) -> Index:
         own = recorded(stored)
         if name not in runs and "provenance" in own:  # a file that describes itself
             runs[name] = merged(name, {}, own)
-    return Index(raw["default"], runs)
+    return Index(raw["default"], runs, tuple(raw.get("previous", ())))
 
 
 def recorded(path: Path) -> dict[str, Any]:
@@ -166,9 +170,21 @@ def problems(sentence: str, trace: Trace, index: Index, doc: str, claim: bool = 
     out = [f"reads {f}, which {RUNS} does not list" for f in trace.files if _unlisted(f, index)]
     runs = [index.runs[f] for f in trace.files if f in index.runs]
     specs = {(f, label): _spec(index, f, label) for f, label in trace.labels}
-    if DEFAULT.search(sentence) and specs and index.default not in specs.values():
-        out.append(f"says 'default', but measured {_named(specs)}; today's default is "
-                   f"{index.default}")  # fmt: skip
+    said = {
+        "previous default": set(index.previous) if PREVIOUS.search(sentence) else set(),
+        "default": {index.default} if DEFAULT.search(PREVIOUS.sub("", sentence)) else set(),
+    }
+    if specs and any(said.values()) and not set().union(*said.values()) & set(specs.values()):
+        for word, allowed in said.items():  # a sentence naming both may read either
+            if allowed:
+                out.append(
+                    f"says '{word}', but measured {_named(specs)}; "
+                    + (
+                        f"today's default is {index.default}"
+                        if word == "default"
+                        else f"the previous defaults are {', '.join(index.previous)}"
+                    )
+                )
     named = [split for split, words in SPLITS.items() if words.search(sentence)]
     for split in named if len(named) == 1 else []:  # a sentence naming both contrasts them
         other = sorted({r.path for r in runs if r.split != split})

@@ -332,3 +332,26 @@ def test_the_index_names_where_a_moved_script_is_now(cf: ModuleType) -> None:
     assert index.moved("agentcache bench benchmarks/workloads/memgpt.jsonl") == ""
     for new in index.MOVED.values():
         assert (BENCHMARKS / new.removeprefix("benchmarks/")).is_file(), new
+
+
+def test_previous_default_names_only_an_earlier_default(cf: ModuleType, tmp_path: Path) -> None:
+    data = {"turns": turns({"rpdc": [40.0, 40.0], "full": [100.0, 100.0]})}
+    old = bench(tmp_path, "old", data, specs={"rpdc": BEFORE}, split="validate")
+    new = bench(tmp_path, "new", data, specs={"rpdc": TODAY}, split="validate")
+    other = bench(tmp_path, "other", data, specs={"rpdc": "rpdc:ratio=0.3"}, split="validate")
+    index = tmp_path / "docs" / "bench" / "runs.toml"
+    index.write_text(f'previous = ["{BEFORE}"]\n' + index.read_text())
+    page(tmp_path, "The previous default reaches its first token 2.50x sooner than full recompute.")
+
+    def case(r: str) -> list[str]:
+        fig = figure("token 2.50x sooner", "2.50", f"median(vs('{r}', 'rpdc', 'full'))")
+        return list(cf.check(manifest(tmp_path, fig), tmp_path))
+
+    assert case(old) == []
+    errors = case(new)  # today's default is not a previous one
+    assert len(errors) == 1 and "says 'previous default', but measured" in errors[0]
+    assert f"the previous defaults are {BEFORE}" in errors[0]
+    assert len(case(other)) == 1  # nor is a spec that was never the default
+    page(tmp_path, "The default and the previous default reach it 2.50x sooner than full.")
+    fig = figure("reach it 2.50x sooner", "2.50", f"median(vs('{new}', 'rpdc', 'full'))")
+    assert cf.check(manifest(tmp_path, fig), tmp_path) == []  # a sentence naming both
