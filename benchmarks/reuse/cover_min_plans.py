@@ -1,5 +1,5 @@
-"""How `cover_min` would change the default's plans: `rpdc` with and without a floor, replayed
-on the tuning sessions of workload files, compared turn by turn.
+"""How `cover_min` changes the default's plans: `rpdc` with and without a floor, replayed on the
+tuning (or, with `--split validate`, validation) sessions of workload files, turn by turn.
 
 A plan is decided before any layer runs, from the prompt's tokens and what the store holds
 (which segments are found, and whether their KV is exact here): not from the model's weights.
@@ -41,7 +41,8 @@ from agentcache.model.tokenizer import HFTokenizer
 from agentcache.runtime import Engine, EngineConfig
 from agentcache.workload.files import Session, load_workload
 
-SPECS = {"floor": "rpdc:cover_min=106", "no_floor": "rpdc"}
+# `rpdc:cover=1.5` is the default without its floor (`cover_min=256` joined it later)
+SPECS = {"floor": "rpdc:cover_min=106", "no_floor": "rpdc:cover=1.5"}
 
 
 def planning_model() -> LoadedModel:

@@ -124,6 +124,21 @@ wide_targets() {
     --workloads "${files[@]}" --out docs/bench/edits/wide/targets
 }
 
+# Today's default (`rpdc:cover_min=256` in these runs, whose `rpdc` is the previous default)
+# against the same targets, read off the same runs; chat-edit also off its later repeats run
+floor_targets() {
+  local f runs=() files=()
+  for f in sysprompt edit compact retry fork; do
+    runs+=("docs/bench/edits/wide/chat-$f")
+    files+=("benchmarks/workloads/chat-$f.jsonl")
+  done
+  $py benchmarks/reuse/targets.py "${runs[@]}" --vs-prefix 0.6 --no-peer-target \
+    --workloads "${files[@]}" --default rpdc:cover_min=256 --out docs/bench/edits/wide/targets-floor
+  $py benchmarks/reuse/targets.py docs/bench/edits/repeats/chat-edit --vs-prefix 0.6 \
+    --no-peer-target --workloads benchmarks/workloads/chat-edit.jsonl \
+    --default rpdc:cover_min=256 --out docs/bench/edits/repeats/targets-floor-chat-edit
+}
+
 # A text repeated in one prompt (every cleared tool result's placeholder; swe_agent-10's
 # "Observation: None") stored as its copy at each place (reuse/segments.py "Repeated texts"):
 # the two validation families that carry one, at the commit that stores them, one run each,
@@ -159,6 +174,7 @@ for what in "${@:-edit compact retry fork sysprompt targets}"; do
       wide-memory) wide_memory ;;
       repeats) repeats ;;
       repeats-targets) repeats_targets ;;
+      floor-targets) floor_targets ;;
       *) run "$w" ;;
     esac
   done

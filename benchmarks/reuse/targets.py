@@ -85,11 +85,13 @@ def family(
     results: dict[str, Any],
     vs_prefix_target: float = VS_PREFIX,
     vs_peer_target: float | None = VS_PEER,
+    default: str | None = None,
 ) -> dict[str, Any]:
     """The default's standing in one run against the speed targets given (no peer target:
-    None, and `met` leaves it out)."""
+    None, and `met` leaves it out). `default`: the label that measured today's default, where
+    the run's own default was another (a run from before the default changed)."""
     strategies = results["strategies"]
-    name = results["default_strategy"]
+    name = default or results["default_strategy"]
     d, prefix = strategies[name], strategies["prefix"]
     vs_prefix = vs_base(results, name, "prefix")
     vs_peer = d.get("ttft_ratio_vs_peer")
@@ -330,6 +332,8 @@ def main() -> None:
         metavar="JSONL",
         help="the runs' workload files: split warm turns by each turn's edit",
     )
+    p.add_argument("--default", default=None, metavar="LABEL",
+                   help="the runs' label for today's default (default: the run's own)")  # fmt: skip
     args = p.parse_args()
     kinds = None if args.workloads is None else turn_edits(args.workloads)
     peer_target = None if args.no_peer_target else args.vs_peer
@@ -339,7 +343,7 @@ def main() -> None:
         results = json.loads((run / "results.json").read_text())
         if results["split"] != "validate":
             raise SystemExit(f"{run}: split {results['split']!r}, not validation sessions")
-        fam = family(results, **targets)
+        fam = family(results, **targets, default=args.default)
         if kinds is not None:
             fam["by_edit"] = by_edit(results, kinds)
         families[", ".join(sorted(results["by_workload"]))] = fam

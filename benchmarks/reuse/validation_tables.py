@@ -58,12 +58,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("folders", nargs="+", type=Path)
     p.add_argument("--doc", default="docs/benchmarks.md")
+    p.add_argument("--heading", default="#### Validation: {family}",
+                   help="each table's heading, {family} the run's family")  # fmt: skip
     args = p.parse_args()
     tables, entries = [], []
     for folder in args.folders:
         results = json.loads((folder / "results.json").read_text())
         family = folder.name.removeprefix("validate-")
-        heading = f"#### Validation: {family}"
+        heading = args.heading.format(family=family)
         tables += [heading, "", table(results, results.get("default_strategy", "")), ""]
         entries.append(manifest_entry(args.doc, heading, folder))
     print("\n".join(tables))
