@@ -50,6 +50,17 @@ reuse() {
   # the default against its targets (docs/benchmarks.md "Against the targets")
   $py benchmarks/reuse/targets.py docs/bench/validate-{reflexion,memgpt,swe_agent,chat} \
     --cold docs/bench/cold --out docs/bench/targets
+  # today's default on the validation halves README quotes, two lanes side by side, then its
+  # cold turns and targets (docs/benchmarks.md "The default gains `cover_min=256`")
+  PYTHON=$py bash benchmarks/reuse/default_validate.sh a docs/bench/default &
+  PYTHON=$py bash benchmarks/reuse/default_validate.sh b docs/bench/default
+  wait
+  PYTHON=$py bash benchmarks/reuse/default_validate.sh cold docs/bench/default
+  # where the default's floor acts: plans only, every validation session (a few minutes)
+  $py benchmarks/reuse/cover_min_plans.py \
+    benchmarks/workloads/{memgpt,reflexion,swe_agent,chat,generated}.jsonl \
+    benchmarks/workloads/chat-{edit,sysprompt,compact,retry,fork}.jsonl \
+    --split validate --floor rpdc:cover_min=256 --out docs/bench/cover-min/validate
   # docs/templates.md: the templated workload, one session per shipped template (a few minutes)
   $ac bench benchmarks/workloads/templated.jsonl --strategies prefix,default \
     --max-turns 2 --new-tokens 4 --threads 1 --out docs/bench/templated
@@ -259,6 +270,9 @@ server() {
   # the same at the commit that stores repeated texts at each place (docs/benchmarks.md)
   $py benchmarks/server/append.py --conversations 4 --steps 6 --max-tokens 128 --no-full \
     --out docs/bench/server/append-only-repeats
+  # the same with today's default (cover_min=256; docs/benchmarks.md "The default gains")
+  $py benchmarks/server/append.py --conversations 4 --steps 6 --max-tokens 128 --no-full \
+    --out docs/bench/server/append-only-floor
   # docs/server.md "Under load" (about 100 minutes): first one request at a time at the engine
   export AGENTCACHE_NUM_THREADS=1
   $py benchmarks/server/load.py --clients 8 --duration 60 --model tiny --max-active 1 \

@@ -6,6 +6,11 @@
 #
 #   bash benchmarks/reuse/default_validate.sh a OUT & bash benchmarks/reuse/default_validate.sh b OUT
 #
+# and `cold`: the first turn of all 8 validation sessions of every family (n = 32), `full`,
+# `prefix` and the default, 4 new tokens each, then the targets read off the runs:
+#
+#   bash benchmarks/reuse/default_validate.sh cold OUT
+#
 # then copy OUT/* to docs/bench/default/ (the stored runs README.md and docs/benchmarks.md
 # quote, "The default on the validation halves").
 set -euo pipefail
@@ -33,5 +38,14 @@ case $lane in
     family chat chat-08,chat-09,chat-10,chat-11
     generated b generated-20,generated-21,generated-22,generated-23
     ;;
-  *) echo "lane: a or b" >&2; exit 2 ;;
+  cold)
+    sessions=$(for w in reflexion memgpt swe_agent chat; do for i in 08 09 10 11 12 13 14 15; do
+      printf "%s-%s," $w $i; done; done)
+    nice -n 5 $py -m agentcache bench benchmarks/workloads/{reflexion,memgpt,swe_agent,chat}.jsonl \
+      --split validate --sessions "${sessions%,}" --max-turns 1 --new-tokens 4 \
+      --strategies full,prefix,default --threads 1 --out "$out/cold"
+    $py benchmarks/reuse/targets.py "$out"/validate-{reflexion,memgpt,swe_agent,chat} \
+      --cold "$out/cold" --out "$out/targets"
+    ;;
+  *) echo "lane: a, b or cold" >&2; exit 2 ;;
 esac
