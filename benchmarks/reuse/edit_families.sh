@@ -114,26 +114,21 @@ wide_memory() {
     --sessions chat-sysprompt-04,chat-sysprompt-06 --threads 1 \
     --out docs/bench/edits/wide/sysprompt-minratio-validate
 }
-wide_targets() {
-  local f runs=() files=()
+wide_targets() {  # [OUT [targets.py arguments...]]
+  local out=${1:-docs/bench/edits/wide/targets} f runs=() files=()
+  shift || true
   for f in sysprompt edit compact retry fork; do
     runs+=("docs/bench/edits/wide/chat-$f")
     files+=("benchmarks/workloads/chat-$f.jsonl")
   done
   $py benchmarks/reuse/targets.py "${runs[@]}" --vs-prefix 0.6 --no-peer-target \
-    --workloads "${files[@]}" --out docs/bench/edits/wide/targets
+    --workloads "${files[@]}" "$@" --out "$out"
 }
 
 # Today's default (`rpdc:cover_min=256` in these runs, whose `rpdc` is the previous default)
 # against the same targets, read off the same runs; chat-edit also off its later repeats run
 floor_targets() {
-  local f runs=() files=()
-  for f in sysprompt edit compact retry fork; do
-    runs+=("docs/bench/edits/wide/chat-$f")
-    files+=("benchmarks/workloads/chat-$f.jsonl")
-  done
-  $py benchmarks/reuse/targets.py "${runs[@]}" --vs-prefix 0.6 --no-peer-target \
-    --workloads "${files[@]}" --default rpdc:cover_min=256 --out docs/bench/edits/wide/targets-floor
+  wide_targets docs/bench/edits/wide/targets-floor --default rpdc:cover_min=256
   $py benchmarks/reuse/targets.py docs/bench/edits/repeats/chat-edit --vs-prefix 0.6 \
     --no-peer-target --workloads benchmarks/workloads/chat-edit.jsonl \
     --default rpdc:cover_min=256 --out docs/bench/edits/repeats/targets-floor-chat-edit
