@@ -170,21 +170,15 @@ def problems(sentence: str, trace: Trace, index: Index, doc: str, claim: bool = 
     out = [f"reads {f}, which {RUNS} does not list" for f in trace.files if _unlisted(f, index)]
     runs = [index.runs[f] for f in trace.files if f in index.runs]
     specs = {(f, label): _spec(index, f, label) for f, label in trace.labels}
-    said = {
-        "previous default": set(index.previous) if PREVIOUS.search(sentence) else set(),
-        "default": {index.default} if DEFAULT.search(PREVIOUS.sub("", sentence)) else set(),
-    }
-    if specs and any(said.values()) and not set().union(*said.values()) & set(specs.values()):
-        for word, allowed in said.items():  # a sentence naming both may read either
-            if allowed:
-                out.append(
-                    f"says '{word}', but measured {_named(specs)}; "
-                    + (
-                        f"today's default is {index.default}"
-                        if word == "default"
-                        else f"the previous defaults are {', '.join(index.previous)}"
-                    )
-                )
+    said = []  # (the word, the specs it allows, what they are)
+    if PREVIOUS.search(sentence):
+        said.append(("previous default", set(index.previous),
+                     f"the previous defaults are {', '.join(index.previous)}"))  # fmt: skip
+    if DEFAULT.search(PREVIOUS.sub("", sentence)):
+        said.append(("default", {index.default}, f"today's default is {index.default}"))
+    allowed = set().union(*(specs for _, specs, _ in said))
+    if specs and said and not allowed & set(specs.values()):  # naming both, it may read either
+        out += [f"says '{word}', but measured {_named(specs)}; {what}" for word, _, what in said]
     named = [split for split, words in SPLITS.items() if words.search(sentence)]
     for split in named if len(named) == 1 else []:  # a sentence naming both contrasts them
         other = sorted({r.path for r in runs if r.split != split})

@@ -83,8 +83,8 @@ class SelectiveRecompute(PlanningStrategy):
             options = {**options, "extra": 0.0}  # a budget given replaces a default `extra`
         if {"ratio", "per_chunk", "extra"} & set(options) and "cover" not in options:
             options = {**options, "cover": 0.0}  # ... and a default `cover` with it
-        if {"ratio", "per_chunk", "extra", "cover"} & set(options) and "cover_min" not in options:
-            options = {**options, "cover_min": 0}  # a rule given states its own floor
+        if "cover" in options and "cover_min" not in options:
+            options = {**options, "cover_min": 0}  # a cover given (or dropped) states its floor
         self.options = replace(self.defaults, **options)
         self.ranker = self.options.ranker()
         self.plan = PLANS.get(self.options.plan)()

@@ -68,8 +68,10 @@ def engine_for(model: LoadedModel, spec: str) -> Engine:
     return Engine(model, config)
 
 
-def run_session(model: LoadedModel, session: Session) -> list[dict[str, Any]]:
-    engines = {label: engine_for(model, spec) for label, spec in SPECS.items()}
+def run_session(
+    model: LoadedModel, session: Session, specs: dict[str, str]
+) -> list[dict[str, Any]]:
+    engines = {label: engine_for(model, spec) for label, spec in specs.items()}
     rows = []
     for ti, turn in enumerate(session.turns):
         row: dict[str, Any] = {"session": session.name, "turn": ti}
@@ -166,19 +168,19 @@ def main() -> None:
                    help="stored tuning runs of full, prefix and rpdc without cover")  # fmt: skip
     args = p.parse_args()
     torch.set_num_threads(1)
-    SPECS["floor"] = args.floor
+    specs = {**SPECS, "floor": args.floor}
     model = planning_model()
     summaries, every = [], []
     for path in args.workloads:
         sessions = [s for s in load_workload(path).sessions if s.split == args.split]
-        rows = [r for s in sessions for r in run_session(model, s)]
+        rows = [r for s in sessions for r in run_session(model, s, specs)]
         every += rows
         summaries.append(summary(path.stem, rows))
         print(table(summaries[-1:]).splitlines()[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    specs = ", ".join(f"{k} = `{v}`" for k, v in SPECS.items())
+    named = ", ".join(f"{k} = `{v}`" for k, v in specs.items())
     half = {"tune": "tuning", "validate": "validation"}[args.split]
-    text = f"# `cover_min`: plans with and without the floor, {half} sessions\n\n{specs}\n\n"
+    text = f"# `cover_min`: plans with and without the floor, {half} sessions\n\n{named}\n\n"
     extra = overhead_lines(args.probe_runs) if args.probe_runs else []
     (args.out / "plans.md").write_text(text + "\n".join([table(summaries), *extra]) + "\n")
     (args.out / "plans.json").write_text(json.dumps({"summaries": summaries, "turns": every}))

@@ -12,7 +12,7 @@
 #   bash benchmarks/reuse/default_validate.sh cold OUT
 #
 # then copy OUT/* to docs/bench/default/ (the stored runs README.md and docs/benchmarks.md
-# quote, "The default on the validation halves").
+# quote, "The default gains `cover_min=256`").
 set -euo pipefail
 lane=$1
 out=$2
