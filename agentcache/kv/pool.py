@@ -281,7 +281,8 @@ class SequenceKV:
     def gather(self, layer: int, end: int | None = None) -> tuple[Tensor, Tensor]:
         """K/V of tokens [0, end) at `layer`: two (end, Hkv, Dh) tensors (copies)."""
         slots = self._slots if end is None else self._slots[:end]
-        return self.pool.keys[layer][slots], self.pool.values[layer][slots]
+        keys, values = self.pool.keys[layer], self.pool.values[layer]
+        return keys.index_select(0, slots), values.index_select(0, slots)  # keys[slots], faster
 
     def free(self) -> None:
         self.pool.release(self.table.pages)

@@ -1,20 +1,25 @@
-"""One decode step for many sequences: projections and MLPs as one batch, attention per
-sequence over its own pages, read in place (`decode.dense.paged_attention`).
+"""One decode step for many sequences: projections and MLPs batched, attention per sequence
+over its own pages, read in place (`decode.dense.paged_attention`).
 
-    rows      [seq 0][seq 1] ... [seq B-1][pad ... ]      B real rows, padded to a multiple of 4
+    rows      [seq 0][seq 1] ... [seq B-1][pad ... ]      B real rows, padded (`CallRule`)
     embed     (R, D)
     layer l   project (R, H, Dh) -> write row b's k/v at seq b's new slot
               attention row b over seq b's slot runs (its window's, on a windowed layer)
-              finish (R, D): o_proj + MLP of every row at once
+              finish (R, D): o_proj + MLP of every row
     logits    (B, V)
 
-Rows are padded to a multiple of `ROW_BLOCK` because this CPU build's matmul computes a row the
-same whatever rows sit beside it only then (`tests/runtime/test_batch_step.py` checks it on
-the model's shapes): a sequence's logits are then the same bits in any batch of two or more,
-and in a batch of itself alone (what a preempted turn's recompute replays). Padding rows
-attend nothing (their attention output is zero) and their logits are dropped. The scheduler
-feeds a turn that is alone in its step through the one-sequence step instead, which is faster
-(a one-row matmul reads the weights once, the padded one packs them).
+A CPU matmul picks its kernel, and so its summation order, by the row count and the threads,
+so a row's bits may change with the size of the call it is in. Decode rows therefore go
+through every matrix product in calls `call_rule` picks for this CPU: where a probe of the
+model's weights finds every multiple of 4 rows (up to 32) gives each row the same bits, rows
+are padded to a multiple of 4 and run in calls of up to 32; elsewhere every call carries
+exactly 16 rows, padded, and in a call of a fixed size a row's bits do not depend on the
+other rows or on its place among them (`tests/runtime/test_batch_step.py` checks it on the
+model's shapes, with 1 and 2 threads). A sequence's logits are then the same bits in any
+batch, and in a batch of itself alone (what a preempted turn's recompute replays). Padding
+rows attend nothing (their attention output is zero) and their logits are dropped. The
+scheduler feeds a turn that is alone in its step through the one-sequence step instead, which
+is faster (a one-row matmul reads the weights once).
 
 The reference is `decode.dense.dense_step`, one sequence at a time; the two agree to fp32
 rounding (a one-row matmul sums in another order).
@@ -28,10 +33,11 @@ on consecutive pages. That rule is a read plan (`TokenOrderReads`, `decode.dense
 `one_step` is `dense_step` over it: the same bits on a sequence in token order, tested.
 
 `fused_step` is the batched step with prefill chunks' rows beside the decode rows (the
-scheduler's chunked prefill, `runtime/chunked.py`): each part of the rows starts on and is
-padded to a multiple of `ROW_BLOCK`, so the decode rows keep the bits they get without the
-chunks, and a chunk gets the bits it gets with nothing beside it; attention stays per sequence.
-Its reference for the chunks is `reuse.base.compute_subset` (to fp32 rounding, tested).
+scheduler's chunked prefill, `runtime/chunked.py`): one pass through the layers for all of
+them, each chunk's rows through the matrix products in a call of their own, so the decode
+rows keep the bits they get without the chunks, and a chunk gets the bits it gets with
+nothing beside it; attention stays per sequence. Its reference for the chunks is
+`reuse.base.compute_subset` (to fp32 rounding, tested).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from agentcache.decode.base import StepRow
@@ -50,11 +57,74 @@ from agentcache.model.attention import attention
 from agentcache.model.llama import LlamaForward
 from agentcache.reuse.base import context_reader
 
-ROW_BLOCK = 4
+ROW_BLOCK = 4  # where one call may carry any multiple of 4 rows: decode rows padded to it
+ROW_CAP = 32  # ... up to this many rows per call (the sizes the probe checks)
+ROW_CHUNK = 16  # elsewhere: every call exactly this many rows
 
 
-def padded_rows(n: int) -> int:
-    return max(ROW_BLOCK, -(-n // ROW_BLOCK) * ROW_BLOCK)
+@dataclass(frozen=True)
+class CallRule:
+    """How a step's decode rows go through each matrix product: padded to a multiple of
+    `block`, in calls of `cap` rows and one of the rest. A row's bits are the same in every
+    call the rule makes, whatever rows sit beside it (`call_rule` picks a rule for which that
+    holds on this CPU and thread count)."""
+
+    block: int
+    cap: int
+
+    def calls(self, rows: int) -> list[int]:
+        """The call sizes that carry `rows` decode rows, padding included."""
+        padded = max(self.block, -(-rows // self.block) * self.block)
+        whole, rest = divmod(padded, self.cap)
+        return [self.cap] * whole + ([rest] if rest else [])
+
+
+ANY_MULTIPLE = CallRule(ROW_BLOCK, ROW_CAP)
+FIXED = CallRule(ROW_CHUNK, ROW_CHUNK)
+_RULES: dict[tuple[object, ...], CallRule] = {}
+
+
+def call_rule(forward: LlamaForward) -> CallRule:
+    """`ANY_MULTIPLE` where a probe of the forward's own weights finds each row of a matmul the
+    same bits in calls of every multiple of `ROW_BLOCK` rows up to `ROW_CAP` (the matmul picks
+    its kernel, and so its summation order, by the row count and the threads: some CPUs keep
+    rows apart across those sizes, others do not), else `FIXED`: in a call of one fixed size a
+    row's bits do not depend on the other rows or its place among them, on any CPU (tested).
+    Probed once per weight shapes and thread count."""
+    mats = _matrices(forward)
+    key = (tuple((w.shape, w.dtype, b is not None) for w, b in mats), torch.get_num_threads())
+    if key not in _RULES:
+        _RULES[key] = ANY_MULTIPLE if _rows_kept_apart(mats) else FIXED
+    return _RULES[key]
+
+
+def _matrices(forward: LlamaForward) -> list[tuple[Tensor, Tensor | None]]:
+    """Every distinct weight (and bias) shape a decode row goes through: one layer's (the
+    others repeat them) and the head."""
+    w = forward.weights.layers[0]
+    mats = [(w.wq, w.bq), (w.wk, w.bk), (w.wv, w.bv), (w.wo, None), (w.w_gate, None),
+            (w.w_up, None), (w.w_down, None), (forward.weights.lm_head, None)]  # fmt: skip
+    seen, out = set(), []
+    for m, bias in mats:
+        if (key := (m.shape, bias is not None)) not in seen:
+            seen.add(key)
+            out.append((m, bias))
+    return out
+
+
+def _rows_kept_apart(mats: list[tuple[Tensor, Tensor | None]]) -> bool:
+    """Whether rows 0..n-1 and the last n of a `ROW_CAP`-row matmul come out the same bits in a
+    call of their own n rows, for every multiple n of `ROW_BLOCK`, for each weight."""
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for w, bias in mats:
+            x = torch.randn(ROW_CAP, w.shape[1], generator=g).to(w.dtype)
+            full = F.linear(x, w, bias)
+            for n in range(ROW_BLOCK, ROW_CAP, ROW_BLOCK):
+                head, tail = F.linear(x[:n], w, bias), F.linear(x[-n:], w, bias)
+                if not (torch.equal(head, full[:n]) and torch.equal(tail, full[-n:])):
+                    return False
+    return True
 
 
 Read = tuple[int, int] | Tensor  # a run [start, end) of slots in token order, or slots to copy
@@ -89,8 +159,10 @@ def attend(q: Tensor, keys: Tensor, values: Tensor, read: Read, scale: float) ->
     if isinstance(read, tuple):
         return paged_attention(q, keys, values, [read], scale)
     n = read.shape[0]
-    k = keys[read].transpose(0, 1).contiguous().transpose(0, 1)  # (n, Hkv, Dh), head-major
-    v = values[read].transpose(0, 1).contiguous().transpose(0, 1)
+    # one index_select along a head's run of slots (the pool is stored head-major): the same
+    # copy as keys[read] made head-major, in about a sixth of the time
+    k = keys.transpose(0, 1).index_select(1, read).transpose(0, 1)  # (n, Hkv, Dh), head-major
+    v = values.transpose(0, 1).index_select(1, read).transpose(0, 1)
     return paged_attention(q, k, v, [(0, n)], scale)
 
 
@@ -176,11 +248,12 @@ def batched_step(
     the decode logits (B, V) and each chunk's logits after its last token (V,). Each chunk is
     of its own sequence, not one of the rows'. Every row is run to its `end`.
 
-        rows   [decode 0..B-1][pad][chunk 0][pad][chunk 1][pad]    each part a multiple of 4
+        rows   [decode 0..B-1][pad][chunk 0][chunk 1]    decode rows in `call_rule`'s calls
 
-    Each part starts at a multiple of `ROW_BLOCK` and is padded to one, so the decode rows get
-    the bits they get without the chunks, and a chunk's rows do not depend on what sits beside
-    them (the row invariance the batched step rests on). Attention stays per sequence: a
+    The decode rows go through each matrix product in the calls of `call_rule` and each chunk
+    in a call of its own, so the decode rows get the bits they get without the chunks, in any
+    company and order, and a chunk's rows the bits they get with nothing beside them (the row
+    invariance the batched step rests on). Attention stays per sequence: a
     decode row's is its own (`StepRow.attend`: a dense row over its sequence's reads, a sparse
     row over the pages its decoder selects), a chunk's rows over its sequence's K/V in token
     order under the causal mask (`model.attention.attention` with the rows' indices, the
@@ -189,30 +262,33 @@ def batched_step(
     f, b = forward, len(rows)
     if not b and not chunks:
         raise ValueError("a fused step needs a decode row or a chunk")
-    starts, width = [], padded_rows(b) if b else 0
+    parts: list[tuple[int, int]] = []  # [start, end) of the rows of each matmul call
+    width = 0
+    for n in call_rule(f).calls(b) if b else ():
+        parts.append((width, width + n))
+        width += n
+    decode_width = width
     ids = [*(r.token for r in rows), *[0] * (width - b)]
     pos = [*(r.position for r in rows), *[0] * (width - b)]
+    starts = []
     for c in chunks:
         n = len(c.ids)
         if not n or len(c.index) != n:
             raise ValueError(f"a chunk needs one index per token, got {n} and {len(c.index)}")
         starts.append(width)
-        pad = padded_rows(n) - n
-        ids += [*c.ids.tolist(), *[0] * pad]
-        pos += [*c.index.tolist(), *[0] * pad]
-        width += n + pad
+        parts.append((width, width + n))
+        ids += c.ids.tolist()
+        pos += c.index.tolist()
+        width += n
     hidden = f.embed(torch.tensor(ids))
-    real = torch.zeros(width, dtype=torch.bool)
-    real[:b] = True
-    for c, s in zip(chunks, starts, strict=True):
-        real[s : s + len(c.ids)] = True
-    hidden[~real] = 0.0  # padding rows: zero in, attention zero, logits dropped
+    hidden[b:decode_width] = 0.0  # padding rows: zero in, attention zero, logits dropped
     position = torch.tensor(pos)
     chunk_slots = [c.seq.slots()[c.index] for c in chunks]
     contexts = [context_reader(c.seq) for c in chunks]
     attn = torch.zeros(width, f.config.num_heads * f.config.head_dim, dtype=hidden.dtype)
     for layer in range(f.config.num_layers):
-        q, k, v = f.project(layer, hidden, position)
+        projected = [f.project(layer, hidden[s:e], position[s:e]) for s, e in parts]
+        q, k, v = (_cat([p[i] for p in projected]) for i in range(3))
         for c, s, cs in zip(chunks, starts, chunk_slots, strict=True):
             c.seq.write(layer, cs, k[s : s + len(c.ids)], v[s : s + len(c.ids)])
         for i, r in enumerate(rows):
@@ -222,11 +298,18 @@ def batched_step(
             kc, vc = context(layer)
             e = s + len(c.ids)
             attn[s:e] = attention(q[s:e], kc, vc, c.index, f.scale, window)
-        hidden = f.finish(layer, hidden, attn)
+        hidden = _cat([f.finish(layer, hidden[s:e], attn[s:e]) for s, e in parts])
     for r in rows:
         r.end()
     vocab = f.weights.lm_head.shape[0]
-    decode = f.logits(hidden[: padded_rows(b)])[:b] if b else hidden.new_zeros(0, vocab)
+    calls = parts[: len(parts) - len(chunks)]
+    decode = (
+        _cat([f.logits(hidden[s:e]) for s, e in calls])[:b] if b else hidden.new_zeros(0, vocab)
+    )
     last = [f.logits(hidden[s + len(c.ids) - 1 : s + len(c.ids)])[0] for c, s in
             zip(chunks, starts, strict=True)]  # fmt: skip
     return decode, last
+
+
+def _cat(parts: list[Tensor]) -> Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)

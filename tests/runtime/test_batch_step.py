@@ -10,7 +10,15 @@ import torch.nn.functional as F
 from agentcache.decode.dense import dense_step
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
 from agentcache.model.loading import LoadedModel
-from agentcache.runtime.batch_step import ROW_BLOCK, batched_dense_step, one_step, padded_rows
+from agentcache.runtime.batch_step import (
+    ANY_MULTIPLE,
+    FIXED,
+    ROW_CHUNK,
+    CallRule,
+    batched_dense_step,
+    call_rule,
+    one_step,
+)
 from agentcache.testing import tiny_family_model, tiny_model
 
 LENGTHS = (3, 17, 40, 9, 33)  # prompt tokens per sequence: pages part-filled, several spans
@@ -63,35 +71,91 @@ def test_batched_step_agrees_with_the_one_sequence_step(family: str) -> None:
 
 
 def test_a_sequence_gets_the_same_logits_alone_and_in_any_batch(tiny: LoadedModel) -> None:
-    """Bit for bit: its greedy output does not depend on what else decodes beside it."""
-    alone = []
+    """Bit for bit: its greedy output does not depend on what else decodes beside it, how
+    many (one call of ROW_CHUNK rows or several) or where it sits among them."""
+    alone = {}
     for n in LENGTHS:
         seqs, tokens = batch(tiny, (n,))
-        alone.append(step(tiny, seqs, tokens)[0])
-    for size in (2, 3, 5):
-        seqs, tokens = batch(tiny, LENGTHS[:size])
+        alone[n] = step(tiny, seqs, tokens)[0]
+    many = (*LENGTHS, *reversed(LENGTHS)) * 2  # 20 rows: two calls, each length twice per call
+    for lengths in (LENGTHS[:2], LENGTHS[:3], LENGTHS, LENGTHS[::-1], many):
+        seqs, tokens = batch(tiny, lengths)
         got = step(tiny, seqs, tokens)
-        for i in range(size):
-            assert torch.equal(got[i], alone[i])
+        for i, n in enumerate(lengths):
+            assert torch.equal(got[i], alone[n])
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("shape", [(576, 576), (192, 576), (1536, 576), (576, 1536), (4096, 576)])
-def test_matmul_rows_do_not_depend_on_the_rows_beside_them_in_blocks_of_four(
-    shape: tuple[int, int],
+def test_in_a_call_of_row_chunk_rows_a_row_does_not_depend_on_the_others_or_its_place(
+    shape: tuple[int, int], threads: int
 ) -> None:
-    """What the padding rests on, at the default model's projection shapes: with the row count
-    a multiple of ROW_BLOCK, each row of x @ W.T is the same bits whatever the other rows."""
+    """What the batched step rests on, at the default model's projection shapes: in a matmul
+    of exactly ROW_CHUNK rows, each row of x @ W.T is the same bits whatever rows sit beside it
+    and wherever it sits among them (a call of another size may sum in another order)."""
     torch.manual_seed(0)
     w = torch.randn(shape)
-    x = torch.randn(32, shape[1])
-    full = F.linear(x, w)
-    for rows in range(ROW_BLOCK, 33, ROW_BLOCK):
-        assert torch.equal(F.linear(x[:rows], w), full[:rows])
-        assert torch.equal(F.linear(x[32 - rows :], w), full[32 - rows :])
+    x = torch.randn(ROW_CHUNK, shape[1])
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        base = F.linear(x, w)
+        for _ in range(4):
+            order = torch.randperm(ROW_CHUNK)
+            kept = torch.rand(ROW_CHUNK) < 0.5
+            mixed = torch.where(kept[:, None], x, torch.randn(ROW_CHUNK, shape[1]))[order]
+            out = F.linear(mixed, w)
+            for at, row in enumerate(order.tolist()):
+                if kept[row]:
+                    assert torch.equal(out[at], base[row])
+    finally:
+        torch.set_num_threads(before)
 
 
-def test_rows_are_padded_to_a_multiple_of_the_block() -> None:
-    assert [padded_rows(n) for n in (1, 3, 4, 5, 16, 17)] == [4, 4, 4, 8, 16, 20]
+def test_each_rule_pads_rows_into_its_calls() -> None:
+    assert [ANY_MULTIPLE.calls(n) for n in (1, 4, 5, 32, 33, 70)] == [
+        [4], [4], [8], [32], [32, 4], [32, 32, 8]]  # fmt: skip
+    assert [FIXED.calls(n) for n in (1, 16, 17, 40)] == [[16], [16], [16, 16], [16, 16, 16]]
+
+
+@pytest.mark.parametrize("rule", [ANY_MULTIPLE, FIXED])
+def test_under_either_rule_a_sequence_gets_the_same_logits_in_any_batch(
+    tiny: LoadedModel, rule: CallRule, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same bits alone and among 19 others (two calls or more) under each rule; the rule
+    the probe picks for this machine is the one the step then uses."""
+    import agentcache.runtime.batch_step as batch_step
+
+    if rule is ANY_MULTIPLE and call_rule(tiny.forward) is not ANY_MULTIPLE:
+        pytest.skip("on this CPU and thread count rows change bits across call sizes")
+    monkeypatch.setattr(batch_step, "call_rule", lambda forward: rule)
+    alone = {n: step(tiny, *batch(tiny, (n,)))[0] for n in LENGTHS}
+    many = (*LENGTHS, *reversed(LENGTHS)) * 2
+    got = step(tiny, *batch(tiny, many))
+    for i, n in enumerate(many):
+        assert torch.equal(got[i], alone[n])
+
+
+@pytest.mark.parametrize("rows_apart", [True, False])
+def test_the_probe_takes_any_multiple_only_where_every_call_size_keeps_a_rows_bits(
+    tiny: LoadedModel, rows_apart: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a matmul whose row bits do not depend on the call (each row alone) the probe picks
+    `ANY_MULTIPLE`; with one whose result shifts by a hair with the row count (another kernel),
+    `FIXED`. The rule is remembered per weight shapes and thread count."""
+    import agentcache.runtime.batch_step as batch_step
+
+    real = F.linear
+
+    def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        rows = torch.cat([real(x[i : i + 1], w, b) for i in range(x.shape[0])])
+        return rows if rows_apart else rows * (1 + x.shape[0] * 1e-7)
+
+    monkeypatch.setattr(batch_step.F, "linear", linear)
+    monkeypatch.setattr(batch_step, "_RULES", {})
+    rule = call_rule(tiny.forward)
+    assert rule is (ANY_MULTIPLE if rows_apart else FIXED)
+    assert call_rule(tiny.forward) is rule and len(batch_step._RULES) == 1
 
 
 def test_bad_arguments_are_refused(tiny: LoadedModel) -> None:
