@@ -40,6 +40,9 @@ def slope(points: list[tuple[float, float]]) -> float:
     return num / den * 60 / 2**20
 
 
+LABELLED = ("strategies", "configs")  # keyed by label: `agentcache bench`'s, its vLLM backend's
+
+
 @dataclass(frozen=True)
 class Sample:
     """A list a statistic summarized: its size and interquartile range."""
@@ -108,8 +111,8 @@ class Results:
             self.trace.statistics.append("identical, empties counted")
         if any(isinstance(k, str) and "speed_ratio" in k for k in keys):
             self.trace.statistics.append("steady state")  # bench-decode's stored summaries
-        if len(keys) >= 2 and keys[0] in ("strategies", "summary", "by_case", "by_workload"):
-            label = keys[1] if keys[0] == "strategies" else keys[2] if len(keys) > 2 else None
+        if len(keys) >= 2 and keys[0] in (*LABELLED, "summary", "by_case", "by_workload"):
+            label = keys[1] if keys[0] in LABELLED else keys[2] if len(keys) > 2 else None
             if isinstance(label, str):
                 self.trace.labels.append((path, label))
         return node

@@ -355,3 +355,28 @@ def test_previous_default_names_only_an_earlier_default(cf: ModuleType, tmp_path
     page(tmp_path, "The default and the previous default reach it 2.50x sooner than full.")
     fig = figure("reach it 2.50x sooner", "2.50", f"median(vs('{new}', 'rpdc', 'full'))")
     assert cf.check(manifest(tmp_path, fig), tmp_path) == []  # a sentence naming both
+
+
+def test_a_configuration_read_from_configs_is_held_to_its_label(
+    cf: ModuleType, tmp_path: Path
+) -> None:
+    """The vLLM bench stores its summaries under `configs`: a figure read there names its
+    configuration's resolved spec like a strategy's, so an earlier default's figure cannot be
+    called the default."""
+
+    def run(name: str, spec: str) -> str:
+        data = {"configs": {"agentcache:rpdc": {"ttft_vs_prefix_paired_median": 1.16}}}
+        return bench(tmp_path, name, data, specs={"agentcache:rpdc": spec}, split="validate")
+
+    old, new = run("old", BEFORE), run("new", TODAY)
+    page(tmp_path, "Inside vLLM the default took 1.16x prefix caching's TTFT.")
+
+    def case(r: str) -> list[str]:
+        value = f"get('{r}', 'configs', 'agentcache:rpdc', 'ttft_vs_prefix_paired_median')"
+        return list(
+            cf.check(manifest(tmp_path, figure("took 1.16x prefix", "1.16", value)), tmp_path)
+        )
+
+    errors = case(old)
+    assert len(errors) == 1 and f"agentcache:rpdc = {BEFORE}; today's default is" in errors[0]
+    assert case(new) == []
