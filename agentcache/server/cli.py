@@ -69,8 +69,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--kv-pages", type=positive_int, default=2048,
                    help="embedded backend: fast-tier KV pages of 16 tokens")  # fmt: skip
     p.add_argument("--kv-bytes", type=byte_size, default=None, metavar="SIZE",
-                   help="embedded backend: the KV page pool's size, e.g. 2GiB or 512MiB; taken "
-                   "as pages are first used (default: --kv-pages pages)")  # fmt: skip
+                   help="the KV memory, e.g. 2GiB or 512MiB: the embedded backend's page pool, "
+                   "taken as pages are first used (default: --kv-pages pages); the vllm "
+                   "backend's paged KV memory (default: 1GiB)")  # fmt: skip
     p.add_argument("--decode", default="dense", metavar="POLICY",
                    help="embedded backend: decode policy, with options, e.g. "
                    "flexicache:verify=8 (see docs/decode.md; default: dense)")  # fmt: skip
@@ -399,6 +400,8 @@ def vllm_config(
     """`--backend vllm`'s engine settings from the flags (imports no vLLM)."""
     store_dir = args.store_dir or str(cache_dir / "vllm-store")
     extra = {} if args.vllm_folder_bytes is None else {"folder_bytes": args.vllm_folder_bytes}
+    if args.kv_bytes is not None:
+        extra["kv_cache_bytes"] = args.kv_bytes
     return VLLMConfig(
         model=model, reuse=args.vllm_reuse, strategy=strategy, store_dir=store_dir,
         max_model_len=args.max_model_len, fill=args.vllm_fill, **extra,

@@ -142,3 +142,33 @@ def test_the_shared_folders_bound_comes_from_its_flag(
         assert "--vllm-folder-bytes" in usage_error(["serve", "--vllm-folder-bytes", bad], capsys)
     with pytest.raises(ValueError, match="folder_bytes must be >= 1"):
         VLLMConfig(folder_bytes=0)
+
+
+def test_kv_bytes_sizes_vllms_kv_memory_and_a_size_short_of_one_sequence_is_refused(
+    tmp_path: Path,
+) -> None:
+    """`--kv-bytes` is vLLM's paged KV memory on `--backend vllm` (1 GiB without it); memory
+    that cannot hold one `--max-model-len` sequence is a `ConfigError` naming both flags and
+    the bytes needed, before vLLM loads. The default model's 46080 bytes a token: 1 GiB holds
+    23296 tokens in blocks of 32."""
+    from agentcache.engines.vllm.backend import check_kv_memory, kv_bytes_per_token
+    from agentcache.server.cli import vllm_config
+
+    parse = build_parser().parse_args
+    config = vllm_config(parse(["serve", "--backend", "vllm", "--kv-bytes", "256MiB"]), None,
+                         "rpdc", tmp_path)  # fmt: skip
+    assert config.kv_cache_bytes == 256 << 20
+    default = vllm_config(parse(["serve", "--backend", "vllm"]), None, "rpdc", tmp_path)
+    assert default.kv_cache_bytes == VLLMConfig().kv_cache_bytes == 1 << 30
+    with pytest.raises(ValueError, match="kv_cache_bytes must be >= 1"):
+        VLLMConfig(kv_cache_bytes=0)
+    cfg = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+           "hidden_size": 576}  # fmt: skip
+    (tmp_path / "config.json").write_text(__import__("json").dumps(cfg))
+    assert kv_bytes_per_token(tmp_path, "float32") == 46080
+    assert kv_bytes_per_token(tmp_path, "bfloat16") == 23040
+    check_kv_memory(tmp_path, VLLMConfig(kv_cache_bytes=1 << 30, max_model_len=23296))
+    with pytest.raises(ConfigError) as e:
+        check_kv_memory(tmp_path, VLLMConfig(kv_cache_bytes=1 << 30, max_model_len=23297))
+    assert "holds 23296 tokens" in str(e.value) and "--max-model-len 23297" in str(e.value)
+    assert "--kv-bytes" in str(e.value) and f"at least {23328 * 46080} bytes" in str(e.value)

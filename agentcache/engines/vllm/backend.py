@@ -81,6 +81,7 @@ class VLLMBackend:
         self.tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(folder), name)
         self.chat_format = chat_format_for(self.tokenizer.vocab)
         self.vocab_size = int(_config_value(folder, "vocab_size"))
+        check_kv_memory(folder, c)
         kwargs: dict[str, Any] = {
             "model": str(folder),
             "enforce_eager": True,
@@ -351,6 +352,32 @@ def _misses(raw: Any) -> tuple[SegmentMiss, ...]:
     for sid, kind, n, reason in raw:
         out.append(SegmentMiss(sid, str(kind), int(n), MissReason(reason)))
     return tuple(out)
+
+
+def kv_bytes_per_token(folder: Path, dtype: str) -> int:
+    """Bytes of K and V one token takes in vLLM's paged memory for the model in `folder`."""
+    import json
+
+    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    heads = int(cfg["num_attention_heads"])
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+    size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return 2 * int(cfg["num_hidden_layers"]) * kv_heads * head_dim * size
+
+
+def check_kv_memory(folder: Path, config: VLLMConfig) -> None:
+    """`ConfigError` before vLLM loads when its KV memory (`kv_cache_bytes`, the server's
+    `--kv-bytes`) cannot hold one sequence of `max_model_len` tokens, naming both sizes."""
+    per_token = kv_bytes_per_token(folder, config.dtype)
+    tokens = config.kv_cache_bytes // per_token // config.block_size * config.block_size
+    if tokens < config.max_model_len:
+        need = -(-config.max_model_len // config.block_size) * config.block_size * per_token
+        raise ConfigError(
+            f"vLLM's KV memory of {config.kv_cache_bytes} bytes (--kv-bytes) holds {tokens} "
+            f"tokens of this model ({per_token} bytes each), fewer than --max-model-len "
+            f"{config.max_model_len}: give it at least {need} bytes or lower --max-model-len"
+        )
 
 
 def _config_value(folder: Path, key: str) -> Any:

@@ -106,6 +106,8 @@ class VLLMConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.folder_bytes < 1:
             raise ValueError(f"folder_bytes must be >= 1, got {self.folder_bytes}")
+        if self.kv_cache_bytes < 1:
+            raise ValueError(f"kv_cache_bytes must be >= 1, got {self.kv_cache_bytes}")
         if self.min_stage_tokens < 1:
             raise ValueError(f"min_stage_tokens must be >= 1, got {self.min_stage_tokens}")
         spec = StrategySpec.parse(self.strategy)
