@@ -150,7 +150,8 @@ def test_kv_bytes_sizes_vllms_kv_memory_and_a_size_short_of_one_sequence_is_refu
     """`--kv-bytes` is vLLM's paged KV memory on `--backend vllm` (1 GiB without it); memory
     that cannot hold one `--max-model-len` sequence is a `ConfigError` naming both flags and
     the bytes needed, before vLLM loads. The default model's 46080 bytes a token: 1 GiB holds
-    23296 tokens in blocks of 32."""
+    23296 tokens in blocks of 32, so a sequence of up to 23264 and the block vLLM keeps
+    beside it."""
     from agentcache.engines.vllm.backend import check_kv_memory, kv_bytes_per_token
     from agentcache.server.cli import vllm_config
 
@@ -167,8 +168,8 @@ def test_kv_bytes_sizes_vllms_kv_memory_and_a_size_short_of_one_sequence_is_refu
     (tmp_path / "config.json").write_text(__import__("json").dumps(cfg))
     assert kv_bytes_per_token(tmp_path, "float32") == 46080
     assert kv_bytes_per_token(tmp_path, "bfloat16") == 23040
-    check_kv_memory(tmp_path, VLLMConfig(kv_cache_bytes=1 << 30, max_model_len=23296))
-    with pytest.raises(ConfigError) as e:
-        check_kv_memory(tmp_path, VLLMConfig(kv_cache_bytes=1 << 30, max_model_len=23297))
-    assert "holds 23296 tokens" in str(e.value) and "--max-model-len 23297" in str(e.value)
+    check_kv_memory(tmp_path, VLLMConfig(kv_cache_bytes=1 << 30, max_model_len=23264))
+    with pytest.raises(ConfigError) as e:  # one block beside the sequence: vLLM's own bound
+        check_kv_memory(tmp_path, VLLMConfig(kv_cache_bytes=1 << 30, max_model_len=23265))
+    assert "holds 23296 tokens" in str(e.value) and "--max-model-len 23265" in str(e.value)
     assert "--kv-bytes" in str(e.value) and f"at least {23328 * 46080} bytes" in str(e.value)

@@ -368,11 +368,13 @@ def kv_bytes_per_token(folder: Path, dtype: str) -> int:
 
 def check_kv_memory(folder: Path, config: VLLMConfig) -> None:
     """`ConfigError` before vLLM loads when its KV memory (`kv_cache_bytes`, the server's
-    `--kv-bytes`) cannot hold one sequence of `max_model_len` tokens, naming both sizes."""
+    `--kv-bytes`) cannot hold one sequence of `max_model_len` tokens and the block vLLM keeps
+    beside it (vLLM 0.32 refuses less at start-up), naming both sizes."""
     per_token = kv_bytes_per_token(folder, config.dtype)
-    tokens = config.kv_cache_bytes // per_token // config.block_size * config.block_size
-    if tokens < config.max_model_len:
-        need = -(-config.max_model_len // config.block_size) * config.block_size * per_token
+    block = config.block_size
+    tokens = config.kv_cache_bytes // per_token // block * block
+    if tokens < config.max_model_len + block:
+        need = (-(-config.max_model_len // block) + 1) * block * per_token
         raise ConfigError(
             f"vLLM's KV memory of {config.kv_cache_bytes} bytes (--kv-bytes) holds {tokens} "
             f"tokens of this model ({per_token} bytes each), fewer than --max-model-len "
