@@ -356,6 +356,21 @@ server() {
     --target-args 'embedded@drop=--kv-pages 321 --store-bytes 226MiB --retention-share 0' \
     --target-args 'embedded@tiers=--kv-pages 321 --store-bytes 226MiB --store-host-bytes 1GiB' \
     --out $r/store-pressure-8x2
+  # the vLLM backend with its KV memory cut to the longest session (about a third of 8 agents'):
+  # vLLM's prefix cache alone against the connector's folder, and a bounded folder without and
+  # with pins (the vLLM targets need .venv-vllm: make .venv-vllm/.installed)
+  local vkv='--kv-bytes 272MiB --max-model-len 6144'
+  $py benchmarks/server/replay.py --split validate --clients 8 --rounds 2 $common \
+    --max-tokens 32 --targets vllm-backend@prefix,vllm-backend@folder \
+    --vllm-python .venv-vllm/bin/python \
+    --target-args "vllm-backend@prefix=$vkv --vllm-reuse prefix" \
+    --target-args "vllm-backend@folder=$vkv" --out $r/vllm-kv-pressure-8x2
+  $py benchmarks/server/replay.py --split validate --clients 8 --rounds 2 $common \
+    --max-tokens 32 --targets vllm-backend@drop,vllm-backend@pins \
+    --vllm-python .venv-vllm/bin/python \
+    --target-args "vllm-backend@drop=$vkv --vllm-folder-bytes 226MiB --retention-share 0" \
+    --target-args "vllm-backend@pins=$vkv --vllm-folder-bytes 226MiB" \
+    --out $r/vllm-store-pressure-8x2
 }
 
 # docs/benchmarks.md "vLLM", docs/lab/vllm.md (vllm-staged alone about 2 hours)
