@@ -7,6 +7,7 @@ from typing import Any
 
 from agentcache.errors import ModelLoadError
 from agentcache.model.families import model_types
+from agentcache.model.families.base import hf_head_dim, hf_kv_heads
 
 SUPPORTED_MODEL_TYPES = model_types()  # every registered family's (model/families/)
 
@@ -58,7 +59,6 @@ class ModelConfig:
     def from_hf(cls, hf: Any) -> ModelConfig:
         """Build from a `transformers` PretrainedConfig (v5 `rope_parameters` layout; a family
         with several rotaries keeps them by layer kind, as its config does)."""
-        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         rope = dict(getattr(hf, "rope_parameters", None) or {})
         rope.setdefault("rope_type", "default")
         return cls(
@@ -68,8 +68,8 @@ class ModelConfig:
             intermediate_size=hf.intermediate_size,
             num_layers=hf.num_hidden_layers,
             num_heads=hf.num_attention_heads,
-            num_kv_heads=getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
-            head_dim=head_dim,
+            num_kv_heads=hf_kv_heads(hf),
+            head_dim=hf_head_dim(hf),
             rms_norm_eps=hf.rms_norm_eps,
             max_position_embeddings=hf.max_position_embeddings,
             rope_parameters=rope,

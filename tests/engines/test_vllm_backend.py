@@ -163,8 +163,8 @@ def test_kv_bytes_sizes_vllms_kv_memory_and_a_size_short_of_one_sequence_is_refu
     assert default.kv_cache_bytes == VLLMConfig().kv_cache_bytes == 1 << 30
     with pytest.raises(ValueError, match="kv_cache_bytes must be >= 1"):
         VLLMConfig(kv_cache_bytes=0)
-    cfg = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-           "hidden_size": 576}  # fmt: skip
+    cfg = {"model_type": "llama", "num_hidden_layers": 30, "num_attention_heads": 9,
+           "num_key_value_heads": 3, "hidden_size": 576}  # fmt: skip
     (tmp_path / "config.json").write_text(__import__("json").dumps(cfg))
     assert kv_bytes_per_token(tmp_path, "float32") == 46080
     assert kv_bytes_per_token(tmp_path, "bfloat16") == 23040

@@ -47,6 +47,7 @@ from agentcache.engines.vllm.stages import (
 from agentcache.engines.vllm.storage import FolderSegmentStore
 from agentcache.errors import ConfigError
 from agentcache.kv.store import MissReason, segment_content_id
+from agentcache.model.families.base import hf_head_dim, hf_kv_heads
 from agentcache.model.loading import DEFAULT_MODEL
 from agentcache.model.tokenizer import HFTokenizer, chat_format_for
 from agentcache.prompt.segments import Segment, SegmentedPrompt
@@ -356,14 +357,11 @@ def _misses(raw: Any) -> tuple[SegmentMiss, ...]:
 
 def kv_bytes_per_token(folder: Path, dtype: str) -> int:
     """Bytes of K and V one token takes in vLLM's paged memory for the model in `folder`."""
-    import json
+    from transformers import AutoConfig
 
-    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    heads = int(cfg["num_attention_heads"])
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+    hf = AutoConfig.from_pretrained(folder)
     size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
-    return 2 * int(cfg["num_hidden_layers"]) * kv_heads * head_dim * size
+    return 2 * hf.num_hidden_layers * hf_kv_heads(hf) * hf_head_dim(hf) * size
 
 
 def check_kv_memory(folder: Path, config: VLLMConfig) -> None:
@@ -376,7 +374,8 @@ def check_kv_memory(folder: Path, config: VLLMConfig) -> None:
     if tokens < config.max_model_len + block:
         need = (-(-config.max_model_len // block) + 1) * block * per_token
         raise ConfigError(
-            f"vLLM's KV memory of {config.kv_cache_bytes} bytes (--kv-bytes) holds {tokens} "
+            f"vLLM's KV memory of {config.kv_cache_bytes} bytes (--kv-bytes, "
+            f"VLLMConfig.kv_cache_bytes) holds {tokens} "
             f"tokens of this model ({per_token} bytes each), fewer than --max-model-len "
             f"{config.max_model_len}: give it at least {need} bytes or lower --max-model-len"
         )

@@ -180,11 +180,21 @@ def plain_rope(hf: Any) -> dict[str, Any]:
     return rope
 
 
+def hf_head_dim(hf: Any) -> int:
+    """A `transformers` config's attention head size: `head_dim`, else hidden / heads."""
+    return int(getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
+
+
+def hf_kv_heads(hf: Any) -> int:
+    """A `transformers` config's K/V heads: `num_key_value_heads`, else one per query head."""
+    return int(getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads)
+
+
 def llama_like(
     hf: Any, rotary: Callable[[int], str | None] = lambda i: GLOBAL_ROTARY, **kw: Any
 ) -> Structure:
     """A Llama-shaped structure: one rotary, windows from the config, head_dim ** -0.5."""
-    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    head_dim = hf_head_dim(hf)
     layers = tuple(
         LayerAttention(window=w, rotary=rotary(i)) for i, w in enumerate(layer_windows(hf))
     )
