@@ -145,7 +145,7 @@ def test_the_shared_folders_bound_comes_from_its_flag(
 
 
 def test_kv_bytes_sizes_vllms_kv_memory_and_a_size_short_of_one_sequence_is_refused(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`--kv-bytes` is vLLM's paged KV memory on `--backend vllm` (1 GiB without it); memory
     that cannot hold one `--max-model-len` sequence is a `ConfigError` naming both flags and
@@ -154,6 +154,7 @@ def test_kv_bytes_sizes_vllms_kv_memory_and_a_size_short_of_one_sequence_is_refu
     beside it."""
     from agentcache.engines.vllm.backend import check_kv_memory, kv_bytes_per_token
     from agentcache.server.cli import vllm_config
+    from tests.conftest import usage_error
 
     parse = build_parser().parse_args
     config = vllm_config(parse(["serve", "--backend", "vllm", "--kv-bytes", "256MiB"]), None,
@@ -163,6 +164,9 @@ def test_kv_bytes_sizes_vllms_kv_memory_and_a_size_short_of_one_sequence_is_refu
     assert default.kv_cache_bytes == VLLMConfig().kv_cache_bytes == 1 << 30
     with pytest.raises(ValueError, match="kv_cache_bytes must be >= 1"):
         VLLMConfig(kv_cache_bytes=0)
+    for bad in ("0", "lots", "-1GiB", "1.5.2GiB"):
+        flags = ["serve", "--backend", "vllm", "--kv-bytes", bad]
+        assert "--kv-bytes" in usage_error(flags, capsys)
     cfg = {"model_type": "llama", "num_hidden_layers": 30, "num_attention_heads": 9,
            "num_key_value_heads": 3, "hidden_size": 576}  # fmt: skip
     (tmp_path / "config.json").write_text(__import__("json").dumps(cfg))
