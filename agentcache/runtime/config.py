@@ -55,6 +55,10 @@ class EngineConfig:
     # over by at most 8 others; chosen on replayed tuning sessions, docs/server.md "Prefill
     # order"), or "arrival"; every prefill computes the same either way
     prefill_order: str = "shortest"
+    # with batch_decode: prefills waiting for the engine may run back to back between two
+    # decode steps while their estimated tokens to compute (what the store lacks) fit in this
+    # many, at least one running (runtime/sharing.py FairLock); 0: one prefill per step
+    prefill_burst_tokens: int = 0
 
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones
@@ -73,6 +77,10 @@ class EngineConfig:
         if self.prefill_order not in PREFILL_ORDERS:
             raise ConfigError(f"prefill_order must be one of {', '.join(PREFILL_ORDERS)}, got "
                               f"{self.prefill_order!r}")  # fmt: skip
+        burst = self.prefill_burst_tokens
+        if isinstance(burst, bool) or not isinstance(burst, int) or burst < 0:
+            raise ConfigError(f"prefill_burst_tokens must be a whole number of tokens >= 0 (0: "
+                              f"one prefill per decode step), got {burst!r}")  # fmt: skip
         chunk = self.prefill_chunk_tokens
         whole = isinstance(chunk, int) and not isinstance(chunk, bool)
         if chunk is not None and not (whole and chunk >= 0):

@@ -95,7 +95,8 @@ class Engine:
         model.forward.require_strategy(self.config.strategy)  # the model family's limits
         self.decode = DecodeSetup.resolve(model, self.config.decode)
         self.gathered_steps = 0  # dense decode steps that copied the context (Engine.step)
-        self._lock = FairLock(shortest_first=self.config.prefill_order == "shortest")
+        burst = self.config.prefill_burst_tokens if self.config.batch_decode else 0
+        self._lock = FairLock(self.config.prefill_order == "shortest", burst_tokens=burst)
         self.gate = PageGate(self.ctx.pool, self._lock)
         self.batch: BatchScheduler | None = None
         if self.config.batch_decode:
@@ -260,9 +261,10 @@ class Engine:
 
     def _prefill_cost(self, tokens: TokenizedPrompt) -> int:
         """About the tokens a prefill computes, for its place among waiting prefills
-        (`prefill_order="shortest"`): the prompt's text the store does not hold (a segment
-        stored anywhere counts as found), and the last token. 0 in arrival order (unused)."""
-        if not self._lock.shortest_first:
+        (`prefill_order="shortest"`) and a burst's budget (`prefill_burst_tokens`): the
+        prompt's text the store does not hold (a segment stored anywhere counts as found), and
+        the last token. 0 when neither reads it."""
+        if not (self._lock.shortest_first or self._lock.burst_tokens):
             return 0
         m, store = self.model, self.ctx.store
         cost = 1

@@ -13,6 +13,12 @@ a step (and a turn's decoder set-up and reply commit) asks the lock `first()`: i
 of the prefills waiting, one such unit after each prefill, and the running turns get a token
 per waiting prefill instead of one per round of them.
 
+With `EngineConfig.prefill_burst_tokens` = B > 0, prefills waiting may run back to back
+between two such units while their costs (below) since the last one fit in B, at least one
+running: prefills that arrive together (many agents starting at once, or resuming after
+their tools) join the batch in fewer steps, and the running turns wait for up to B tokens of
+prefill instead of one prefill per token.
+
 With `EngineConfig.prefill_order="shortest"` (the default) the prefills waiting together go
 fewest tokens to compute first (`FairLock.prefill(cost)`, the cost estimated from what the
 store lacks), each passed over by at most `max_passes` others; every prefill computes what it
@@ -42,7 +48,7 @@ from agentcache.kv.pool import PagePool, SequenceKV
 class _Waiter:
     ident: int
     first: bool  # asked `first()`
-    cost: int | None  # a prefill's tokens to compute (shortest first); None: arrival order
+    cost: int | None  # a prefill's tokens to compute; None: another unit
     passed: int = 0  # prefills served in its place while it was first in line
 
 
@@ -56,12 +62,24 @@ class FairLock:
     goes to the prefill with the fewest tokens to compute among those waiting before the first
     other unit in line (ties: the earliest), until `max_passes` prefills have gone in the place
     of the one first in line; then it goes. Other units are passed by no prefill that came
-    after them. Off: costs are ignored (arrival order)."""
+    after them. Off: costs are ignored (arrival order).
 
-    def __init__(self, shortest_first: bool = False, max_passes: int = 8) -> None:
+    `burst_tokens` B > 0: after a unit that did not ask `first()`, the `first()` askers wait
+    while the next prefill's cost, added to the costs of the prefills run since the last
+    `first()` unit, fits in B: prefills run back to back between two of them, at least one;
+    other units (a page gate's look at the pool) go in a burst too, costing nothing. 0: they
+    alternate, one unit after each."""
+
+    def __init__(
+        self, shortest_first: bool = False, max_passes: int = 8, burst_tokens: int = 0
+    ) -> None:
         if max_passes < 0:
             raise ValueError("max_passes must be >= 0")
+        if burst_tokens < 0:
+            raise ValueError("burst_tokens must be >= 0")
         self.shortest_first, self.max_passes = shortest_first, max_passes
+        self.burst_tokens = burst_tokens
+        self._burst = 0  # prefill costs since the last `first()` unit (a burst's tokens)
         self._cond = threading.Condition(threading.Lock())
         self._owner: int | None = None
         self._depth = 0
@@ -74,28 +92,47 @@ class FairLock:
             if self._owner == me:
                 self._depth += 1
                 return
-            entry = _Waiter(me, first, cost if self.shortest_first and not first else None)
+            entry = _Waiter(me, first, None if first else cost)
             self._line.append(entry)
             while self._owner is not None or self._next() is not entry:
                 self._cond.wait()
             head = self._line[0]
-            if head is not entry and head.cost is not None and entry.cost is not None:
+            if head is not entry and self._reorders(head) and entry.cost is not None:
                 head.passed += 1  # a prefill went in its place
             self._line.remove(entry)
             self._owner, self._depth = me, 1
             self._last_first = first
+            if first:
+                self._burst = 0
+            elif entry.cost is not None:
+                self._burst += entry.cost
+
+    def _reorders(self, w: _Waiter) -> bool:
+        """Whether `w` is a prefill whose place shortest-first may change."""
+        return self.shortest_first and w.cost is not None
 
     def _next(self) -> _Waiter:
         """The waiting thread the lock goes to next."""
-        if not self._last_first:
-            for w in self._line:
-                if w.first:
-                    return w
-        head = self._line[0]
-        if head.cost is None or head.passed >= self.max_passes:
+        if self._last_first:
+            return self._ordered(list(self._line))
+        others = [w for w in self._line if not w.first]
+        if not others or len(others) == len(self._line):
+            return self._ordered(list(self._line))
+        nxt = self._ordered(others)  # what goes if the `first()` askers wait
+        fits = self._burst + (nxt.cost or 0) <= self.burst_tokens
+        if self.burst_tokens and self._burst < self.burst_tokens and fits:
+            return nxt  # a prefill that fits in the burst, or another unit within it
+        return next(w for w in self._line if w.first)
+
+    def _ordered(self, line: list[_Waiter]) -> _Waiter:
+        """The next of `line` (arrival order) when the `first()` askers in it are not put
+        ahead: its head, or with shortest-first the prefill with the fewest tokens among
+        those before the first other unit."""
+        head = line[0]
+        if not self._reorders(head) or head.passed >= self.max_passes:
             return head
         prefills = []  # the prefills before the first other unit in line: only they reorder
-        for w in self._line:
+        for w in line:
             if w.cost is not None:
                 prefills.append(w)
             elif not w.first:

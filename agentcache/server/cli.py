@@ -152,6 +152,11 @@ def add_security(p: argparse.ArgumentParser) -> None:
                    "(the full strategy's) computes at most N tokens per step, each step also "
                    "decoding the active requests (default: 0, every prefill runs whole, "
                    "stalling decoding for its duration; e.g. 512 with many agents)")  # fmt: skip
+    p.add_argument("--prefill-burst-tokens", type=non_negative_int, default=None, metavar="N",
+                   help="embedded backend, with batching: prefills waiting for the engine run "
+                   "back to back between two decode steps while their tokens to compute fit "
+                   "in N, at least one (default: 0, one prefill per step; see docs/server.md "
+                   "\"Prefill bursts\")")  # fmt: skip
     p.add_argument("--prefill-order", choices=("shortest", "arrival"), default=None,
                    help="embedded backend: the order prefills waiting for the engine run in: "
                    "shortest (default: the fewest tokens of text the store does not hold "
@@ -291,6 +296,11 @@ def check_flags(args: argparse.Namespace, max_active: int | None) -> None:
     if args.prefill_order is not None and args.backend != "embedded":
         raise ConfigError("--prefill-order applies to the embedded backend (vLLM's scheduler "
                           "orders its own prefills)")  # fmt: skip
+    if args.prefill_burst_tokens is not None and (
+        args.backend != "embedded" or not args.batch_decode
+    ):
+        raise ConfigError("--prefill-burst-tokens needs the embedded backend with batched "
+                          "decode (drop --no-batch-decode / --backend vllm)")  # fmt: skip
     if args.preemption_host_bytes is not None and args.preemption != "swap":
         raise ConfigError("--preemption-host-bytes applies to --preemption swap only")
     reserve = args.retention_tenant_reserve
@@ -448,6 +458,8 @@ def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path)
         prefill_chunk_tokens=default.prefill_chunk_tokens
         if args.prefill_chunk_tokens is None else args.prefill_chunk_tokens,
         prefill_order=default.prefill_order if args.prefill_order is None else args.prefill_order,
+        prefill_burst_tokens=default.prefill_burst_tokens
+        if args.prefill_burst_tokens is None else args.prefill_burst_tokens,
     )  # fmt: skip
     try:
         return Engine(loaded, engine_config)

@@ -10,6 +10,8 @@ are within one run:
 
     interleaved   EngineConfig(batch_decode=False): each turn steps alone, token by token
     batched       EngineConfig(batch_decode=True): one step feeds every running turn
+    batched@B     ... with prefill_burst_tokens=B (--bursts): waiting prefills run back to
+                  back between two steps while their tokens fit in B
 
 Per run: aggregate decode tokens/s (tokens generated / wall time from the common start to the
 last reply, prefills included), each agent's time to first token and its decode tokens/s
@@ -49,7 +51,7 @@ TASKS = ("the parser drops the last line of a file", "the cache never expires en
          "the CLI ignores its --quiet flag", "dates print in the wrong time zone",
          "a config file with a BOM fails to load", "retries sleep twice as long as asked",
          "the progress bar overflows at 100%", "unicode file names crash the uploader")  # fmt: skip
-CONFIGS = {"interleaved": False, "batched": True}
+CONFIGS: dict[str, tuple[bool, int]] = {"interleaved": (False, 0), "batched": (True, 0)}
 
 
 def prompt(agent: int) -> SegmentedPrompt:
@@ -170,6 +172,37 @@ def summarize(runs: list[dict[str, Any]], agents: list[int]) -> dict[str, Any]:
     return out
 
 
+def burst_rows(runs: list[dict[str, Any]], agents: list[int]) -> list[dict[str, Any]]:
+    """Per configuration other than interleaved and N: tokens/s (median over repeats), over
+    `batched` and over one agent alone on the same configuration (per repeat), TTFT p50/p99."""
+    out = []
+    for c in CONFIGS:
+        if c == "interleaved":
+            continue
+        for n in agents:
+            rs = sorted((r for r in runs if r["agents"] == n and r["config"] == c),
+                        key=lambda r: r["repeat"])  # fmt: skip
+            base = sorted((r for r in runs if r["agents"] == n and r["config"] == "batched"),
+                          key=lambda r: r["repeat"])  # fmt: skip
+            ones = sorted((r for r in runs if r["agents"] == agents[0] and r["config"] == c),
+                          key=lambda r: r["repeat"])  # fmt: skip
+            ttft = [t for r in rs for t in r["ttft_s"]]
+            out.append({
+                "config": c, "agents": n,
+                "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in rs),
+                "over_batched": [x["tokens_per_s"] / b["tokens_per_s"]
+                                 for x, b in zip(rs, base, strict=True)],
+                "over_one_alone": [x["tokens_per_s"] / o["tokens_per_s"]
+                                   for x, o in zip(rs, ones, strict=True)],
+                "ttft_p50_s": statistics.median(ttft), "ttft_p99_s": percentile(ttft, 0.99),
+            })  # fmt: skip
+    return out
+
+
+def spread(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+
+
 def report(results: dict[str, Any]) -> str:
     """results.json's summary as a table: per N, tokens/s of each configuration (median over
     repeats) and batched over interleaved within each repeat."""
@@ -201,6 +234,22 @@ def report(results: dict[str, Any]) -> str:
             f"| {statistics.median(cpu):.2f} ({min(cpu):.2f}-{max(cpu):.2f}) "
             f"| {statistics.median(alone):.2f} ({min(alone):.2f}-{max(alone):.2f}) |"
         )
+    if any(r["config"] != "batched" for r in results.get("bursts", [])):
+        lines += [
+            "",
+            "Batched configurations, prefill bursts included (`batched@B`: "
+            "`prefill_burst_tokens=B`); ratios within each repeat, median (range):",
+            "",
+            "| configuration | agents | tok/s (median) | over `batched` | over one agent alone, "
+            "same configuration | TTFT p50 | TTFT p99 |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in results["bursts"]:
+            lines.append(
+                f"| {row['config']} | {row['agents']} | {row['tokens_per_s_median']:.2f} "
+                f"| {spread(row['over_batched'])} | {spread(row['over_one_alone'])} "
+                f"| {row['ttft_p50_s']:.2f} s | {row['ttft_p99_s']:.2f} s |"
+            )
     a = results["agreement"]
     lines += [
         "",
@@ -219,6 +268,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--kv-pages", type=int, default=512)
+    ap.add_argument("--bursts", type=int, nargs="*", default=[],
+                    help="also run the batched engine with these prefill_burst_tokens")  # fmt: skip
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -226,10 +277,14 @@ def main() -> None:
     origin = provenance(script="benchmarks/server/batch_decode.py")
     model = load_model(None)
     params = GenerationParams(max_new_tokens=args.new_tokens)
+    for b in args.bursts:
+        if b > 0:
+            CONFIGS[f"batched@{b}"] = (True, b)
     engines = {
-        c: Engine(model, EngineConfig(strategy="full", kv_pages=args.kv_pages, batch_decode=b))
-        for c, b in CONFIGS.items()
-    }
+        c: Engine(model, EngineConfig(strategy="full", kv_pages=args.kv_pages, batch_decode=b,
+                                      prefill_burst_tokens=burst))
+        for c, (b, burst) in CONFIGS.items()
+    }  # fmt: skip
     runs = []
     for rep in range(args.repeats):
         for n in args.agents:
@@ -255,6 +310,7 @@ def main() -> None:
         "agreement": agreement,
         "runs": runs,
         "summary": summarize(runs, args.agents),
+        "bursts": burst_rows(runs, args.agents),
         "scheduler": None if batch is None else vars(batch.stats()),
     }  # fmt: skip
     write_run(args.out, results, report)

@@ -46,8 +46,9 @@ REQUESTS = [
 ]
 
 
-def engine(model: LoadedModel, batch: bool = True) -> Engine:
-    return Engine(model, EngineConfig(kv_pages=KV_PAGES, batch_decode=batch))
+def engine(model: LoadedModel, batch: bool = True, burst: int = 0) -> Engine:
+    config = EngineConfig(kv_pages=KV_PAGES, batch_decode=batch, prefill_burst_tokens=burst)
+    return Engine(model, config)
 
 
 def one(e: Engine, i: int, on_token: Callable[[int], None] | None = None) -> Generation:
@@ -55,11 +56,14 @@ def one(e: Engine, i: int, on_token: Callable[[int], None] | None = None) -> Gen
     return e.generate(prompt(i), params, strategy, commit=False, on_token=on_token)
 
 
-def test_every_turn_of_a_batch_gets_its_output_alone(tiny: LoadedModel) -> None:
+@pytest.mark.parametrize("burst", [0, 4096])
+def test_every_turn_of_a_batch_gets_its_output_alone(tiny: LoadedModel, burst: int) -> None:
     """Eight turns at once (different lengths, strategies, sampling, stop strings) give the ids
     each gets alone on the batched engine, bit for bit, and greedy ones those of the
-    one-sequence step; the steps did batch them."""
-    e = engine(tiny)
+    one-sequence step; the steps did batch them; with prefills run in bursts between steps
+    too."""
+    e = engine(tiny, burst=burst)
+    assert e._lock.burst_tokens == burst
     alone = [one(e, i) for i in range(len(REQUESTS))]
     steps_alone = e.batch.stats().steps if e.batch else 0
     together = at_once(lambda i: one(e, i), len(REQUESTS))

@@ -192,6 +192,32 @@ def test_first_askers_still_alternate_with_prefills_in_shortest_order() -> None:
     assert order == ["f1", "p100", "f2", "p300"]
 
 
+def test_prefills_run_back_to_back_between_steps_while_they_fit_the_burst() -> None:
+    """With `burst_tokens`, prefills go ahead of a waiting `first()` asker (a decode step)
+    while the costs run since the last one fit; the one that does not fit goes after it; a
+    unit that is not a prefill (a page gate's look) goes within the burst at no cost."""
+    lock = FairLock(burst_tokens=400)
+    assert queue_then_release(lock, ["p100", "n1", "p200", "f1", "p300", "p50"]) == [
+        "p100", "n1", "p200", "f1", "p300", "p50"]  # fmt: skip
+    off = queue_then_release(FairLock(), ["p100", "n1", "p200", "f1", "p300", "p50"])
+    assert off == ["f1", "p100", "n1", "p200", "p300", "p50"]  # alternation, as before
+
+
+def test_a_burst_takes_the_shortest_prefills_and_at_least_one_after_a_step() -> None:
+    order = queue_then_release(
+        FairLock(shortest_first=True, burst_tokens=400), ["p300", "p100", "f1", "p200", "p50"]
+    )
+    assert order == ["p50", "p100", "p200", "f1", "p300"]
+    # a prefill over the burst waits for the step in line, then runs (at least one per step)
+    order = queue_then_release(FairLock(burst_tokens=100), ["p500", "f1", "p20", "f2"])
+    assert order == ["f1", "p500", "f2", "p20"]
+
+
+def test_a_negative_burst_is_refused() -> None:
+    with pytest.raises(ValueError, match="burst_tokens"):
+        FairLock(burst_tokens=-1)
+
+
 def test_the_lock_is_reentrant_and_only_its_holder_releases_it() -> None:
     lock = FairLock()
     with lock, lock:
@@ -246,6 +272,12 @@ def test_a_prefills_cost_is_the_text_the_store_lacks(tiny: LoadedModel) -> None:
     assert engine._prefill_cost(again) == user.end - user.start + 1
     arrival = Engine(tiny, EngineConfig(kv_pages=128, prefill_order="arrival"))
     assert arrival._prefill_cost(first) == 0  # not used
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "512"])
+def test_a_bad_prefill_burst_is_refused(bad: object) -> None:
+    with pytest.raises(ConfigError, match="prefill_burst_tokens must be a whole number"):
+        EngineConfig(prefill_burst_tokens=bad)  # type: ignore[arg-type]
 
 
 def test_an_unknown_prefill_order_is_refused() -> None:

@@ -12,7 +12,7 @@ from agentcache.cli import ModelCommand, build_parser, main
 from agentcache.decode.config import DecodeConfig
 from agentcache.engines.vllm import installed_vllm_version
 from agentcache.model.loading import LoadedModel
-from agentcache.runtime.engine import Engine
+from agentcache.runtime.engine import Engine, EngineConfig
 from agentcache.server.cli import served_name, server_config
 from tests.conftest import no_model, usage_error
 
@@ -254,6 +254,8 @@ def test_serve_sets_the_preemption_policy(
         (["--preemption-host-bytes", "1GiB"], "--preemption-host-bytes applies"),
         (["--preemption", "recompute", "--preemption-host-bytes", "1GiB"], "applies to"),
         (["--prefill-order", "shortest", "--backend", "vllm"], "--prefill-order applies"),
+        (["--prefill-burst-tokens", "512", "--backend", "vllm"], "--prefill-burst-tokens needs"),
+        (["--prefill-burst-tokens", "512", "--no-batch-decode"], "--prefill-burst-tokens needs"),
     ],
 )
 def test_bad_preemption_flags_fail_before_the_model_loads(
@@ -290,3 +292,11 @@ def test_serve_sets_the_prefill_order(
 ) -> None:
     engine = serve_engine(tiny, monkeypatch, tmp_path, "--prefill-order", "arrival")
     assert engine.config.prefill_order == "arrival" and not engine._lock.shortest_first
+    assert engine._lock.burst_tokens == EngineConfig().prefill_burst_tokens  # the default
+
+
+def test_serve_sets_the_prefill_burst(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    engine = serve_engine(tiny, monkeypatch, tmp_path, "--prefill-burst-tokens", "777")
+    assert engine.config.prefill_burst_tokens == 777 and engine._lock.burst_tokens == 777

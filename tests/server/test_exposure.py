@@ -145,6 +145,8 @@ def test_max_active_defaults_by_backend_and_rejects_zero(
         (["--max-active-tokens", "-5"], "--max-active-tokens"),
         (["--max-active-tokens", "1e9"], "--max-active-tokens"),
         (["--prefill-order", "random"], "--prefill-order"),
+        (["--prefill-burst-tokens", "-1"], "--prefill-burst-tokens"),
+        (["--prefill-burst-tokens", "lots"], "--prefill-burst-tokens"),
     ],
 )
 def test_bad_admission_and_order_flags_are_usage_errors(
