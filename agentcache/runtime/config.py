@@ -57,8 +57,10 @@ class EngineConfig:
     prefill_order: str = "shortest"
     # with batch_decode: prefills waiting for the engine may run back to back between two
     # decode steps while their estimated tokens to compute (what the store lacks) fit in this
-    # many, at least one running (runtime/sharing.py FairLock); 0: one prefill per step
-    prefill_burst_tokens: int = 0
+    # many, at least one running (runtime/sharing.py FairLock); 0: one prefill per step.
+    # 2048 chosen on a replay of the chat workload's tuning sessions (docs/server.md
+    # "Prefill bursts")
+    prefill_burst_tokens: int = 2048
 
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones

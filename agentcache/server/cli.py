@@ -155,7 +155,7 @@ def add_security(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-burst-tokens", type=non_negative_int, default=None, metavar="N",
                    help="embedded backend, with batching: prefills waiting for the engine run "
                    "back to back between two decode steps while their tokens to compute fit "
-                   "in N, at least one (default: 0, one prefill per step; see docs/server.md "
+                   "in N, at least one (default: 2048; 0: one prefill per step; see docs/server.md "
                    "\"Prefill bursts\")")  # fmt: skip
     p.add_argument("--prefill-order", choices=("shortest", "arrival"), default=None,
                    help="embedded backend: the order prefills waiting for the engine run in: "
