@@ -341,6 +341,18 @@ server() {
     --target-args 'embedded@arrival=--prefill-order arrival' \
     --target-args 'embedded@shortest=--prefill-order shortest' $common --max-tokens 32 \
     --out $r/validate-8x32-prefill-order
+  # prefill bursts between decode steps: chosen on the tuning sessions, reported on validation
+  $py benchmarks/server/replay.py --split tune --clients 8 \
+    --targets embedded@b0,embedded@b512,embedded@b2048 \
+    --target-args 'embedded@b0=--prefill-burst-tokens 0' \
+    --target-args 'embedded@b512=--prefill-burst-tokens 512' \
+    --target-args 'embedded@b2048=--prefill-burst-tokens 2048' $common --max-tokens 32 \
+    --out $r/tune-8x32-prefill-burst
+  $py benchmarks/server/replay.py --split validate --clients 8 \
+    --targets embedded@b0,embedded@b2048 \
+    --target-args 'embedded@b0=--prefill-burst-tokens 0' \
+    --target-args 'embedded@b2048=--prefill-burst-tokens 2048' $common --max-tokens 32 \
+    --out $r/validate-8x32-prefill-burst
   # the vLLM backend's admission by tokens (its default) against admission left to vLLM
   $py benchmarks/server/replay.py --split all --clients 16 \
     --targets vllm,vllm-backend,vllm-backend@ungated \

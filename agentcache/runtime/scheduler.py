@@ -15,9 +15,11 @@
 There is no scheduler thread: a turn's thread that finds no token ready runs the next step
 itself unless another thread is running one, and waits otherwise. Each step, like each prefill,
 holds the engine's lock; a step asks it `first()` (`runtime/sharing.py`), so while prefills
-wait, steps and prefills alternate, one step after each prefill (a prefill runs as its own
-unit before its turn joins the batch). A turn's first token comes from its prefill's logits
-and reaches its caller before the turn asks the lock again (its decoder's set-up).
+wait, steps and bursts of prefills alternate: after a step, prefills run back to back while
+their tokens fit `EngineConfig.prefill_burst_tokens`, at least one, then the next step (a
+prefill runs as its own unit before its turn joins the batch). A turn's first token comes
+from its prefill's logits and reaches its caller before the turn asks the lock again (its
+decoder's set-up).
 
 Chunked prefill (`EngineConfig.prefill_chunk_tokens`, `runtime/chunked.py`): a long prefill
 whose plan the runtime runs in chunks is handed to the scheduler instead (`prefill`), and each

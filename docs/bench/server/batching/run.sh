@@ -7,6 +7,8 @@
 #                     nothing else running (the scheduler with fused steps and prefill order)
 #   smollm2-48-t1-calls  1, 4 and 16 agents, 1 thread, on an AVX-512 Xeon (decode rows in
 #                     matmul calls of exactly 16 there)
+#   smollm2-48-t1-burst  1, 4 and 16 agents, 1 thread, each batched engine also with
+#                     prefill bursts of 2048 tokens (`batched` there is prefill_burst_tokens=0)
 # (smollm2-48 and smollm2-48-quiet, older: 1/4/16 agents, 2 repeats, with the command
 # `nice -n -5 python benchmarks/server/batch_decode.py --agents 1 4 16 --new-tokens 48 --repeats 2
 # --out <dir>` at the commits their results.json record.)
@@ -27,4 +29,7 @@ HF_HUB_OFFLINE=1 nice -n -5 python benchmarks/server/batch_decode.py --agents 1 
 uptime
 HF_HUB_OFFLINE=1 nice -n -5 python benchmarks/server/batch_decode.py --agents 1 4 16 --new-tokens 48 \
     --repeats 3 --threads 1 --out docs/bench/server/batching/smollm2-48-t1-calls
+uptime
+HF_HUB_OFFLINE=1 nice -n -5 python benchmarks/server/batch_decode.py --agents 1 4 16 --new-tokens 48 \
+    --repeats 3 --threads 1 --bursts 2048 --out docs/bench/server/batching/smollm2-48-t1-burst
 uptime
