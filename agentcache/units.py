@@ -1,8 +1,10 @@
-"""Byte units, defined once for every module that sizes memory, tiers or files."""
+"""Byte units, defined once for every module that sizes memory, tiers or files, and the
+machine's memory that bounds them."""
 
 from __future__ import annotations
 
 import math
+import os
 import re
 
 MiB = 1 << 20
@@ -28,3 +30,12 @@ def format_bytes(n: int) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"
+
+
+def machine_memory_bytes() -> int | None:
+    """This machine's physical memory in bytes, or None where the OS does not say."""
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return pages * size if pages > 0 and size > 0 else None

@@ -45,6 +45,7 @@ from agentcache.runtime.stats import DecodePart, Generation, PrefillPart, ReplyK
 from agentcache.runtime.stops import cut_at_stop
 from agentcache.tiers.store import TieredSegmentStore
 from agentcache.tiers.versions import adopt_recomputed
+from agentcache.units import machine_memory_bytes
 
 # the turn's types, imported from here by the session, the server and the vLLM backend
 __all__ = ["Engine", "EngineConfig", "Generation", "GenerationParams", "PoolCapacityError",
@@ -127,13 +128,21 @@ class Engine:
         """The fast tier's pool: `kv_bytes` of pages when set, else `kv_pages` pages."""
         c, e = self.model.config, self.config
         if e.kv_bytes is None:
-            return PoolConfig(c.num_layers, c.num_kv_heads, c.head_dim, e.kv_pages, e.page_size)
-        try:
-            return PoolConfig.from_bytes(
-                c.num_layers, c.num_kv_heads, c.head_dim, e.kv_bytes, e.page_size
-            )
-        except ValueError as err:
-            raise ConfigError(str(err)) from err
+            pool = PoolConfig(c.num_layers, c.num_kv_heads, c.head_dim, e.kv_pages, e.page_size)
+        else:
+            try:
+                pool = PoolConfig.from_bytes(
+                    c.num_layers, c.num_kv_heads, c.head_dim, e.kv_bytes, e.page_size
+                )
+            except ValueError as err:
+                raise ConfigError(str(err)) from err
+        memory = machine_memory_bytes()
+        size = pool.num_pages * pool.page_bytes
+        if memory is not None and size > memory:  # its pages are taken lazily, never all
+            which = f"kv_bytes={e.kv_bytes}" if e.kv_bytes is not None else f"kv_pages={e.kv_pages}"
+            raise ConfigError(f"the engine's KV pool ({which}: {size} bytes) exceeds this "
+                              f"machine's memory ({memory} bytes); give it less")  # fmt: skip
+        return pool
 
     @property
     def store(self) -> SegmentStore:

@@ -177,3 +177,24 @@ def test_kv_bytes_sizes_vllms_kv_memory_and_a_size_short_of_one_sequence_is_refu
         check_kv_memory(tmp_path, VLLMConfig(kv_cache_bytes=1 << 30, max_model_len=23265))
     assert "holds 23296 tokens" in str(e.value) and "--max-model-len 23265" in str(e.value)
     assert "--kv-bytes" in str(e.value) and f"at least {23328 * 46080} bytes" in str(e.value)
+
+
+def test_kv_bytes_beyond_the_memory_vllm_would_use_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More KV memory than the GPU (or, on CPU, the machine) holds is a `ConfigError` naming
+    both sizes before vLLM loads."""
+    import agentcache.engines.vllm.backend as backend
+
+    cfg = {"model_type": "llama", "num_hidden_layers": 30, "num_attention_heads": 9,
+           "num_key_value_heads": 3, "hidden_size": 576}  # fmt: skip
+    (tmp_path / "config.json").write_text(__import__("json").dumps(cfg))
+    with pytest.raises(ConfigError, match=r"exceeds the [0-9]+ bytes of the memory"):
+        backend.check_kv_memory(tmp_path, VLLMConfig(kv_cache_bytes=1 << 62))
+    monkeypatch.setattr(backend, "kv_device_memory", lambda: 2 << 30)
+    backend.check_kv_memory(tmp_path, VLLMConfig(kv_cache_bytes=2 << 30))
+    with pytest.raises(ConfigError) as e:
+        backend.check_kv_memory(tmp_path, VLLMConfig(kv_cache_bytes=(2 << 30) + 1))
+    assert f"{(2 << 30) + 1} bytes (--kv-bytes" in str(e.value) and f"{2 << 30} bytes" in str(
+        e.value
+    )

@@ -59,3 +59,28 @@ def test_kv_bytes_sizes_the_engines_pool_and_its_context(tiny: LoadedModel) -> N
 def test_kv_bytes_below_one_page_is_a_config_error(tiny: LoadedModel) -> None:
     with pytest.raises(ConfigError, match="holds no KV page"):
         Engine(tiny, EngineConfig(kv_bytes=100))
+
+
+@pytest.mark.parametrize("config", [EngineConfig(kv_bytes=1 << 62), EngineConfig(kv_pages=1 << 50)])
+def test_a_pool_larger_than_the_machines_memory_is_a_config_error(
+    tiny: LoadedModel, config: EngineConfig
+) -> None:
+    """A pool its machine cannot hold is refused before any page is reserved, naming the
+    setting, the pool's bytes and the machine's."""
+    with pytest.raises(ConfigError, match="exceeds this machine's memory") as e:
+        Engine(tiny, config)
+    assert ("kv_bytes=" if config.kv_bytes else "kv_pages=") in str(e.value)
+
+
+def test_the_pool_bound_is_the_machines_memory(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agentcache.runtime.engine as engine_module
+
+    page_bytes = Engine(tiny, EngineConfig(kv_pages=1)).pool_config.page_bytes
+    monkeypatch.setattr(engine_module, "machine_memory_bytes", lambda: 8 * page_bytes)
+    assert Engine(tiny, EngineConfig(kv_pages=8)).ctx.pool.config.num_pages == 8
+    with pytest.raises(ConfigError, match=f"{9 * page_bytes} bytes"):
+        Engine(tiny, EngineConfig(kv_pages=9))
+    monkeypatch.setattr(engine_module, "machine_memory_bytes", lambda: None)  # OS did not say
+    assert Engine(tiny, EngineConfig(kv_pages=9)).ctx.pool.config.num_pages == 9

@@ -58,6 +58,7 @@ from agentcache.reuse.selective import SelectiveRecompute
 from agentcache.runtime.engine import Generation, GenerationParams, TurnStats
 from agentcache.runtime.stats import DecodePart, PrefillPart, ReplyKV
 from agentcache.runtime.stops import cut_at_stop
+from agentcache.units import machine_memory_bytes
 
 
 class VLLMBackend:
@@ -368,6 +369,13 @@ def check_kv_memory(folder: Path, config: VLLMConfig) -> None:
     """`ConfigError` before vLLM loads when its KV memory (`kv_cache_bytes`, the server's
     `--kv-bytes`) cannot hold one sequence of `max_model_len` tokens and the block vLLM keeps
     beside it (vLLM 0.32 refuses less at start-up), naming both sizes."""
+    memory = kv_device_memory()
+    if memory is not None and config.kv_cache_bytes > memory:
+        raise ConfigError(
+            f"vLLM's KV memory of {config.kv_cache_bytes} bytes (--kv-bytes, "
+            f"VLLMConfig.kv_cache_bytes) exceeds the {memory} bytes of the memory it would "
+            "live in (the GPU's, else this machine's): give it less"
+        )
     per_token = kv_bytes_per_token(folder, config.dtype)
     block = config.block_size
     tokens = config.kv_cache_bytes // per_token // block * block
@@ -379,6 +387,14 @@ def check_kv_memory(folder: Path, config: VLLMConfig) -> None:
             f"tokens of this model ({per_token} bytes each), fewer than --max-model-len "
             f"{config.max_model_len}: give it at least {need} bytes or lower --max-model-len"
         )
+
+
+def kv_device_memory() -> int | None:
+    """The memory vLLM's KV cache lives in: the first GPU's where torch sees one, else this
+    machine's (vLLM's CPU backend); None where neither is known."""
+    if torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    return machine_memory_bytes()
 
 
 def _config_value(folder: Path, key: str) -> Any:

@@ -9,6 +9,7 @@
 #                     matmul calls of exactly 16 there)
 #   smollm2-48-t1-burst  1, 4 and 16 agents, 1 thread, each batched engine also with
 #                     prefill bursts of 2048 tokens (`batched` there is prefill_burst_tokens=0)
+#   smollm2-48-t2-burst  the same with 2 torch threads
 # (smollm2-48 and smollm2-48-quiet, older: 1/4/16 agents, 2 repeats, with the command
 # `nice -n -5 python benchmarks/server/batch_decode.py --agents 1 4 16 --new-tokens 48 --repeats 2
 # --out <dir>` at the commits their results.json record.)
@@ -32,4 +33,7 @@ HF_HUB_OFFLINE=1 nice -n -5 python benchmarks/server/batch_decode.py --agents 1 
 uptime
 HF_HUB_OFFLINE=1 nice -n -5 python benchmarks/server/batch_decode.py --agents 1 4 16 --new-tokens 48 \
     --repeats 3 --threads 1 --bursts 2048 --out docs/bench/server/batching/smollm2-48-t1-burst
+uptime
+HF_HUB_OFFLINE=1 nice -n -5 python benchmarks/server/batch_decode.py --agents 1 4 16 --new-tokens 48 \
+    --repeats 3 --threads 2 --bursts 2048 --out docs/bench/server/batching/smollm2-48-t2-burst
 uptime
