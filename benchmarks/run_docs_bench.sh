@@ -330,29 +330,25 @@ server() {
   $py benchmarks/server/replay.py --split all --clients 16 --targets vllm,embedded \
     --vllm-python .venv-vllm/bin/python $common --max-tokens 32 \
     --out $r/all-16x32-template-after
-  # prefill order: chosen on the tuning sessions, reported on the validation sessions
-  $py benchmarks/server/replay.py --split tune --clients 8 \
-    --targets embedded@arrival,embedded@shortest \
-    --target-args 'embedded@arrival=--prefill-order arrival' \
-    --target-args 'embedded@shortest=--prefill-order shortest' $common --max-tokens 32 \
-    --out $r/tune-8x32-prefill-order
-  $py benchmarks/server/replay.py --split validate --clients 8 \
-    --targets embedded@arrival,embedded@shortest \
-    --target-args 'embedded@arrival=--prefill-order arrival' \
-    --target-args 'embedded@shortest=--prefill-order shortest' $common --max-tokens 32 \
-    --out $r/validate-8x32-prefill-order
-  # prefill bursts between decode steps: chosen on the tuning sessions, reported on validation
-  $py benchmarks/server/replay.py --split tune --clients 8 \
-    --targets embedded@b0,embedded@b512,embedded@b2048 \
-    --target-args 'embedded@b0=--prefill-burst-tokens 0' \
-    --target-args 'embedded@b512=--prefill-burst-tokens 512' \
-    --target-args 'embedded@b2048=--prefill-burst-tokens 2048' $common --max-tokens 32 \
-    --out $r/tune-8x32-prefill-burst
-  $py benchmarks/server/replay.py --split validate --clients 8 \
-    --targets embedded@b0,embedded@b2048 \
-    --target-args 'embedded@b0=--prefill-burst-tokens 0' \
-    --target-args 'embedded@b2048=--prefill-burst-tokens 2048' $common --max-tokens 32 \
-    --out $r/validate-8x32-prefill-burst
+  # a scheduling setting chosen on the tuning sessions and reported on the validation
+  # sessions: 8 agents at once, one server per value; `embedded@NAME=FLAGS` per value
+  choose() {
+    local split=$1 name=$2 flag=$3 targets=() args=()
+    shift 3
+    for v in "$@"; do
+      targets+=("embedded@${v%%=*}")
+      args+=(--target-args "embedded@${v%%=*}=$flag ${v#*=}")
+    done
+    $py benchmarks/server/replay.py --split "$split" --clients 8 \
+      --targets "$(IFS=,; echo "${targets[*]}")" "${args[@]}" $common --max-tokens 32 \
+      --out "$r/$split-8x32-$name"
+  }
+  # prefill order
+  choose tune prefill-order --prefill-order arrival=arrival shortest=shortest
+  choose validate prefill-order --prefill-order arrival=arrival shortest=shortest
+  # prefill bursts between decode steps
+  choose tune prefill-burst --prefill-burst-tokens b0=0 b512=512 b2048=2048
+  choose validate prefill-burst --prefill-burst-tokens b0=0 b2048=2048
   # the vLLM backend's admission by tokens (its default) against admission left to vLLM
   $py benchmarks/server/replay.py --split all --clients 16 \
     --targets vllm,vllm-backend,vllm-backend@ungated \
