@@ -343,9 +343,11 @@ server() {
       --targets "$(IFS=,; echo "${targets[*]}")" "${args[@]}" $common --max-tokens 32 \
       --out "$r/$split-8x32-$name"
   }
-  # prefill order
-  choose tune prefill-order --prefill-order arrival=arrival shortest=shortest
-  choose validate prefill-order --prefill-order arrival=arrival shortest=shortest
+  # prefill order (measured with one prefill per decode step, the scheduling before bursts)
+  choose tune prefill-order --prefill-order "arrival=arrival --prefill-burst-tokens 0" \
+    "shortest=shortest --prefill-burst-tokens 0"
+  choose validate prefill-order --prefill-order "arrival=arrival --prefill-burst-tokens 0" \
+    "shortest=shortest --prefill-burst-tokens 0"
   # prefill bursts between decode steps
   choose tune prefill-burst --prefill-burst-tokens b0=0 b512=512 b2048=2048
   choose validate prefill-burst --prefill-burst-tokens b0=0 b2048=2048
