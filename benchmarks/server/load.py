@@ -214,6 +214,7 @@ def summarize(args: argparse.Namespace, solo: list[ClientLog], load: list[Client
     return {
         "clients": args.clients, "duration_s": args.duration, "turns": args.turns,
         "max_active": args.max_active if not args.url else None,
+        "batch_decode": args.batch_decode if not args.url else None,
         "model": args.model if not args.url else args.url,
         "requests": len(load_lat), "errors": [e for c in load for e in c.errors],
         "replies_compared": compared, "replies_differing": differing,
@@ -297,6 +298,10 @@ def report(result: dict[str, Any], command: str) -> str:
         at_once = (
             "under load a request waits for the ones before it: the engine serves one at a time"
         )
+    elif result.get("batch_decode"):
+        at_once = (f"the engine runs up to {active} requests, their decode steps as one batch "
+                   "and waiting prefills in bursts between steps, as `agentcache serve` does; "
+                   "the rest wait")  # fmt: skip
     else:
         at_once = f"the engine interleaves up to {active} requests token by token, the rest wait"
     lines = [
@@ -384,6 +389,14 @@ def main() -> None:
         help="in-process server: requests at the engine at once (1: one after the other)",
     )
     p.add_argument(
+        "--batch-decode",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="in-process server: the engine as `agentcache serve` runs it, the active "
+        "requests' decode steps batched, prefills in bursts between them (default: off, each "
+        "request steps alone, interleaved, as the runs before batching)",
+    )
+    p.add_argument(
         "--trim-interval",
         type=float,
         default=10.0,
@@ -457,6 +470,7 @@ def server_process(args: argparse.Namespace) -> Iterator[str]:
     argv = [sys.executable, __file__, "--child", "--model", args.model,
             "--store-bytes", str(args.store_bytes), "--conversation-bytes",
             str(args.conversation_bytes), "--max-active", str(args.max_active),
+            "--batch-decode" if args.batch_decode else "--no-batch-decode",
             "--trim-interval", str(args.trim_interval),
             "--malloc-arenas", str(args.malloc_arenas)]  # fmt: skip
     child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -491,7 +505,8 @@ def in_process_server(args: argparse.Namespace) -> Any:
         limit_arenas(args.malloc_arenas)  # as serve does, before any worker thread starts
     torch.set_num_threads(int(os.environ.get("AGENTCACHE_NUM_THREADS", "1")))
     model = tiny_model() if args.model == "tiny" else load_model(args.model)
-    engine = Engine(model, EngineConfig(kv_pages=1024, store_bytes=args.store_bytes))
+    engine = Engine(model, EngineConfig(kv_pages=1024, store_bytes=args.store_bytes,
+                                        batch_decode=args.batch_decode))  # fmt: skip
     config = ServerConfig(
         "load", tracker_bytes=args.conversation_bytes, max_active=args.max_active,
         trim_interval_s=args.trim_interval,
