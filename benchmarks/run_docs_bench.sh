@@ -313,6 +313,10 @@ server() {
       --malloc-arenas $arenas --out docs/bench/server/load-tiny-16x1200-think1-active16-process-arenas$arenas &
   done
   wait
+  # the engine as agentcache serve runs it: decode batched, prefills in bursts
+  AGENTCACHE_NUM_THREADS=1 $py benchmarks/server/load.py --clients 16 --duration 240 \
+    --think 1.0 --model tiny --store-bytes 33554432 --max-active 16 --batch-decode \
+    --out docs/bench/server/load-tiny-16x240-think1-batched
   # docs/server.md "Replaying concurrent agents": agents with tool pauses over HTTP, the default
   # model, 1 thread per server (the vLLM targets need .venv-vllm: make .venv-vllm/.installed)
   local r=docs/bench/server/replay common="--model default --threads 1 --pause-median 2 --seed 0"

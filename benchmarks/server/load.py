@@ -449,8 +449,9 @@ def main() -> None:
             result = run(args, url, "load")
     shown = {k: v for k, v in vars(args).items() if v is not None and k != "child"}
     command = "AGENTCACHE_NUM_THREADS=1 python benchmarks/server/load.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in shown.items()
-    )
+        (f"--{'' if v else 'no-'}{k.replace('_', '-')}" if isinstance(v, bool)
+         else f"--{k.replace('_', '-')} {v}") for k, v in shown.items()
+    )  # fmt: skip
     print(write_run(args.out, result, lambda r: report(r, command)))
 
 
