@@ -85,6 +85,7 @@ class Engine:
         self.model = model
         self.config = config or EngineConfig()
         pool_config = self.pool_config
+        self._check_pool_fits(pool_config)  # once: `pool_config` is read on every request
         self.ctx = ReuseContext(
             model,
             store or self._new_store(pool_config),
@@ -136,13 +137,16 @@ class Engine:
                 )
             except ValueError as err:
                 raise ConfigError(str(err)) from err
-        memory = machine_memory_bytes()
-        size = pool.num_pages * pool.page_bytes
-        if memory is not None and size > memory:  # its pages are taken lazily, never all
-            which = f"kv_bytes={e.kv_bytes}" if e.kv_bytes is not None else f"kv_pages={e.kv_pages}"
-            raise ConfigError(f"the engine's KV pool ({which}: {size} bytes) exceeds this "
-                              f"machine's memory ({memory} bytes); give it less")  # fmt: skip
         return pool
+
+    def _check_pool_fits(self, pool: PoolConfig) -> None:
+        """`ConfigError` when the pool's K/V could outgrow this machine's memory (its pages are
+        taken lazily, so a larger pool would start, and end in the OOM killer once filled)."""
+        memory, e = machine_memory_bytes(), self.config
+        if memory is not None and pool.pool_bytes > memory:
+            which = f"kv_bytes={e.kv_bytes}" if e.kv_bytes is not None else f"kv_pages={e.kv_pages}"
+            raise ConfigError(f"the engine's KV pool ({which}: {pool.pool_bytes} bytes) exceeds "
+                              f"this machine's memory ({memory} bytes); give it less")  # fmt: skip
 
     @property
     def store(self) -> SegmentStore:

@@ -172,29 +172,24 @@ def summarize(runs: list[dict[str, Any]], agents: list[int]) -> dict[str, Any]:
     return out
 
 
-def burst_rows(runs: list[dict[str, Any]], agents: list[int]) -> list[dict[str, Any]]:
-    """Per configuration other than interleaved and N: tokens/s (median over repeats), over
-    `batched` and over one agent alone on the same configuration (per repeat), TTFT p50/p99."""
+def burst_rows(runs: list[dict[str, Any]], summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per configuration other than interleaved and N: from `summarize`'s row, tokens/s
+    (median over repeats), over one agent alone on the same configuration and TTFT p50/p99;
+    and its tokens/s over `batched` in the same repeat."""
     out = []
     for c in CONFIGS:
         if c == "interleaved":
             continue
-        for n in agents:
-            rs = sorted((r for r in runs if r["agents"] == n and r["config"] == c),
-                        key=lambda r: r["repeat"])  # fmt: skip
-            base = sorted((r for r in runs if r["agents"] == n and r["config"] == "batched"),
-                          key=lambda r: r["repeat"])  # fmt: skip
-            ones = sorted((r for r in runs if r["agents"] == agents[0] and r["config"] == c),
-                          key=lambda r: r["repeat"])  # fmt: skip
-            ttft = [t for r in rs for t in r["ttft_s"]]
+        for n, row in summary.items():
+            rs = [r for r in runs if r["agents"] == int(n) and r["config"] == c]
+            base = [r for r in runs if r["agents"] == int(n) and r["config"] == "batched"]
             out.append({
-                "config": c, "agents": n,
-                "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in rs),
+                "config": c, "agents": int(n),
+                "tokens_per_s_median": row[c]["tokens_per_s_median"],
                 "over_batched": [x["tokens_per_s"] / b["tokens_per_s"]
                                  for x, b in zip(rs, base, strict=True)],
-                "over_one_alone": [x["tokens_per_s"] / o["tokens_per_s"]
-                                   for x, o in zip(rs, ones, strict=True)],
-                "ttft_p50_s": statistics.median(ttft), "ttft_p99_s": percentile(ttft, 0.99),
+                "over_one_alone": row[c]["over_one_alone"],
+                "ttft_p50_s": row[c]["ttft_p50_s"], "ttft_p99_s": row[c]["ttft_p99_s"],
             })  # fmt: skip
     return out
 
@@ -303,14 +298,15 @@ def main() -> None:
     batch = engines["batched"].batch
     for r in runs:
         r["ids"] = [list(x) for x in r["ids"]]
+    summary = summarize(runs, args.agents)
     results = {
         "provenance": origin,
         "settings": vars(args) | {"out": str(args.out), "model": model.model_id,
                                   "strategy": "full", "greedy": True},
         "agreement": agreement,
         "runs": runs,
-        "summary": summarize(runs, args.agents),
-        "bursts": burst_rows(runs, args.agents),
+        "summary": summary,
+        "bursts": burst_rows(runs, summary),
         "scheduler": None if batch is None else vars(batch.stats()),
     }  # fmt: skip
     write_run(args.out, results, report)

@@ -195,6 +195,5 @@ def test_kv_bytes_beyond_the_memory_vllm_would_use_is_refused(
     backend.check_kv_memory(tmp_path, VLLMConfig(kv_cache_bytes=2 << 30))
     with pytest.raises(ConfigError) as e:
         backend.check_kv_memory(tmp_path, VLLMConfig(kv_cache_bytes=(2 << 30) + 1))
-    assert f"{(2 << 30) + 1} bytes (--kv-bytes" in str(e.value) and f"{2 << 30} bytes" in str(
-        e.value
-    )
+    message = str(e.value)
+    assert f"{(2 << 30) + 1} bytes (--kv-bytes" in message and f"{2 << 30} bytes" in message
