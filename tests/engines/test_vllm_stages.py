@@ -21,6 +21,7 @@ from agentcache.engines.vllm.stages import (
     Stage,
     StagePlan,
     engine_tokens,
+    exact_prefix_plan,
     exact_prefix_tokens,
     plan_prompt,
     plan_stages,
@@ -44,6 +45,7 @@ from agentcache.reuse.selective import (
 )
 from agentcache.reuse.spec import StrategySpec
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
+from agentcache.runtime.stats import TokenUse
 from tests.engines.test_vllm_transfer import _prompt
 from tests.reuse.test_contract import agent_prompt
 
@@ -406,11 +408,42 @@ def test_the_backend_decides_who_computes(tiny: LoadedModel, tmp_path: Path) -> 
     plan, fill, chosen = decide("auto", "pic", warm)  # both can: measured (vLLM first)
     assert (fill, chosen) == ("vllm", True) and plan is not None and plan.num_reused > 0
     assert decide("auto", "full", warm) == (None, "engine", False)
-    # rpdc ranks while it runs: the engine fills, or vLLM computes the span alone
+    # rpdc ranks while it runs: the engine fills, or vLLM computes everything after the
+    # stored exact prefix, which the turn's request claims (loaded where vLLM evicted it)
     decider = _decider(tmp_path, "auto", "rpdc", tiny)
     d = decider.decide(warm, None)
     assert (d.fill, d.chosen) == ("vllm", True) and d.plan is not None
-    assert d.plan.stages == (Stage(warm.num_tokens, None),)
+    stored = warm.segments[1].start  # the system segment, stored after the same context
+    hit = stored // 32 * 32
+    assert hit > 0 and d.plan.stages == (Stage(warm.num_tokens, (0, hit)),)
+    assert d.plan.computed == tuple([False] * hit + [True] * (warm.num_tokens - hit))
     decider.chooser().observe("vllm", 100.0, 10)
     d = decider.decide(warm, None)
     assert (d.fill, d.chosen) == ("engine", True)
+
+
+def test_the_exact_prefix_plan_claims_the_stored_prefix_and_computes_the_rest() -> None:
+    plan = exact_prefix_plan(10, 8, 4)
+    assert plan.stages == (Stage(10, (0, 8)),)
+    assert plan.computed == tuple(_mask("........cc")) and plan.exact == tuple(_mask("cccccccc.."))
+    assert exact_prefix_plan(10, 10, 4).stages == (Stage(10, (0, 9)),)  # the last token: vLLM
+    assert exact_prefix_plan(10, 2, 4).stages == (Stage(10, None),)  # under a block: computed
+    assert exact_prefix_plan(10, 0, 4).computed == tuple([True] * 10)
+
+
+def test_a_staged_turns_token_reuse_adds_up_to_what_vllm_computed() -> None:
+    """vLLM's own hit and the claimed runs are reused (exact where the stored KV was computed
+    after this very context, else moved); the rest computed. A count that does not add up
+    (a claim declined at run time) gives None, not a guess."""
+    plan = replace(plan_stages(_mask("cc....cc..c"), 1, 1), exact=tuple(_mask("..cccc.....")))
+    uses = plan.token_reuse(vllm_hit=1, computed_tokens=4)
+    assert uses is not None
+    assert [(s, e, u.value) for s, e, u in uses.runs] == [
+        (0, 1, "exact"), (1, 2, "computed"), (2, 6, "exact"), (6, 8, "computed"),
+        (8, 10, "moved"), (10, 11, "computed"),
+    ]  # fmt: skip
+    assert plan.token_reuse(vllm_hit=1, computed_tokens=6) is None  # a run vLLM computed
+    bare = plan_stages(_mask("cc....cc..c"), 1, 1)  # exactness not known: claimed are moved
+    known = bare.token_reuse(vllm_hit=0, computed_tokens=5)
+    assert known is not None and known.count(TokenUse.MOVED) == 6
+    assert known.count(TokenUse.EXACT) == 0

@@ -51,12 +51,13 @@ from agentcache.model.families.base import hf_head_dim, hf_kv_heads
 from agentcache.model.loading import DEFAULT_MODEL
 from agentcache.model.tokenizer import HFTokenizer, chat_format_for
 from agentcache.prompt.segments import Segment, SegmentedPrompt
-from agentcache.prompt.tokenize import TokenizedPrompt, tokenize_prompt
+from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment, tokenize_prompt
 from agentcache.reuse import StrategySpec
 from agentcache.reuse.base import SegmentMiss
+from agentcache.reuse.segments import REUSABLE
 from agentcache.reuse.selective import SelectiveRecompute
 from agentcache.runtime.engine import Generation, GenerationParams, TurnStats
-from agentcache.runtime.stats import DecodePart, PrefillPart, ReplyKV
+from agentcache.runtime.stats import DecodePart, PrefillPart, ReplyKV, TokenReuse, TokenUse
 from agentcache.runtime.stops import cut_at_stop
 from agentcache.units import machine_memory_bytes
 
@@ -258,6 +259,7 @@ class VLLMBackend:
         with self._decide_lock:
             decision = self.decider.decide(tokens, strategy)
         plan, fill, chosen = decision.plan, decision.fill, decision.chosen
+        uses: TokenReuse | None = None  # where each token's KV came from, where known
         if fill == "engine":
             floor = 0.0 if chosen else None  # chosen on measurements: no share threshold
             sp = self.sampling_params(tokens, params, strategy, min_reused=floor)
@@ -271,9 +273,16 @@ class VLLMBackend:
         else:
             assert plan is not None
             last = self.sampling_params(tokens, params, strategy, plan.stages[-1])
+            unstored = self._unstored(tokens)  # before the turn stores them
             out, ttft, wall, info = self.driver.run_staged(tokens, plan, last, on_token, cancel)
             self.last_transfer = info
             computed = int(info["vllm_computed_tokens"])
+            uses = plan.token_reuse(int(info.get("vllm_cached_tokens", 0)), computed)
+            if uses is not None:  # a segment the store lacked and vLLM computed whole: new
+                new = [s for s in unstored if uses.count(TokenUse.COMPUTED, s.start, s.end)
+                       == s.end - s.start]  # fmt: skip
+                news = [[s.segment.id, str(s.kind), s.end - s.start, "new"] for s in new]
+                info["misses"] = [*info.get("misses", []), *news]
         if chosen:
             with self._decide_lock:
                 self.chooser(strategy).observe(fill, ttft * 1e3, computed)
@@ -290,7 +299,10 @@ class VLLMBackend:
             recompute_fraction=computed / max(1, tokens.num_tokens), ttft_s=ttft,
             fallbacks=int(info.get("fallbacks", 0)),
             fallback_reasons=tuple(info.get("fallback_reasons", ())),
-            misses=_misses(info.get("misses", ())),
+            misses=_misses(info.get("misses", ())), token_reuse=uses,
+            exact_tokens=_count(uses, TokenUse.EXACT), moved_tokens=_count(uses, TokenUse.MOVED),
+            refreshed_tokens=_count(uses, TokenUse.REFRESHED),
+            computed_tokens=_count(uses, TokenUse.COMPUTED),
         )  # fmt: skip
         rate = (len(ids) - 1) / decode_s if len(ids) > 1 and decode_s > 0 else 0.0
         stats = TurnStats.of(
@@ -300,6 +312,14 @@ class VLLMBackend:
         )
         text = cut_at_stop(self.tokenizer.decode(ids), params.stop)
         return Generation(text, ids, finish, self._first_logits(comp.logprobs), stats)
+
+    def _unstored(self, tokens: TokenizedPrompt) -> list[TokenizedSegment]:
+        """The reusable segments of `tokens` the store lacks (the planning store's metadata,
+        the files a staged plan is made from)."""
+        return [
+            s for s in tokens.segments
+            if s.kind in REUSABLE and s.end > s.start and self.decider.meta(s) is None
+        ]  # fmt: skip
 
     def retained_ids(
         self, tokens: TokenizedPrompt, reply_segment: Segment | None = None
@@ -346,6 +366,10 @@ def _check_in_process() -> None:
             "(agentcache's CLI sets it; a script sets it before creating the backend), or "
             "VLLMConfig(in_process=False) to let vLLM spawn its engine core"
         )
+
+
+def _count(uses: TokenReuse | None, use: TokenUse) -> int | None:
+    return None if uses is None else uses.count(use)
 
 
 def _misses(raw: Any) -> tuple[SegmentMiss, ...]:

@@ -5,7 +5,9 @@ computes every token (stages.py), or the connector's engine filling the span.
     fill="vllm"    a staged prefill (positional strategies only; checked in VLLMConfig)
     fill="auto"    for a strategy that selects up front: staged, or the engine when it has
                    measured faster (`FillChooser`); for one that ranks while it runs: the
-                   engine, or vLLM computing the span alone; nothing stored: no choice
+                   engine, or vLLM computing everything after the stored exact prefix (the
+                   connector loads that prefix where vLLM's cache lost it); nothing stored:
+                   no choice
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from agentcache.engines.vllm.stages import (
     FillChooser,
     StagePlan,
     engine_tokens,
+    exact_prefix_plan,
     exact_prefix_tokens,
     plan_prompt,
-    plan_stages,
     select_from_store,
     staged_strategy,
 )
@@ -93,11 +95,13 @@ class FillDecider:
             fill = self.chooser(strategy).choose(plan.num_computed, plan.requested)
             return FillDecision(plan, fill, True)
         # the strategy ranks tokens while it runs: its engine fills the span, or vLLM computes
-        # the span itself (no reuse after vLLM's own prefix-cache hit)
+        # everything after the stored exact prefix, which the connector supplies where vLLM's
+        # own prefix cache no longer holds it
         selection, runs = select_from_store(tokens, built, self.meta)
         if not runs:
             return FillDecision(None, "engine", False)  # nothing stored: nothing is claimed
         hit = exact_prefix_tokens(runs, c.block_size)
         fill = self.chooser(strategy).choose(tokens.num_tokens - hit, engine_tokens(selection))
-        alone = plan_stages([True] * tokens.num_tokens, c.block_size)
-        return FillDecision(alone if fill == "vllm" else None, fill, True)
+        if fill == "engine":
+            return FillDecision(None, fill, True)
+        return FillDecision(exact_prefix_plan(tokens.num_tokens, hit, c.block_size), fill, True)

@@ -40,6 +40,7 @@ from agentcache.reuse.selective import (
     select_up_front,
 )
 from agentcache.reuse.spec import StrategySpec
+from agentcache.runtime.stats import TokenReuse
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,26 @@ class StagePlan:
     stages: tuple[Stage, ...]
     computed: tuple[bool, ...]  # per prompt token: vLLM computes it (alignment included)
     requested: int = 0  # tokens the strategy computes (before alignment)
+    # per prompt token: its stored KV was computed after this very context, at this position
+    # (a claimed token that is not is re-rotated: `moved`); empty when not known
+    exact: tuple[bool, ...] = ()
+
+    def token_reuse(self, vllm_hit: int, computed_tokens: int) -> TokenReuse | None:
+        """Where each prompt token's KV came from in a staged turn that ran this plan: vLLM's
+        own prefix-cache hit of its first stage (`vllm_hit` tokens, exact) and the claimed
+        runs are reused, the rest vLLM computed. None when that does not add up to the
+        `computed_tokens` vLLM reported (a stage's claim declined at run time: vLLM computed
+        a run the plan reused, and which one is not known here)."""
+        n = len(self.computed)
+        reused = ~torch.tensor(self.computed, dtype=torch.bool)
+        reused[: max(0, vllm_hit)] = True
+        if int(reused.sum()) != n - computed_tokens:
+            return None
+        exact = torch.zeros(n, dtype=torch.bool)
+        if self.exact:
+            exact = torch.tensor(self.exact, dtype=torch.bool)
+        exact[: max(0, vllm_hit)] = True
+        return TokenReuse.of(n, reused, exact, None)
 
     @property
     def num_computed(self) -> int:
@@ -156,8 +177,23 @@ def plan_prompt(
     the tokens it computes up front are what vLLM computes, alignment added."""
     if not strategy.up_front:
         raise ConfigError(f"strategy {strategy.name!r} cannot run as a staged prefill")
-    selection, _ = select_from_store(prompt, strategy, meta)
-    return plan_stages(selection.base.tolist(), block_size, min_claim_tokens)
+    selection, runs = select_from_store(prompt, strategy, meta)
+    plan = plan_stages(selection.base.tolist(), block_size, min_claim_tokens)
+    exact = [False] * prompt.num_tokens
+    for r in runs:
+        if r.exact:
+            exact[r.start : r.end] = [True] * r.num_tokens
+    return replace(plan, exact=tuple(exact))
+
+
+def exact_prefix_plan(num_tokens: int, hit: int, block_size: int) -> StagePlan:
+    """vLLM computes every token after the stored exact prefix [0, `hit`), which the turn's
+    request claims: where vLLM's own prefix cache still holds it the claim is empty, and
+    where vLLM evicted it (memory pressure) the connector loads it from the store, vLLM's
+    own KV stored after this very context, instead of vLLM computing it again."""
+    hit = max(0, min(hit, num_tokens - 1))  # the last prompt token is always computed
+    plan = plan_stages([False] * hit + [True] * (num_tokens - hit), block_size)
+    return replace(plan, exact=tuple(not c for c in plan.computed))
 
 
 def exact_prefix_tokens(runs: list[ReusedRun], block_size: int) -> int:
@@ -183,8 +219,8 @@ FILLS = ("vllm", "engine")
 @dataclass
 class FillChooser:
     """Who computes what reuse cannot supply (`fill="auto"`): vLLM (a staged prefill for a
-    positional strategy; for the others, vLLM computing the span itself, no reuse after its
-    own prefix-cache hit) or agentcache's engine inside the worker. Which is faster depends
+    positional strategy; for the others, vLLM computing everything after the stored exact
+    prefix, `exact_prefix_plan`) or agentcache's engine inside the worker. Which is faster depends
     on the machine (vLLM's kernels against agentcache's forward; a GPU; load), so it is
     measured: the turn's TTFT per computed token, averaged over turns (the newest weighs
     `weight`). Each fill is tried `warmup` times first, in turn; then the one predicted
