@@ -378,13 +378,13 @@ server() {
     --max-tokens 32 --targets vllm-backend@prefix,vllm-backend@folder \
     --vllm-python .venv-vllm/bin/python \
     --target-args "vllm-backend@prefix=$vkv --vllm-reuse prefix" \
-    --target-args "vllm-backend@folder=$vkv" --out $r/vllm-kv-pressure-8x2
+    --target-args "vllm-backend@folder=$vkv" --out $r/vllm-kv-pressure-8x2-loaded
   $py benchmarks/server/replay.py --split validate --clients 8 --rounds 2 $common \
     --max-tokens 32 --targets vllm-backend@drop,vllm-backend@pins \
     --vllm-python .venv-vllm/bin/python \
     --target-args "vllm-backend@drop=$vkv --vllm-folder-bytes 226MiB --retention-share 0" \
     --target-args "vllm-backend@pins=$vkv --vllm-folder-bytes 226MiB" \
-    --out $r/vllm-store-pressure-8x2
+    --out $r/vllm-store-pressure-8x2-loaded
 }
 
 # docs/benchmarks.md "vLLM", docs/lab/vllm.md (vllm-staged alone about 2 hours)
