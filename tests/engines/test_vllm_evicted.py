@@ -33,7 +33,7 @@ second = SegmentedPrompt([*first[:1], Segment("fixed", "What is a derailleur?", 
                           Segment("fixed", "It moves the chain between gears.", "a1", "assistant"),
                           Segment("update", "How often should I oil the chain?", "q2", "user")])
 params = GenerationParams(max_new_tokens=12)
-backend.generate(SegmentedPrompt(first), params)  # computes and stores its segments
+opening = backend.generate(SegmentedPrompt(first), params)  # computes, stores its segments
 backend.decider.chooser().choose = lambda *_: "vllm"  # vLLM computes what is not stored
 backend.llm.reset_prefix_cache()  # vLLM's own cache lost the conversation (evicted)
 evicted = backend.generate(second, params)
@@ -52,6 +52,7 @@ print("RESULT " + json.dumps({
     "vllm_hit": info_evicted.get("vllm_cached_tokens"),
     "reused": [evicted.stats.reused_tokens, again.stats.reused_tokens],
     "split": split(evicted), "prompt": tokens.num_tokens,
+    "opening": [split(opening), opening.stats.prompt_tokens],
     "misses": [[m.segment_id, str(m.reason)] for m in evicted.stats.misses],
     "history_end": next(s.start for s in tokens.segments if s.segment.id == "a1"),
 }))
@@ -72,6 +73,8 @@ def test_an_evicted_conversations_stored_prefix_is_loaded_not_computed(tmp_path:
     prompt = r["prompt"]
     assert r["split"] == {"exact": stored_prefix, "moved": 0, "refreshed": 0,
                           "computed": prompt - stored_prefix}  # fmt: skip
+    opening, opening_tokens = r["opening"]  # nothing stored, nothing claimed: all computed
+    assert opening == {"exact": 0, "moved": 0, "refreshed": 0, "computed": opening_tokens}
     # the reply the store lacked is named as new (vLLM computed it); nothing else is a miss
     assert r["misses"] == [["a1", "new"]]
     ids = r["ids"]

@@ -43,6 +43,7 @@ from agentcache.engines.vllm.stages import (
     FillChooser,
     Stage,
     StagePlan,
+    plan_stages,
 )
 from agentcache.engines.vllm.storage import FolderSegmentStore
 from agentcache.errors import ConfigError
@@ -270,6 +271,9 @@ class VLLMBackend:
             # token counted twice)
             computed = tokens.num_tokens - int(out.num_cached_tokens or 0)
             computed = min(tokens.num_tokens, computed + int(info.get("computed_tokens", 0)))
+            if not info.get("planned_tokens"):  # nothing claimed: vLLM's hit, then computed
+                hit = int(info.get("vllm_cached_tokens", out.num_cached_tokens or 0))
+                uses = plan_stages([True] * tokens.num_tokens, 1).token_reuse(hit, computed)
         else:
             assert plan is not None
             last = self.sampling_params(tokens, params, strategy, plan.stages[-1])
