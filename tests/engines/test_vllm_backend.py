@@ -7,15 +7,23 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from agentcache.cli import build_parser, main
 from agentcache.engines.vllm import IN_PROCESS_ENV
-from agentcache.engines.vllm.backend import VLLMBackend, _check_in_process, _misses
+from agentcache.engines.vllm.backend import (
+    VLLMBackend,
+    _check_in_process,
+    _misses,
+    filled_token_reuse,
+)
 from agentcache.engines.vllm.config import VLLMConfig
+from agentcache.engines.vllm.modes import span_runs
 from agentcache.engines.vllm.reports import RequestStats, write_report
 from agentcache.errors import ConfigError
 from agentcache.kv.store import MissReason
-from agentcache.reuse.base import SegmentMiss
+from agentcache.reuse.base import ReuseStats, SegmentMiss
+from agentcache.runtime.stats import TokenReuse
 from agentcache.server.cli import check_flags, flag_max_active, server_config
 from tests.conftest import no_model
 
@@ -197,3 +205,44 @@ def test_kv_bytes_beyond_the_memory_vllm_would_use_is_refused(
         backend.check_kv_memory(tmp_path, VLLMConfig(kv_cache_bytes=(2 << 30) + 1))
     message = str(e.value)
     assert f"{(2 << 30) + 1} bytes (--kv-bytes" in message and f"{2 << 30} bytes" in message
+
+
+def test_a_filled_turns_token_use_is_vllms_hit_the_workers_runs_then_vllm() -> None:
+    """Fill "engine": [0, hit) vLLM's own (exact), the claimed span as the worker's runs say,
+    the rest vLLM computed; what cannot be told from the report is None, not a guess."""
+
+    def runs(uses: TokenReuse | None) -> list[tuple[int, int, str]] | None:
+        return None if uses is None else [(s, e, u.value) for s, e, u in uses.runs]
+
+    assert runs(filled_token_reuse(10, {}, 5)) == [(0, 5, "exact"), (5, 10, "computed")]
+    spans = [[4, 6, "moved"], [6, 7, "computed"], [7, 9, "refreshed"]]
+    claimed = {"vllm_cached_tokens": 4, "planned_tokens": 5, "token_runs": spans}
+    assert runs(filled_token_reuse(10, claimed, 9)) == [
+        (0, 4, "exact"), (4, 6, "moved"), (6, 7, "computed"), (7, 9, "refreshed"),
+        (9, 10, "computed"),
+    ]  # fmt: skip
+    assert filled_token_reuse(10, claimed, 8) is None  # vLLM cached other than the claim's end
+    assert filled_token_reuse(10, {**claimed, "token_runs": []}, 9) is None  # use not known
+    assert filled_token_reuse(10, {**claimed, "vllm_cached_tokens": 3}, 9) is None  # a gap
+    twice = {**claimed, "token_runs": [*spans, [4, 6, "moved"]]}  # claimed again
+    assert filled_token_reuse(10, twice, 9) is None
+    odd = {**claimed, "token_runs": [[4, 9, "borrowed"]]}
+    assert filled_token_reuse(10, odd, 9) is None
+    assert filled_token_reuse(10, {"vllm_cached_tokens": 11}, 11) is None
+
+
+def test_the_workers_span_runs_are_the_strategys_masks_clipped_to_the_span() -> None:
+    stats = ReuseStats(10, 1, reused_tokens=6, recomputed_tokens=4)
+    stats.reused = torch.tensor([True] * 4 + [False, True, True, True, False, False])
+    stats.exact = torch.tensor([True] * 4 + [False] * 6)
+    stats.dirty = torch.tensor([False] * 6 + [True, False, False, False])
+    assert span_runs(stats, 2, 9) == (
+        (2, 4, "exact"), (4, 5, "computed"), (5, 6, "moved"), (6, 7, "refreshed"),
+        (7, 8, "moved"), (8, 9, "computed"),
+    )  # fmt: skip
+    assert span_runs(ReuseStats(10, 1, reused_tokens=3), 2, 9) == ()  # no masks kept
+    report = RequestStats("segments", token_runs=((2, 4, "exact"),))
+    assert RequestStats.from_dict(report.as_dict()) == report
+    assert report.merge(RequestStats("segments", token_runs=((4, 5, "moved"),))).token_runs == (
+        (2, 4, "exact"), (4, 5, "moved"),
+    )  # fmt: skip

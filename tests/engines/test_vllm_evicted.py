@@ -4,7 +4,8 @@ staged prefill that claims the stored exact prefix, so the connector loads from 
 what vLLM's own prefix cache lost, instead of vLLM computing it again; the greedy reply is
 the one the same turn gives with vLLM's cache intact, the per-token report adds up, and the
 segment the store lacked is reported as new (before, every segment of a turn vLLM computed
-after its own hit read as found).
+after its own hit read as found); a shifted turn the connector's engine fills reports each
+token's use as the strategy's masks say.
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ info_evicted = dict(backend.last_transfer)
 again = backend.generate(second, params)  # vLLM's cache holds the whole prompt now
 info_again = dict(backend.last_transfer)
 tokens = backend.tokenize(second)
+# the connector's engine fills a shifted turn: a note before the history moves it
+backend.decider.chooser().choose = lambda *_: "engine"
+backend.llm.reset_prefix_cache()
+note = Segment("fixed", "Note: the shop opens at nine.", "n", "user")
+filled = backend.generate(SegmentedPrompt([first[0], note, *second.segments[1:]]), params)
+info_filled = dict(backend.last_transfer)
 backend.close()
 def split(g):
     u = g.stats.token_reuse
@@ -54,6 +61,8 @@ print("RESULT " + json.dumps({
     "split": split(evicted), "prompt": tokens.num_tokens,
     "opening": [split(opening), opening.stats.prompt_tokens],
     "misses": [[m.segment_id, str(m.reason)] for m in evicted.stats.misses],
+    "filled": [info_filled.get("mode"), info_filled.get("claimed_tokens", 0), split(filled),
+               filled.stats.reused_tokens, filled.stats.prompt_tokens],
     "history_end": next(s.start for s in tokens.segments if s.segment.id == "a1"),
 }))
 """
@@ -79,3 +88,11 @@ def test_an_evicted_conversations_stored_prefix_is_loaded_not_computed(tmp_path:
     assert r["misses"] == [["a1", "new"]]
     ids = r["ids"]
     assert isinstance(ids, list) and len(ids[0]) > 0 and ids[0] == ids[1]
+    # the engine's fill: vLLM's hit, the strategy's use of each token of the span, the rest
+    mode, claimed, use, reused_tokens, prompt_tokens = r["filled"]
+    assert mode == "segments" and claimed > 0 and isinstance(use, dict)
+    assert sum(use.values()) == prompt_tokens
+    assert use["exact"] + use["moved"] + use["refreshed"] == reused_tokens
+    # the history after the note was stored before it: found, and (few tokens: the default's
+    # cover_min) computed again for fidelity; the system message before the note is exact
+    assert use["exact"] > 0 and use["moved"] + use["refreshed"] > 0, use

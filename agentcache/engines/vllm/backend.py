@@ -43,7 +43,6 @@ from agentcache.engines.vllm.stages import (
     FillChooser,
     Stage,
     StagePlan,
-    plan_stages,
 )
 from agentcache.engines.vllm.storage import FolderSegmentStore
 from agentcache.errors import ConfigError
@@ -271,9 +270,7 @@ class VLLMBackend:
             # token counted twice)
             computed = tokens.num_tokens - int(out.num_cached_tokens or 0)
             computed = min(tokens.num_tokens, computed + int(info.get("computed_tokens", 0)))
-            if not info.get("planned_tokens"):  # nothing claimed: vLLM's hit, then computed
-                hit = int(info.get("vllm_cached_tokens", out.num_cached_tokens or 0))
-                uses = plan_stages([True] * tokens.num_tokens, 1).token_reuse(hit, computed)
+            uses = filled_token_reuse(tokens.num_tokens, info, int(out.num_cached_tokens or 0))
         else:
             assert plan is not None
             last = self.sampling_params(tokens, params, strategy, plan.stages[-1])
@@ -287,9 +284,11 @@ class VLLMBackend:
                        == s.end - s.start]  # fmt: skip
                 news = [[s.segment.id, str(s.kind), s.end - s.start, "new"] for s in new]
                 info["misses"] = [*info.get("misses", []), *news]
-        if chosen:
+        if chosen:  # the cost per token the chooser learns counts the engine's last token too
             with self._decide_lock:
                 self.chooser(strategy).observe(fill, ttft * 1e3, computed)
+        if uses is not None:  # per token: computed by vLLM or the engine, once
+            computed = uses.count(TokenUse.COMPUTED)
         with self._count_lock:
             self._preemptions += int(info.get("preemptions", 0))
         info["fill"] = fill
@@ -370,6 +369,33 @@ def _check_in_process() -> None:
             "(agentcache's CLI sets it; a script sets it before creating the backend), or "
             "VLLMConfig(in_process=False) to let vLLM spawn its engine core"
         )
+
+
+def filled_token_reuse(n: int, info: dict[str, Any], cached: int) -> TokenReuse | None:
+    """Where each prompt token's KV came from in a turn vLLM ran whole (fill "engine"):
+    vLLM's own hit [0, h) exact, the span the connector filled as the worker's `token_runs`
+    say (the strategy's masks), the rest computed by vLLM. None where that is not known (a
+    claim without runs, runs that do not tile the claim up to vLLM's `cached` count: a
+    request preempted and claimed again)."""
+    hit = int(info.get("vllm_cached_tokens", cached))
+    runs = info.get("token_runs") or []
+    if bool(info.get("planned_tokens")) != bool(runs) or not 0 <= hit <= n:
+        return None
+    reused, exact, dirty = (torch.zeros(n, dtype=torch.bool) for _ in range(3))
+    reused[:hit] = exact[:hit] = True
+    at = hit
+    try:
+        for start, end, name in runs:
+            use = TokenUse(name)
+            if start != at or not start < end <= n:
+                return None
+            reused[start:end] = use != TokenUse.COMPUTED
+            exact[start:end] = use == TokenUse.EXACT
+            dirty[start:end] = use == TokenUse.REFRESHED
+            at = end
+    except (TypeError, ValueError):  # a report this connector does not write
+        return None
+    return TokenReuse.of(n, reused, exact, dirty) if at == cached else None
 
 
 def _count(uses: TokenReuse | None, use: TokenUse) -> int | None:

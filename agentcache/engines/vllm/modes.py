@@ -24,7 +24,7 @@ from agentcache.engines.vllm.plan import (
     claim_stage,
     unclaimed_segments,
 )
-from agentcache.engines.vllm.reports import MissRow, RequestStats
+from agentcache.engines.vllm.reports import MissRow, RequestStats, TokenRun
 from agentcache.engines.vllm.request import RequestSpec
 from agentcache.engines.vllm.transfer import (
     PagedKV,
@@ -35,6 +35,8 @@ from agentcache.engines.vllm.transfer import (
     stored_inexact_from,
 )
 from agentcache.kv.store import SegmentStore
+from agentcache.reuse.base import ReuseStats
+from agentcache.runtime.stats import TokenReuse
 
 VLLM_FILLS_SEGMENTS = (
     "the connector runs with fill='vllm' and serves segment spans through staged "
@@ -183,6 +185,7 @@ class SegmentMode(_SavesSegments):
         stats = RequestStats(
             self.name, reused_tokens=rs.reused_tokens, computed_tokens=rs.recomputed_tokens,
             fallbacks=rs.fallbacks, fallback_reasons=tuple(rs.fallback_reasons), misses=misses,
+            token_runs=span_runs(rs, start, end),
         )  # fmt: skip
         return Loaded(stats, inexact_from=filled.inexact_from)
 
@@ -238,3 +241,17 @@ class Modes:
             if mode.name == name:
                 return mode
         raise ValueError(f"unknown transfer mode {name!r}")
+
+
+def span_runs(stats: ReuseStats, start: int, end: int) -> tuple[TokenRun, ...]:
+    """Where the KV of the filled span [start, end) came from, from the strategy's masks over
+    the whole prompt (`TokenReuse`); empty for a strategy that keeps no masks."""
+    if stats.reused is None and stats.reused_tokens > 0:
+        return ()
+    uses = TokenReuse.of(stats.prompt_tokens, stats.reused, stats.exact, stats.dirty)
+    out = []
+    for s, e, use in uses.runs:
+        lo, hi = max(s, start), min(e, end)
+        if lo < hi:
+            out.append((lo, hi, use.value))
+    return tuple(out)

@@ -32,6 +32,7 @@ MAX_FILES = 1024
 PRUNE_EVERY = 64  # report writes between two looks at the folder's size
 
 MissRow = tuple[str | None, str, int, str]  # [segment id, kind, tokens, reason] in JSON
+TokenRun = tuple[int, int, str]  # [start, end, token use] in JSON
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ class RequestStats:
     fallback_reasons: tuple[str, ...] = ()
     misses: tuple[MissRow, ...] = ()
     fill_ms: float = 0.0
+    # where the filled span's KV came from: runs [start, end, use] in prompt positions, `use`
+    # a `TokenUse` value (exact, moved, refreshed, computed); empty where not known
+    token_runs: tuple[TokenRun, ...] = ()
 
     def merge(self, other: RequestStats) -> RequestStats:
         return RequestStats(
@@ -64,6 +68,7 @@ class RequestStats:
             self.fallback_reasons + other.fallback_reasons,
             self.misses + other.misses,
             self.fill_ms + other.fill_ms,
+            self.token_runs + other.token_runs,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -71,6 +76,7 @@ class RequestStats:
         out = asdict(self)
         out["fallback_reasons"] = list(self.fallback_reasons)
         out["misses"] = [list(m) for m in self.misses]
+        out["token_runs"] = [list(r) for r in self.token_runs]
         return out
 
     @classmethod
@@ -82,6 +88,7 @@ class RequestStats:
         body = dict(raw)
         body["fallback_reasons"] = tuple(body.get("fallback_reasons", ()))
         body["misses"] = tuple(tuple(m) for m in body.get("misses", ()))
+        body["token_runs"] = tuple(tuple(r) for r in body.get("token_runs", ()))
         return cls(**body)
 
 
