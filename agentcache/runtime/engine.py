@@ -129,15 +129,13 @@ class Engine:
         """The fast tier's pool: `kv_bytes` of pages when set, else `kv_pages` pages."""
         c, e = self.model.config, self.config
         if e.kv_bytes is None:
-            pool = PoolConfig(c.num_layers, c.num_kv_heads, c.head_dim, e.kv_pages, e.page_size)
-        else:
-            try:
-                pool = PoolConfig.from_bytes(
-                    c.num_layers, c.num_kv_heads, c.head_dim, e.kv_bytes, e.page_size
-                )
-            except ValueError as err:
-                raise ConfigError(str(err)) from err
-        return pool
+            return PoolConfig(c.num_layers, c.num_kv_heads, c.head_dim, e.kv_pages, e.page_size)
+        try:
+            return PoolConfig.from_bytes(
+                c.num_layers, c.num_kv_heads, c.head_dim, e.kv_bytes, e.page_size
+            )
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
 
     def _check_pool_fits(self, pool: PoolConfig) -> None:
         """`ConfigError` when the pool's K/V could outgrow this machine's memory (its pages are
