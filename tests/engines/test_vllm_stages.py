@@ -405,6 +405,11 @@ def test_the_backend_decides_who_computes(tiny: LoadedModel, tmp_path: Path) -> 
     other = engine.tokenize(SegmentedPrompt([Segment(SegmentKind.SYSTEM, "new words " * 20)]))
     plan, fill, chosen = decide("auto", "pic", other)  # nothing stored: vLLM, no choice made
     assert fill == "vllm" and not chosen and plan is not None and len(plan.stages) == 1
+    # the segments the store lacked, read once while planning (a staged turn's `new` misses)
+    lacked = _decider(tmp_path, "auto", "pic", tiny).decide(other, None).unstored
+    assert [s.segment.text for s in lacked] == ["new words " * 20]
+    known = _decider(tmp_path, "auto", "pic", tiny).decide(warm, None).unstored
+    assert known == ()  # every reusable segment (system, history) stored by the first turn
     plan, fill, chosen = decide("auto", "pic", warm)  # both can: measured (vLLM first)
     assert (fill, chosen) == ("vllm", True) and plan is not None and plan.num_reused > 0
     assert decide("auto", "full", warm) == (None, "engine", False)

@@ -51,10 +51,9 @@ from agentcache.model.families.base import hf_head_dim, hf_kv_heads
 from agentcache.model.loading import DEFAULT_MODEL
 from agentcache.model.tokenizer import HFTokenizer, chat_format_for
 from agentcache.prompt.segments import Segment, SegmentedPrompt
-from agentcache.prompt.tokenize import TokenizedPrompt, TokenizedSegment, tokenize_prompt
+from agentcache.prompt.tokenize import TokenizedPrompt, tokenize_prompt
 from agentcache.reuse import StrategySpec
 from agentcache.reuse.base import SegmentMiss
-from agentcache.reuse.segments import REUSABLE
 from agentcache.reuse.selective import SelectiveRecompute
 from agentcache.runtime.engine import Generation, GenerationParams, TurnStats
 from agentcache.runtime.stats import DecodePart, PrefillPart, ReplyKV, TokenReuse, TokenUse
@@ -274,15 +273,17 @@ class VLLMBackend:
         else:
             assert plan is not None
             last = self.sampling_params(tokens, params, strategy, plan.stages[-1])
-            unstored = self._unstored(tokens)  # before the turn stores them
             out, ttft, wall, info = self.driver.run_staged(tokens, plan, last, on_token, cancel)
             self.last_transfer = info
             computed = int(info["vllm_computed_tokens"])
             uses = plan.token_reuse(int(info.get("vllm_cached_tokens", 0)), computed)
             if uses is not None:  # a segment the store lacked and vLLM computed whole: new
-                new = [s for s in unstored if uses.count(TokenUse.COMPUTED, s.start, s.end)
-                       == s.end - s.start]  # fmt: skip
-                news = [[s.segment.id, str(s.kind), s.end - s.start, "new"] for s in new]
+                news = [
+                    [s.segment.id, str(s.kind), s.end - s.start, "new"]
+                    for s in decision.unstored  # read when the plan was made
+                    if s.end > s.start
+                    and uses.count(TokenUse.COMPUTED, s.start, s.end) == s.end - s.start
+                ]
                 info["misses"] = [*info.get("misses", []), *news]
         if chosen:  # the cost per token the chooser learns counts the engine's last token too
             with self._decide_lock:
@@ -315,14 +316,6 @@ class VLLMBackend:
         )
         text = cut_at_stop(self.tokenizer.decode(ids), params.stop)
         return Generation(text, ids, finish, self._first_logits(comp.logprobs), stats)
-
-    def _unstored(self, tokens: TokenizedPrompt) -> list[TokenizedSegment]:
-        """The reusable segments of `tokens` the store lacks (the planning store's metadata,
-        the files a staged plan is made from)."""
-        return [
-            s for s in tokens.segments
-            if s.kind in REUSABLE and s.end > s.start and self.decider.meta(s) is None
-        ]  # fmt: skip
 
     def retained_ids(
         self, tokens: TokenizedPrompt, reply_segment: Segment | None = None

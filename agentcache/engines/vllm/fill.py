@@ -12,6 +12,7 @@ computes every token (stages.py), or the connector's engine filling the span.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agentcache.engines.vllm.config import VLLMConfig
@@ -40,6 +41,9 @@ class FillDecision:
     plan: StagePlan | None
     fill: str
     chosen: bool
+    # the reusable segments the store lacked when the plan was made (a staged turn reports
+    # those vLLM computed whole as new)
+    unstored: tuple[TokenizedSegment, ...] = ()
 
 
 @dataclass
@@ -73,10 +77,16 @@ class FillDecider:
         built = staged_strategy(spec) if c.fill == "vllm" else spec.build()
         return built if isinstance(built, SelectiveRecompute) else None
 
-    def stage_plan(self, tokens: TokenizedPrompt, strategy: SelectiveRecompute) -> StagePlan:
-        """Which tokens vLLM computes, and in which requests, from what the store holds now."""
+    def stage_plan(
+        self,
+        tokens: TokenizedPrompt,
+        strategy: SelectiveRecompute,
+        meta: Callable[[TokenizedSegment], StoredMeta | None] | None = None,
+    ) -> StagePlan:
+        """Which tokens vLLM computes, and in which requests, from what the store holds now
+        (`meta`, default `self.meta`: a segment's stored metadata)."""
         c = self.config
-        return plan_prompt(tokens, strategy, self.meta, c.block_size, c.min_stage_tokens)
+        return plan_prompt(tokens, strategy, meta or self.meta, c.block_size, c.min_stage_tokens)
 
     def meta(self, seg: TokenizedSegment) -> StoredMeta | None:
         model_id, tokenizer_id = self.store_ids
@@ -88,20 +98,29 @@ class FillDecider:
         built = self.selective(strategy)
         if built is None:
             return FillDecision(None, "engine", False)
+        lacked: list[TokenizedSegment] = []  # each segment's metadata is read once, here
+
+        def meta(seg: TokenizedSegment) -> StoredMeta | None:
+            found = self.meta(seg)
+            if found is None:
+                lacked.append(seg)
+            return found
+
         if built.up_front:
-            plan = self.stage_plan(tokens, built)
-            if c.fill == "vllm" or plan.num_reused == 0:
-                return FillDecision(plan, "vllm", False)  # nothing to reuse: vLLM either way
+            plan = self.stage_plan(tokens, built, meta)
+            if c.fill == "vllm" or plan.num_reused == 0:  # nothing to reuse: vLLM either way
+                return FillDecision(plan, "vllm", False, tuple(lacked))
             fill = self.chooser(strategy).choose(plan.num_computed, plan.requested)
-            return FillDecision(plan, fill, True)
+            return FillDecision(plan, fill, True, tuple(lacked))
         # the strategy ranks tokens while it runs: its engine fills the span, or vLLM computes
         # everything after the stored exact prefix, which the connector supplies where vLLM's
         # own prefix cache no longer holds it
-        selection, runs = select_from_store(tokens, built, self.meta)
+        selection, runs = select_from_store(tokens, built, meta)
         if not runs:
             return FillDecision(None, "engine", False)  # nothing stored: nothing is claimed
         hit = exact_prefix_tokens(runs, c.block_size)
         fill = self.chooser(strategy).choose(tokens.num_tokens - hit, engine_tokens(selection))
         if fill == "engine":
             return FillDecision(None, fill, True)
-        return FillDecision(exact_prefix_plan(tokens.num_tokens, hit, c.block_size), fill, True)
+        plan = exact_prefix_plan(tokens.num_tokens, hit, c.block_size)
+        return FillDecision(plan, fill, True, tuple(lacked))
