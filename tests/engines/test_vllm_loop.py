@@ -44,8 +44,10 @@ class BatchEngine:
         self.aborted: list[str] = []
         self.steps = 0  # productive steps
         self.gate = threading.Event()
+        self.prompts: list[dict[str, Any]] = []  # what each add_request was given
 
     def add_request(self, rid: str, prompt: dict[str, Any], sp: Script) -> None:
+        self.prompts.append(prompt)
         self.requests[rid] = (sp, [], 0)
         self.max_in = max(self.max_in, len(self.requests))
         if len(self.requests) >= self.batch:
@@ -183,6 +185,18 @@ def test_a_cancel_aborts_only_its_request_before_the_next_step(
     assert [t.streamed for t in turns] == [[11, 12, 13, 14], [41, 42], [31, 32, 33, 34, 35]]
     assert turns[0].error is None and turns[2].error is None
     loop.close()
+
+
+def test_a_salted_request_reaches_the_engine_with_its_cache_salt(
+    engine: BatchEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's prefix cache shares blocks only between requests of one `cache_salt`: a salted
+    request carries it, an unsalted one carries none (shared by content, vLLM's default)."""
+    loop = make_loop(engine, monkeypatch)
+    loop.run([1, 2, 3], Script((5,)), None, salt="tenant-a")
+    loop.run([1, 2, 3], Script((5,)), None)
+    assert engine.prompts == [{"prompt_token_ids": [1, 2, 3], "cache_salt": "tenant-a"},
+                              {"prompt_token_ids": [1, 2, 3]}]  # fmt: skip
 
 
 def test_a_turn_cancelled_before_it_is_added_never_reaches_the_engine(

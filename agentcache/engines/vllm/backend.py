@@ -34,7 +34,7 @@ from agentcache.engines.vllm.config import (
     default_model_folder,
     kv_transfer_config,
 )
-from agentcache.engines.vllm.driver import StepDriver, transfer_report
+from agentcache.engines.vllm.driver import StepDriver, prompt_salt, transfer_report
 from agentcache.engines.vllm.families import require_folder_rerotation
 from agentcache.engines.vllm.fill import FillDecider
 from agentcache.engines.vllm.identity import model_identity, store_model_id
@@ -262,7 +262,8 @@ class VLLMBackend:
         if fill == "engine":
             floor = 0.0 if chosen else None  # chosen on measurements: no share threshold
             sp = self.sampling_params(tokens, params, strategy, min_reused=floor)
-            out, ttft, wall = self.driver.run(tokens.ids, sp, on_token, cancel=cancel)
+            out, ttft, wall = self.driver.run(tokens.ids, sp, on_token, cancel=cancel,
+                                              salt=prompt_salt(tokens))
             info = self.transfer_report(sp, out)
             # vLLM computed what it had not cached (its prefix cache + the connector's
             # span); the connector's engine computed `computed_tokens` more (the last

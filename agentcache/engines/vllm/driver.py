@@ -20,6 +20,15 @@ from agentcache.engines.vllm.reports import merge_counts, read_report
 from agentcache.engines.vllm.request import RequestSpec
 from agentcache.engines.vllm.stages import Stage, StagePlan
 from agentcache.prompt.tokenize import TokenizedPrompt
+from agentcache.reuse.prefix import chain_scope
+
+
+def prompt_salt(tokens: TokenizedPrompt) -> str | None:
+    """The `cache_salt` of a prompt's requests: its first segment's scope (`chain_scope`), so
+    vLLM's prefix cache shares blocks where the store shares a prompt's prefix: within the
+    scope the server gave it (a tenant's: nothing across tenants, not even a system prompt,
+    and no block the connector filled approximately), by content where it has none."""
+    return chain_scope(tokens)
 
 
 class StepDriver:
@@ -42,12 +51,14 @@ class StepDriver:
         on_token: Callable[[int], None] | None,
         t0: float | None = None,
         cancel: threading.Event | None = None,
+        salt: str | None = None,
     ) -> tuple[Any, float, float]:
         """Run one request until it finishes, batched with the other turns' (`StepLoop.run`);
         returns (final output, seconds to the first token, seconds in all), both from `t0`
         (default: now). A raising `on_token` (the client went away) or a set `cancel`
-        aborts the request before the engine's next step (`TurnCancelled` for `cancel`)."""
-        done = self.loop.run(ids, sp, on_token, t0, cancel)
+        aborts the request before the engine's next step (`TurnCancelled` for `cancel`).
+        `salt`: its `cache_salt` in vLLM's prefix cache (`prompt_salt`)."""
+        done = self.loop.run(ids, sp, on_token, t0, cancel, salt)
         return done.output, done.ttft_s, done.wall_s
 
     def token_ids(self, token_ids: Any) -> tuple[int, ...]:
@@ -71,12 +82,14 @@ class StepDriver:
         `cancel` stops it as it stops `run`, no stage started after it is set."""
         t0 = time.perf_counter()
         reports, computed = [], 0
+        salt = prompt_salt(tokens)  # every stage's: each finds the blocks of the one before
         for stage in plan.stages[:-1]:
             sp = self._stage_params(tokens, stage)
-            out, _, _ = self.run(tokens.ids[: stage.prompt_len], sp, None, cancel=cancel)
+            ids = tokens.ids[: stage.prompt_len]
+            out, _, _ = self.run(ids, sp, None, cancel=cancel, salt=salt)
             reports.append(transfer_report(self.store_dir, sp, out))
             computed += stage.prompt_len - int(out.num_cached_tokens or 0)
-        out, ttft, wall = self.run(tokens.ids, last, on_token, t0, cancel)
+        out, ttft, wall = self.run(tokens.ids, last, on_token, t0, cancel, salt)
         reports.append(transfer_report(self.store_dir, last, out))
         computed += tokens.num_tokens - int(out.num_cached_tokens or 0)
         info: dict[str, Any] = {}

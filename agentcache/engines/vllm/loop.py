@@ -72,6 +72,7 @@ class _Request:
     on_token: Callable[[int], None] | None
     cancel: threading.Event | None
     t0: float
+    salt: str | None = None  # vLLM's cache_salt: its prefix cache shares blocks only within it
     rid: str = field(default_factory=lambda: f"agentcache-{uuid.uuid4().hex}")
     sent: int = 0  # output tokens already handed to on_token
     ttft: float | None = None
@@ -110,14 +111,17 @@ class StepLoop:
         on_token: Callable[[int], None] | None,
         t0: float | None = None,
         cancel: threading.Event | None = None,
+        salt: str | None = None,
     ) -> Finished:
         """Submit a request and wait until it finishes. Raises `TurnCancelled` when `cancel`
         is set before it is added or before any later step (it is aborted), what `on_token`
-        raised (it is aborted), `EngineStepFailed`, or the engine's error adding it."""
+        raised (it is aborted), `EngineStepFailed`, or the engine's error adding it. `salt`:
+        the request's `cache_salt` (vLLM's prefix cache shares blocks only between requests
+        of the same salt; None: with every request without one)."""
         if cancel is not None and cancel.is_set():
             raise _turn_cancelled()
         t0 = time.perf_counter() if t0 is None else t0
-        req = _Request(ids, sp, on_token, cancel, t0)
+        req = _Request(ids, sp, on_token, cancel, t0, salt)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the vLLM backend is closed")
@@ -184,7 +188,10 @@ class StepLoop:
                 req.end(None, _turn_cancelled())
                 continue
             try:
-                self.engine.add_request(req.rid, {"prompt_token_ids": list(req.ids)}, req.sp)
+                prompt: dict[str, Any] = {"prompt_token_ids": list(req.ids)}
+                if req.salt is not None:
+                    prompt["cache_salt"] = req.salt
+                self.engine.add_request(req.rid, prompt, req.sp)
             except Exception as e:  # this request's problem (too long, bad parameters)
                 req.end(None, e)
                 continue
