@@ -26,10 +26,13 @@ Fairness between tenants (an API key + cache_salt, chat/identity.py):
 - `max_active_tokens` (the vLLM backend: its KV cache, in tokens): a ticket `reserve`s the
   tokens it may hold at the engine (prompt + max_tokens) and is served only when they fit
   beside the active tickets' (a ticket alone is served whatever its size), one tenant's at
-  most its share of them (`tenant_slots / max_active`). The next ticket is chosen as above;
-  while it does not fit, every ticket waits behind it (a long prompt is not passed over for
-  ever by short ones), except that a tenant's first request still goes first when it is the
-  fair choice and fits.
+  most its share of them (`tenant_slots / max_active`). Whole blocks of prompt prefix that
+  active tickets share (`prefix_blocks`: the same tokens from the first, in blocks of
+  `block_tokens`, within one tenant) count once, as the engine's prefix cache holds them once:
+  requests that open with the same system prompt and tools reserve those tokens once. The
+  next ticket is chosen as above; while it does not fit, every ticket waits behind it (a long
+  prompt is not passed over for ever by short ones), except that a tenant's first request
+  still goes first when it is the fair choice and fits.
 
 A plain lock hands the engine to whichever waiting thread the OS wakes; tickets keep the order
 above. The embedded engine interleaves the active turns token by token (`runtime/sharing.py`),
@@ -44,8 +47,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
-from collections.abc import Callable, Iterator
+import hashlib
+from array import array
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 
@@ -53,11 +58,55 @@ class QueueFull(Exception):
     """No room in the line (or the ticket was pushed out of it); the message says why."""
 
 
+def prefix_blocks(ids: Sequence[int], block_tokens: int, tenant: str = "") -> tuple[bytes, ...]:
+    """One key per whole block of `block_tokens` tokens of `ids`: key i stands for
+    ids[:(i + 1) * block_tokens] under `tenant`, so two prompts of a tenant share key i when
+    they share those tokens from the first, as a prefix cache shares a block (a digest: a
+    client cannot make another prompt's keys by choosing its tokens)."""
+    if block_tokens < 1:
+        raise ValueError("block_tokens must be >= 1")
+    data, step = array("q", ids).tobytes(), 8 * block_tokens
+    keys: list[bytes] = []
+    key = hashlib.blake2b(tenant.encode(), digest_size=16).digest()
+    for start in range(0, len(ids) // block_tokens * step, step):
+        key = hashlib.blake2b(key + data[start : start + step], digest_size=16).digest()
+        keys.append(key)
+    return tuple(keys)
+
+
+@dataclass
+class _Held:
+    """Tokens active tickets hold at the engine: each one's reserve, with the prefix blocks
+    they share counted once (`blocks`: how many active tickets hold each key)."""
+
+    rest: int = 0  # the reserves less their whole prefix blocks
+    blocks: Counter[bytes] = field(default_factory=Counter)
+
+    def tokens(self, block: int) -> int:
+        return self.rest + len(self.blocks) * block
+
+    def added(self, reserve: int, keys: tuple[bytes, ...], block: int) -> int:
+        """What a ticket of `reserve` tokens with prefix blocks `keys` would add."""
+        return reserve - block * sum(1 for k in keys if k in self.blocks)
+
+    def add(self, ticket: Ticket, block: int) -> None:
+        self.rest += ticket.reserve - block * len(ticket.blocks)
+        self.blocks.update(ticket.blocks)
+
+    def remove(self, ticket: Ticket, block: int) -> None:
+        self.rest -= ticket.reserve - block * len(ticket.blocks)
+        for k in ticket.blocks:
+            self.blocks[k] -= 1
+            if not self.blocks[k]:
+                del self.blocks[k]
+
+
 class Ticket:
     def __init__(self, line: AdmissionLine, turn: asyncio.Future[None], tenant: str,
-                 tokens: int, reserve: int) -> None:  # fmt: skip
+                 tokens: int, reserve: int, blocks: tuple[bytes, ...] = ()) -> None:  # fmt: skip
         self._line, self._turn = line, turn
         self.tenant, self.tokens, self.reserve = tenant, tokens, reserve
+        self.blocks = blocks  # its prompt's prefix blocks (`prefix_blocks`)
         self.state = "waiting"  # -> "active" -> "gone"; "pushed" when pushed out of the line
 
     @property
@@ -76,7 +125,7 @@ class Ticket:
 class _Tenant:
     waiting: deque[Ticket] = field(default_factory=deque)
     active: int = 0
-    active_tokens: int = 0  # the reserves of its active tickets
+    held: _Held = field(default_factory=_Held)  # the reserves of its active tickets
     waiting_tokens: int = 0
     last_served: int = 0  # the line's count of tickets served when this tenant was last
 
@@ -92,6 +141,7 @@ class AdmissionLine:
     def __init__(
         self, max_queued: int, max_active: int = 1, max_queued_tokens: int | None = None,
         tenant_slots: int | None = None, max_active_tokens: int | None = None,
+        block_tokens: int | None = None,
     ) -> None:  # fmt: skip
         if max_queued < 0 or max_active < 1:
             raise ValueError("max_queued must be >= 0 and max_active >= 1")
@@ -106,6 +156,11 @@ class AdmissionLine:
         self.max_queued, self.max_active = max_queued, max_active
         self.max_queued_tokens = max_queued_tokens
         self.max_active_tokens = max_active_tokens
+        if block_tokens is not None and block_tokens < 1:
+            raise ValueError("block_tokens must be >= 1")
+        # tokens per prefix block tickets may share (`prefix_blocks`); None: none shared
+        self.block_tokens = block_tokens
+        self._block = block_tokens or 0
         # tokens one tenant may hold at the engine: its share of the slots, of the tokens
         self.tenant_tokens = (
             None if max_active_tokens is None
@@ -113,7 +168,7 @@ class AdmissionLine:
         )  # fmt: skip
         self._tenants: dict[str, _Tenant] = {}
         self._active = self._waiting = self._waiting_tokens = self._served = 0
-        self._active_tokens = 0
+        self._held = _Held()
 
     @property
     def active(self) -> int:
@@ -122,8 +177,8 @@ class AdmissionLine:
 
     @property
     def active_tokens(self) -> int:
-        """The reserves of the tickets being served."""
-        return self._active_tokens
+        """The reserves of the tickets being served, shared prefix blocks counted once."""
+        return self._held.tokens(self._block)
 
     @property
     def waiting(self) -> int:
@@ -145,21 +200,27 @@ class AdmissionLine:
         full = self._active >= self.max_active
         return full and not self._fits(self._waiting, self._waiting_tokens)
 
-    def refusal(self, tenant: str, tokens: int, reserve: int | None = None) -> str | None:
-        """Why `take(tenant, tokens, reserve)` would raise QueueFull, or None when it would not."""
-        if self._serves_now(tenant, tokens if reserve is None else reserve):
+    def refusal(self, tenant: str, tokens: int, reserve: int | None = None,
+                blocks: tuple[bytes, ...] = ()) -> str | None:  # fmt: skip
+        """Why `take(tenant, tokens, reserve, blocks)` would raise QueueFull, or None when it
+        would not."""
+        reserve = tokens if reserve is None else reserve
+        if self._serves_now(tenant, reserve, self._blocks_of(reserve, blocks)):
             return None
         return self._room(tenant, tokens, push=False)
 
-    def take(self, tenant: str = "", tokens: int = 0, reserve: int | None = None) -> Ticket:
+    def take(self, tenant: str = "", tokens: int = 0, reserve: int | None = None,
+             blocks: tuple[bytes, ...] = ()) -> Ticket:  # fmt: skip
         """A ticket for a request of `tokens` prompt tokens (what it adds to the line) that
-        may hold `reserve` tokens at the engine (default: `tokens`)."""
+        may hold `reserve` tokens at the engine (default: `tokens`), the first of them in
+        prefix `blocks` (`prefix_blocks` of its prompt, in the line's `block_tokens`)."""
         reserve = tokens if reserve is None else reserve
+        blocks = self._blocks_of(reserve, blocks)
         loop = asyncio.get_running_loop()
-        now = self._serves_now(tenant, reserve)
+        now = self._serves_now(tenant, reserve, blocks)
         if not now and (why := self._room(tenant, tokens, push=True)) is not None:
             raise QueueFull(why)
-        ticket = Ticket(self, loop.create_future(), tenant, tokens, reserve)
+        ticket = Ticket(self, loop.create_future(), tenant, tokens, reserve, blocks)
         t = self._tenants.setdefault(tenant, _Tenant())
         if now:
             self._serve(ticket, t)
@@ -171,39 +232,55 @@ class AdmissionLine:
             self._dispatch()  # a ticket pushed out may have been the one that did not fit
         return ticket
 
-    def _serves_now(self, tenant: str, reserve: int) -> bool:
+    def _blocks_of(self, reserve: int, blocks: tuple[bytes, ...]) -> tuple[bytes, ...]:
+        """`blocks`, checked: shared blocks need the line's `block_tokens`, and fit the reserve."""
+        if not blocks:
+            return ()
+        if self.block_tokens is None:
+            raise ValueError("prefix blocks given to a line without block_tokens")
+        if len(blocks) * self.block_tokens > reserve:
+            raise ValueError(f"{len(blocks)} prefix blocks of {self.block_tokens} tokens "
+                             f"exceed the reserve of {reserve}")  # fmt: skip
+        return tuple(blocks)
+
+    def _serves_now(self, tenant: str, reserve: int, blocks: tuple[bytes, ...] = ()) -> bool:
         """A slot (and room for `reserve` tokens) is free, `tenant` is under its share and has
         nothing waiting, and no waiting ticket is the fairer choice (without a token bound,
         whoever waits while a slot is free is a tenant at its slots: `_dispatch`)."""
         t = self._tenants.get(tenant)
         if t is not None and t.waiting:
             return False
-        if not (self._eligible(t, reserve) and self._room_for(reserve)):
+        if not (self._eligible(t, reserve, blocks) and self._room_for(reserve, blocks)):
             return False
         mine = (0, 0) if t is None else _fair_order(t)
         return not any(_fair_order(o) <= mine for o in self._candidates())
 
     def _candidates(self) -> list[_Tenant]:
         """The tenants whose next waiting ticket is within their share."""
-        return [t for t in self._tenants.values()
-                if t.waiting and self._eligible(t, t.waiting[0].reserve)]  # fmt: skip
+        return [t for t in self._tenants.values() if t.waiting
+                and self._eligible(t, t.waiting[0].reserve, t.waiting[0].blocks)]  # fmt: skip
 
-    def _eligible(self, t: _Tenant | None, reserve: int) -> bool:
-        """Whether a ticket of `reserve` tokens of tenant `t` is within the tenant's share."""
+    def _eligible(self, t: _Tenant | None, reserve: int, blocks: tuple[bytes, ...] = ()) -> bool:
+        """Whether a ticket of `reserve` tokens (prefix `blocks`) of tenant `t` is within the
+        tenant's share."""
         if t is None or t.active == 0:
             return True
         if t.active >= self.tenant_slots:
             return False
         bound = self.tenant_tokens
-        return bound is None or t.active_tokens + reserve <= bound
+        b = self._block
+        return bound is None or t.held.tokens(b) + t.held.added(reserve, blocks, b) <= bound
 
-    def _room_for(self, reserve: int) -> bool:
-        """A free slot, and room for `reserve` tokens beside the active tickets' (a ticket
-        alone at the engine always has room)."""
+    def _room_for(self, reserve: int, blocks: tuple[bytes, ...] = ()) -> bool:
+        """A free slot, and room for `reserve` tokens (prefix `blocks`, those an active ticket
+        holds already counted once) beside the active tickets' (a ticket alone at the engine
+        always has room)."""
         if self._active >= self.max_active:
             return False
-        bound = self.max_active_tokens
-        return bound is None or self._active == 0 or self._active_tokens + reserve <= bound
+        bound, b = self.max_active_tokens, self._block
+        if bound is None or self._active == 0:
+            return True
+        return self._held.tokens(b) + self._held.added(reserve, blocks, b) <= bound
 
     def _fits(self, waiting: int, tokens: int) -> bool:
         """Whether one more request fits behind `waiting` ones, all of them `tokens` tokens
@@ -279,9 +356,9 @@ class AdmissionLine:
     def _serve(self, ticket: Ticket, t: _Tenant) -> None:
         ticket.state = "active"
         t.active += 1
-        t.active_tokens += ticket.reserve
+        t.held.add(ticket, self._block)
         self._active += 1
-        self._active_tokens += ticket.reserve
+        self._held.add(ticket, self._block)
         self._served += 1
         t.last_served = self._served
         ticket.turn.set_result(None)
@@ -292,9 +369,9 @@ class AdmissionLine:
         elif ticket.state == "active":
             t = self._tenants[ticket.tenant]
             t.active -= 1
-            t.active_tokens -= ticket.reserve
+            t.held.remove(ticket, self._block)
             self._active -= 1
-            self._active_tokens -= ticket.reserve
+            self._held.remove(ticket, self._block)
             self._forget(ticket.tenant)
         ticket.state = "gone"
         self._dispatch()
@@ -306,7 +383,7 @@ class AdmissionLine:
             if not eligible:
                 break
             t = min(eligible, key=_fair_order)
-            if not self._room_for(t.waiting[0].reserve):
+            if not self._room_for(t.waiting[0].reserve, t.waiting[0].blocks):
                 break  # the others wait behind it: it is not passed over
             head = t.waiting.popleft()
             t.waiting_tokens -= head.tokens

@@ -87,7 +87,8 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
     kept_turns = TurnRetention(engine, config.retention)
     chat = ChatEngine(engine, tracker, kept_turns)
     line = AdmissionLine(config.max_queued, config.max_active, config.max_queued_tokens,
-                         config.tenant_slots, config.max_active_tokens)  # fmt: skip
+                         config.tenant_slots, config.max_active_tokens,
+                         config.prefix_block_tokens)  # fmt: skip
     tokenizing = Budget(config.max_tokenizing_chars)
     book = tracker.book
     metrics = ServerMetrics(
@@ -148,7 +149,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
 
     def streamed(turn: Turn, emitter: Emitter) -> Response:
         """The turn as server-sent events, each written by `emitter` (the API's shape)."""
-        why = line.refusal(turn.tenant, turn.tokens, turn.reserve)
+        why = line.refusal(turn.tenant, turn.tokens, turn.reserve, turn.blocks)
         if why is not None:  # else the line is checked again when the stream starts
             raise overloaded(why)
         return StreamingResponse(

@@ -224,12 +224,13 @@ def add_limits(p: argparse.ArgumentParser) -> None:
 
 def server_config(
     args: argparse.Namespace, model_name: str, engine_max_active: int | None = None,
-    engine_kv_tokens: int | None = None,
+    engine_kv_tokens: int | None = None, engine_block_tokens: int | None = None,
 ) -> ServerConfig:  # fmt: skip
     """The serve flags (and the environment variables they default to) as a ServerConfig;
     `ConfigError` for bad ones (`check_flags`). `engine_max_active`, `engine_kv_tokens`: the
     vLLM backend's `max_active` and `kv_tokens`, the defaults of `--max-active` (ValueError
-    without either) and `--max-active-tokens` there."""
+    without either) and `--max-active-tokens` there; `engine_block_tokens`: its
+    `prefix_block_tokens` (prefix blocks active requests share count once)."""
     max_active = flag_max_active(args) or engine_max_active
     max_active_tokens = args.max_active_tokens
     if max_active_tokens is None and args.backend == "vllm":
@@ -247,6 +248,7 @@ def server_config(
         max_queued_tokens=args.max_queued_tokens, max_tokenizing_chars=args.max_tokenizing_chars,
         max_active_per_tenant=args.max_active_per_tenant,
         max_active=max_active, max_active_tokens=max_active_tokens,
+        prefix_block_tokens=engine_block_tokens,
         api_key_digests=frozenset(key_digest(k.strip()) for k in keys),
         metrics_key_digests=frozenset(key_digest(k.strip()) for k in metrics_keys),
         allowed_hosts=allowed_hosts(args.host, args.allowed_host), enable_docs=args.enable_docs,
@@ -268,6 +270,9 @@ def admission_summary(server: ServerConfig) -> str:
            "them one tenant's")  # fmt: skip
     if server.max_active_tokens is not None:
         out += f"; at most {server.max_active_tokens} tokens (prompt + max_tokens) reserved"
+        if server.prefix_block_tokens is not None:
+            out += (f", prompt prefixes shared in blocks of {server.prefix_block_tokens} "
+                    "tokens counted once")  # fmt: skip
     return out + " (--max-active, --max-active-per-tenant, --max-active-tokens)"
 
 
@@ -374,7 +379,8 @@ def serve(args: argparse.Namespace, model: str | None, cache_dir: Path) -> int:
         engine = serving_engine(args, model, cache_dir)
         name = args.served_model_name or served_name(engine.model_id)
         server = server_config(args, name, getattr(engine, "max_active", None),
-                               getattr(engine, "kv_tokens", None))  # fmt: skip
+                               getattr(engine, "kv_tokens", None),
+                               getattr(engine, "prefix_block_tokens", None))  # fmt: skip
         config = uvicorn.Config(create_app(engine, server), log_level="info")
         host, port = sock.getsockname()[:2]
         url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

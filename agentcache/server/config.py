@@ -55,6 +55,10 @@ class ServerConfig:
     # tokens (prompt + max_tokens) the active requests may reserve at once, each tenant its
     # share of them (admission.py); None: the engine admits by its own KV pages (embedded)
     max_active_tokens: int | None = None
+    # tokens per block of the engine's prefix cache: whole blocks of prompt prefix that active
+    # requests of a tenant share count once against max_active_tokens (the vLLM backend's
+    # block_size); None: every reserve counts whole
+    prefix_block_tokens: int | None = None
     max_queued_tokens: int = 262_144  # prompt tokens of the waiting requests; more get 503
     # characters being tokenized at once (before a request has tokens to queue by)
     max_tokenizing_chars: int = 8_000_000
@@ -97,6 +101,8 @@ class ServerConfig:
             raise ValueError("max_active must be >= 1")
         if self.max_active_tokens is not None and self.max_active_tokens < 1:
             raise ValueError("max_active_tokens must be >= 1")
+        if self.prefix_block_tokens is not None and self.prefix_block_tokens < 1:
+            raise ValueError("prefix_block_tokens must be >= 1")
         per = self.max_active_per_tenant
         if per is not None and not 1 <= per <= self.max_active:
             raise ValueError("max_active_per_tenant must be in [1, max_active]")

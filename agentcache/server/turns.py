@@ -16,13 +16,14 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Protocol
 
 from starlette.requests import Request
 
 from agentcache.chat.runner import ChatEngine, ChatResult, PreparedChat
 from agentcache.errors import AgentCacheError
-from agentcache.server.admission import AdmissionLine, QueueFull, Ticket
+from agentcache.server.admission import AdmissionLine, QueueFull, Ticket, prefix_blocks
 from agentcache.server.cache_control import Retention
 from agentcache.server.convert import logprobs_body, message_body, sse, usage_body
 from agentcache.server.errors import APIError, api_error, internal_error
@@ -70,10 +71,19 @@ class Turn:
         """The tokens it may hold at the engine: prompt + max_tokens."""
         return self.tokens + self.prepared.request.params.max_new_tokens
 
+    @cached_property
+    def blocks(self) -> tuple[bytes, ...]:
+        """Its prompt's whole prefix blocks in the engine's prefix cache (`prefix_blocks`),
+        where the line counts shared ones once; () where it does not."""
+        size = self.line.block_tokens
+        if size is None or self.line.max_active_tokens is None:
+            return ()
+        return prefix_blocks(self.prepared.tokens.ids, size, self.tenant)
+
     def take(self) -> Ticket:
         """A ticket in the line; APIError 503 when there is no room for it."""
         try:
-            return self.line.take(self.tenant, self.tokens, self.reserve)
+            return self.line.take(self.tenant, self.tokens, self.reserve, self.blocks)
         except QueueFull as e:
             raise overloaded(str(e)) from None
 

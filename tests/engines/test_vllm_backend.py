@@ -97,8 +97,9 @@ def test_max_active_is_max_num_seqs_and_kv_tokens_what_the_kv_cache_holds() -> N
 
 def test_serve_on_vllm_defaults_max_active_and_its_tokens_to_the_backends() -> None:
     parse = build_parser().parse_args
-    on_vllm = server_config(parse(["serve", "--backend", "vllm"]), "m", 12, 9000)
+    on_vllm = server_config(parse(["serve", "--backend", "vllm"]), "m", 12, 9000, 32)
     assert (on_vllm.max_active, on_vllm.max_active_tokens) == (12, 9000)
+    assert on_vllm.prefix_block_tokens == 32  # prefix blocks requests share count once
     flags = ["serve", "--backend", "vllm", "--max-active", "3", "--max-active-tokens", "50"]
     given = server_config(parse(flags), "m", 12, 9000)
     assert (given.max_active, given.max_active_tokens) == (3, 50)

@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 from agentcache.model.loading import LoadedModel
 from agentcache.runtime.engine import Engine, EngineConfig
 from agentcache.server import ServerConfig, ServerLimits, create_app
-from agentcache.server.admission import AdmissionLine, Budget, QueueFull, Ticket
+from agentcache.server.admission import AdmissionLine, Budget, QueueFull, Ticket, prefix_blocks
 from agentcache.server.config import key_digest
 from agentcache.server.inprocess import serve_in_thread
 from tests.server.conftest import MODEL
@@ -431,6 +431,119 @@ def test_a_tenant_holds_its_share_of_the_active_tokens() -> None:
         assert a[2].turn.done()
 
     asyncio.run(run())
+
+
+def test_prefix_blocks_name_whole_blocks_of_the_same_tokens_from_the_first() -> None:
+    """Key i stands for the first (i + 1) blocks: equal while the prompts agree, different
+    from the first block that differs and in another tenant; a part-filled block has none."""
+    a = list(range(100))
+    b = a[:64] + [7] * 36  # agrees on the first two blocks of 32, differs in the third
+    ka, kb = prefix_blocks(a, 32, "t"), prefix_blocks(b, 32, "t")
+    assert len(ka) == len(kb) == 3  # 100 tokens: three whole blocks, 4 left over
+    assert ka[:2] == kb[:2] and ka[2] != kb[2]
+    assert len(set(ka)) == 3
+    assert not set(prefix_blocks(a, 32, "u")) & set(ka)  # another tenant shares nothing
+    assert prefix_blocks(a[:31], 32, "t") == ()
+    assert prefix_blocks([*a, 5], 32, "t") == ka  # a token more, no whole block more
+    with pytest.raises(ValueError, match="block_tokens"):
+        prefix_blocks(a, 0)
+
+
+def test_shared_prefix_blocks_count_once_among_the_active_tokens() -> None:
+    """Two requests of a tenant opening with the same 512 tokens (16 blocks of 32) reserve
+    them once, as the engine's prefix cache holds them once: both fit under a bound the sum
+    of their reserves exceeds. A third, the same tokens in another tenant, shares nothing and
+    waits. The first one's release leaves the shared blocks counted for the second."""
+
+    async def run() -> None:
+        line = AdmissionLine(max_queued=16, max_active=8, max_active_tokens=1000,
+                             block_tokens=32)  # fmt: skip
+        ids = list(range(512))
+        a_keys = prefix_blocks([*ids, 1, 2], 32, "A")
+        a1 = line.take("A", 514, reserve=600, blocks=a_keys)
+        assert a1.turn.done() and line.active_tokens == 600
+        a2 = line.take("A", 513, reserve=600, blocks=prefix_blocks([*ids, 3], 32, "A"))
+        assert a2.turn.done()  # 600 + 600 - 512 shared = 688 <= 1000
+        assert line.active_tokens == 688
+        b = line.take("B", 514, reserve=600, blocks=prefix_blocks([*ids, 1, 2], 32, "B"))
+        assert not b.turn.done()  # 688 + 600 > 1000: nothing shared across tenants
+        a1.release()
+        assert line.active_tokens == 600  # a2's whole reserve: its blocks are still held
+        assert not b.turn.done()  # 600 + 600 > 1000
+        a2.release()
+        assert b.turn.done() and line.active_tokens == 600
+        b.release()
+        assert line.active_tokens == 0 and line.active == 0
+
+    asyncio.run(run())
+
+
+def test_a_tenants_share_counts_its_shared_prefix_blocks_once() -> None:
+    """The tenant's bound (its share of the tokens) counts its own shared blocks once too."""
+
+    async def run() -> None:
+        line = AdmissionLine(max_queued=16, max_active=4, tenant_slots=2,
+                             max_active_tokens=1600, block_tokens=32)  # fmt: skip
+        assert line.tenant_tokens == 800
+        keys = prefix_blocks(list(range(320)), 32, "A")  # 10 blocks
+        a = [line.take("A", 330, reserve=500, blocks=keys) for _ in range(2)]
+        assert all(t.turn.done() for t in a)  # 500 + 500 - 320 = 680 <= 800
+        unshared = line.take("A", 330, reserve=500)
+        assert not unshared.turn.done()  # A at its 2 slots
+
+    asyncio.run(run())
+
+
+def test_prefix_blocks_need_the_lines_block_size_and_fit_the_reserve() -> None:
+    async def run() -> None:
+        keys = prefix_blocks(list(range(64)), 32)
+        with pytest.raises(ValueError, match="without block_tokens"):
+            AdmissionLine(max_queued=4, max_active=2, max_active_tokens=100).take("A", 64, 70, keys)
+        line = AdmissionLine(max_queued=4, max_active=2, max_active_tokens=100, block_tokens=32)
+        with pytest.raises(ValueError, match="exceed the reserve"):
+            line.take("A", 60, 60, keys)  # 2 blocks of 32 > a reserve of 60
+        assert line.active == 0 and line.waiting == 0
+        with pytest.raises(ValueError, match="block_tokens"):
+            AdmissionLine(max_queued=4, max_active=2, block_tokens=0)
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("blocks", [32, None])
+def test_over_http_requests_sharing_a_system_prompt_reserve_it_once(blocks: int | None) -> None:
+    """--max-active-tokens 3000, two requests of a tenant opening with the same ~2000-token
+    system prompt, each reserving ~2250 tokens: with the engine's prefix blocks counted once
+    (the vLLM backend's `prefix_block_tokens`) both are at the engine at once; counted whole,
+    the second waits for the first."""
+    engine = SlowEngine()
+    system = "You keep the shop's ledger; answer in one line. " * 42  # about 2000 bytes
+    body = {**BODY, "messages": [{"role": "system", "content": system}, *BODY["messages"]],
+            "max_tokens": 200}  # fmt: skip
+    config = {"max_active": 4, "max_active_tokens": 3000, "prefix_block_tokens": blocks}
+    with serve_in_thread(_keys_app(engine, **config)) as url:
+        auth = {"Authorization": "Bearer key-a"}
+
+        def post() -> None:
+            httpx.post(f"{url}/v1/chat/completions", json=body, headers=auth, timeout=120)
+
+        threads = [threading.Thread(target=post) for _ in range(2)]
+        threads[0].start()
+        engine.started.wait(30)
+        threads[1].start()
+        want = "agentcache_requests_active 2.0" if blocks else "agentcache_requests_waiting 1.0"
+        wait_for(lambda: want in httpx.get(f"{url}/metrics", headers=auth).text)
+        metrics = httpx.get(f"{url}/metrics", headers=auth).text
+        for t in threads:
+            t.join()
+    line = next(
+        ln for ln in metrics.splitlines() if ln.startswith("agentcache_requests_active_tokens ")
+    )
+    held = float(line.split()[1])
+    if blocks:
+        assert 2200 < held <= 3000  # one reserve and the second's unshared tail
+    else:
+        assert "agentcache_requests_active 1.0" in metrics and 2000 < held < 3000
+    assert engine.produced == [200, 200]
 
 
 def test_over_http_a_request_waits_for_room_in_the_active_tokens() -> None:

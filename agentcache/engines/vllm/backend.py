@@ -153,6 +153,13 @@ class VLLMBackend:
         return int(blocks) * self.config.block_size if blocks else None
 
     @property
+    def prefix_block_tokens(self) -> int | None:
+        """Tokens per block of vLLM's prefix cache (`block_size`), where it shares the blocks of
+        a prompt prefix between requests; None without prefix caching. `agentcache serve`
+        counts such blocks once among the active requests' reserves (`server/admission.py`)."""
+        return self.config.block_size if self.config.reuse != "none" else None
+
+    @property
     def preemptions(self) -> int:
         """Times vLLM preempted the requests of the turns finished so far (their blocks freed,
         their tokens computed again on resume), as the connector counted them: a turn's count
@@ -262,8 +269,9 @@ class VLLMBackend:
         if fill == "engine":
             floor = 0.0 if chosen else None  # chosen on measurements: no share threshold
             sp = self.sampling_params(tokens, params, strategy, min_reused=floor)
-            out, ttft, wall = self.driver.run(tokens.ids, sp, on_token, cancel=cancel,
-                                              salt=prompt_salt(tokens))
+            out, ttft, wall = self.driver.run(
+                tokens.ids, sp, on_token, cancel=cancel, salt=prompt_salt(tokens)
+            )
             info = self.transfer_report(sp, out)
             # vLLM computed what it had not cached (its prefix cache + the connector's
             # span); the connector's engine computed `computed_tokens` more (the last
