@@ -28,11 +28,11 @@ Fairness between tenants (an API key + cache_salt, chat/identity.py):
   beside the active tickets' (a ticket alone is served whatever its size), one tenant's at
   most its share of them (`tenant_slots / max_active`). Whole blocks of prompt prefix that
   active tickets share (`prefix_blocks`: the same tokens from the first, in blocks of
-  `block_tokens`, within one tenant) count once, as the engine's prefix cache holds them once:
-  requests that open with the same system prompt and tools reserve those tokens once. The
-  next ticket is chosen as above; while it does not fit, every ticket waits behind it (a long
-  prompt is not passed over for ever by short ones), except that a tenant's first request
-  still goes first when it is the fair choice and fits.
+  `block_tokens`, within one tenant and cache salt) count once, as the engine's prefix cache
+  holds them once: requests that open with the same system prompt and tools reserve those
+  tokens once. The next ticket is chosen as above; while it does not fit, every ticket waits
+  behind it (a long prompt is not passed over for ever by short ones), except that a tenant's
+  first request still goes first when it is the fair choice and fits.
 
 A plain lock hands the engine to whichever waiting thread the OS wakes; tickets keep the order
 above. The embedded engine interleaves the active turns token by token (`runtime/sharing.py`),
@@ -58,16 +58,16 @@ class QueueFull(Exception):
     """No room in the line (or the ticket was pushed out of it); the message says why."""
 
 
-def prefix_blocks(ids: Sequence[int], block_tokens: int, tenant: str = "") -> tuple[bytes, ...]:
+def prefix_blocks(ids: Sequence[int], block_tokens: int, scope: str = "") -> tuple[bytes, ...]:
     """One key per whole block of `block_tokens` tokens of `ids`: key i stands for
-    ids[:(i + 1) * block_tokens] under `tenant`, so two prompts of a tenant share key i when
+    ids[:(i + 1) * block_tokens] under `scope`, so two prompts of a scope share key i when
     they share those tokens from the first, as a prefix cache shares a block (a digest: a
     client cannot make another prompt's keys by choosing its tokens)."""
     if block_tokens < 1:
         raise ValueError("block_tokens must be >= 1")
     data, step = array("q", ids).tobytes(), 8 * block_tokens
     keys: list[bytes] = []
-    key = hashlib.blake2b(tenant.encode(), digest_size=16).digest()
+    key = hashlib.blake2b(scope.encode(), digest_size=16).digest()
     for start in range(0, len(ids) // block_tokens * step, step):
         key = hashlib.blake2b(key + data[start : start + step], digest_size=16).digest()
         keys.append(key)

@@ -23,6 +23,7 @@ from starlette.requests import Request
 
 from agentcache.chat.runner import ChatEngine, ChatResult, PreparedChat
 from agentcache.errors import AgentCacheError
+from agentcache.reuse.prefix import chain_scope
 from agentcache.server.admission import AdmissionLine, QueueFull, Ticket, prefix_blocks
 from agentcache.server.cache_control import Retention
 from agentcache.server.convert import logprobs_body, message_body, sse, usage_body
@@ -74,11 +75,15 @@ class Turn:
     @cached_property
     def blocks(self) -> tuple[bytes, ...]:
         """Its prompt's whole prefix blocks in the engine's prefix cache (`prefix_blocks`),
-        where the line counts shared ones once; () where it does not."""
+        where the line counts shared ones once; () where it does not. Keyed by the tenant and
+        the scope vLLM's cache is salted with (`engines.vllm.driver.prompt_salt`), so the line
+        counts a block shared only where vLLM shares it."""
         size = self.line.block_tokens
         if size is None or self.line.max_active_tokens is None:
             return ()
-        return prefix_blocks(self.prepared.tokens.ids, size, self.tenant)
+        tokens = self.prepared.tokens
+        scope = f"{self.tenant}\x00{chain_scope(tokens) or ''}"
+        return prefix_blocks(tokens.ids, size, scope)
 
     def take(self) -> Ticket:
         """A ticket in the line; APIError 503 when there is no room for it."""
