@@ -360,6 +360,16 @@ server() {
     --targets vllm,vllm-backend,vllm-backend@ungated \
     --target-args 'vllm-backend@ungated=--max-active 256 --max-active-tokens 1000000000' \
     --vllm-python .venv-vllm/bin/python $common --max-tokens 32 --out $r/all-16x32-token-gate
+  # the same against plain vLLM alone (at 80322ce), then with shared prompt prefixes counted
+  # once in the bound (two rounds), then with one tenant allowed every token of the bound
+  $py benchmarks/server/replay.py --split all --clients 16 --targets vllm,vllm-backend \
+    --vllm-python .venv-vllm/bin/python $common --max-tokens 32 --out $r/all-16x32-loaded
+  $py benchmarks/server/replay.py --split all --clients 16 --rounds 2 --targets vllm,vllm-backend \
+    --vllm-python .venv-vllm/bin/python $common --max-tokens 32 --out $r/all-16x32-shared-prefix
+  $py benchmarks/server/replay.py --split all --clients 16 \
+    --targets vllm,vllm-backend,vllm-backend@whole-share \
+    --target-args 'vllm-backend@whole-share=--max-active-per-tenant 256' \
+    --vllm-python .venv-vllm/bin/python $common --max-tokens 32 --out $r/all-16x32-tenant-share
   $py benchmarks/server/replay.py --split all --clients 16 \
     --targets embedded-prefix,embedded@isolated \
     --target-args 'embedded@isolated=--isolate-conversations' $common --max-tokens 32 \
