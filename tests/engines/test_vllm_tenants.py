@@ -3,7 +3,8 @@ within a prompt's scope (its first segment's, the tenant's under `agentcache ser
 store does. Another tenant's identical system prompt is computed, not found: its reply does
 not depend on what another tenant computed (or on KV the connector filled approximately for
 it), and its reported reuse names nothing of the other tenant's. Within a tenant, vLLM's
-cache finds the shared prefix."""
+cache finds the shared prefix. Over HTTP, another API key's copy of a request is reported
+`cached_tokens` 0."""
 
 from __future__ import annotations
 
@@ -59,3 +60,45 @@ def test_vllms_prefix_cache_shares_nothing_across_tenants(tmp_path: Path) -> Non
     assert b["ids"] == a2["ids"]
     # tenant b's own blocks are found on its next request
     assert b2["vllm_hit"] >= 64 and b2["ids"] == b["ids"]
+
+
+SERVER_SCRIPT = """
+import json, sys
+import openai
+from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
+from agentcache.server import ServerConfig, create_app
+from agentcache.server.config import key_digest
+from agentcache.server.inprocess import serve_in_thread
+
+backend = VLLMBackend(VLLMConfig(store_dir=sys.argv[1], kv_cache_bytes=128 << 20,
+                                 max_model_len=2048))
+digests = frozenset(key_digest(k) for k in ("key-a", "key-b"))
+config = ServerConfig("default", api_key_digests=digests,
+                      prefix_block_tokens=backend.prefix_block_tokens)
+system = "You are a careful assistant for a bicycle shop. Answer in one short sentence. " * 12
+messages = [{"role": "system", "content": system},
+            {"role": "user", "content": "How often should I oil the chain?"}]
+out = []
+with serve_in_thread(create_app(backend, config)) as url:
+    for key in ("key-a", "key-b", "key-a"):
+        client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=600)
+        r = client.chat.completions.create(model="default", messages=messages, temperature=0,
+                                           max_tokens=12)
+        out.append({"text": r.choices[0].message.content,
+                    "cached": r.usage.prompt_tokens_details.cached_tokens,
+                    "vllm_hit": backend.last_transfer.get("vllm_cached_tokens")})
+backend.close()
+print("RESULT " + json.dumps({"runs": out}))
+"""
+
+
+def test_over_http_another_api_keys_identical_request_finds_nothing(tmp_path: Path) -> None:
+    """Tenant b (another API key) sends tenant a's request word for word: vLLM's cache and
+    the store give it nothing (`cached_tokens` 0) and its reply is a's; a's own repeat finds
+    its blocks."""
+    runs = _run(SERVER_SCRIPT, str(tmp_path / "store"))["runs"]
+    assert isinstance(runs, list) and len(runs) == 3
+    a, b, a_again = runs
+    assert b["cached"] == 0 and b["vllm_hit"] == 0, b
+    assert b["text"] == a["text"]
+    assert a_again["cached"] >= 64 and a_again["text"] == a["text"]
