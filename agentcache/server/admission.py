@@ -27,8 +27,8 @@ Fairness between tenants (an API key + cache_salt, chat/identity.py):
   tokens it may hold at the engine (prompt + max_tokens) and is served only when they fit
   beside the active tickets' (a ticket alone is served whatever its size), one tenant's at
   most its share of them (`tenant_slots / max_active`). Whole blocks of prompt prefix that
-  active tickets share (`prefix_blocks`: the same tokens from the first, in blocks of
-  `block_tokens`, within one tenant and cache salt) count once, as the engine's prefix cache
+  active tickets share (`reuse.prefix.block_chain`: the same tokens from the first, in blocks
+  of `block_tokens`, within one tenant and cache salt) count once, as the engine's prefix cache
   holds them once: requests that open with the same system prompt and tools reserve those
   tokens once. The next ticket is chosen as above; while it does not fit, every ticket waits
   behind it (a long prompt is not passed over for ever by short ones), except that a tenant's
@@ -47,31 +47,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-from array import array
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 
 class QueueFull(Exception):
     """No room in the line (or the ticket was pushed out of it); the message says why."""
-
-
-def prefix_blocks(ids: Sequence[int], block_tokens: int, scope: str = "") -> tuple[bytes, ...]:
-    """One key per whole block of `block_tokens` tokens of `ids`: key i stands for
-    ids[:(i + 1) * block_tokens] under `scope`, so two prompts of a scope share key i when
-    they share those tokens from the first, as a prefix cache shares a block (a digest: a
-    client cannot make another prompt's keys by choosing its tokens)."""
-    if block_tokens < 1:
-        raise ValueError("block_tokens must be >= 1")
-    data, step = array("q", ids).tobytes(), 8 * block_tokens
-    keys: list[bytes] = []
-    key = hashlib.blake2b(scope.encode(), digest_size=16).digest()
-    for start in range(0, len(ids) // block_tokens * step, step):
-        key = hashlib.blake2b(key + data[start : start + step], digest_size=16).digest()
-        keys.append(key)
-    return tuple(keys)
 
 
 @dataclass
@@ -80,12 +62,12 @@ class _Held:
     they share counted once (`blocks`: how many active tickets hold each key)."""
 
     rest: int = 0  # the reserves less their whole prefix blocks
-    blocks: Counter[bytes] = field(default_factory=Counter)
+    blocks: Counter[str] = field(default_factory=Counter)
 
     def tokens(self, block: int) -> int:
         return self.rest + len(self.blocks) * block
 
-    def added(self, reserve: int, keys: tuple[bytes, ...], block: int) -> int:
+    def added(self, reserve: int, keys: tuple[str, ...], block: int) -> int:
         """What a ticket of `reserve` tokens with prefix blocks `keys` would add."""
         return reserve - block * sum(1 for k in keys if k in self.blocks)
 
@@ -103,10 +85,10 @@ class _Held:
 
 class Ticket:
     def __init__(self, line: AdmissionLine, turn: asyncio.Future[None], tenant: str,
-                 tokens: int, reserve: int, blocks: tuple[bytes, ...] = ()) -> None:  # fmt: skip
+                 tokens: int, reserve: int, blocks: tuple[str, ...] = ()) -> None:  # fmt: skip
         self._line, self._turn = line, turn
         self.tenant, self.tokens, self.reserve = tenant, tokens, reserve
-        self.blocks = blocks  # its prompt's prefix blocks (`prefix_blocks`)
+        self.blocks = blocks  # its prompt's prefix blocks (`reuse.prefix.block_chain`)
         self.state = "waiting"  # -> "active" -> "gone"; "pushed" when pushed out of the line
 
     @property
@@ -158,7 +140,7 @@ class AdmissionLine:
         self.max_active_tokens = max_active_tokens
         if block_tokens is not None and block_tokens < 1:
             raise ValueError("block_tokens must be >= 1")
-        # tokens per prefix block tickets may share (`prefix_blocks`); None: none shared
+        # tokens per prefix block tickets may share (`block_chain`); None: none shared
         self.block_tokens = block_tokens
         self._block = block_tokens or 0
         # tokens one tenant may hold at the engine: its share of the slots, of the tokens
@@ -201,7 +183,7 @@ class AdmissionLine:
         return full and not self._fits(self._waiting, self._waiting_tokens)
 
     def refusal(self, tenant: str, tokens: int, reserve: int | None = None,
-                blocks: tuple[bytes, ...] = ()) -> str | None:  # fmt: skip
+                blocks: tuple[str, ...] = ()) -> str | None:  # fmt: skip
         """Why `take(tenant, tokens, reserve, blocks)` would raise QueueFull, or None when it
         would not."""
         reserve = tokens if reserve is None else reserve
@@ -210,10 +192,11 @@ class AdmissionLine:
         return self._room(tenant, tokens, push=False)
 
     def take(self, tenant: str = "", tokens: int = 0, reserve: int | None = None,
-             blocks: tuple[bytes, ...] = ()) -> Ticket:  # fmt: skip
+             blocks: tuple[str, ...] = ()) -> Ticket:  # fmt: skip
         """A ticket for a request of `tokens` prompt tokens (what it adds to the line) that
         may hold `reserve` tokens at the engine (default: `tokens`), the first of them in
-        prefix `blocks` (`prefix_blocks` of its prompt, in the line's `block_tokens`)."""
+        prefix `blocks` (`reuse.prefix.block_chain` of its prompt, in the line's
+        `block_tokens`)."""
         reserve = tokens if reserve is None else reserve
         blocks = self._blocks_of(reserve, blocks)
         loop = asyncio.get_running_loop()
@@ -232,7 +215,7 @@ class AdmissionLine:
             self._dispatch()  # a ticket pushed out may have been the one that did not fit
         return ticket
 
-    def _blocks_of(self, reserve: int, blocks: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    def _blocks_of(self, reserve: int, blocks: tuple[str, ...]) -> tuple[str, ...]:
         """`blocks`, checked: shared blocks need the line's `block_tokens`, and fit the reserve."""
         if not blocks:
             return ()
@@ -243,7 +226,7 @@ class AdmissionLine:
                              f"exceed the reserve of {reserve}")  # fmt: skip
         return tuple(blocks)
 
-    def _serves_now(self, tenant: str, reserve: int, blocks: tuple[bytes, ...] = ()) -> bool:
+    def _serves_now(self, tenant: str, reserve: int, blocks: tuple[str, ...] = ()) -> bool:
         """A slot (and room for `reserve` tokens) is free, `tenant` is under its share and has
         nothing waiting, and no waiting ticket is the fairer choice (without a token bound,
         whoever waits while a slot is free is a tenant at its slots: `_dispatch`)."""
@@ -260,7 +243,7 @@ class AdmissionLine:
         return [t for t in self._tenants.values() if t.waiting
                 and self._eligible(t, t.waiting[0].reserve, t.waiting[0].blocks)]  # fmt: skip
 
-    def _eligible(self, t: _Tenant | None, reserve: int, blocks: tuple[bytes, ...] = ()) -> bool:
+    def _eligible(self, t: _Tenant | None, reserve: int, blocks: tuple[str, ...] = ()) -> bool:
         """Whether a ticket of `reserve` tokens (prefix `blocks`) of tenant `t` is within the
         tenant's share."""
         if t is None or t.active == 0:
@@ -271,7 +254,7 @@ class AdmissionLine:
         b = self._block
         return bound is None or t.held.tokens(b) + t.held.added(reserve, blocks, b) <= bound
 
-    def _room_for(self, reserve: int, blocks: tuple[bytes, ...] = ()) -> bool:
+    def _room_for(self, reserve: int, blocks: tuple[str, ...] = ()) -> bool:
         """A free slot, and room for `reserve` tokens (prefix `blocks`, those an active ticket
         holds already counted once) beside the active tickets' (a ticket alone at the engine
         always has room)."""

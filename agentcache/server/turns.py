@@ -23,8 +23,8 @@ from starlette.requests import Request
 
 from agentcache.chat.runner import ChatEngine, ChatResult, PreparedChat
 from agentcache.errors import AgentCacheError
-from agentcache.reuse.prefix import chain_scope
-from agentcache.server.admission import AdmissionLine, QueueFull, Ticket, prefix_blocks
+from agentcache.reuse.prefix import block_chain, chain_scope
+from agentcache.server.admission import AdmissionLine, QueueFull, Ticket
 from agentcache.server.cache_control import Retention
 from agentcache.server.convert import logprobs_body, message_body, sse, usage_body
 from agentcache.server.errors import APIError, api_error, internal_error
@@ -73,8 +73,8 @@ class Turn:
         return self.tokens + self.prepared.request.params.max_new_tokens
 
     @cached_property
-    def blocks(self) -> tuple[bytes, ...]:
-        """Its prompt's whole prefix blocks in the engine's prefix cache (`prefix_blocks`),
+    def blocks(self) -> tuple[str, ...]:
+        """Its prompt's whole prefix blocks in the engine's prefix cache (`block_chain`),
         where the line counts shared ones once; () where it does not. Keyed by the tenant and
         the scope vLLM's cache is salted with (`engines.vllm.driver.prompt_salt`), so the line
         counts a block shared only where vLLM shares it."""
@@ -83,7 +83,7 @@ class Turn:
             return ()
         tokens = self.prepared.tokens
         scope = f"{self.tenant}\x00{chain_scope(tokens) or ''}"
-        return prefix_blocks(tokens.ids, size, scope)
+        return tuple(block_chain(tokens.ids, size, scope))
 
     def take(self) -> Ticket:
         """A ticket in the line; APIError 503 when there is no room for it."""

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import httpx
 import pytest
 from starlette.testclient import TestClient
 
 from agentcache.model.loading import LoadedModel
+from agentcache.reuse.prefix import block_chain
 from agentcache.runtime.engine import Engine, EngineConfig
 from agentcache.server import ServerConfig, ServerLimits, create_app
-from agentcache.server.admission import AdmissionLine, Budget, QueueFull, Ticket, prefix_blocks
+from agentcache.server.admission import AdmissionLine, Budget, QueueFull, Ticket
 from agentcache.server.config import key_digest
 from agentcache.server.inprocess import serve_in_thread
 from tests.server.conftest import MODEL
@@ -433,20 +434,23 @@ def test_a_tenant_holds_its_share_of_the_active_tokens() -> None:
     asyncio.run(run())
 
 
-def test_prefix_blocks_name_whole_blocks_of_the_same_tokens_from_the_first() -> None:
+def keys(ids: Iterable[int], scope: str = "") -> tuple[str, ...]:
+    """A prompt's prefix block keys as the server makes them (`Turn.blocks`), blocks of 32."""
+    return tuple(block_chain(tuple(ids), 32, scope))
+
+
+def test_prefix_block_keys_name_whole_blocks_of_the_same_tokens_from_the_first() -> None:
     """Key i stands for the first (i + 1) blocks: equal while the prompts agree, different
     from the first block that differs and in another tenant; a part-filled block has none."""
     a = list(range(100))
     b = a[:64] + [7] * 36  # agrees on the first two blocks of 32, differs in the third
-    ka, kb = prefix_blocks(a, 32, "t"), prefix_blocks(b, 32, "t")
+    ka, kb = keys(a, "t"), keys(b, "t")
     assert len(ka) == len(kb) == 3  # 100 tokens: three whole blocks, 4 left over
     assert ka[:2] == kb[:2] and ka[2] != kb[2]
     assert len(set(ka)) == 3
-    assert not set(prefix_blocks(a, 32, "u")) & set(ka)  # another tenant shares nothing
-    assert prefix_blocks(a[:31], 32, "t") == ()
-    assert prefix_blocks([*a, 5], 32, "t") == ka  # a token more, no whole block more
-    with pytest.raises(ValueError, match="block_tokens"):
-        prefix_blocks(a, 0)
+    assert not set(keys(a, "u")) & set(ka)  # another tenant shares nothing
+    assert keys(a[:31], "t") == ()
+    assert keys([*a, 5], "t") == ka  # a token more, no whole block more
 
 
 def test_shared_prefix_blocks_count_once_among_the_active_tokens() -> None:
@@ -459,13 +463,13 @@ def test_shared_prefix_blocks_count_once_among_the_active_tokens() -> None:
         line = AdmissionLine(max_queued=16, max_active=8, max_active_tokens=1000,
                              block_tokens=32)  # fmt: skip
         ids = list(range(512))
-        a_keys = prefix_blocks([*ids, 1, 2], 32, "A")
+        a_keys = keys([*ids, 1, 2], "A")
         a1 = line.take("A", 514, reserve=600, blocks=a_keys)
         assert a1.turn.done() and line.active_tokens == 600
-        a2 = line.take("A", 513, reserve=600, blocks=prefix_blocks([*ids, 3], 32, "A"))
+        a2 = line.take("A", 513, reserve=600, blocks=keys([*ids, 3], "A"))
         assert a2.turn.done()  # 600 + 600 - 512 shared = 688 <= 1000
         assert line.active_tokens == 688
-        b = line.take("B", 514, reserve=600, blocks=prefix_blocks([*ids, 1, 2], 32, "B"))
+        b = line.take("B", 514, reserve=600, blocks=keys([*ids, 1, 2], "B"))
         assert not b.turn.done()  # 688 + 600 > 1000: nothing shared across tenants
         a1.release()
         assert line.active_tokens == 600  # a2's whole reserve: its blocks are still held
@@ -485,8 +489,8 @@ def test_a_tenants_share_counts_its_shared_prefix_blocks_once() -> None:
         line = AdmissionLine(max_queued=16, max_active=4, tenant_slots=2,
                              max_active_tokens=1600, block_tokens=32)  # fmt: skip
         assert line.tenant_tokens == 800
-        keys = prefix_blocks(list(range(320)), 32, "A")  # 10 blocks
-        a = [line.take("A", 330, reserve=500, blocks=keys) for _ in range(2)]
+        blocks = keys(range(320), "A")  # 10 blocks
+        a = [line.take("A", 330, reserve=500, blocks=blocks) for _ in range(2)]
         assert all(t.turn.done() for t in a)  # 500 + 500 - 320 = 680 <= 800
         unshared = line.take("A", 330, reserve=500)
         assert not unshared.turn.done()  # A at its 2 slots
@@ -496,12 +500,14 @@ def test_a_tenants_share_counts_its_shared_prefix_blocks_once() -> None:
 
 def test_prefix_blocks_need_the_lines_block_size_and_fit_the_reserve() -> None:
     async def run() -> None:
-        keys = prefix_blocks(list(range(64)), 32)
+        blocks = keys(range(64))
         with pytest.raises(ValueError, match="without block_tokens"):
-            AdmissionLine(max_queued=4, max_active=2, max_active_tokens=100).take("A", 64, 70, keys)
+            AdmissionLine(max_queued=4, max_active=2, max_active_tokens=100).take(
+                "A", 64, 70, blocks
+            )
         line = AdmissionLine(max_queued=4, max_active=2, max_active_tokens=100, block_tokens=32)
         with pytest.raises(ValueError, match="exceed the reserve"):
-            line.take("A", 60, 60, keys)  # 2 blocks of 32 > a reserve of 60
+            line.take("A", 60, 60, blocks)  # 2 blocks of 32 > a reserve of 60
         assert line.active == 0 and line.waiting == 0
         with pytest.raises(ValueError, match="block_tokens"):
             AdmissionLine(max_queued=4, max_active=2, block_tokens=0)
