@@ -13,10 +13,17 @@ Fairness between tenants (an API key + cache_salt, chat/identity.py):
 - A free slot goes to the waiting tenant with the fewest tickets at the engine, ties to the one
   served longest ago; within a tenant, tickets keep their arrival order. A tenant with 20
   requests in line makes another tenant's request wait for one slot to free, not for all 20.
-- One tenant holds at most `tenant_slots` of the `max_active` slots (by default all of
-  them); the others stay free for other tenants, so another tenant's request starts at once
-  even while one tenant's long requests fill the engine (interleaved, they would all end at
-  about the same time: waiting for "one slot to free" would be waiting for all of them).
+- While other tenants have requests at the engine or in line, one tenant holds at most
+  `tenant_slots` of the `max_active` slots (by default all of them); the others stay free for
+  other tenants, so another tenant's request starts at once even while one tenant's long
+  requests fill the engine (interleaved, they would all end at about the same time: waiting
+  for "one slot to free" would be waiting for all of them).
+- A tenant alone at the engine and in line may hold every slot and token: the share kept
+  for others is not held idle. When another tenant's request arrives, that tenant's first
+  ticket at the engine is served over the bounds by what the lone tenant holds beyond its
+  share (at most the part kept for others, so the engine holds at most `capacity` tickets
+  and the bound plus that part in tokens), and the tenant that held more waits for its share
+  again before its next ticket: the newcomer starts at once, as if the part had been kept.
 - The line holds at most `max_queued` requests and `max_queued_tokens` prompt tokens. When a
   request does not fit, it takes the place of the newest waiting ticket of the tenant holding
   the largest share of the line (by requests or tokens, whichever is larger), as long as that
@@ -26,13 +33,14 @@ Fairness between tenants (an API key + cache_salt, chat/identity.py):
 - `max_active_tokens` (the vLLM backend: its KV cache, in tokens): a ticket `reserve`s the
   tokens it may hold at the engine (prompt + max_tokens) and is served only when they fit
   beside the active tickets' (a ticket alone is served whatever its size), one tenant's at
-  most its share of them (`tenant_slots / max_active`). Whole blocks of prompt prefix that
-  active tickets share (`reuse.prefix.block_chain`: the same tokens from the first, in blocks
-  of `block_tokens`, within one tenant and cache salt) count once, as the engine's prefix cache
-  holds them once: requests that open with the same system prompt and tools reserve those
-  tokens once. The next ticket is chosen as above; while it does not fit, every ticket waits
-  behind it (a long prompt is not passed over for ever by short ones), except that a tenant's
-  first request still goes first when it is the fair choice and fits.
+  most its share of them (`tenant_slots / max_active`) while others have tickets. Whole
+  blocks of prompt prefix that active tickets share (`reuse.prefix.block_chain`: the same
+  tokens from the first, in blocks of `block_tokens`, within one tenant and cache salt) count
+  once, as the engine's prefix cache holds them once: requests that open with the same system
+  prompt and tools reserve those tokens once. The next ticket is chosen as above; while it
+  does not fit, every ticket waits behind it (a long prompt is not passed over for ever by
+  short ones), except that a tenant's first request still goes first when it is the fair
+  choice and fits.
 
 A plain lock hands the engine to whichever waiting thread the OS wakes; tickets keep the order
 above. The embedded engine interleaves the active turns token by token (`runtime/sharing.py`),
@@ -153,6 +161,12 @@ class AdmissionLine:
         self._held = _Held()
 
     @property
+    def capacity(self) -> int:
+        """The most tickets ever at the engine at once: `max_active`, and the slots kept for
+        other tenants once more (a newcomer's first ticket, while a lone tenant held them)."""
+        return 2 * self.max_active - self.tenant_slots
+
+    @property
     def active(self) -> int:
         """Tickets being served (at the engine)."""
         return self._active
@@ -175,12 +189,6 @@ class AdmissionLine:
         """(requests, prompt tokens) `tenant` has waiting."""
         t = self._tenants.get(tenant)
         return (len(t.waiting), t.waiting_tokens) if t is not None else (0, 0)
-
-    @property
-    def full(self) -> bool:
-        """No slot and no room in line for one more request without pushing another out."""
-        full = self._active >= self.max_active
-        return full and not self._fits(self._waiting, self._waiting_tokens)
 
     def refusal(self, tenant: str, tokens: int, reserve: int | None = None,
                 blocks: tuple[str, ...] = ()) -> str | None:  # fmt: skip
@@ -233,7 +241,7 @@ class AdmissionLine:
         t = self._tenants.get(tenant)
         if t is not None and t.waiting:
             return False
-        if not (self._eligible(t, reserve, blocks) and self._room_for(reserve, blocks)):
+        if not (self._eligible(t, reserve, blocks) and self._room_for(t, reserve, blocks)):
             return False
         mine = (0, 0) if t is None else _fair_order(t)
         return not any(_fair_order(o) <= mine for o in self._candidates())
@@ -245,25 +253,39 @@ class AdmissionLine:
 
     def _eligible(self, t: _Tenant | None, reserve: int, blocks: tuple[str, ...] = ()) -> bool:
         """Whether a ticket of `reserve` tokens (prefix `blocks`) of tenant `t` is within the
-        tenant's share."""
-        if t is None or t.active == 0:
-            return True
+        tenant's share (a tenant alone at the engine and in line: any ticket)."""
+        if t is None or t.active == 0 or len(self._tenants) == 1:
+            return True  # (a tenant with a ticket at the engine is in `_tenants`)
         if t.active >= self.tenant_slots:
             return False
         bound = self.tenant_tokens
         b = self._block
         return bound is None or t.held.tokens(b) + t.held.added(reserve, blocks, b) <= bound
 
-    def _room_for(self, reserve: int, blocks: tuple[str, ...] = ()) -> bool:
+    def _room_for(self, t: _Tenant | None, reserve: int, blocks: tuple[str, ...] = ()) -> bool:
         """A free slot, and room for `reserve` tokens (prefix `blocks`, those an active ticket
         holds already counted once) beside the active tickets' (a ticket alone at the engine
-        always has room)."""
-        if self._active >= self.max_active:
+        always has room). Tenant `t`'s first ticket at the engine has the room other tenants
+        hold beyond their share besides (taken while they were alone)."""
+        slots, bound, b = self.max_active, self.max_active_tokens, self._block
+        if t is None or t.active == 0:
+            over_slots, over_tokens = self._over_share()
+            slots += over_slots
+            bound = None if bound is None else bound + over_tokens
+        if self._active >= slots:
             return False
-        bound, b = self.max_active_tokens, self._block
         if bound is None or self._active == 0:
             return True
         return self._held.tokens(b) + self._held.added(reserve, blocks, b) <= bound
+
+    def _over_share(self) -> tuple[int, int]:
+        """(slots, tokens) the tenants at the engine hold beyond their share."""
+        slots = tokens = 0
+        for o in self._tenants.values():
+            slots += max(0, o.active - self.tenant_slots)
+            if self.tenant_tokens is not None:
+                tokens += max(0, o.held.tokens(self._block) - self.tenant_tokens)
+        return slots, tokens
 
     def _fits(self, waiting: int, tokens: int) -> bool:
         """Whether one more request fits behind `waiting` ones, all of them `tokens` tokens
@@ -361,12 +383,12 @@ class AdmissionLine:
 
     def _dispatch(self) -> None:
         """Serve the fair choice among the waiting tickets while it fits."""
-        while self._active < self.max_active and self._waiting:
+        while self._waiting:  # (a free slot: `_room_for`, with a newcomer's over the bound)
             eligible = self._candidates()
             if not eligible:
                 break
             t = min(eligible, key=_fair_order)
-            if not self._room_for(t.waiting[0].reserve, t.waiting[0].blocks):
+            if not self._room_for(t, t.waiting[0].reserve, t.waiting[0].blocks):
                 break  # the others wait behind it: it is not passed over
             head = t.waiting.popleft()
             t.waiting_tokens -= head.tokens

@@ -100,8 +100,9 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
     docs = config.enable_docs
     stored = ResponseStore(config.max_stored_responses, config.stored_response_bytes,
                            config.stored_response_ttl_s)  # fmt: skip
-    # a ticket is released once its worker has stopped, so max_active threads always suffice
-    workers = ThreadPoolExecutor(config.max_active, thread_name_prefix="agentcache-turn")
+    # a ticket is released once its worker has stopped, so the line's capacity in threads
+    # (max_active, and the slots kept for other tenants once more) always suffices
+    workers = ThreadPoolExecutor(line.capacity, thread_name_prefix="agentcache-turn")
     trimmer = HeapTrimmer(config.trim_interval_s) if config.trim_interval_s > 0 else None
 
     @contextlib.asynccontextmanager

@@ -124,9 +124,9 @@ def add_security(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queued", type=non_negative_int, default=64,
                    help="requests waiting for the engine; more get 503 (default: 64)")  # fmt: skip
     p.add_argument("--max-active-per-tenant", type=positive_int, default=None, metavar="N",
-                   help="slots of --max-active one tenant (API key + cache_salt) may hold; the "
-                   "rest stay free for other tenants (default: all but an eighth, 14 of "
-                   "16)")  # fmt: skip
+                   help="slots of --max-active one tenant (API key + cache_salt) may hold "
+                   "while other tenants have requests; the rest stay free for them (default: "
+                   "all but an eighth, 14 of 16; a tenant alone may hold every slot)")  # fmt: skip
     p.add_argument("--max-queued-tokens", type=positive_int, default=262_144,
                    help="prompt tokens of the requests waiting for the engine; more get 503, "
                    "shared fairly between tenants (default: 262144)")  # fmt: skip
@@ -267,7 +267,7 @@ def server_config(
 def admission_summary(server: ServerConfig) -> str:
     """What the engine admits at once, in words (printed when the server starts)."""
     out = (f"at most {server.max_active} requests at the engine, {server.tenant_slots} of "
-           "them one tenant's")  # fmt: skip
+           "them one tenant's while others have requests")  # fmt: skip
     if server.max_active_tokens is not None:
         out += f"; at most {server.max_active_tokens} tokens (prompt + max_tokens) reserved"
         if server.prefix_block_tokens is not None:

@@ -50,7 +50,8 @@ class ServerConfig:
     request_timeout_s: float = 600.0  # waiting in line + generating
     max_queued: int = 64  # requests waiting for the engine; more get 503
     max_active: int = MAX_ACTIVE  # requests the engine runs at once, interleaved by token
-    # slots of max_active one tenant may hold (None: all but an eighth, kept for the others)
+    # slots of max_active one tenant may hold while others have requests (None: all but an
+    # eighth, kept for the others; a tenant alone holds every slot, admission.py)
     max_active_per_tenant: int | None = None
     # tokens (prompt + max_tokens) the active requests may reserve at once, each tenant its
     # share of them (admission.py); None: the engine admits by its own KV pages (embedded)
@@ -125,8 +126,9 @@ class ServerConfig:
 
     @property
     def tenant_slots(self) -> int:
-        """Slots at the engine one tenant may hold: by default all but an eighth (14 of 16),
-        which stay free for other tenants; with fewer than 8, all."""
+        """Slots at the engine one tenant may hold while other tenants have requests: by
+        default all but an eighth (14 of 16), which stay free for them; with fewer than 8,
+        all. A tenant alone may hold every slot (`AdmissionLine`)."""
         if self.max_active_per_tenant is not None:
             return self.max_active_per_tenant
         return self.max_active - self.max_active // 8

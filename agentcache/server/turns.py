@@ -5,7 +5,7 @@
 
 Generation stops within a token of the cancel event being set (`ChatEngine.run`), a prefill
 the engine runs in chunks before its next chunk (`ServingEngine.generate`); the ticket is
-released once the worker has stopped, so no more than the line's `max_active` requests are
+released once the worker has stopped, so no more than the line's `capacity` requests are
 ever at the engine.
 """
 

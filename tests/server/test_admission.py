@@ -92,7 +92,7 @@ def test_a_full_line_makes_room_by_the_tenant_holding_most_of_it() -> None:
         line = AdmissionLine(max_queued=4, max_active=1, max_queued_tokens=10_000)
         line.take("A", 10)
         a = [line.take("A", 10) for _ in range(4)]
-        assert line.full
+        assert line.refusal("A", 10) is not None and line.refusal("B", 10) is None
         with pytest.raises(QueueFull):  # A cannot push itself out
             line.take("A", 10)
         b = line.take("B", 10)  # takes the place of A's newest
@@ -298,20 +298,31 @@ def test_a_text_that_cannot_fit_the_context_is_refused_before_tokenizing(
 
 
 def test_a_tenant_leaves_slots_free_for_others() -> None:
+    """Alone, tenant A holds every slot; B's first request starts at once in one more (the
+    slot A holds beyond its share), C's waits for a slot to free and takes it before A's
+    waiting ones; while another tenant is at the engine, A waits for its share again."""
+
     async def run() -> None:
         line = AdmissionLine(max_queued=16, max_active=4, tenant_slots=3)
-        a = [line.take("A", 100) for _ in range(5)]
-        assert [t.turn.done() for t in a] == [True, True, True, False, False]
-        assert (line.active, line.waiting) == (3, 2)
-        b = line.take("B", 1)  # the slot A may not take: at once
-        c = line.take("C", 1)
-        assert b.turn.done() and not c.turn.done()  # no slot left for C: it waits
+        assert line.capacity == 5
+        a = [line.take("A", 100) for _ in range(6)]
+        assert [t.turn.done() for t in a] == [True, True, True, True, False, False]
+        b = line.take("B", 1)  # over the bound by the slot A holds beyond its 3: at once
+        assert b.turn.done() and line.active == 5
+        c = line.take("C", 1)  # no more than that: C waits
+        assert not c.turn.done()
         b.release()  # the free slot goes to C, not to A's waiting ones
-        assert c.turn.done() and not a[3].turn.done()
-        c.release()
-        assert not a[3].turn.done() and line.active == 3  # a slot A may not take stays free
+        assert c.turn.done() and not a[4].turn.done() and line.active == 5
+        c.release()  # A alone again, at the 4 slots
+        assert not a[4].turn.done() and line.active == 4
         a[0].release()  # one of A's ends: its next one starts
-        assert a[3].turn.done() and not a[4].turn.done()
+        assert a[4].turn.done() and not a[5].turn.done()
+        b2 = line.take("B", 1)
+        assert b2.turn.done() and line.active == 5
+        a[1].release()  # B at the engine: A may hold its 3, the fourth slot stays free
+        assert not a[5].turn.done() and line.active == 4
+        b2.release()  # A alone: every slot again
+        assert a[5].turn.done() and line.active == 4
 
     asyncio.run(run())
 
@@ -325,8 +336,9 @@ def test_tenant_slots_default_to_all_but_an_eighth() -> None:
 
 
 def test_over_http_another_tenants_request_starts_while_one_fills_the_engine() -> None:
-    """Tenant A keeps three long requests at the engine (its share of four slots) and two in
-    line; tenant B's short request takes the fourth slot at once and ends first."""
+    """Tenant A, alone, keeps four long requests at the engine (every slot) and one in line;
+    tenant B's short request starts at once over the bound (by the slot A holds beyond its
+    share of three) and ends first."""
     engine = SlowEngine()
     app = _keys_app(engine, max_active=4, max_active_per_tenant=3)
     with serve_in_thread(app) as url:
@@ -339,7 +351,7 @@ def test_over_http_another_tenants_request_starts_while_one_fills_the_engine() -
         for t in a:
             t.start()
         auth = {"Authorization": "Bearer key-a"}
-        wait_for(lambda: "agentcache_requests_waiting 2.0" in httpx.get(
+        wait_for(lambda: "agentcache_requests_waiting 1.0" in httpx.get(
             f"{url}/metrics", headers=auth).text)  # fmt: skip
         r = post("key-b", 2)
         ended_before = list(engine.produced)
@@ -424,12 +436,43 @@ def test_a_tenant_holds_its_share_of_the_active_tokens() -> None:
     async def run() -> None:
         line = AdmissionLine(max_queued=16, max_active=4, tenant_slots=3, max_active_tokens=800)
         assert line.tenant_tokens == 600  # 3 of 4 slots: 3/4 of the tokens
+        b0 = line.take("B", 10, reserve=10)  # another tenant at the engine
         a = [line.take("A", 10, reserve=300) for _ in range(3)]
         assert [t.turn.done() for t in a] == [True, True, False]  # 900 > A's 600
-        b = line.take("B", 10, reserve=200)  # the room A may not take: at once
+        b = line.take("B", 10, reserve=190)  # the room A may not take: at once
         assert b.turn.done() and line.active_tokens == 800
         a[0].release()
         assert a[2].turn.done()
+        b0.release()
+
+    asyncio.run(run())
+
+
+def test_a_tenant_alone_holds_every_token_and_gives_its_excess_to_a_newcomer() -> None:
+    """Alone, A holds the whole bound; B's first request is served over it by what A holds
+    beyond its share (no more: C waits), B's next waits under the bound, and A's next waits
+    for A to be within its share."""
+
+    async def run() -> None:
+        line = AdmissionLine(max_queued=16, max_active=8, tenant_slots=7, max_active_tokens=800)
+        assert line.tenant_tokens == 700
+        a = [line.take("A", 10, reserve=200) for _ in range(5)]
+        assert [t.turn.done() for t in a] == [True, True, True, True, False]
+        assert line.active_tokens == 800  # every token: A is alone
+        b = line.take("B", 10, reserve=100)  # 900: over the bound by A's 100 beyond 700
+        assert b.turn.done() and line.active_tokens == 900
+        c = line.take("C", 10, reserve=1)  # 901: beyond what A holds over its share
+        assert not c.turn.done()
+        c.release()
+        b2 = line.take("B", 10, reserve=100)  # B's second: under the bound, it waits
+        assert not b2.turn.done()
+        a[0].release()  # 700: A at its share, B's second fits (800); A's next would not
+        assert b2.turn.done() and not a[4].turn.done() and line.active_tokens == 800
+        a[1].release()  # A 400 + 200 within 700, and 800 in all
+        assert a[4].turn.done() and line.active_tokens == 800
+        for t in (a[2], a[3], a[4], b, b2):
+            t.release()
+        assert line.active == 0 and line.active_tokens == 0
 
     asyncio.run(run())
 
@@ -489,6 +532,7 @@ def test_a_tenants_share_counts_its_shared_prefix_blocks_once() -> None:
         line = AdmissionLine(max_queued=16, max_active=4, tenant_slots=2,
                              max_active_tokens=1600, block_tokens=32)  # fmt: skip
         assert line.tenant_tokens == 800
+        line.take("B", 10, reserve=10)  # another tenant at the engine: A holds its share
         blocks = keys(range(320), "A")  # 10 blocks
         a = [line.take("A", 330, reserve=500, blocks=blocks) for _ in range(2)]
         assert all(t.turn.done() for t in a)  # 500 + 500 - 320 = 680 <= 800

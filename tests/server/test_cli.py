@@ -223,7 +223,8 @@ def test_serve_holds_its_port_from_the_check_until_uvicorn_serves_on_it(
     assert len(served) == 1 and served[0].fileno() == -1  # closed once the server is done
     err = capsys.readouterr().err
     assert f"on http://127.0.0.1:{held[0]} (Ctrl+C to quit)" in err
-    assert "at most 16 requests at the engine, 14 of them one tenant's (" in err  # the defaults
+    defaults = "at most 16 requests at the engine, 14 of them one tenant's while others have "
+    assert defaults + "requests (" in err
 
 
 @pytest.mark.parametrize(
@@ -282,7 +283,8 @@ def test_the_admission_summary_names_the_token_bound_where_there_is_one() -> Non
     from agentcache.server.cli import admission_summary
 
     bounded = admission_summary(ServerConfig("m", max_active=256, max_active_tokens=23296))
-    assert bounded.startswith("at most 256 requests at the engine, 224 of them one tenant's; "
+    assert bounded.startswith("at most 256 requests at the engine, 224 of them one tenant's while "
+                              "others have requests; "
                               "at most 23296 tokens (prompt + max_tokens) reserved")  # fmt: skip
     assert "tokens" not in admission_summary(ServerConfig("m")).split("(")[0]
 

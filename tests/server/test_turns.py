@@ -148,11 +148,11 @@ def test_tickets_are_served_max_active_at_a_time() -> None:
         a, b, c, d = (line.take() for _ in range(4))
         assert a.turn.done() and b.turn.done() and not c.turn.done()
         assert (line.active, line.waiting) == (2, 2)
-        assert line.full
+        assert line.refusal("", 0) is not None
         with pytest.raises(QueueFull):
             line.take()
         d.release()  # gave up waiting: leaves the line, nobody's turn changes
-        assert not c.turn.done() and line.waiting == 1 and not line.full
+        assert not c.turn.done() and line.waiting == 1 and line.refusal("", 0) is None
         a.release()  # a served ticket leaves: the first waiting one is served
         assert c.turn.done() and line.waiting == 0
         e = line.take()
