@@ -370,6 +370,9 @@ server() {
     --targets vllm,vllm-backend,vllm-backend@whole-share \
     --target-args 'vllm-backend@whole-share=--max-active-per-tenant 256' \
     --vllm-python .venv-vllm/bin/python $common --max-tokens 32 --out $r/all-16x32-tenant-share
+  # the default again once a tenant alone may hold every token (at e62a348), two rounds
+  $py benchmarks/server/replay.py --split all --clients 16 --rounds 2 --targets vllm,vllm-backend \
+    --vllm-python .venv-vllm/bin/python $common --max-tokens 32 --out $r/all-16x32-lone-tenant
   $py benchmarks/server/replay.py --split all --clients 16 \
     --targets embedded-prefix,embedded@isolated \
     --target-args 'embedded@isolated=--isolate-conversations' $common --max-tokens 32 \
