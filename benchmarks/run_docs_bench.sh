@@ -317,6 +317,12 @@ server() {
   AGENTCACHE_NUM_THREADS=1 $py benchmarks/server/load.py --clients 16 --duration 240 \
     --think 1.0 --model tiny --store-bytes 33554432 --max-active 16 --batch-decode \
     --out docs/bench/server/load-tiny-16x240-think1-batched
+  # docs/server.md "Batched decode": a decode step's matrix products and the whole step at 1 to
+  # 16 rows, the bound on 16 agents' aggregate decode against one (1 and 2 threads)
+  for t in 1 2; do
+    $py benchmarks/server/step_bound.py --rows 1 4 8 16 --threads $t --repeats 30 \
+      --out docs/bench/server/step-bound/smollm2-t$t
+  done
   # docs/server.md "Replaying concurrent agents": agents with tool pauses over HTTP, the default
   # model, 1 thread per server (the vLLM targets need .venv-vllm: make .venv-vllm/.installed)
   local r=docs/bench/server/replay common="--model default --threads 1 --pause-median 2 --seed 0"
