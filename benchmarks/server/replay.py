@@ -13,7 +13,9 @@ dialogues, and tool-use sessions whose tool results bfcl's simulators produced),
 client sends it, whatever the server replied, so every target gets the same requests. After
 each turn but the last the agent pauses (its tools running) for a log-normal draw
 (`--pause-median`, `--pause-sigma`, capped at `--pause-max`, seeded by `--seed` and the
-session's name: the same for every target and N, recorded in results.json).
+session's name: the same for every target and N, recorded in results.json). With
+`--tenants K` the sessions replay as K tenants in turn, session i sending `cache_salt`
+`tenant-<i mod K>` (agentcache and vLLM both keep a salt's cache to itself).
 
 A target may run as variants with more server arguments, each under its own label, e.g.
 `--targets embedded@drop,embedded@tiers --target-args 'embedded@drop=--retention-share 0'
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +113,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pause-sigma", type=float, default=1.0, help="of the pause's logarithm")
     p.add_argument("--pause-max", type=float, default=60.0, help="seconds")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--tenants",
+        type=int,
+        default=1,
+        help="tenants the sessions replay as, in turn: session i sends cache_salt "
+        "'tenant-<i mod K>' to every target (default 1: no cache_salt)",
+    )
     args = p.parse_args(argv)
     args.levels = sorted({int(x) for x in args.clients.split(",") if x.strip()})
     args.target_list = [t.strip() for t in args.targets.split(",") if t.strip()]
@@ -121,8 +131,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.target_specs = parse_targets(args.target_list, args.target_args)
     except ValueError as e:
         p.error(str(e))
-    if args.rounds < 1 or args.threads < 1:
-        p.error("--rounds and --threads must be >= 1")
+    if args.rounds < 1 or args.threads < 1 or args.tenants < 1:
+        p.error("--rounds, --threads and --tenants must be >= 1")
     template = args.vllm_chat_template
     if template not in ("agentcache", "model") and not Path(template).is_file():
         p.error(f"--vllm-chat-template {template!r}: not 'agentcache', 'model' or a file")
@@ -136,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
 
     names = [x.strip() for x in args.sessions.split(",") if x.strip()]
     sessions = load_sessions(args.workload, args.split, names, args.n)
+    if args.tenants > 1:
+        sessions = [replace(s, salt=f"tenant-{i % args.tenants}") for i, s in enumerate(sessions)]
     if max(args.levels) > len(sessions):
         sys.exit(f"error: N = {max(args.levels)} needs at least as many sessions; "
                  f"{len(sessions)} selected (try --split all)")  # fmt: skip
@@ -204,8 +216,8 @@ def run(args: argparse.Namespace, sessions: list[Any], pauses: dict[str, list[fl
     return {
         "provenance": origin,
         "config": config(args, options, pauses),
-        "sessions": [{"name": s.name, "case": s.case, "turns": len(s.requests)}
-                     for s in sessions],
+        "sessions": [{"name": s.name, "case": s.case, "turns": len(s.requests),
+                      "salt": s.salt} for s in sessions],
         "turns_per_phase": per_phase,
         "pauses": pauses,
         "load_average": {"before": load_before, "after": load_average()},
@@ -257,6 +269,7 @@ def config(
         "split": args.split, "targets": args.target_list, "clients": args.levels,
         "target_args": {t.label: list(t.args) for t in args.target_specs if t.args},
         "rounds": args.rounds, "threads": args.threads, "max_tokens": args.max_tokens,
+        "tenants": args.tenants,
         "vllm_python": args.vllm_python, "vllm_serve_args": args.vllm_serve_args,
         "vllm_chat_template": args.vllm_chat_template,
         "model_folder": options.model_folder,

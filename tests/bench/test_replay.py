@@ -128,6 +128,10 @@ def test_a_stream_folds_into_reply_ttft_and_usage() -> None:
     body = sent[0]
     assert body["temperature"] == 0 and body["stream"] and body["tools"] == TOOLS
     assert body["stream_options"] == {"include_usage": True} and body["max_tokens"] == 16
+    assert "cache_salt" not in body
+    with httpx.Client(base_url="http://t", transport=httpx.MockTransport(handler)) as http:
+        stream_turn(http, "m", {"messages": [{"role": "user", "content": "hi"}]}, 4, salt="t-1")
+    assert sent[1]["cache_salt"] == "t-1"  # the tenant the session replays as
 
 
 def test_a_stream_without_usage_or_report_gives_none() -> None:
@@ -343,13 +347,18 @@ def workload(path: Path) -> Path:
 TIERS = "embedded@tiers=--kv-pages 64 --store-bytes 1100KiB --store-host-bytes 8MiB"
 
 
-def test_replay_end_to_end_on_the_tiny_model(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tenants", [1, 2])
+def test_replay_end_to_end_on_the_tiny_model(tmp_path: Path, tenants: int) -> None:
     out = tmp_path / "out"
     argv = ["--model", "tiny", "--workload", str(workload(tmp_path / "w.jsonl")),
             "--clients", "2", "--targets", "embedded@tiers", "--pause-median", "0.005",
-            "--pause-max", "0.02", "--out", str(out), "--target-args", TIERS]  # fmt: skip
+            "--pause-max", "0.02", "--out", str(out), "--target-args", TIERS,
+            "--tenants", str(tenants)]  # fmt: skip
     assert replay.main(argv) == 0
     results = json.loads((out / "results.json").read_text())
+    salts = [s["salt"] for s in results["sessions"]]
+    assert salts == ([None, None] if tenants == 1 else ["tenant-0", "tenant-1"])
+    assert results["config"]["tenants"] == tenants
     assert {"provenance", "config", "sessions", "pauses", "levels", "ratios", "solo",
             "runs"} <= set(results)  # fmt: skip
     assert results["provenance"]["command"].startswith("python benchmarks/server/replay.py")
@@ -377,6 +386,7 @@ def test_replay_end_to_end_on_the_tiny_model(tmp_path: Path) -> None:
     assert cell["replies_differing"] == 0 and cell["rounds"] == 1
     report = (out / "report.md").read_text()
     assert report.startswith("# Concurrent agents")
+    assert ("replay as 2 tenants" in report) == (tenants == 2)
     assert f"`embedded@tiers`: `{shlex.join(args)}`" in report
     assert "| embedded@tiers | 2 |" in report
     assert (out / "replay.png").stat().st_size > 0

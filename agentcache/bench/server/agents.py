@@ -41,6 +41,7 @@ class ReplaySession:
     case: str
     requests: tuple[dict[str, Any], ...]
     max_tokens: tuple[int, ...]
+    salt: str | None = None  # its requests' cache_salt: the tenant it replays as (None: none)
 
 
 def load_sessions(
@@ -165,7 +166,7 @@ def replay_session(
         sent = time.perf_counter() - t0
         budget = session.max_tokens[i] if max_tokens is None else max_tokens
         try:
-            result = stream_turn(http, model, request, budget, conversation)
+            result = stream_turn(http, model, request, budget, conversation, session.salt)
         except (TurnError, httpx.HTTPError, ValueError) as e:
             error = f"{type(e).__name__}: {e}"[:300]
             record(TurnRecord(session.name, i, client, sent, None, error))

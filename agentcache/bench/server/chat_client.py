@@ -52,14 +52,18 @@ def stream_turn(
     request: dict[str, Any],
     max_tokens: int,
     conversation: str | None = None,
+    salt: str | None = None,
 ) -> TurnResult:
     """POST `request` (`messages`, optional `tools`) to /v1/chat/completions, greedy and
-    streamed; read the stream to its end. Raises TurnError (or httpx's errors)."""
+    streamed, with `cache_salt` `salt` when given (the tenant, to agentcache and to vLLM);
+    read the stream to its end. Raises TurnError (or httpx's errors)."""
     body: dict[str, Any] = {"model": model, "messages": request["messages"],
                             "max_tokens": max_tokens, "temperature": 0, "stream": True,
                             "stream_options": {"include_usage": True}}  # fmt: skip
     if request.get("tools"):
         body["tools"] = request["tools"]
+    if salt is not None:
+        body["cache_salt"] = salt
     headers = {CONVERSATION_HEADER: conversation} if conversation else {}
     t0 = time.perf_counter()
     with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:

@@ -15,6 +15,13 @@ def _f(x: Any, unit: str = "", digits: int = 3) -> str:
     return f"{x}{unit}"
 
 
+def _tenants(k: int) -> str:
+    if k <= 1:
+        return ""
+    return (f" The sessions replay as {k} tenants in turn (session i sends cache_salt "
+            f"`tenant-<i mod {k}>` to every target).")  # fmt: skip
+
+
 def render(results: dict[str, Any]) -> str:
     """The report: the run's setting, then per target and N the medians over rounds, the
     ratios to the reference target within rounds, and the reply check."""
@@ -34,7 +41,8 @@ def render(results: dict[str, Any]) -> str:
         f"{p['longest_s']:.3g} s). Targets {', '.join(cfg['targets'])}, each in a process of its "
         f"own, a fresh one per phase; {cfg['rounds']} round(s), the target order rotated per "
         f"round. Load average before {results['load_average']['before']}, after "
-        f"{results['load_average']['after']}.{_variants(cfg.get('target_args') or {})}",
+        f"{results['load_average']['after']}.{_tenants(cfg.get('tenants', 1))}"
+        f"{_variants(cfg.get('target_args') or {})}",
         "",
         "Medians over rounds. Throughput: tokens per second of the phase's wall time (prompt: "
         "all prompt tokens; computed: prompt less cached). TTFT: client-measured time to the "
