@@ -379,6 +379,10 @@ server() {
   # the default again once a tenant alone may hold every token (at e62a348), two rounds
   $py benchmarks/server/replay.py --split all --clients 16 --rounds 2 --targets vllm,vllm-backend \
     --vllm-python .venv-vllm/bin/python $common --max-tokens 32 --out $r/all-16x32-lone-tenant
+  # ... and the same agents as four tenants (cache_salt by session, at ecf55e5)
+  $py benchmarks/server/replay.py --split all --clients 16 --rounds 2 --tenants 4 \
+    --targets vllm,vllm-backend --vllm-python .venv-vllm/bin/python $common --max-tokens 32 \
+    --out $r/all-16x32-four-tenants
   $py benchmarks/server/replay.py --split all --clients 16 \
     --targets embedded-prefix,embedded@isolated \
     --target-args 'embedded@isolated=--isolate-conversations' $common --max-tokens 32 \
