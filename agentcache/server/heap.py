@@ -1,8 +1,8 @@
 """Keeping the server's heap from holding freed memory while it runs.
 
-Turns run on up to `max_active` worker threads, and glibc gives each thread that allocates
-its own malloc arena (up to 8 per core). Tensors freed at the end of a turn stay in those
-arenas as free blocks, so resident memory can sit above what is in use
+Turns run on up to the admission line's `capacity` worker threads, and glibc gives each
+thread that allocates its own malloc arena (up to 8 per core). Tensors freed at the end of a
+turn stay in those arenas as free blocks, so resident memory can sit above what is in use
 (`benchmarks/server/load.py` records both). `limit_arenas(n)` caps the arenas (serve:
 `--malloc-arenas`, 2 by default), so freed blocks are found again by the next turn,
 whichever thread runs it; `malloc_trim(0)` returns every arena's free pages, and a
