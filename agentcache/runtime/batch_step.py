@@ -54,7 +54,7 @@ from agentcache.decode.base import StepRow
 from agentcache.decode.dense import PlanRow, ReadPlan, dense_step, paged_attention
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.attention import attention
-from agentcache.model.llama import LlamaForward
+from agentcache.model.llama import LayerWeights, LlamaForward
 from agentcache.reuse.base import context_reader
 
 ROW_BLOCK = 4  # where one call may carry any multiple of 4 rows: decode rows padded to it
@@ -98,12 +98,17 @@ def call_rule(forward: LlamaForward) -> CallRule:
     return _RULES[key]
 
 
+def layer_matrices(w: LayerWeights) -> list[tuple[Tensor, Tensor | None]]:
+    """The weights (and biases) a decode row goes through in one layer, in step order: q, k,
+    v, o, gate, up, down (`benchmarks/server/step_bound.py` times them)."""
+    return [(w.wq, w.bq), (w.wk, w.bk), (w.wv, w.bv), (w.wo, None), (w.w_gate, None),
+            (w.w_up, None), (w.w_down, None)]  # fmt: skip
+
+
 def _matrices(forward: LlamaForward) -> list[tuple[Tensor, Tensor | None]]:
     """Every distinct weight (and bias) shape a decode row goes through: one layer's (the
     others repeat them) and the head."""
-    w = forward.weights.layers[0]
-    mats = [(w.wq, w.bq), (w.wk, w.bk), (w.wv, w.bv), (w.wo, None), (w.w_gate, None),
-            (w.w_up, None), (w.w_down, None), (forward.weights.lm_head, None)]  # fmt: skip
+    mats = [*layer_matrices(forward.weights.layers[0]), (forward.weights.lm_head, None)]
     seen, out = set(), []
     for m, bias in mats:
         if (key := (m.shape, bias is not None)) not in seen:

@@ -36,16 +36,19 @@ from agentcache.bench.results import write_run
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
 from agentcache.model.llama import LlamaForward
 from agentcache.model.loading import load_model
-from agentcache.runtime.batch_step import batched_dense_step, call_rule, one_step
+from agentcache.runtime.batch_step import (
+    batched_dense_step,
+    call_rule,
+    layer_matrices,
+    one_step,
+)
+from agentcache.runtime.config import EngineConfig
 
 
 def products(forward: LlamaForward) -> list[tuple[Tensor, Tensor | None]]:
     """Every matrix a decode row goes through, in step order, with its bias."""
-    out: list[tuple[Tensor, Tensor | None]] = []
-    for w in forward.weights.layers:
-        out += [(w.wq, w.bq), (w.wk, w.bk), (w.wv, w.bv), (w.wo, None), (w.w_gate, None),
-                (w.w_up, None), (w.w_down, None)]  # fmt: skip
-    return [*out, (forward.weights.lm_head, None)]
+    layers = [m for w in forward.weights.layers for m in layer_matrices(w)]
+    return [*layers, (forward.weights.lm_head, None)]
 
 
 Calls = dict[int, list[Tensor]]  # a matrix's input width -> each call's rows
@@ -64,9 +67,9 @@ def step_products(mats: list[tuple[Tensor, Tensor | None]], calls: Calls) -> flo
 def contexts(forward: LlamaForward, count: int, tokens: int, room: int) -> list[SequenceKV]:
     """`count` sequences of `tokens` tokens of random K/V each (a step's cost does not depend
     on the values), with pages for `room` more, each sequence on pages of its own in order."""
-    c = forward.config
-    per = -(-(tokens + room) // 16)
-    pool = PagePool(PoolConfig(c.num_layers, c.num_kv_heads, c.head_dim, count * per, 16))
+    c, page = forward.config, EngineConfig().page_size  # the engine's pages
+    per = -(-(tokens + room) // page)
+    pool = PagePool(PoolConfig(c.num_layers, c.num_kv_heads, c.head_dim, count * per, page))
     g = torch.Generator().manual_seed(1)
     seqs = []
     for _ in range(count):
