@@ -58,8 +58,12 @@ class DecodeSetup:
     ) -> Decoder:
         """The decoder of one turn after prefill into `seq`: `dense` unless the plan is sparse
         and a step will run (two new tokens or more). A sparse decoder copies `seq`'s KV, then
-        frees `seq` (the fast tier keeps only its arena); it is verified when configured and
-        decoding is `greedy`, else a configured verification is reported skipped."""
+        frees `seq` down to the pages its fast tier (arena of head-pages and page metadata)
+        would fill (`fast_tier_pages`), which `seq` holds, unwritten, until the turn ends: the
+        pool's bound (`EngineConfig.kv_bytes`) counts a sparse turn by its fast tier as it
+        counts a dense turn by its pages, so what offloading saves is room for more turns.
+        It is verified when configured and decoding is `greedy`, else a configured
+        verification is reported skipped."""
         if not self.plan.sparse or max_new_tokens <= 1:
             return dense
         keys, values = seq.gather_all(slice(0, seq.num_tokens))
@@ -67,9 +71,16 @@ class DecodeSetup:
         with torch.inference_mode():
             sparse = SparseDecoder(model.forward, self.plan, self.config, keys, values, max_tokens)
         seq.free()
+        seq.reserve(fast_tier_pages(sparse, seq.pool.config.page_bytes))
         if not self.config.verify:
             return sparse
         if not greedy:
             sparse.verify_skipped = True
             return sparse
         return VerifiedDecoder(sparse, self.config.verify, model.tokenizer.eos_token_ids)
+
+
+def fast_tier_pages(decoder: SparseDecoder, page_bytes: int) -> int:
+    """Pool pages (of `page_bytes`) as many bytes as `decoder`'s fast tier holds: its arena of
+    head-pages and its pages' metadata; the host tier's copy is not counted."""
+    return -(-(decoder.kv.fast_tier_bytes + decoder.meta.nbytes) // page_bytes)

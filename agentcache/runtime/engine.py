@@ -444,6 +444,7 @@ class Engine:
         else:
             with self._lock, torch.inference_mode():
                 inner = make_decoder()
+            self.gate.wake()  # a sparse decoder gave back the pages beyond its fast tier
             decoder = LockedDecoder(inner, self._lock)
             with torch.inference_mode():
                 ids, finish = decode_loop(
@@ -480,6 +481,7 @@ class Engine:
             on_token(token)
         with self._lock.first(), torch.inference_mode():
             decoder = make_decoder()
+        self.gate.wake()  # a sparse decoder gave back the pages beyond its fast tier
         if turn.finish is not None:  # nothing (more) to decode
             return turn.ids, turn.finish, decoder
         running = self.batch.join(turn, decoder, refill, chosen=True)

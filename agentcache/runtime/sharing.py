@@ -221,9 +221,10 @@ class PageGate:
         try:
             yield seq
         finally:
-            with self._lock:
+            # pages and count given back at once: no turn is admitted into its pages while it
+            # still counts as running (`peak_running` counts turns that held pages together)
+            with self._cond, self._lock:
                 seq.free()
-            with self._cond:
                 self.running -= 1
                 self._cond.notify_all()
 

@@ -10,10 +10,12 @@ import pytest
 
 from agentcache.decode.base import Decoder
 from agentcache.decode.config import DecodeConfig
+from agentcache.decode.decoder import SparseDecoder
 from agentcache.decode.dense import DenseDecoder
 from agentcache.decode.profile import save_profile
-from agentcache.decode.setup import DecodeSetup
+from agentcache.decode.setup import DecodeSetup, fast_tier_pages
 from agentcache.decode.stats import DecodeStats
+from agentcache.kv.pool import SequenceKV
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
@@ -44,15 +46,18 @@ def prompt(chars: int) -> SegmentedPrompt:
     return SegmentedPrompt([Segment(SegmentKind.SYSTEM, TEXT[:chars])])
 
 
-def decoder(e: Engine, i: int, profile: Path, verify: int = 0) -> tuple[Decoder, TurnDecoding]:
-    """Turn i prefilled on `e`, its decoder as the engine builds it for turn i's policy."""
+def decoder(
+    e: Engine, i: int, profile: Path, verify: int = 0
+) -> tuple[Decoder, TurnDecoding, SequenceKV]:
+    """Turn i prefilled on `e`, its decoder as the engine builds it for turn i's policy, and
+    the sequence that holds its pages (a sparse decoder's: its fast tier's, unwritten)."""
     policy, options, chars, new = TURNS[i]
     seq, pre = e.prefill(e.tokenize(prompt(chars)), "full")
     params = GenerationParams(max_new_tokens=new)
     turn = TurnDecoding(pre.logits, seq.num_tokens, params, 4096, e.model.tokenizer)
     config = DecodeConfig(policy, budget_pages=3, profile=profile, verify=verify, **options)  # type: ignore[arg-type]
     dense = DenseDecoder(e.step, seq, KV_PAGES * 16)
-    return DecodeSetup.resolve(e.model, config).decoder(e.model, seq, new, True, dense), turn
+    return DecodeSetup.resolve(e.model, config).decoder(e.model, seq, new, True, dense), turn, seq
 
 
 def run(
@@ -62,15 +67,14 @@ def run(
     one's ids and decode stats (time left out)."""
     assert e.batch is not None
     made = [decoder(e, i, profile, verify if i == 1 else 0) for i in turns]
-    running = [e.batch.join(turn, d) for d, turn in made]
+    running = [e.batch.join(turn, d) for d, turn, _ in made]
     while not all(r.finished for r in running):
         e.batch.step()
-    for r in running:
+    for r, (_, _, seq) in zip(running, made, strict=True):
         e.batch.leave(r)
-        if isinstance(r.decoder, DenseDecoder):
-            r.decoder.seq.free()
+        seq.free()
     out = []
-    for d, turn in made:
+    for d, turn, _ in made:
         stats = d.stats()
         out.append((turn.ids, None if stats is None else dataclasses.replace(stats, rerank_s=0.0)))
     return out
@@ -138,3 +142,54 @@ def test_sparse_turns_through_the_engine_get_their_output_alone(
     assert at_once(one, 3) == alone
     assert e.batch.stats().batched_sparse_feeds > 0 and e.batch.stats().solo_feeds == 0
     assert all(s is not None and s.steps > 0 for _, s in alone)
+
+
+def test_a_sparse_turn_holds_its_fast_tier_in_the_pool(
+    tiny: LoadedModel, profile_file: Path
+) -> None:
+    """Once its decoder is made, a sparse turn's sequence holds the pages its fast tier
+    (arena and page metadata) would fill, fewer than its prompt took and at least one; freed
+    with the turn."""
+    e = engine(tiny)
+    d, _, seq = decoder(e, 2, profile_file)  # flexicache
+    prompt_pages = -(-e.tokenize(prompt(TURNS[2][2])).num_tokens // 16)
+    assert isinstance(d, SparseDecoder)
+    held = fast_tier_pages(d, e.ctx.pool.config.page_bytes)
+    stats = d.stats()
+    assert held * e.ctx.pool.config.page_bytes >= stats.fast_tier_kv_bytes + stats.metadata_bytes
+    assert 1 <= held < prompt_pages
+    assert KV_PAGES - e.ctx.pool.num_free == held == len(seq.table.pages)
+    seq.free()
+    assert e.ctx.pool.num_free == KV_PAGES
+
+
+def test_the_pool_bounds_sparse_turns_by_their_fast_tier(
+    tiny: LoadedModel, profile_file: Path
+) -> None:
+    """A pool with room for one turn's prompt and one fast tier: dense turns run one at a
+    time, sparse ones two at a time (a sparse turn admitted once the one before it shrank to
+    its fast tier, not only when it ends), never three; each gets its output alone."""
+    config = DecodeConfig("flexicache", budget_pages=3, profile=profile_file,
+                          policy_options={"stable_interval": 4})  # fmt: skip
+    params = GenerationParams(max_new_tokens=24)
+    probe = Engine(tiny, EngineConfig(kv_pages=KV_PAGES, batch_decode=True, decode=config))
+    tokens = probe.tokenize(prompt(900))
+    turn_pages = probe._pages_for(tokens, params)
+    d, _, seq = decoder(probe, 2, profile_file)
+    assert isinstance(d, SparseDecoder)
+    held = fast_tier_pages(d, probe.ctx.pool.config.page_bytes)
+    seq.free()
+    assert held < turn_pages
+    # the first turn, shrunk, leaves the second room; the second, shrunk, leaves none
+    pages = turn_pages + held
+
+    def peak(decode: DecodeConfig) -> int:
+        e = Engine(tiny, EngineConfig(kv_pages=pages, batch_decode=True, decode=decode))
+        alone = e.generate(tokens, params, "full", commit=False).token_ids
+        together = at_once(lambda _: e.generate(tokens, params, "full", commit=False).token_ids, 3)
+        assert together == [alone] * 3
+        assert e.ctx.pool.num_free == pages
+        return e.gate.peak_running
+
+    assert peak(DecodeConfig()) == 1
+    assert peak(config) == 2
