@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Concurrent agents at a fixed KV budget: sparse decode (fast tier only in the pool) against
+dense, aggregate tokens/s on one embedded engine.
+
+    nice -n -5 python benchmarks/server/kv_budget.py --agents 12 --context 4096 \
+        --budget-turns 4 --policies dense,flexicache,flexicache:verify=8 --repeats 3 \
+        --profile docs/bench/decode/smollm2-135m-instruct-18ddc7c854863b5228beb2a367be0eaa.json \
+        --out docs/bench/server/kv-budget/smollm2-ctx4096
+
+N agents read the same document (the swe_agent workload's texts, cut so that the document,
+an agent's question and its new tokens make --context tokens) and each asks its own question,
+all at once, greedy. One engine per decode policy, each with the same KV pool
+(`EngineConfig.kv_bytes` = --budget-turns turns' pages: prompt, new tokens and the reply's
+closing tokens), batched decode on. A dense turn holds its pages to its end; a sparse turn
+gives back all but as many as its fast tier fills once its decoder holds the KV
+(`decode.setup.fast_tier_pages`; the host tier's copy is not counted), so more sparse turns
+run at once (`PageGate.peak_running`). Before each run one request commits the document's KV,
+and every agent's turn runs `prefix` (the document loaded, its question computed), so the run
+is mostly decode, as in the sessions of agents that share their context.
+
+Per run: tokens over the wall time from the common start to the last reply, the most turns
+running at once, TTFT per agent, and the scheduler's counts; each repeat runs every policy,
+in an order rotated from repeat to repeat, so that a policy's tokens/s over dense's is within
+one repeat. Each agent's greedy ids are compared with dense's in the same repeat (verified
+decoding gives dense's output by construction; unverified sparse decoding need not). Writes
+results.json (with provenance) and report.md under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentcache.bench.provenance import provenance
+from agentcache.bench.results import write_run
+from agentcache.decode.config import DecodeConfig
+from agentcache.heads.prompts import load_texts
+from agentcache.kv.pool import PoolConfig
+from agentcache.model.loading import LoadedModel, load_model
+from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
+from agentcache.runtime.engine import REPLY_CLOSING, Engine, EngineConfig, GenerationParams
+
+QUESTIONS = ("Which file should be changed first, and why?",
+             "Summarize the failing test in one sentence.", "What is the root cause of the bug?",
+             "List the commands run so far.", "Which function handles the parsing?",
+             "What would a minimal patch look like?", "Is an earlier issue mentioned?",
+             "What should the next step be?")  # fmt: skip
+QUESTION_ROOM = 64  # tokens kept for the chat format and an agent's question
+WORKLOAD = Path(__file__).resolve().parents[1] / "workloads" / "swe_agent.jsonl"
+
+
+def document(model: LoadedModel, texts: list[str], tokens: int) -> str:
+    """The first `tokens` tokens of `texts` joined (repeated when they are shorter), as text."""
+    enc = model.tokenizer.encode("\n\n".join(texts))
+    ids = (enc * (1 + tokens // max(len(enc), 1)))[:tokens]
+    return model.tokenizer.decode(ids)
+
+
+def prompts(doc: str, agents: int) -> list[SegmentedPrompt]:
+    """Agent i's prompt: the document (system), then question i (user)."""
+    return [SegmentedPrompt([Segment(SegmentKind.SYSTEM, doc, "doc", "system"),
+                             Segment(SegmentKind.UPDATE, f"Agent {i}: {QUESTIONS[i % 8]}", "q",
+                                     "user")]) for i in range(agents)]  # fmt: skip
+
+
+def budget_bytes(model: LoadedModel, prompt_tokens: int, new_tokens: int, turns: float) -> int:
+    """KV bytes of `turns` dense turns' pages (prompt, new tokens, the reply's closing)."""
+    c, page = model.config, EngineConfig().page_size
+    pool = PoolConfig(c.num_layers, c.num_kv_heads, c.head_dim, 1, page)
+    pages = -(-(prompt_tokens + new_tokens + REPLY_CLOSING) // page)
+    return int(turns * pages * pool.page_bytes)
+
+
+def engine(model: LoadedModel, decode: DecodeConfig, kv_bytes: int) -> Engine:
+    return Engine(model, EngineConfig(strategy="prefix", kv_bytes=kv_bytes, batch_decode=True,
+                                      decode=decode))  # fmt: skip
+
+
+def run(e: Engine, agents: list[SegmentedPrompt], params: GenerationParams) -> dict[str, Any]:
+    """The document committed by one request, then every agent at once (`prefix`, nothing
+    committed): wall time, tokens, TTFT and ids per agent, the most turns running at once."""
+    e.generate(agents[0], GenerationParams(max_new_tokens=1), "prefix", commit=True)
+    waited0 = e.gate.waited
+    e.gate.peak_running = 0  # this run's
+    n = len(agents)
+    start = threading.Barrier(n + 1)
+    ttft: list[float] = [0.0] * n
+    ids: list[list[int]] = [[] for _ in range(n)]
+    fast: list[int] = [0] * n
+    t0 = [0.0]
+
+    def agent(i: int) -> None:
+        def first(_: int) -> None:
+            if not ttft[i]:
+                ttft[i] = time.perf_counter() - t0[0]
+
+        start.wait()
+        g = e.generate(agents[i], params, "prefix", commit=False, on_token=first)
+        ids[i] = list(g.token_ids)
+        d = g.stats.decode
+        fast[i] = 0 if d is None else d.fast_tier_kv_bytes + d.metadata_bytes
+
+    threads = [threading.Thread(target=agent, args=(i,)) for i in range(n)]
+    for th in threads:
+        th.start()
+    t0[0] = time.perf_counter()
+    start.wait()
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - t0[0]
+    tokens = sum(len(x) for x in ids)
+    return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "ttft_s": ttft,
+            "ids": ids, "peak_running": e.gate.peak_running, "waited": e.gate.waited - waited0,
+            "fast_tier_bytes": fast, "pool_bytes": e.pool_config.pool_bytes}  # fmt: skip
+
+
+def summarize(runs: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]:
+    """Per policy: tokens/s (median over repeats), over dense's within each repeat, the most
+    turns running at once, and the agents whose greedy ids equal dense's in the same repeat."""
+    out: dict[str, Any] = {}
+    dense = {r["repeat"]: r for r in runs if r["policy"] == "dense"}
+    for p in policies:
+        rs = [r for r in runs if r["policy"] == p]
+        row: dict[str, Any] = {
+            "tokens_per_s": [r["tokens_per_s"] for r in rs],
+            "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in rs),
+            "peak_running": [r["peak_running"] for r in rs],
+            "ttft_p50_s": statistics.median(t for r in rs for t in r["ttft_s"]),
+            "fast_tier_bytes_per_turn": max(max(r["fast_tier_bytes"]) for r in rs),
+        }
+        if dense:
+            over = [r["tokens_per_s"] / dense[r["repeat"]]["tokens_per_s"] for r in rs]
+            row["over_dense"] = over
+            row["over_dense_median"] = statistics.median(over)
+            same = [a == b for r in rs for a, b in zip(r["ids"], dense[r["repeat"]]["ids"],
+                                                       strict=True)]  # fmt: skip
+            row["equal_dense"] = sum(same)
+            row["compared"] = len(same)
+        first = rs[0]["ids"]
+        row["same_every_repeat"] = all(r["ids"] == first for r in rs)
+        out[p] = row
+    return out
+
+
+def spread(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+
+
+def report(results: dict[str, Any]) -> str:
+    p, s = results["provenance"], results["settings"]
+    lines = [
+        "# Concurrent agents at a fixed KV budget: sparse decode against dense",
+        "",
+        f"`{p['command']}` at commit {p['commit']} ({p['date']}; "
+        f"{p['machine']['cores']} cores, {p['machine']['torch_threads']} torch thread(s)).",
+        f"Model {s['model']}, {s['agents']} agents, prompts of {results['prompt_tokens']} tokens "
+        f"(a shared document loaded by `prefix`, then the agent's question), "
+        f"{s['new_tokens']} greedy new tokens each, KV pool {results['pool_bytes']} bytes "
+        f"({s['budget_turns']} dense turns), {s['repeats']} repeats; ratios within each repeat.",
+        "",
+        "| policy | tok/s (median) | over dense per repeat, median (range) | turns at once "
+        "| fast tier per turn (bytes) | TTFT p50 | agents = dense | same each repeat |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, row in results["summary"].items():
+        over = spread(row["over_dense"]) if "over_dense" in row else "-"
+        same = f"{row['equal_dense']} of {row['compared']}" if "compared" in row else "-"
+        lines.append(
+            f"| `{name}` | {row['tokens_per_s_median']:.2f} | {over} "
+            f"| {', '.join(map(str, row['peak_running']))} | {row['fast_tier_bytes_per_turn']} "
+            f"| {row['ttft_p50_s']:.2f} s | {same} | {row['same_every_repeat']} |"
+        )
+    lines += ["", f"Scheduler counts, per policy over all runs: {results['scheduler']}.", ""]
+    return "\n".join(lines)
+
+
+def measure(
+    model: LoadedModel, policies: list[str], profile: Path | None, agents: int, context: int,
+    new_tokens: int, budget_turns: float, repeats: int, texts: list[str],
+) -> dict[str, Any]:  # fmt: skip
+    """Every policy's runs, repeat by repeat (order rotated), and their summary."""
+    doc = document(model, texts, context - QUESTION_ROOM - new_tokens)
+    asks = prompts(doc, agents)
+    e0 = Engine(model, EngineConfig(strategy="prefix"))
+    prompt_tokens = max(e0.tokenize(a).num_tokens for a in asks)
+    kv_bytes = budget_bytes(model, prompt_tokens, new_tokens, budget_turns)
+    params = GenerationParams(max_new_tokens=new_tokens)
+    configs = {p: DecodeConfig.from_spec(p, profile=profile) for p in policies}
+    engines = {p: engine(model, c, kv_bytes) for p, c in configs.items()}
+    runs = []
+    for rep in range(repeats):
+        order = policies[rep % len(policies) :] + policies[: rep % len(policies)]
+        for p in order:
+            r = run(engines[p], asks, params)
+            r |= {"repeat": rep, "policy": p, "load_avg": os.getloadavg()[0]}
+            runs.append(r)
+            print(f"rep {rep} {p:24s} {r['tokens_per_s']:6.2f} tok/s  at once "
+                  f"{r['peak_running']:2d}  load {r['load_avg']:.2f}", flush=True)  # fmt: skip
+    scheduler = {p: vars(e.batch.stats()) for p, e in engines.items() if e.batch is not None}
+    return {"runs": runs, "summary": summarize(runs, policies), "prompt_tokens": prompt_tokens,
+            "pool_bytes": kv_bytes, "scheduler": scheduler}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--agents", type=int, default=12)
+    ap.add_argument("--context", type=int, default=4096, help="prompt + new tokens")
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--budget-turns", type=float, default=4.0,
+                    help="the KV pool: this many dense turns' pages")  # fmt: skip
+    ap.add_argument("--policies", default="dense,flexicache,flexicache:verify=8")
+    ap.add_argument("--profile", type=Path, default=None, help="head profile (sparse policies)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if policies[0] != "dense":
+        ap.error("--policies must start with dense (the reference of every ratio)")
+    torch.set_num_threads(args.threads)
+    origin = provenance(script="benchmarks/server/kv_budget.py")
+    model = load_model(None)
+    out = measure(model, policies, args.profile, args.agents, args.context, args.new_tokens,
+                  args.budget_turns, args.repeats, load_texts(WORKLOAD))  # fmt: skip
+    results = {"provenance": origin,
+               "settings": vars(args) | {"out": str(args.out), "profile": str(args.profile),
+                                         "model": model.model_id, "greedy": True},
+               **out}  # fmt: skip
+    text = write_run(args.out, results, report)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""benchmarks/server/kv_budget.py: one pool for every policy, sparse turns counted by their
+fast tier, ratios against dense within each repeat."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentcache.decode.profile import save_profile
+from agentcache.model.loading import LoadedModel
+from tests.bench.scripts import load_script
+from tests.decode.conftest import TEXT, make_profile
+
+
+def test_sparse_turns_run_more_at_once_in_the_same_pool(tiny: LoadedModel, tmp_path: Path) -> None:
+    """Dense and a sparse policy on the same budget of two dense turns: dense runs at most
+    two turns at once, flexicache more; verified decoding gives dense's ids; the summary's
+    ratios are per repeat and the report renders them."""
+    bench = load_script("server/kv_budget")
+    profile = save_profile(make_profile(tiny), tmp_path / "profile.json")
+    policies = ["dense", "flexicache:budget=2", "flexicache:budget=2:verify=4"]
+    out = bench.measure(tiny, policies, profile, agents=5, context=400, new_tokens=12,
+                        budget_turns=2, repeats=2, texts=[TEXT])  # fmt: skip
+    runs = out["runs"]
+    assert len(runs) == 6 and {r["policy"] for r in runs} == set(policies)
+    assert [r["policy"] for r in runs[:3]] == policies  # rotated in the second repeat
+    assert [r["policy"] for r in runs[3:]] == policies[1:] + policies[:1]
+    s = out["summary"]
+    assert s["dense"]["peak_running"] == [2, 2]
+    assert min(s["flexicache:budget=2"]["peak_running"]) > 2
+    assert s["flexicache:budget=2"]["fast_tier_bytes_per_turn"] > 0
+    verified = s["flexicache:budget=2:verify=4"]
+    assert verified["equal_dense"] == verified["compared"] == 10
+    assert s["dense"]["over_dense"] == [1.0, 1.0]
+    dense = {r["repeat"]: r["tokens_per_s"] for r in runs if r["policy"] == "dense"}
+    want = [r["tokens_per_s"] / dense[r["repeat"]] for r in runs if r["policy"] == policies[1]]
+    assert s[policies[1]]["over_dense"] == want
+    assert all(r["tokens"] == 5 * 12 for r in runs)
+    meta = {"provenance": {"command": "c", "commit": "x", "date": "d",
+                           "machine": {"cores": 2, "torch_threads": 1}},
+            "settings": {"model": "m", "agents": 5, "new_tokens": 12, "budget_turns": 2,
+                         "repeats": 2}}  # fmt: skip
+    text = bench.report({**out, **meta})
+    assert "| `flexicache:budget=2` |" in text and "10 of 10" in text
