@@ -37,17 +37,19 @@ class MinMaxMeta:
         return self.kmin.nbytes + self.kmax.nbytes
 
     def build(self, keys: Tensor) -> None:
-        """Metadata of a prefilled sequence: keys (L, T, Hkv, Dh)."""
+        """Metadata of a prefilled sequence: keys (L, T, Hkv, Dh). Full pages are reduced on
+        a view of `keys` (no padded copy), the last partial page on its own tokens."""
         n_layers, t, hkv, dh = keys.shape
-        pages = -(-t // self.page_size)
-        pad = pages * self.page_size - t
-        k = keys.permute(0, 2, 1, 3)  # (L, Hkv, T, Dh)
-        lo = torch.nn.functional.pad(k, (0, 0, 0, pad), value=float("inf"))
-        hi = torch.nn.functional.pad(k, (0, 0, 0, pad), value=float("-inf"))
-        lo = lo.reshape(n_layers, hkv, pages, self.page_size, dh).amin(3)
-        hi = hi.reshape(n_layers, hkv, pages, self.page_size, dh).amax(3)
-        self.kmin[:, :, :pages] = lo
-        self.kmax[:, :, :pages] = hi
+        full = t // self.page_size
+        k = keys.permute(0, 2, 1, 3)  # (L, Hkv, T, Dh), a view
+        if full:
+            body = k[:, :, : full * self.page_size].reshape(n_layers, hkv, full, self.page_size, dh)
+            torch.amin(body, 3, out=self.kmin[:, :, :full])
+            torch.amax(body, 3, out=self.kmax[:, :, :full])
+        if t > full * self.page_size:
+            tail = k[:, :, full * self.page_size :]
+            self.kmin[:, :, full] = tail.amin(2)
+            self.kmax[:, :, full] = tail.amax(2)
         self.num_tokens = t
 
     def append(self, layer: int, k: Tensor, token_index: int) -> None:

@@ -73,23 +73,25 @@ class HeadPagedKV:
 
     def load(self, keys: Tensor, values: Tensor) -> None:
         """Take a prefilled sequence, keys/values (L, T, Hkv, Dh): every page of resident heads
-        into the arena, every page of offloaded heads into the host copy (nothing resident)."""
-        n_layers, t, hkv, dh = keys.shape
+        into the arena, every page of offloaded heads into the host copy (nothing resident).
+        Each (layer, head)'s tokens are copied straight into its consecutive rows (a resident
+        head's arena region, an offloaded head's host copy): one copy of the KV, no padded
+        or permuted intermediate; the last page's rows past T stay zero."""
+        n_layers, t, hkv, _ = keys.shape
         pages = -(-t // self.page_size)
-        pad = pages * self.page_size - t
-
-        def paged(x: Tensor) -> Tensor:  # (L, Hkv, P, page, Dh)
-            x = torch.nn.functional.pad(x.permute(0, 2, 1, 3), (0, 0, 0, pad))
-            return x.reshape(n_layers, hkv, pages, self.page_size, dh)
-
-        kp, vp = paged(keys), paged(values)
+        for layer in range(n_layers):
+            for head in range(hkv):
+                if bool(self.offload[layer, head]):
+                    r = int(self.off_row[layer, head])
+                    dk, dv = self.host_k[r], self.host_v[r]
+                else:
+                    first = int(self.region[layer, head])
+                    dk = self.arena_k[first : first + pages]
+                    dv = self.arena_v[first : first + pages]
+                dk.flatten(0, 1)[:t].copy_(keys[layer, :, head])
+                dv.flatten(0, 1)[:t].copy_(values[layer, :, head])
         res = ~self.offload
-        rows = self.region[res][:, None] + torch.arange(pages)  # (n_res, P)
-        self.arena_k[rows.flatten()] = kp[res].reshape(-1, self.page_size, dh)
-        self.arena_v[rows.flatten()] = vp[res].reshape(-1, self.page_size, dh)
-        self.table[res, :pages] = rows
-        self.host_k[:, :pages] = kp[self.offload]
-        self.host_v[:, :pages] = vp[self.offload]
+        self.table[res, :pages] = self.region[res][:, None] + torch.arange(pages)
         self.dirty[:] = True
         self.num_tokens = t
 

@@ -51,3 +51,22 @@ def test_heads_subset_scores_only_those_heads() -> None:
     some = meta.scores(0, q, torch.tensor([2, 0]), "sum")
     every = meta.scores(0, q, None, "sum")
     assert torch.equal(some, every[[2, 0]])
+
+
+def test_build_equals_the_padded_reduction() -> None:
+    """Full pages reduced on a view and the partial page on its own give the bounds of the
+    keys padded to whole pages with +-inf, at every length around a page boundary."""
+    torch.manual_seed(1)
+    for tokens in (1, 15, 16, 17, 47, 48):
+        keys = torch.randn(2, tokens, 3, 8)
+        meta = MinMaxMeta(2, 3, 8, max_pages=4, page_size=16)
+        meta.build(keys)
+        pages = -(-tokens // 16)
+        k = keys.permute(0, 2, 1, 3)
+        pad = (0, 0, 0, pages * 16 - tokens)
+        lo = torch.nn.functional.pad(k, pad, value=float("inf")).reshape(2, 3, pages, 16, 8)
+        hi = torch.nn.functional.pad(k, pad, value=float("-inf")).reshape(2, 3, pages, 16, 8)
+        assert torch.equal(meta.kmin[:, :, :pages], lo.amin(3))
+        assert torch.equal(meta.kmax[:, :, :pages], hi.amax(3))
+        assert bool((meta.kmin[:, :, pages:] == float("inf")).all())
+        assert meta.num_tokens == tokens

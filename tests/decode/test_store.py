@@ -137,3 +137,42 @@ def test_budget_larger_than_context_is_clamped_with_a_warning(tiny: LoadedModel)
 def test_budget_of_zero_or_less_is_rejected(budget: int) -> None:
     with pytest.raises(ValueError, match="budget_pages must be >= 1"):
         DecodeConfig("quest", budget_pages=budget)
+
+
+def padded_load(kv: HeadPagedKV, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """The reference load: the KV padded to whole pages, permuted, then scattered."""
+    n_layers, t, hkv, dh = keys.shape
+    pages = -(-t // kv.page_size)
+    pad = pages * kv.page_size - t
+
+    def paged(x: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.pad(x.permute(0, 2, 1, 3), (0, 0, 0, pad))
+        return x.reshape(n_layers, hkv, pages, kv.page_size, dh)
+
+    kp, vp = paged(keys), paged(values)
+    res = ~kv.offload
+    rows = kv.region[res][:, None] + torch.arange(pages)
+    kv.arena_k[rows.flatten()] = kp[res].reshape(-1, kv.page_size, dh)
+    kv.arena_v[rows.flatten()] = vp[res].reshape(-1, kv.page_size, dh)
+    kv.table[res, :pages] = rows
+    kv.host_k[:, :pages] = kp[kv.offload]
+    kv.host_v[:, :pages] = vp[kv.offload]
+    kv.dirty[:] = True
+    kv.num_tokens = t
+
+
+@pytest.mark.parametrize("tokens", [1, 15, 16, 37, 48])
+def test_load_equals_the_padded_reference(tokens: int) -> None:
+    """Copied head by head into place, the arena, host copy and table are the reference's,
+    a partial last page included (its rows past the tokens zero)."""
+    torch.manual_seed(tokens)
+    offload = torch.tensor([[False, True, True], [True, False, False]])
+    capacity = torch.tensor([[9, 3, 4], [2, 9, 9]])
+    keys, values = torch.randn(2, tokens, 3, 5), torch.randn(2, tokens, 3, 5)
+    fast = HeadPagedKV(5, 16, 4, capacity, offload)
+    ref = HeadPagedKV(5, 16, 4, capacity, offload)
+    fast.load(keys, values)
+    padded_load(ref, keys, values)
+    for name in ("arena_k", "arena_v", "host_k", "host_v", "table", "dirty"):
+        assert torch.equal(getattr(fast, name), getattr(ref, name)), name
+    assert fast.num_tokens == ref.num_tokens == tokens
