@@ -323,6 +323,12 @@ server() {
     $py benchmarks/server/step_bound.py --rows 1 4 8 16 --threads $t --repeats 30 \
       --out docs/bench/server/step-bound/smollm2-t$t
   done
+  # docs/server.md "Batched decode at a fixed KV budget": 12 agents on one 4k document, the
+  # same pool (4 dense requests' pages) for dense and sparse decode
+  $py benchmarks/server/kv_budget.py --agents 12 --context 4096 --budget-turns 4 \
+    --policies dense,flexicache,flexicache:verify=8 --repeats 3 \
+    --profile docs/bench/decode/smollm2-135m-instruct-18ddc7c854863b5228beb2a367be0eaa.json \
+    --out docs/bench/server/kv-budget/smollm2-ctx4096
   # docs/server.md "Replaying concurrent agents": agents with tool pauses over HTTP, the default
   # model, 1 thread per server (the vLLM targets need .venv-vllm: make .venv-vllm/.installed)
   local r=docs/bench/server/replay common="--model default --threads 1 --pause-median 2 --seed 0"
