@@ -30,8 +30,6 @@ import argparse
 import json
 import os
 import statistics
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,7 @@ import torch
 
 from agentcache.bench.provenance import provenance
 from agentcache.bench.results import write_run
+from agentcache.bench.server.at_once import generate_at_once, with_cpu_time
 from agentcache.model.loading import load_model
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
@@ -65,35 +64,14 @@ def prompt(agent: int) -> SegmentedPrompt:
 
 def run(engine: Engine, agents: int, params: GenerationParams) -> dict[str, Any]:
     """All `agents` at once; wall time, tokens and each agent's TTFT and ids."""
-    start = threading.Barrier(agents + 1)
-    ttft: list[float] = [0.0] * agents
-    ids: list[list[int]] = [[] for _ in range(agents)]
-    decode_tps: list[float] = [0.0] * agents
-    t0 = [0.0]
-
-    def agent(i: int) -> None:
-        def first(_: int) -> None:
-            if not ttft[i]:
-                ttft[i] = time.perf_counter() - t0[0]
-
-        start.wait()
-        g = engine.generate(prompt(i), params, "full", commit=False, on_token=first)
-        ids[i] = list(g.token_ids)
-        decode_tps[i] = g.stats.decode_tokens_per_s  # its decode alone, prefill excluded
-
-    threads = [threading.Thread(target=agent, args=(i,)) for i in range(agents)]
-    for th in threads:
-        th.start()
-    t0[0] = time.perf_counter()
-    cpu0 = time.process_time()
-    start.wait()
-    for th in threads:
-        th.join()
-    wall = time.perf_counter() - t0[0]
-    cpu = time.process_time() - cpu0  # this process's CPU seconds: other jobs' load left out
-    tokens = sum(len(x) for x in ids)
+    prompts = [prompt(i) for i in range(agents)]
+    got, cpu = with_cpu_time(lambda: generate_at_once(engine, prompts, params, "full"))
+    ids = [list(g.token_ids) for g in got.generations]
+    # each one's decode alone, prefill excluded
+    decode_tps = [g.stats.decode_tokens_per_s for g in got.generations]
+    wall, tokens = got.wall_s, sum(len(x) for x in ids)
     return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "cpu_s": cpu,
-            "tokens_per_cpu_s": tokens / cpu, "ttft_s": ttft,
+            "tokens_per_cpu_s": tokens / cpu, "ttft_s": got.ttft_s,
             "decode_tokens_per_s": decode_tps, "ids": ids}  # fmt: skip
 
 

@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +38,7 @@ import torch
 
 from agentcache.bench.provenance import provenance
 from agentcache.bench.results import write_run
+from agentcache.bench.server.at_once import generate_at_once
 from agentcache.decode.config import DecodeConfig
 from agentcache.heads.prompts import load_texts
 from agentcache.kv.pool import PoolConfig
@@ -89,36 +88,16 @@ def run(e: Engine, agents: list[SegmentedPrompt], params: GenerationParams) -> d
     e.generate(agents[0], GenerationParams(max_new_tokens=1), "prefix", commit=True)
     waited0 = e.gate.waited
     e.gate.peak_running = 0  # this run's
-    n = len(agents)
-    start = threading.Barrier(n + 1)
-    ttft: list[float] = [0.0] * n
-    ids: list[list[int]] = [[] for _ in range(n)]
-    fast: list[int] = [0] * n
-    t0 = [0.0]
-
-    def agent(i: int) -> None:
-        def first(_: int) -> None:
-            if not ttft[i]:
-                ttft[i] = time.perf_counter() - t0[0]
-
-        start.wait()
-        g = e.generate(agents[i], params, "prefix", commit=False, on_token=first)
-        ids[i] = list(g.token_ids)
-        d = g.stats.decode
-        fast[i] = 0 if d is None else d.fast_tier_kv_bytes + d.metadata_bytes
-
-    threads = [threading.Thread(target=agent, args=(i,)) for i in range(n)]
-    for th in threads:
-        th.start()
-    t0[0] = time.perf_counter()
-    start.wait()
-    for th in threads:
-        th.join()
-    wall = time.perf_counter() - t0[0]
+    got = generate_at_once(e, agents, params, "prefix")
+    ids = [list(g.token_ids) for g in got.generations]
+    fast = [0 if g.stats.decode is None
+            else g.stats.decode.fast_tier_kv_bytes + g.stats.decode.metadata_bytes
+            for g in got.generations]  # fmt: skip
     tokens = sum(len(x) for x in ids)
-    return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "ttft_s": ttft,
-            "ids": ids, "peak_running": e.gate.peak_running, "waited": e.gate.waited - waited0,
-            "fast_tier_bytes": fast, "pool_bytes": e.pool_config.pool_bytes}  # fmt: skip
+    return {"wall_s": got.wall_s, "tokens": tokens, "tokens_per_s": tokens / got.wall_s,
+            "ttft_s": got.ttft_s, "ids": ids, "peak_running": e.gate.peak_running,
+            "waited": e.gate.waited - waited0, "fast_tier_bytes": fast,
+            "pool_bytes": e.pool_config.pool_bytes}  # fmt: skip
 
 
 def summarize(runs: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]:
