@@ -118,3 +118,10 @@ def provenance(
         "split": split,
         "sessions": list(sessions),
     }
+
+
+def provenance_line(record: dict[str, Any]) -> str:
+    """A report's line naming a `provenance` record: the command, its commit, date and machine."""
+    m = record["machine"]
+    return (f"`{record['command']}` at commit {record['commit']} ({record['date']}; "
+            f"{m['cores']} cores, {m['torch_threads']} torch thread(s)).")  # fmt: skip

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from agentcache.bench.provenance import provenance
+from agentcache.bench.provenance import provenance, provenance_line
 from agentcache.bench.results import write_run
 from agentcache.bench.server.at_once import generate_at_once, with_cpu_time
 from agentcache.model.loading import load_model
@@ -183,8 +183,7 @@ def report(results: dict[str, Any]) -> str:
     lines = [
         "# Batched decode against interleaved, concurrent agents on one engine",
         "",
-        f"`{p['command']}` at commit {p['commit']} ({p['date']}; "
-        f"{p['machine']['cores']} cores, {p['machine']['torch_threads']} torch thread(s)).",
+        provenance_line(p),
         f"Model {results['settings']['model']}, greedy, {results['settings']['new_tokens']} "
         "new tokens per agent; ratios are within one repeat.",
         "",

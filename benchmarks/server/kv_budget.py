@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from agentcache.bench.provenance import provenance
+from agentcache.bench.provenance import provenance, provenance_line
 from agentcache.bench.results import write_run
 from agentcache.bench.server.at_once import generate_at_once
 from agentcache.decode.config import DecodeConfig
@@ -137,8 +137,7 @@ def report(results: dict[str, Any]) -> str:
     lines = [
         "# Concurrent agents at a fixed KV budget: sparse decode against dense",
         "",
-        f"`{p['command']}` at commit {p['commit']} ({p['date']}; "
-        f"{p['machine']['cores']} cores, {p['machine']['torch_threads']} torch thread(s)).",
+        provenance_line(p),
         f"Model {s['model']}, {s['agents']} agents, prompts of {results['prompt_tokens']} tokens "
         f"(a shared document loaded by `prefix`, then the agent's question), "
         f"{s['new_tokens']} greedy new tokens each, KV pool {results['pool_bytes']} bytes "
