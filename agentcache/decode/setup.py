@@ -59,11 +59,12 @@ class DecodeSetup:
         """The decoder of one turn after prefill into `seq`: `dense` unless the plan is sparse
         and a step will run (two new tokens or more). A sparse decoder copies `seq`'s KV, then
         frees `seq` down to the pages its fast tier (arena of head-pages and page metadata)
-        would fill (`fast_tier_pages`), which `seq` holds, unwritten, until the turn ends: the
-        pool's bound (`EngineConfig.kv_bytes`) counts a sparse turn by its fast tier as it
-        counts a dense turn by its pages, so what offloading saves is room for more turns.
-        It is verified when configured and decoding is `greedy`, else a configured
-        verification is reported skipped."""
+        would fill (`fast_tier_pages`; fewer where the pool has fewer free, as when a policy
+        keeps every head whole and a short prompt asks many new tokens), which `seq` holds,
+        unwritten, until the turn ends: the pool's bound (`EngineConfig.kv_bytes`) counts a
+        sparse turn by its fast tier as it counts a dense turn by its pages, so what
+        offloading saves is room for more turns. It is verified when configured and decoding
+        is `greedy`, else a configured verification is reported skipped."""
         if not self.plan.sparse or max_new_tokens <= 1:
             return dense
         keys, values = seq.gather_all(slice(0, seq.num_tokens))

@@ -70,7 +70,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="embedded backend: fast-tier KV pages of 16 tokens")  # fmt: skip
     p.add_argument("--kv-bytes", type=byte_size, default=None, metavar="SIZE",
                    help="the KV memory, e.g. 2GiB or 512MiB: the embedded backend's page pool, "
-                   "taken as pages are first used (default: --kv-pages pages); the vllm "
+                   "taken as pages are first used (default: --kv-pages pages; a request "
+                   "under a sparse --decode policy counts by its fast tier); the vllm "
                    "backend's paged KV memory (default: 1GiB)")  # fmt: skip
     p.add_argument("--decode", default="dense", metavar="POLICY",
                    help="embedded backend: decode policy, with options, e.g. "
