@@ -163,12 +163,14 @@ def test_a_sparse_turn_holds_its_fast_tier_in_the_pool(
     assert e.ctx.pool.num_free == KV_PAGES
 
 
+@pytest.mark.parametrize("batch", [True, False], ids=["batched", "interleaved"])
 def test_the_pool_bounds_sparse_turns_by_their_fast_tier(
-    tiny: LoadedModel, profile_file: Path
+    tiny: LoadedModel, profile_file: Path, batch: bool
 ) -> None:
     """A pool with room for one turn's prompt and one fast tier: dense turns run one at a
     time, sparse ones two at a time (a sparse turn admitted once the one before it shrank to
-    its fast tier, not only when it ends), never three; each gets its output alone."""
+    its fast tier, not only when it ends), never three; each gets its output alone. Batched
+    or interleaved token by token alike."""
     config = DecodeConfig("flexicache", budget_pages=3, profile=profile_file,
                           policy_options={"stable_interval": 4})  # fmt: skip
     params = GenerationParams(max_new_tokens=24)
@@ -184,7 +186,7 @@ def test_the_pool_bounds_sparse_turns_by_their_fast_tier(
     pages = turn_pages + held
 
     def peak(decode: DecodeConfig) -> int:
-        e = Engine(tiny, EngineConfig(kv_pages=pages, batch_decode=True, decode=decode))
+        e = Engine(tiny, EngineConfig(kv_pages=pages, batch_decode=batch, decode=decode))
         alone = e.generate(tokens, params, "full", commit=False).token_ids
         together = at_once(lambda _: e.generate(tokens, params, "full", commit=False).token_ids, 3)
         assert together == [alone] * 3
