@@ -329,6 +329,10 @@ server() {
     --policies dense,flexicache,flexicache:verify=8 --repeats 3 \
     --profile docs/bench/decode/smollm2-135m-instruct-18ddc7c854863b5228beb2a367be0eaa.json \
     --out docs/bench/server/kv-budget/smollm2-ctx4096
+  $py benchmarks/server/kv_budget.py --agents 12 --context 8192 --budget-turns 4 \
+    --policies dense,flexicache,flexicache:verify=8 --repeats 3 \
+    --profile docs/bench/decode/smollm2-135m-instruct-18ddc7c854863b5228beb2a367be0eaa.json \
+    --out docs/bench/server/kv-budget/smollm2-ctx8192
   # docs/server.md "Replaying concurrent agents": agents with tool pauses over HTTP, the default
   # model, 1 thread per server (the vLLM targets need .venv-vllm: make .venv-vllm/.installed)
   local r=docs/bench/server/replay common="--model default --threads 1 --pause-median 2 --seed 0"
