@@ -15,11 +15,15 @@ batched step (`runtime/batch_step.py`): `begin_step` does what its step does bef
 and returns a `StepRow`, the row's attention per layer; the caller runs the embedding,
 projections, MLPs and logits, for this row alone (`row_step`) or beside other rows:
 
-    row = decoder.begin_step(forward, token, position)     # before the layers
+    row = decoder.begin_step(forward, token, position, room)   # before the layers
     for each layer l:  q, k, v = project(l, rows)  ->  attn[row] = row.attend(l, q, k, v)
                        hidden = finish(l, hidden, attn)
-    row.end()                                              # after the layers
-    logits[row]                                            # what `feed` returns
+    row.end()                                                  # after the layers
+    row.take(logits[row])         # what `feed` returns, or the decoder's next row, begun
+
+A decoder may need several steps before it answers a token (verified decoding drafts tokens
+sparsely, one row per step, then verifies them): its row's `take` then returns the row it
+runs next, already begun, and the turn is fed nothing until a later `take` answers.
 """
 
 from __future__ import annotations
@@ -55,6 +59,13 @@ class StepRow(ABC):
     def end(self) -> None:
         """After the last layer."""
 
+    def take(self, logits: Tensor) -> Tensor | int | StepRow | None:
+        """After `end`, the row's logits (V,): what its decoder's `feed` would return (by
+        default the logits themselves); or, when the decoder needs more steps before it
+        answers, its next row, begun, which the caller runs (to its `end`, then `take`) in a
+        later step, feeding the turn nothing meanwhile."""
+        return logits
+
 
 class Decoder(ABC):
     """One sequence's decode state after prefill.
@@ -67,15 +78,18 @@ class Decoder(ABC):
     for a decoder that keeps none.
 
     `begin_step` is optional: None (the default, nothing done) when the decoder is fed only by
-    `feed`, or when `forward` is not the one it steps with; else it begins feeding `token` at
-    `position` (as `feed` would, `room` unused) and returns the rest as a `StepRow`, which the
-    caller must run to its `end`. It raises what `feed` raises before the layers."""
+    `feed` (for this token: a verified decoder answers from tokens it verified already), or
+    when `forward` is not the one it steps with; else it begins feeding `token` at `position`
+    (as `feed` would, with the same `room`) and returns the rest as a `StepRow`, which the
+    caller must run to its `end` and `take`. It raises what `feed` raises before the layers."""
 
     @abstractmethod
     def feed(self, token: int, position: int, room: int) -> Tensor | int | None:
         """Append `token` at `position`; what comes after it (see the class contract)."""
 
-    def begin_step(self, forward: LlamaForward, token: int, position: int) -> StepRow | None:
+    def begin_step(
+        self, forward: LlamaForward, token: int, position: int, room: int
+    ) -> StepRow | None:
         return None
 
     def stats(self) -> DecodeStats | None:

@@ -139,7 +139,9 @@ class SparseDecoder(Decoder):
         run alone (`row_step`), the reference of this decoder's rows in a batched step."""
         return row_step(self.f, self._begin(token, position))
 
-    def begin_step(self, forward: LlamaForward, token: int, position: int) -> StepRow | None:
+    def begin_step(
+        self, forward: LlamaForward, token: int, position: int, room: int
+    ) -> SparseRow | None:
         return self._begin(token, position) if forward is self.f else None
 
     def _begin(self, token: int, position: int) -> SparseRow:
@@ -189,6 +191,15 @@ class SparseDecoder(Decoder):
                 break
             fed.append(drafts[-1])
             logits = self.step(drafts[-1], position + len(fed) - 1)
+        return self.settle(fed, drafts, start, position)
+
+    def settle(self, fed: list[int], drafts: list[int], start: int, position: int) -> list[int]:
+        """The end of a round of `advance`, however its drafts were stepped (alone, or as rows
+        of batched steps: `verified.VerifiedDecoder.begin_step`): `fed` (the round's token,
+        then every draft but the last) appended at token indices start.. and positions
+        position.., `drafts` the sparse argmax after each. Verifies them with one dense pass,
+        keeps the K/V of the tokens dense agrees with and returns the tokens dense greedy
+        decoding emits (see `advance`)."""
         dense = self.verify(fed, start, position).argmax(-1).tolist()
         agree = 0
         while agree < len(drafts) and dense[agree] == drafts[agree]:

@@ -7,13 +7,40 @@ The sparse decoder drafts up to `draft` tokens and one dense pass verifies them
     feed(t1)  -> (queued)                                   returns t2
     feed(t2)  -> (queued)                                   returns t3
     feed(t3)  -> advance(t3) = [...]         KV: + t3 ...
+
+In a batched step (`begin_step`) a round's drafts are rows, one per step, beside the other
+turns' rows: each row's `take` reads the sparse argmax and begins the next draft's row; the
+last one's runs the dense pass (`SparseDecoder.settle`) and answers t1. Same tokens, same KV:
+`feed` is the reference it is tested against.
+
+    step s     row(t0)  -> take: d1, begins row(d1)       the turn is fed nothing
+    step s+1   row(d1)  -> take: d2, begins row(d2)
+    step s+2   row(d2)  -> take: d3, verify -> [t1, t2, t3]   the turn is fed t1
+    step s+3   begin_step(t1) is None: feed(t1) answers t2 from the queue, no model work
 """
 
 from __future__ import annotations
 
-from agentcache.decode.base import Decoder
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+from agentcache.decode.base import Decoder, StepRow
 from agentcache.decode.decoder import SparseDecoder
 from agentcache.decode.stats import DecodeStats
+from agentcache.model.llama import LlamaForward
+
+
+@dataclass
+class _Round:
+    """A round of drafts stepped in batched steps: begun at token index `start`, position
+    `position`; `fed` the tokens appended so far, `drafts` the sparse argmax after each."""
+
+    start: int
+    position: int
+    limit: int  # drafts in this round at most
+    fed: list[int]
+    drafts: list[int] = field(default_factory=list)
 
 
 class VerifiedDecoder(Decoder):
@@ -25,12 +52,65 @@ class VerifiedDecoder(Decoder):
         self.sparse, self.draft, self.stop_ids = sparse, draft, stop_ids
         # verified tokens not returned yet; the KV holds all but the last
         self._queue: list[int] = []
+        self._round: _Round | None = None  # drafts being stepped as rows of batched steps
 
     def feed(self, token: int, position: int, room: int) -> int:
+        if self._round is not None:
+            raise RuntimeError("fed while a round of drafts runs in batched steps")
         if not self._queue:
-            draft = max(min(self.draft, room), 1)
-            self._queue = self.sparse.advance(token, position, draft, self.stop_ids)
+            self._queue = self.sparse.advance(token, position, self._limit(room), self.stop_ids)
+        return self._queue.pop(0)
+
+    def begin_step(
+        self, forward: LlamaForward, token: int, position: int, room: int
+    ) -> StepRow | None:
+        """None while verified tokens are queued (`feed` answers from them); else a round
+        begins: its first draft's row, `token` at `position` in the sparse decoder."""
+        if self._queue or self._round is not None:
+            return None
+        start = self.sparse.kv.num_tokens
+        row = self.sparse.begin_step(forward, token, position, room)
+        if row is None:
+            return None
+        self._round = _Round(start, position, self._limit(room), [token])
+        return DraftRow(self, row)
+
+    def _limit(self, room: int) -> int:
+        return max(min(self.draft, room), 1)
+
+    def _take(self, logits: Tensor) -> int | StepRow:
+        """A draft row's logits: the next draft's row, begun, or the round's first verified
+        token once it has its drafts (as `SparseDecoder.advance` stops)."""
+        r = self._round
+        assert r is not None
+        r.drafts.append(int(logits.argmax()))
+        if len(r.drafts) < r.limit and r.drafts[-1] not in self.stop_ids:
+            r.fed.append(r.drafts[-1])
+            position = r.position + len(r.fed) - 1
+            row = self.sparse.begin_step(self.sparse.f, r.drafts[-1], position, 0)
+            assert row is not None  # the decoder's own forward
+            return DraftRow(self, row)
+        self._round = None
+        self._queue = self.sparse.settle(r.fed, r.drafts, r.start, r.position)
         return self._queue.pop(0)
 
     def stats(self) -> DecodeStats:
         return self.sparse.stats()
+
+
+class DraftRow(StepRow):
+    """A verified decoder's draft step: the sparse decoder's row, whose logits go to the
+    round (`VerifiedDecoder._take`), not to the turn."""
+
+    def __init__(self, decoder: VerifiedDecoder, row: StepRow) -> None:
+        super().__init__(row.token, row.position)
+        self.decoder, self.row = decoder, row
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return self.row.attend(layer, q, k, v)
+
+    def end(self) -> None:
+        self.row.end()
+
+    def take(self, logits: Tensor) -> int | StepRow:
+        return self.decoder._take(logits)

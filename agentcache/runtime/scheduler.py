@@ -5,8 +5,9 @@
     step k    choose a token for each turn (its own sampling, stops, max_new_tokens)
               -> finished turns leave -> feed the others as one batch
               (`batch_step.batched_step`): dense turns, and turns whose decoder begins a
-              step row (`Decoder.begin_step`: the sparse ones); a decoder without one
-              (verified decoding) on its own (`solo_feeds`); a turn alone in its step
+              step row (`Decoder.begin_step`: the sparse ones, and verified decoding's
+              drafts, a row per step until its dense pass answers; a token it verified
+              already is answered with no model work, `solo_feeds`); a turn alone in its step
               takes the one-sequence step (dense: `batch_step.one_step`, the engine's step
               without batching; sparse: its decoder's own), so a lone request decodes at
               its speed
@@ -110,6 +111,9 @@ class Running:
     batched: list[bool] = field(default_factory=list)
     preempted: Preempted | None = None  # its KV out of the pool
     unfed: bool = False  # its token is chosen (joined so, or preempted then): fed next
+    # its decoder's next row, begun by the last step's `StepRow.take` (a verified decoder's
+    # next draft): the turn was fed nothing, and this row runs in the next step
+    row: StepRow | None = None
 
 
 class TurnCancelled(AgentCacheError):
@@ -136,8 +140,9 @@ class Prefilling:
 class BatchStats:
     steps: int  # scheduler steps run
     batched_rows: int  # tokens fed through batched steps
-    solo_feeds: int  # tokens fed by the decoder's own `feed` (a decoder with no `begin_step`
-    # row, e.g. verified decoding; a dense one whose forward is not read in place)
+    solo_feeds: int  # tokens fed by the decoder's own `feed` (no `begin_step` row: a dense
+    # decoder whose forward is not read in place; verified decoding answering from tokens it
+    # verified already, no model work)
     peak_batch: int  # most turns in one step
     lone_steps: int = 0  # tokens of a turn alone in its step (the one-sequence step)
     preempted: int = 0  # turns preempted (a turn may be preempted more than once)
@@ -150,7 +155,8 @@ class BatchStats:
     fused_chunks: int = 0  # chunks run inside a step's decode batch (`batch_step.fused_step`)
     separate_chunks: int = 0  # chunks run as their own forward (nothing to fuse with, or a
     # plan whose chunks do not fuse: `ChunkedPrefill.fusable`)
-    batched_sparse_feeds: int = 0  # of batched_rows, a sparse decoder's (`Decoder.begin_step`)
+    batched_sparse_feeds: int = 0  # of batched_rows, a sparse decoder's (`Decoder.begin_step`;
+    # a verified decoder's drafts included)
 
 
 class BatchScheduler:
@@ -287,7 +293,7 @@ class BatchScheduler:
                 ready = [r for r in batch if r.preempted is None]
                 with self._cond:
                     self._peak = max(self._peak, len(ready))
-                self._choose([r for r in ready if not r.unfed])
+                self._choose([r for r in ready if not r.unfed and r.row is None])
                 for r in ready:
                     r.unfed = False
                 picked = self._pick_chunks(jobs)
@@ -417,6 +423,10 @@ class BatchScheduler:
         fused: list[Prefilling] = []
         for r in batch:
             d = r.decoder
+            if r.row is not None:  # its decoder's next row, begun by the last step
+                rows.append((r, r.row))
+                r.row = None
+                continue
             if self._batchable and isinstance(d, DenseDecoder):
                 if d.seq.num_tokens >= d.capacity:  # as DenseDecoder.feed: it holds no more
                     r.turn.fed(None)
@@ -425,7 +435,7 @@ class BatchScheduler:
                 continue
             feed = r.turn.feed()
             try:
-                row = d.begin_step(self.forward, feed.token, feed.position)
+                row = d.begin_step(self.forward, feed.token, feed.position, feed.room)
                 if row is not None:
                     rows.append((r, row))
                     continue
@@ -533,9 +543,23 @@ class BatchScheduler:
 
     def _feed_row(self, r: Running, row: StepRow) -> None:
         """A begun row alone: its decoder's own step (`decode.base.row_step`)."""
-        r.turn.fed(row_step(self.forward, row))
-        r.batched.append(False)
+        self._take(r, row, row_step(self.forward, row), batched=False)
         self._lone += 1
+
+    def _take(self, r: Running, row: StepRow, logits: Tensor, batched: bool) -> None:
+        """`row`'s logits after its step, to its decoder (`StepRow.take`): the turn is fed the
+        answer, or nothing when the decoder begun its next row (run in the next step)."""
+        try:
+            after = row.take(logits)
+        except OutOfPagesError as e:  # this turn's fault alone (its next row's slot)
+            r.error = e
+            r.turn.finish = "length"
+            return
+        if isinstance(after, StepRow):
+            r.row = after
+            return
+        r.turn.fed(after)
+        r.batched.append(batched)
 
     def _feed_batch(
         self, dense: list[Running], begun: list[tuple[Running, StepRow]],
@@ -565,9 +589,8 @@ class BatchScheduler:
         t0 = time.perf_counter()
         logits, last = batched_step(self.forward, rows, chunks)
         seconds = time.perf_counter() - t0
-        for r, row in zip([*fed, *(r for r, _ in begun)], logits, strict=True):
-            r.turn.fed(row)
-            r.batched.append(True)  # a fused step's decode rows: the bits of a padded batch
+        for r, row, out in zip([*fed, *(r for r, _ in begun)], rows, logits, strict=True):
+            self._take(r, row, out, batched=True)  # the bits of a padded batch
         for j, chunk_logits in zip(fusing, last, strict=True):
             try:
                 j.result = j.work.take_fused(chunk_logits, seconds)

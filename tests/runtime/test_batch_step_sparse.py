@@ -52,7 +52,7 @@ def untimed(stats: DecodeStats) -> DecodeStats:
 
 
 def begun(d: SparseDecoder, token: int, position: int) -> StepRow:
-    row = d.begin_step(d.f, token, position)
+    row = d.begin_step(d.f, token, position, 0)
     assert row is not None
     return row
 
@@ -128,5 +128,5 @@ def test_a_decoder_only_begins_a_step_with_its_own_forward(tiny: LoadedModel) ->
     from agentcache.testing import tiny_model
 
     d = sparse(tiny, "quest")
-    assert d.begin_step(tiny_model(seed=1).forward, 3, PROMPTS["quest"]) is None
+    assert d.begin_step(tiny_model(seed=1).forward, 3, PROMPTS["quest"], 0) is None
     assert d.kv.num_tokens == PROMPTS["quest"]  # nothing begun

@@ -1,5 +1,6 @@
 """Sparse decoders' turns in the scheduler's batch: each gets the tokens and decode stats it
-gets alone, beside dense turns and turns of other policies; verified decoding stays solo."""
+gets alone, beside dense turns and turns of other policies; verified decoding's drafts are
+rows of the batch and give what its decoder's own `feed` gives."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 
 from agentcache.decode.base import Decoder
 from agentcache.decode.config import DecodeConfig
@@ -15,11 +17,12 @@ from agentcache.decode.dense import DenseDecoder
 from agentcache.decode.profile import save_profile
 from agentcache.decode.setup import DecodeSetup, fast_tier_pages
 from agentcache.decode.stats import DecodeStats
+from agentcache.decode.verified import VerifiedDecoder
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
-from agentcache.runtime.loop import TurnDecoding
+from agentcache.runtime.loop import TurnDecoding, decode_loop
 from agentcache.runtime.scheduler import BatchStats
 from tests.conftest import at_once
 from tests.decode.conftest import TEXT, make_profile
@@ -106,18 +109,75 @@ def test_dense_and_sparse_turns_of_a_batch_get_what_they_get_alone(
     assert e.ctx.pool.num_free == KV_PAGES
 
 
-def test_a_verified_turn_is_fed_on_its_own_beside_the_batch(
+def verified_by_feed(e: Engine, profile: Path) -> tuple[list[int], DecodeStats | None]:
+    """Turn 1 under verify=4 decoded by its decoder's own `feed` (`decode_loop`, rounds of
+    `SparseDecoder.advance`): the reference of its drafts run as batched rows."""
+    d, turn, seq = decoder(e, 1, profile, verify=4)
+    assert isinstance(d, VerifiedDecoder)
+    assert isinstance(turn.after, torch.Tensor)
+    with torch.inference_mode():
+        ids, _ = decode_loop(d, turn.after, turn.position, turn.params, 4096, e.model.tokenizer)
+    seq.free()
+    stats = d.stats()
+    return ids, dataclasses.replace(stats, rerank_s=0.0)
+
+
+def test_a_verified_turns_drafts_are_rows_of_the_batch(
     tiny: LoadedModel, profile_file: Path
 ) -> None:
-    """Verified decoding has no batched row: its tokens are solo feeds, the same as alone;
-    the turns beside it still batch."""
+    """Verified decoding's drafts run as rows of the batched steps, a row per step until the
+    dense pass answers: beside other turns or alone, its ids and decode stats (drafts,
+    acceptances, passes) are those of its decoder's own `feed`, and the turns beside it get
+    what they get alone. Tokens it verified already are answered with no model work (solo
+    feeds), at most one per token it emits."""
     e = engine(tiny)
+    reference = verified_by_feed(e, profile_file)
+    ref_stats = reference[1]
+    assert ref_stats is not None and ref_stats.verify_passes > 1
+    assert 0 < ref_stats.accepted_tokens < ref_stats.drafted_tokens  # some kept, some not
     alone = [run(e, [i], profile_file, verify=4)[0] for i in (0, 1, 2)]
-    together = run(e, [0, 1, 2], profile_file, verify=4)
-    assert together == alone
-    stats = e.batch.stats() if e.batch else BatchStats(0, 0, 0, 0)
-    assert stats.solo_feeds > 0 and stats.batched_sparse_feeds > 0
-    assert alone[1][1] is not None and alone[1][1].verify_passes > 0
+    assert alone[1] == reference
+    assert run(e, [0, 1, 2], profile_file, verify=4) == alone
+    # beside a dense turn only: every sparse row is one of its drafts, each one batched
+    # unless it ran alone after the dense turn ended
+    before = e.batch.stats() if e.batch else BatchStats(0, 0, 0, 0)
+    assert run(e, [0, 1], profile_file, verify=4) == alone[:2]
+    after = e.batch.stats() if e.batch else BatchStats(0, 0, 0, 0)
+    solo = after.solo_feeds - before.solo_feeds
+    drafts = after.batched_sparse_feeds - before.batched_sparse_feeds
+    lone = after.lone_steps - before.lone_steps
+    assert 0 < ref_stats.drafted_tokens - lone <= drafts <= ref_stats.drafted_tokens
+    assert 0 < solo < len(reference[0])
+
+
+def test_verified_requests_at_once_decode_what_dense_decodes(
+    tiny: LoadedModel, profile_file: Path
+) -> None:
+    """Three concurrent requests of a verified engine (different prompts and lengths, one
+    with a stop string) get dense greedy decoding's output, their drafts batched."""
+    config = DecodeConfig("quest", budget_pages=3, profile=profile_file, verify=4)
+    dense = Engine(tiny, EngineConfig(kv_pages=KV_PAGES, batch_decode=True))
+    e = Engine(tiny, EngineConfig(kv_pages=KV_PAGES, batch_decode=True, decode=config))
+    chars = (600, 1000, 800)
+    params = [GenerationParams(max_new_tokens=20), GenerationParams(max_new_tokens=31),
+              GenerationParams(max_new_tokens=26)]  # fmt: skip
+    want = [dense.generate(prompt(chars[i]), params[i], "full", commit=False).text
+            for i in range(3)]  # fmt: skip
+    params[2] = dataclasses.replace(params[2], stop=(want[2][len(want[2]) // 2 :][:3],))
+
+    def one(i: int) -> tuple[list[int], str]:
+        gen = e.generate(prompt(chars[i]), params[i], "full", commit=False)
+        s = gen.stats.decode
+        assert s is not None and s.verify_passes > 0 and not s.verify_skipped
+        return list(gen.token_ids), gen.text
+
+    alone = [one(i) for i in range(3)]
+    assert [text for _, text in alone[:2]] == want[:2]
+    assert want[2].startswith(alone[2][1]) and len(alone[2][1]) < len(want[2])  # stopped
+    assert e.batch is not None and e.batch.stats().batched_sparse_feeds == 0
+    assert at_once(one, 3) == alone
+    assert e.batch.stats().batched_sparse_feeds > 0
+    assert e.ctx.pool.num_free == KV_PAGES
 
 
 def test_sparse_turns_through_the_engine_get_their_output_alone(
