@@ -19,7 +19,7 @@ projections, MLPs and logits, for this row alone (`row_step`) or beside other ro
     for each layer l:  q, k, v = project(l, rows)  ->  attn[row] = row.attend(l, q, k, v)
                        hidden = finish(l, hidden, attn)
     row.end()                                                  # after the layers
-    row.take(logits[row])         # what `feed` returns, or the decoder's next row, begun
+    row.take(logits[rows of row])  # what `feed` returns, or the decoder's next row, begun
 
 A decoder may need several steps before it answers a token (verified decoding drafts tokens
 sparsely, one row per step, then verifies them): its row's `take` then returns the row it
@@ -29,6 +29,7 @@ runs next, already begun, and the turn is fed nothing until a later `take` answe
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -39,32 +40,42 @@ from agentcache.model.llama import LlamaForward
 
 class StepRow(ABC):
     """One sequence's part of a decode step whose embedding, projections, norms, MLPs and
-    logits the caller runs: `token` at `position`, the decoder's work before the layers done.
+    logits the caller runs: `tokens` at `positions` (one token for a decode row; a verified
+    decoder's dense pass has several), the decoder's work before the layers done.
 
     Contract: the caller calls `attend` once per layer, in layer order, with the row's own
-    q (1, H, Dh), k and v (1, Hkv, Dh) of that layer; it writes k/v to the sequence's KV, does
-    the decoder's per-layer work (selection, bookkeeping) and returns the attention output
-    (1, H*Dh), a tensor owned by the caller, that depends on nothing but q, k, v and the
-    sequence's state. Then `end` once, after the last layer. The logits after the last layer
-    are what the decoder's `feed` returns."""
+    q (n, H, Dh), k and v (n, Hkv, Dh) of that layer, n = `width`; it writes k/v to the
+    sequence's KV, does the decoder's per-layer work (selection, bookkeeping) and returns the
+    attention output (n, H*Dh), a tensor owned by the caller, that depends on nothing but q,
+    k, v and the sequence's state. Then `end` once, after the last layer, and `take` with the
+    logits after each of its tokens."""
 
-    def __init__(self, token: int, position: int) -> None:
-        self.token, self.position = token, position
+    def __init__(self, tokens: int | Sequence[int], positions: int | Sequence[int]) -> None:
+        self.tokens = [tokens] if isinstance(tokens, int) else list(tokens)
+        self.positions = [positions] if isinstance(positions, int) else list(positions)
+        n, m = len(self.tokens), len(self.positions)
+        if not n or n != m:
+            raise ValueError(f"a step row needs one position per token, got {n} and {m}")
+
+    @property
+    def width(self) -> int:
+        """Its tokens: rows of the step's matrix products."""
+        return len(self.tokens)
 
     @abstractmethod
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """q (1, H, Dh), k/v (1, Hkv, Dh) -> (1, H*Dh)."""
+        """q (n, H, Dh), k/v (n, Hkv, Dh) -> (n, H*Dh)."""
 
     @abstractmethod
     def end(self) -> None:
         """After the last layer."""
 
     def take(self, logits: Tensor) -> Tensor | int | StepRow | None:
-        """After `end`, the row's logits (V,): what its decoder's `feed` would return (by
-        default the logits themselves); or, when the decoder needs more steps before it
-        answers, its next row, begun, which the caller runs (to its `end`, then `take`) in a
-        later step, feeding the turn nothing meanwhile."""
-        return logits
+        """After `end`, the logits after each of its tokens (n, V): what its decoder's `feed`
+        would return (by default the logits after its last token, (V,)); or, when the decoder
+        needs more steps before it answers, its next row, begun, which the caller runs (to
+        its `end`, then `take`) in a later step, feeding the turn nothing meanwhile."""
+        return logits[-1]
 
 
 class Decoder(ABC):
@@ -96,14 +107,20 @@ class Decoder(ABC):
         return None
 
 
-def row_step(forward: LlamaForward, row: StepRow) -> Tensor:
-    """`row` run alone, one row through `forward`: its logits (V,). A decoder's own step
-    (`dense.dense_step`'s, a sparse decoder's)."""
+def row_logits(forward: LlamaForward, row: StepRow) -> Tensor:
+    """`row` run alone through `forward`, its tokens the matrix products' rows: the logits
+    after each of its tokens (n, V)."""
     f = forward
-    pos = torch.tensor([row.position])
-    hidden = f.embed(torch.tensor([row.token]))
+    pos = torch.tensor(row.positions)
+    hidden = f.embed(torch.tensor(row.tokens))
     for layer in range(f.config.num_layers):
         q, k, v = f.project(layer, hidden, pos)
         hidden = f.finish(layer, hidden, row.attend(layer, q, k, v))
     row.end()
-    return f.logits(hidden)[0]
+    return f.logits(hidden)
+
+
+def row_step(forward: LlamaForward, row: StepRow) -> Tensor:
+    """A one-token `row` run alone: its logits (V,). A decoder's own step (`dense.dense_step`'s,
+    a sparse decoder's)."""
+    return row_logits(forward, row)[-1]

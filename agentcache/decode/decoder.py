@@ -26,7 +26,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from agentcache.decode.base import Decoder, StepRow, row_step
+from agentcache.decode.base import Decoder, StepRow, row_logits, row_step
 from agentcache.decode.config import DecodeConfig
 from agentcache.decode.kernels import last_tokens_attention, page_attention, top_p_pages
 from agentcache.decode.minmax import MinMaxMeta
@@ -194,13 +194,17 @@ class SparseDecoder(Decoder):
         return self.settle(fed, drafts, start, position)
 
     def settle(self, fed: list[int], drafts: list[int], start: int, position: int) -> list[int]:
-        """The end of a round of `advance`, however its drafts were stepped (alone, or as rows
-        of batched steps: `verified.VerifiedDecoder.begin_step`): `fed` (the round's token,
-        then every draft but the last) appended at token indices start.. and positions
-        position.., `drafts` the sparse argmax after each. Verifies them with one dense pass,
-        keeps the K/V of the tokens dense agrees with and returns the tokens dense greedy
-        decoding emits (see `advance`)."""
-        dense = self.verify(fed, start, position).argmax(-1).tolist()
+        """The end of a round of `advance`: `fed` (the round's token, then every draft but the
+        last) appended at token indices start.. and positions position.., `drafts` the sparse
+        argmax after each. Verifies them with one dense pass and `accept`s."""
+        return self.accept(drafts, start, self.verify(fed, start, position))
+
+    def accept(self, drafts: list[int], start: int, logits: Tensor) -> list[int]:
+        """A round's `drafts` against the dense pass's `logits` (n, V) over the tokens fed from
+        token index `start` (`verify`, or its row run in a batched step): keeps the K/V of the
+        tokens dense agrees with and returns the tokens dense greedy decoding emits (see
+        `advance`)."""
+        dense = logits.argmax(-1).tolist()
         agree = 0
         while agree < len(drafts) and dense[agree] == drafts[agree]:
             agree += 1
@@ -215,34 +219,39 @@ class SparseDecoder(Decoder):
     def verify(self, tokens: list[int], start: int, position: int) -> Tensor:
         """Dense pass over `tokens`, already appended at token indices start.. and positions
         position..: attends every page of every head, overwrites their K/V (fast tier and host
-        copy) with the dense values and returns the logits after each token (n, V)."""
-        f = self.f
+        copy) with the dense values and returns the logits after each token (n, V): the
+        `begin_verify` row run alone."""
+        return row_logits(self.f, self.begin_verify(tokens, start, position))
+
+    def begin_verify(self, tokens: list[int], start: int, position: int) -> VerifyRow:
+        """The dense pass of `verify` as a row of several tokens (`StepRow`), to run alone or
+        in a batched step."""
         n = len(tokens)
         if start + n != self.kv.num_tokens:
             raise ValueError(f"verify covers tokens {start}..{start + n - 1}, not the last ones")
-        pos = torch.arange(position, position + n)
-        hidden = f.embed(torch.tensor(tokens))
-        hkv, g = f.config.num_kv_heads, self.group
-        for layer in range(f.config.num_layers):
-            q, k, v = f.project(layer, hidden, pos)
-            for i in range(n):
-                self.kv.write(layer, start + i, k[i], v[i])
-                self.meta.append(layer, k[i], start + i)
-            parts = []
-            window = self.windows[layer]
-            for h in range(hkv):
-                keys, values = self.kv.full_kv(layer, h)
-                qh = q[:, h * g : (h + 1) * g]
-                if window is None:
-                    parts.append(last_tokens_attention(qh, keys, values, f.scale))
-                else:  # the spec's windowed attention (the reference's masked path)
-                    kv = (keys[:, None], values[:, None])
-                    parts.append(attention(qh, *kv, None, f.scale, window))
-            hidden = f.finish(layer, hidden, torch.cat(parts, dim=1))
-            off = self.kv.offloaded_heads[layer]
-            self._host_read += len(off) * self.kv.num_tokens * self.kv.page_bytes // self.page
-        self._passes += 1
-        return f.logits(hidden)
+        return VerifyRow(self, tokens, start, position)
+
+    def attend_verify(self, layer: int, start: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """One layer of the dense pass over the n tokens from index `start`: writes their k/v
+        (n, Hkv, Dh), dense values, into the fast tier and host copy and the metadata, and
+        returns their causal attention over every page of every head (n, H*Dh)."""
+        f, n = self.f, q.shape[0]
+        for i in range(n):
+            self.kv.write(layer, start + i, k[i], v[i])
+            self.meta.append(layer, k[i], start + i)
+        parts = []
+        window, g = self.windows[layer], self.group
+        for h in range(f.config.num_kv_heads):
+            keys, values = self.kv.full_kv(layer, h)
+            qh = q[:, h * g : (h + 1) * g]
+            if window is None:
+                parts.append(last_tokens_attention(qh, keys, values, f.scale))
+            else:  # the spec's windowed attention (the reference's masked path)
+                kv = (keys[:, None], values[:, None])
+                parts.append(attention(qh, *kv, None, f.scale, window))
+        off = self.kv.offloaded_heads[layer]
+        self._host_read += len(off) * self.kv.num_tokens * self.kv.page_bytes // self.page
+        return torch.cat(parts, dim=1)
 
     @property
     def _bound_scale(self) -> float:
@@ -334,6 +343,21 @@ class SparseDecoder(Decoder):
         self._reranks += len(due)
         self._rerank_s += time.perf_counter() - t0
         return promoted
+
+
+class VerifyRow(StepRow):
+    """A `SparseDecoder`'s dense pass over the last n tokens, from token index `start`, as one
+    row of n tokens (`SparseDecoder.attend_verify` per layer); the pass counted at `end`."""
+
+    def __init__(self, decoder: SparseDecoder, tokens: list[int], start: int, position: int):
+        super().__init__(tokens, list(range(position, position + len(tokens))))
+        self.decoder, self.start = decoder, start
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return self.decoder.attend_verify(layer, self.start, q, k, v)
+
+    def end(self) -> None:
+        self.decoder._passes += 1
 
 
 class SparseRow(StepRow):

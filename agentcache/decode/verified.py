@@ -8,15 +8,19 @@ The sparse decoder drafts up to `draft` tokens and one dense pass verifies them
     feed(t2)  -> (queued)                                   returns t3
     feed(t3)  -> advance(t3) = [...]         KV: + t3 ...
 
-In a batched step (`begin_step`) a round's drafts are rows, one per step, beside the other
+In batched steps (`begin_step`) a round's drafts are rows, one per step, beside the other
 turns' rows: each row's `take` reads the sparse argmax and begins the next draft's row; the
-last one's runs the dense pass (`SparseDecoder.settle`) and answers t1. Same tokens, same KV:
-`feed` is the reference it is tested against.
+last one's begins the dense pass as a row of the round's tokens (`SparseDecoder.begin_verify`),
+which runs in the next step, its tokens rows of the step's matrix products beside the others',
+and whose `take` accepts the drafts (`SparseDecoder.accept`) and answers t1. Same tokens, same
+KV as `feed`, the reference it is tested against (to the rounding of the matrix products' row
+count, as any row alone and in a batch).
 
-    step s     row(t0)  -> take: d1, begins row(d1)       the turn is fed nothing
-    step s+1   row(d1)  -> take: d2, begins row(d2)
-    step s+2   row(d2)  -> take: d3, verify -> [t1, t2, t3]   the turn is fed t1
-    step s+3   begin_step(t1) is None: feed(t1) answers t2 from the queue, no model work
+    step s     row(t0)           -> take: d1, begins row(d1)      the turn is fed nothing
+    step s+1   row(d1)           -> take: d2, begins row(d2)
+    step s+2   row(d2)           -> take: d3, begins verify(t0 d1 d2)
+    step s+3   verify(t0 d1 d2)  -> take: [t1, t2, t3]             the turn is fed t1
+    step s+4   begin_step(t1) is None: feed(t1) answers t2 from the queue, no model work
 """
 
 from __future__ import annotations
@@ -78,32 +82,38 @@ class VerifiedDecoder(Decoder):
     def _limit(self, room: int) -> int:
         return max(min(self.draft, room), 1)
 
-    def _take(self, logits: Tensor) -> int | StepRow:
-        """A draft row's logits: the next draft's row, begun, or the round's first verified
-        token once it has its drafts (as `SparseDecoder.advance` stops)."""
+    def _drafted(self, logits: Tensor) -> StepRow:
+        """A draft row's logits (1, V): the next draft's row, begun, or once the round has its
+        drafts (as `SparseDecoder.advance` stops) its dense pass's row."""
         r = self._round
         assert r is not None
-        r.drafts.append(int(logits.argmax()))
+        r.drafts.append(int(logits[-1].argmax()))
         if len(r.drafts) < r.limit and r.drafts[-1] not in self.stop_ids:
             r.fed.append(r.drafts[-1])
             position = r.position + len(r.fed) - 1
             row = self.sparse.begin_step(self.sparse.f, r.drafts[-1], position, 0)
             assert row is not None  # the decoder's own forward
             return DraftRow(self, row)
+        return PassRow(self, self.sparse.begin_verify(r.fed, r.start, r.position))
+
+    def _verified(self, logits: Tensor) -> int:
+        """The dense pass's logits (n, V): the round's first verified token, the rest queued."""
+        r = self._round
+        assert r is not None
         self._round = None
-        self._queue = self.sparse.settle(r.fed, r.drafts, r.start, r.position)
+        self._queue = self.sparse.accept(r.drafts, r.start, logits)
         return self._queue.pop(0)
 
     def stats(self) -> DecodeStats:
         return self.sparse.stats()
 
 
-class DraftRow(StepRow):
-    """A verified decoder's draft step: the sparse decoder's row, whose logits go to the
-    round (`VerifiedDecoder._take`), not to the turn."""
+class _RoundRow(StepRow):
+    """A row of a verified decoder's round: the sparse decoder's row (a draft's step, or the
+    dense pass), whose logits go to the round, not to the turn."""
 
     def __init__(self, decoder: VerifiedDecoder, row: StepRow) -> None:
-        super().__init__(row.token, row.position)
+        super().__init__(row.tokens, row.positions)
         self.decoder, self.row = decoder, row
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -112,5 +122,16 @@ class DraftRow(StepRow):
     def end(self) -> None:
         self.row.end()
 
-    def take(self, logits: Tensor) -> int | StepRow:
-        return self.decoder._take(logits)
+
+class DraftRow(_RoundRow):
+    """A draft's step: its logits draft the next token (`VerifiedDecoder._drafted`)."""
+
+    def take(self, logits: Tensor) -> StepRow:
+        return self.decoder._drafted(logits)
+
+
+class PassRow(_RoundRow):
+    """The round's dense pass: its logits verify the drafts (`VerifiedDecoder._verified`)."""
+
+    def take(self, logits: Tensor) -> int:
+        return self.decoder._verified(logits)

@@ -249,11 +249,13 @@ def batched_step(
     forward: LlamaForward, rows: Sequence[StepRow], chunks: Sequence[ChunkRows] = ()
 ) -> tuple[Tensor, list[Tensor]]:
     """One decode step of `rows` (B may be 0; dense rows `DenseRow`, a sparse decoder's its
-    `begin_step` row) with prefill chunks' rows beside them in the same projections and MLPs:
-    the decode logits (B, V) and each chunk's logits after its last token (V,). Each chunk is
-    of its own sequence, not one of the rows'. Every row is run to its `end`.
+    `begin_step` row, a verified decoder's dense pass a row of several tokens) with prefill
+    chunks' rows beside them in the same projections and MLPs: the decode logits (N, V), N
+    the rows' tokens (`StepRow.width`; B when each has one), in the rows' order, and each
+    chunk's logits after its last token (V,). Each chunk is of its own sequence, not one of
+    the rows'. Every row is run to its `end`.
 
-        rows   [decode 0..B-1][pad][chunk 0][chunk 1]    decode rows in `call_rule`'s calls
+        rows   [decode 0..N-1][pad][chunk 0][chunk 1]    decode rows in `call_rule`'s calls
 
     The decode rows go through each matrix product in the calls of `call_rule` and each chunk
     in a call of its own, so the decode rows get the bits they get without the chunks, in any
@@ -264,17 +266,19 @@ def batched_step(
     order under the causal mask (`model.attention.attention` with the rows' indices, the
     forward's own attention: the same bits as the chunk run on its own, given the same q, k,
     v)."""
-    f, b = forward, len(rows)
-    if not b and not chunks:
+    f = forward
+    if not rows and not chunks:
         raise ValueError("a fused step needs a decode row or a chunk")
+    spans = list(itertools.pairwise(itertools.accumulate((r.width for r in rows), initial=0)))
+    b = spans[-1][1] if spans else 0  # the decode rows' tokens
     parts: list[tuple[int, int]] = []  # [start, end) of the rows of each matmul call
     width = 0
     for n in call_rule(f).calls(b) if b else ():
         parts.append((width, width + n))
         width += n
     decode_width = width
-    ids = [*(r.token for r in rows), *[0] * (width - b)]
-    pos = [*(r.position for r in rows), *[0] * (width - b)]
+    ids = [*(t for r in rows for t in r.tokens), *[0] * (width - b)]
+    pos = [*(p for r in rows for p in r.positions), *[0] * (width - b)]
     starts = []
     for c in chunks:
         n = len(c.ids)
@@ -296,8 +300,8 @@ def batched_step(
         q, k, v = (_cat([p[i] for p in projected]) for i in range(3))
         for c, s, cs in zip(chunks, starts, chunk_slots, strict=True):
             c.seq.write(layer, cs, k[s : s + len(c.ids)], v[s : s + len(c.ids)])
-        for i, r in enumerate(rows):
-            attn[i] = r.attend(layer, q[i : i + 1], k[i : i + 1], v[i : i + 1])[0]
+        for r, (s, e) in zip(rows, spans, strict=True):
+            attn[s:e] = r.attend(layer, q[s:e], k[s:e], v[s:e])
         window = f.spec.layers[layer].window
         for c, s, context in zip(chunks, starts, contexts, strict=True):
             kc, vc = context(layer)

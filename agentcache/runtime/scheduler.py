@@ -6,8 +6,9 @@
               -> finished turns leave -> feed the others as one batch
               (`batch_step.batched_step`): dense turns, and turns whose decoder begins a
               step row (`Decoder.begin_step`: the sparse ones, and verified decoding's
-              drafts, a row per step until its dense pass answers; a token it verified
-              already is answered with no model work, `solo_feeds`); a turn alone in its step
+              drafts, a row per step, then its dense pass, a row of several tokens; a token
+              it verified already is answered with no model work, `solo_feeds`); a turn
+              alone in its step
               takes the one-sequence step (dense: `batch_step.one_step`, the engine's step
               without batching; sparse: its decoder's own), so a lone request decodes at
               its speed
@@ -76,7 +77,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from agentcache.decode.base import Decoder, StepRow, row_step
+from agentcache.decode.base import Decoder, StepRow, row_logits
 from agentcache.decode.dense import DenseDecoder, reads_in_place
 from agentcache.errors import AgentCacheError, OutOfPagesError
 from agentcache.kv.pool import SequenceKV
@@ -156,7 +157,7 @@ class BatchStats:
     separate_chunks: int = 0  # chunks run as their own forward (nothing to fuse with, or a
     # plan whose chunks do not fuse: `ChunkedPrefill.fusable`)
     batched_sparse_feeds: int = 0  # of batched_rows, a sparse decoder's (`Decoder.begin_step`;
-    # a verified decoder's drafts included)
+    # a verified decoder's drafts and dense passes included, a pass of n tokens as one row)
 
 
 class BatchScheduler:
@@ -542,13 +543,14 @@ class BatchScheduler:
         self._lone += 1
 
     def _feed_row(self, r: Running, row: StepRow) -> None:
-        """A begun row alone: its decoder's own step (`decode.base.row_step`)."""
-        self._take(r, row, row_step(self.forward, row), batched=False)
+        """A begun row alone: its decoder's own step (`decode.base.row_logits`)."""
+        self._take(r, row, row_logits(self.forward, row), batched=False)
         self._lone += 1
 
     def _take(self, r: Running, row: StepRow, logits: Tensor, batched: bool) -> None:
-        """`row`'s logits after its step, to its decoder (`StepRow.take`): the turn is fed the
-        answer, or nothing when the decoder begun its next row (run in the next step)."""
+        """`row`'s logits after its step (n, V), to its decoder (`StepRow.take`): the turn is
+        fed the answer, or nothing when the decoder began its next row (run in the next
+        step)."""
         try:
             after = row.take(logits)
         except OutOfPagesError as e:  # this turn's fault alone (its next row's slot)
@@ -589,8 +591,11 @@ class BatchScheduler:
         t0 = time.perf_counter()
         logits, last = batched_step(self.forward, rows, chunks)
         seconds = time.perf_counter() - t0
-        for r, row, out in zip([*fed, *(r for r, _ in begun)], rows, logits, strict=True):
-            self._take(r, row, out, batched=True)  # the bits of a padded batch
+        start = 0
+        for r, row in zip([*fed, *(r for r, _ in begun)], rows, strict=True):
+            end = start + row.width
+            self._take(r, row, logits[start:end], batched=True)  # the bits of a padded batch
+            start = end
         for j, chunk_logits in zip(fusing, last, strict=True):
             try:
                 j.result = j.work.take_fused(chunk_logits, seconds)

@@ -130,3 +130,45 @@ def test_a_decoder_only_begins_a_step_with_its_own_forward(tiny: LoadedModel) ->
     d = sparse(tiny, "quest")
     assert d.begin_step(tiny_model(seed=1).forward, 3, PROMPTS["quest"], 0) is None
     assert d.kv.num_tokens == PROMPTS["quest"]  # nothing begun
+
+
+def test_a_dense_pass_row_agrees_with_verify_and_gets_the_same_bits_in_any_batch(
+    tiny: LoadedModel,
+) -> None:
+    """A verified decoder's dense pass as a row of several tokens (`begin_verify`), in a
+    batched step beside a dense row and a sparse one, agrees with `verify` (the pass alone) to
+    fp32 rounding and leaves the same K/V; alone in a padded batch it gets the same bits as
+    beside them; the rows beside it get what they get without it."""
+    fed = tokens(3)[:5]
+    n = PROMPTS["flexicache"]
+
+    def drafted() -> SparseDecoder:
+        d = sparse(tiny, "flexicache")
+        for i, t in enumerate(fed):
+            d.step(t, n + i)
+        return d
+
+    reference = drafted()
+    want = reference.verify(fed, n, n)
+    alone_d, beside_d = drafted(), drafted()
+    alone, _ = batched_step(tiny.forward, [alone_d.begin_verify(fed, n, n)])
+    pool = pool_of(tiny)
+    seq = prefilled(tiny, pool, 33, 33)[0]
+    other = sparse(tiny, "quest")
+    rows = [dense_row(tiny, seq, 11), beside_d.begin_verify(fed, n, n),
+            begun(other, 7, PROMPTS["quest"])]  # fmt: skip
+    beside, _ = batched_step(tiny.forward, rows)
+    assert alone.shape == beside[1:6].shape == want.shape == (len(fed), tiny.config.vocab_size)
+    assert torch.equal(beside[1:6], alone)
+    torch.testing.assert_close(alone, want, rtol=0, atol=1e-5)
+    ref_seq = prefilled(tiny, pool_of(tiny), 33, 33)[0]
+    dense_alone = one_step(tiny.forward, ref_seq, 11, 33)
+    torch.testing.assert_close(beside[0], dense_alone, rtol=0, atol=1e-5)
+    quest_alone = sparse(tiny, "quest").step(7, PROMPTS["quest"])
+    torch.testing.assert_close(beside[6], quest_alone, rtol=0, atol=1e-5)
+    for d in (alone_d, beside_d):
+        assert d.stats().verify_passes == reference.stats().verify_passes == 1
+        for layer in range(tiny.config.num_layers):
+            for h in range(tiny.config.num_kv_heads):
+                got, ref = d.kv.full_kv(layer, h), reference.kv.full_kv(layer, h)
+                torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)

@@ -123,13 +123,13 @@ def verified_by_feed(e: Engine, profile: Path) -> tuple[list[int], DecodeStats |
 
 
 def test_a_verified_turns_drafts_are_rows_of_the_batch(
-    tiny: LoadedModel, profile_file: Path
+    tiny: LoadedModel, profile_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Verified decoding's drafts run as rows of the batched steps, a row per step until the
-    dense pass answers: beside other turns or alone, its ids and decode stats (drafts,
-    acceptances, passes) are those of its decoder's own `feed`, and the turns beside it get
-    what they get alone. Tokens it verified already are answered with no model work (solo
-    feeds), at most one per token it emits."""
+    """Verified decoding's drafts run as rows of the batched steps, a row per step, then its
+    dense pass as a row of the round's tokens: beside other turns or alone, its ids and decode
+    stats (drafts, acceptances, passes) are those of its decoder's own `feed`, and the turns
+    beside it get what they get alone. Tokens it verified already are answered with no model
+    work (solo feeds), fewer than it emits."""
     e = engine(tiny)
     reference = verified_by_feed(e, profile_file)
     ref_stats = reference[1]
@@ -138,15 +138,18 @@ def test_a_verified_turns_drafts_are_rows_of_the_batch(
     alone = [run(e, [i], profile_file, verify=4)[0] for i in (0, 1, 2)]
     assert alone[1] == reference
     assert run(e, [0, 1, 2], profile_file, verify=4) == alone
-    # beside a dense turn only: every sparse row is one of its drafts, each one batched
-    # unless it ran alone after the dense turn ended
+    # beside a dense turn only: every sparse row is one of its drafts or dense passes, and no
+    # pass runs as a call of its own (`verify`, the reference's)
     before = e.batch.stats() if e.batch else BatchStats(0, 0, 0, 0)
-    assert run(e, [0, 1], profile_file, verify=4) == alone[:2]
+    with monkeypatch.context() as m:
+        m.setattr(SparseDecoder, "verify", lambda *_: pytest.fail("a pass outside the step"))
+        assert run(e, [0, 1], profile_file, verify=4) == alone[:2]
     after = e.batch.stats() if e.batch else BatchStats(0, 0, 0, 0)
     solo = after.solo_feeds - before.solo_feeds
     drafts = after.batched_sparse_feeds - before.batched_sparse_feeds
     lone = after.lone_steps - before.lone_steps
-    assert 0 < ref_stats.drafted_tokens - lone <= drafts <= ref_stats.drafted_tokens
+    assert len(alone[0][0]) // 2 < drafts <= ref_stats.drafted_tokens + ref_stats.verify_passes
+    assert drafts + lone >= ref_stats.drafted_tokens + ref_stats.verify_passes
     assert 0 < solo < len(reference[0])
 
 
