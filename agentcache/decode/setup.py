@@ -56,21 +56,39 @@ class DecodeSetup:
     def decoder(
         self, model: LoadedModel, seq: SequenceKV, max_new_tokens: int, greedy: bool, dense: Decoder
     ) -> Decoder:
-        """The decoder of one turn after prefill into `seq`: `dense` unless the plan is sparse
-        and a step will run (two new tokens or more). A sparse decoder copies `seq`'s KV, then
-        frees `seq` down to the pages its fast tier (arena of head-pages and page metadata)
-        would fill (`fast_tier_pages`; fewer where the pool has fewer free, as when a policy
-        keeps every head whole and a short prompt asks many new tokens), which `seq` holds,
-        unwritten, until the turn ends: the pool's bound (`EngineConfig.kv_bytes`) counts a
-        sparse turn by its fast tier as it counts a dense turn by its pages, so what
-        offloading saves is room for more turns. It is verified when configured and decoding
-        is `greedy`, else a configured verification is reported skipped."""
+        """The decoder of one turn after prefill into `seq`: `sparse_decoder`, then `adopt`."""
+        sparse = self.sparse_decoder(model, seq, max_new_tokens)
+        return self.adopt(model, seq, greedy, dense, sparse)
+
+    def sparse_decoder(
+        self, model: LoadedModel, seq: SequenceKV, max_new_tokens: int
+    ) -> SparseDecoder | None:
+        """The sparse decoder of one turn after prefill into `seq`, its KV copied from `seq`'s
+        pages; None when the plan is dense or no step will run (fewer than two new tokens).
+        It reads `seq` and writes nothing shared, so it may run while other turns step, as
+        long as nothing else writes `seq` (the engine runs it outside its lock)."""
         if not self.plan.sparse or max_new_tokens <= 1:
-            return dense
-        keys, values = seq.gather_all(slice(0, seq.num_tokens))
+            return None
         max_tokens = seq.num_tokens + max_new_tokens
         with torch.inference_mode():
-            sparse = SparseDecoder(model.forward, self.plan, self.config, keys, values, max_tokens)
+            keys, values = seq.gather_all(slice(0, seq.num_tokens))
+            return SparseDecoder(model.forward, self.plan, self.config, keys, values, max_tokens)
+
+    def adopt(
+        self, model: LoadedModel, seq: SequenceKV, greedy: bool, dense: Decoder,
+        sparse: SparseDecoder | None,
+    ) -> Decoder:  # fmt: skip
+        """The turn's decoder, `sparse` that `sparse_decoder` built for `seq`: `dense` when it
+        is None. Else `seq` is freed down to the pages its fast tier (arena of head-pages and
+        page metadata) would fill (`fast_tier_pages`; fewer where the pool has fewer free, as
+        when a policy keeps every head whole and a short prompt asks many new tokens), which
+        `seq` holds, unwritten, until the turn ends: the pool's bound
+        (`EngineConfig.kv_bytes`) counts a sparse turn by its fast tier as it counts a dense
+        turn by its pages, so what offloading saves is room for more turns. It is verified
+        when configured and decoding is `greedy`, else a configured verification is reported
+        skipped. Changes the pool: under the engine's lock."""
+        if sparse is None:
+            return dense
         seq.free()
         seq.reserve(fast_tier_pages(sparse, seq.pool.config.page_bytes))
         if not self.config.verify:

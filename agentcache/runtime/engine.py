@@ -435,15 +435,21 @@ class Engine:
         greedy = params.temperature == 0
 
         def make_decoder() -> Decoder:
-            return self.decode.decoder(self.model, seq, params.max_new_tokens, greedy, dense)
+            """The turn's decoder: a sparse one's set-up (its KV copied into head pages) runs
+            outside the engine's lock, beside other turns' steps (it reads only this turn's
+            pages, which nothing else writes before the turn joins); what changes the pool
+            runs under it."""
+            sparse = self.decode.sparse_decoder(self.model, seq, params.max_new_tokens)
+            lock = self._lock.first() if self.batch is not None else self._lock
+            with lock, torch.inference_mode():
+                return self.decode.adopt(self.model, seq, greedy, dense, sparse)
 
         if self.batch is not None:
             ids, finish, decoder = self._decode_batched(
                 make_decoder, pre, position, params, on_token, refill
             )
         else:
-            with self._lock, torch.inference_mode():
-                inner = make_decoder()
+            inner = make_decoder()
             self.gate.wake()  # a sparse decoder gave back the pages beyond its fast tier
             decoder = LockedDecoder(inner, self._lock)
             with torch.inference_mode():
@@ -479,8 +485,7 @@ class Engine:
         token = turn.choose() if turn.finish is None else None
         if token is not None and on_token is not None:
             on_token(token)
-        with self._lock.first(), torch.inference_mode():
-            decoder = make_decoder()
+        decoder = make_decoder()
         self.gate.wake()  # a sparse decoder gave back the pages beyond its fast tier
         if turn.finish is not None:  # nothing (more) to decode
             return turn.ids, turn.finish, decoder

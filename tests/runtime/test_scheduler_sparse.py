@@ -5,6 +5,7 @@ rows of the batch and give what its decoder's own `feed` gives."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 from pathlib import Path
 
 import pytest
@@ -258,3 +259,31 @@ def test_the_pool_bounds_sparse_turns_by_their_fast_tier(
 
     assert peak(DecodeConfig()) == 1
     assert peak(config) == 2
+
+
+@pytest.mark.parametrize("batch", [True, False], ids=["batched", "interleaved"])
+def test_a_sparse_decoders_set_up_runs_outside_the_engines_lock(
+    tiny: LoadedModel, profile_file: Path, monkeypatch: pytest.MonkeyPatch, batch: bool
+) -> None:
+    """The set-up that copies a turn's KV into head pages holds no engine lock (other turns
+    step meanwhile); the turns still get their output alone."""
+    config = DecodeConfig("flexicache", budget_pages=3, profile=profile_file,
+                          policy_options={"stable_interval": 4})  # fmt: skip
+    e = Engine(tiny, EngineConfig(kv_pages=KV_PAGES, batch_decode=batch, decode=config))
+    held: list[bool] = []
+    build = SparseDecoder.__init__
+
+    def watched(self: SparseDecoder, *args: object, **kwargs: object) -> None:
+        held.append(e._lock._owner == threading.get_ident())
+        build(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SparseDecoder, "__init__", watched)
+    params = GenerationParams(max_new_tokens=12)
+
+    def one(i: int) -> list[int]:
+        return list(e.generate(prompt(600 + 300 * i), params, "full", commit=False).token_ids)
+
+    alone = [one(i) for i in range(3)]
+    assert at_once(one, 3) == alone
+    assert held == [False] * 6
+    assert e.ctx.pool.num_free == KV_PAGES
