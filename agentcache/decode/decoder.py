@@ -98,6 +98,12 @@ class SparseDecoder(Decoder):
             (c.num_layers, c.num_kv_heads), max(1, n_pages - self.recent), dtype=torch.int64
         )
         self.window_start = max(1, n_pages - self.window)
+        # per layer: the distinct rerank intervals of its heads; a count of its reranks (sel
+        # and tail_start change only there); its attended pages, cached (`_layer_pages`)
+        self._intervals = [sorted(set(self.interval[i].tolist())) for i in range(c.num_layers)]
+        self._reranked = [0] * c.num_layers
+        self._cached: list[tuple[tuple[int, ...], Tensor, Tensor, Tensor] | None]
+        self._cached = [None] * c.num_layers
         self.steps = 0
         self._reranks = 0
         self._rerank_s = 0.0
@@ -307,19 +313,40 @@ class SparseDecoder(Decoder):
         return rows
 
     def _attend(self, layer: int, qg: Tensor) -> Tensor:
-        pages = self.pages(layer)  # (Hkv, n)
+        pages, token, present = self._layer_pages(layer)
         k, v = self.kv.gather(layer, pages)  # (Hkv, n*page, Dh)
-        token = pages[:, :, None] * self.page + torch.arange(self.page)
-        valid = (pages[:, :, None] >= 0) & (token < self.kv.num_tokens)
+        valid = present & (token < self.kv.num_tokens)
         if (w := self.windows[layer]) is not None:  # the newest token sees the last w
             valid &= token >= self.kv.num_tokens - w
-        return page_attention(qg, k, v, valid.flatten(1), self.f.scale)
+        return page_attention(qg, k, v, valid, self.f.scale)
+
+    def _layer_pages(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
+        """`pages(layer)` (Hkv, n), the token index of each of their rows (Hkv, n*page) and
+        whether the row's page is one, not padding (Hkv, n*page): what `pages` depends on is
+        its key (pages opened, the streaming window, the layer's reranks, a sliding window's
+        first page), and they are computed again only when it changes."""
+        n = self.kv.num_tokens
+        w = self.windows[layer]
+        first = -1 if w is None else max(0, n - w) // self.page
+        key = (-(-n // self.page), self.window_start, self._reranked[layer], first)
+        cached = self._cached[layer]
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2], cached[3]
+        pages = self.pages(layer)
+        token = (pages[:, :, None] * self.page + torch.arange(self.page)).flatten(1)
+        present = (pages >= 0).repeat_interleave(self.page, dim=1)
+        self._cached[layer] = (key, pages, token, present)
+        return pages, token, present
 
     def _rerank(self, layer: int, qg: Tensor) -> int:
         """Re-score the heads of `layer` due this step; returns head-pages promoted."""
+        if self.windows[layer] is not None:  # a window: nothing to select
+            return 0
+        if all(self.steps % i for i in self._intervals[layer]):  # no head due
+            return 0
         due = ((self.steps % self.interval[layer]) == 0) & ~self.streaming[layer]
         due = torch.nonzero(due).flatten()
-        if len(due) == 0 or self.windows[layer] is not None:  # a window: nothing to select
+        if len(due) == 0:
             return 0
         t0 = time.perf_counter()
         n_pages = -(-self.kv.num_tokens // self.page)
@@ -333,6 +360,7 @@ class SparseDecoder(Decoder):
             self._selected += int((top >= 0).sum())
         self.sel[layer, due] = sel
         self.tail_start[layer, due] = tail_start
+        self._reranked[layer] += 1
         promoted = 0
         off = due[self.kv.offload[layer, due]]
         if len(off):

@@ -156,3 +156,39 @@ def test_sparse_decode_releases_the_prompt_pages_beyond_its_fast_tier(
     dense, sparse = used[:5], used[5:]
     assert len(held) == 1 and 0 < held[0] < min(dense)
     assert sparse == held * 5
+
+
+def test_the_cached_pages_are_the_pages_computed_afresh(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every policy decoding in verified rounds (pages opened, reranks, streaming windows
+    sliding, drafts cut): each layer's attended pages, their rows' token indices and
+    presence, served from the decoder's cache or computed anew, equal `pages(layer)`
+    computed afresh; the cache serves calls and is refreshed when they change."""
+    from tests.runtime.test_batch_step_sparse import PROMPTS, STEPS, sparse
+
+    layer_pages = SparseDecoder._layer_pages
+    served = {True: 0, False: 0}
+
+    def checked(self: SparseDecoder, layer: int) -> tuple[torch.Tensor, ...]:
+        before = self._cached[layer]
+        pages, token, present = layer_pages(self, layer)
+        fresh = self.pages(layer)
+        assert torch.equal(pages, fresh)
+        rows = fresh[:, :, None] * self.page + torch.arange(self.page)
+        assert torch.equal(token, rows.flatten(1))
+        assert torch.equal(present, (fresh[:, :, None] >= 0).expand_as(rows).flatten(1))
+        served[before is not None and before[1] is pages] += 1
+        return pages, token, present
+
+    monkeypatch.setattr(SparseDecoder, "_layer_pages", checked)
+    cut = 0
+    for name, n in PROMPTS.items():
+        d = sparse(tiny, name)
+        token, position = 5, n
+        while d.kv.num_tokens + 5 <= n + STEPS:
+            got = d.advance(token, position, 4)
+            position, token = position + len(got), got[-1]
+        cut += d.stats().drafted_tokens - d.stats().accepted_tokens
+    assert cut > 0  # drafts were cut: the KV shrank under the cache
+    assert served[True] > 0 and served[False] > 0
