@@ -329,6 +329,10 @@ server() {
     --policies dense,flexicache,flexicache:verify=8 --repeats 3 \
     --profile docs/bench/decode/smollm2-135m-instruct-18ddc7c854863b5228beb2a367be0eaa.json \
     --out docs/bench/server/kv-budget/smollm2-ctx4096
+  $py benchmarks/server/kv_budget.py --agents 12 --context 4096 --budget-turns 4 \
+    --policies dense,flexicache,flexicache:verify=8 --repeats 3 --threads 2 \
+    --profile docs/bench/decode/smollm2-135m-instruct-18ddc7c854863b5228beb2a367be0eaa.json \
+    --out docs/bench/server/kv-budget/smollm2-ctx4096-t2
   $py benchmarks/server/kv_budget.py --agents 12 --context 8192 --budget-turns 4 \
     --policies dense,flexicache,flexicache:verify=8 --repeats 3 \
     --profile docs/bench/decode/smollm2-135m-instruct-18ddc7c854863b5228beb2a367be0eaa.json \
