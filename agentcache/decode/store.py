@@ -74,26 +74,21 @@ class HeadPagedKV:
     def load(self, keys: Tensor, values: Tensor) -> None:
         """Take a prefilled sequence, keys/values (L, T, Hkv, Dh): every page of resident heads
         into the arena, every page of offloaded heads into the host copy (nothing resident).
-        Each (layer, head)'s tokens are copied straight into its consecutive rows (a resident
-        head's arena region, an offloaded head's host copy): one copy of the KV, no padded
-        or permuted intermediate; the last page's rows past T stay zero."""
+        Each (layer, head)'s tokens are copied straight into its consecutive rows, the views
+        `full_kv` reads (a resident head's arena region, an offloaded head's host copy): one
+        copy of the KV, no padded or permuted intermediate; the last page's rows past T stay
+        zero."""
         n_layers, t, hkv, _ = keys.shape
         pages = -(-t // self.page_size)
+        self.num_tokens = t
         for layer in range(n_layers):
             for head in range(hkv):
-                if bool(self.offload[layer, head]):
-                    r = int(self.off_row[layer, head])
-                    dk, dv = self.host_k[r], self.host_v[r]
-                else:
-                    first = int(self.region[layer, head])
-                    dk = self.arena_k[first : first + pages]
-                    dv = self.arena_v[first : first + pages]
-                dk.flatten(0, 1)[:t].copy_(keys[layer, :, head])
-                dv.flatten(0, 1)[:t].copy_(values[layer, :, head])
+                dk, dv = self.full_kv(layer, head)
+                dk.copy_(keys[layer, :, head])
+                dv.copy_(values[layer, :, head])
         res = ~self.offload
         self.table[res, :pages] = self.region[res][:, None] + torch.arange(pages)
         self.dirty[:] = True
-        self.num_tokens = t
 
     def append_token(self) -> int:
         """Reserve the next token; opens a page (a slot for every head) at a page boundary.
