@@ -106,6 +106,11 @@ class Decoder(ABC):
     def stats(self) -> DecodeStats | None:
         return None
 
+    def queued(self) -> int:
+        """How many of the next `feed`s it answers with no model work (a verified decoder's
+        tokens verified already); the scheduler feeds those in the step that verified them."""
+        return 0
+
 
 def row_logits(forward: LlamaForward, row: StepRow) -> Tensor:
     """`row` run alone through `forward`, its tokens the matrix products' rows: the logits

@@ -12,15 +12,18 @@ In batched steps (`begin_step`) a round's drafts are rows, one per step, beside 
 turns' rows: each row's `take` reads the sparse argmax and begins the next draft's row; the
 last one's begins the dense pass as a row of the round's tokens (`SparseDecoder.begin_verify`),
 which runs in the next step, its tokens rows of the step's matrix products beside the others',
-and whose `take` accepts the drafts (`SparseDecoder.accept`) and answers t1. Same tokens, same
-KV as `feed`, the reference it is tested against (to the rounding of the matrix products' row
-count, as any row alone and in a batch).
+and whose `take` accepts the drafts (`SparseDecoder.accept`) and answers t1. The scheduler then
+feeds the turn the rest in the same step (`queued`: `feed` answers them from the queue, no
+model work), so a round takes a step per draft and one for its pass. Same tokens, same KV as
+`feed`, the reference it is tested against (to the rounding of the matrix products' row count,
+as any row alone and in a batch).
 
     step s     row(t0)           -> take: d1, begins row(d1)      the turn is fed nothing
     step s+1   row(d1)           -> take: d2, begins row(d2)
     step s+2   row(d2)           -> take: d3, begins verify(t0 d1 d2)
-    step s+3   verify(t0 d1 d2)  -> take: [t1, t2, t3]             the turn is fed t1
-    step s+4   begin_step(t1) is None: feed(t1) answers t2 from the queue, no model work
+    step s+3   verify(t0 d1 d2)  -> take: [t1, t2, t3]             the turn is fed t1, then
+               feed(t1) -> t2, feed(t2) -> t3 from the queue       (t1 and t2 chosen)
+    step s+4   t3 chosen, begin_step(t3): the next round's first draft
 """
 
 from __future__ import annotations
@@ -78,6 +81,9 @@ class VerifiedDecoder(Decoder):
             return None
         self._round = _Round(start, position, self._limit(room), [token])
         return DraftRow(self, row)
+
+    def queued(self) -> int:
+        return len(self._queue) if self._round is None else 0
 
     def _limit(self, room: int) -> int:
         return max(min(self.draft, room), 1)

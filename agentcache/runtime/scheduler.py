@@ -1,4 +1,5 @@
-"""Continuous batching of decoding turns: one step advances every running turn by a token.
+"""Continuous batching of decoding turns: one step advances every running turn by a token (a
+verified decoding round's pass by the tokens it verified).
 
     thread A  generate: [admit] [prefill+commit] first token, join -> tokens ... leave
     thread B  generate:      [admit]   wait   [prefill+commit] join -> tokens ... leave
@@ -6,9 +7,9 @@
               -> finished turns leave -> feed the others as one batch
               (`batch_step.batched_step`): dense turns, and turns whose decoder begins a
               step row (`Decoder.begin_step`: the sparse ones, and verified decoding's
-              drafts, a row per step, then its dense pass, a row of several tokens; a token
-              it verified already is answered with no model work, `solo_feeds`); a turn
-              alone in its step
+              drafts, a row per step, then its dense pass, a row of several tokens, whose
+              step feeds the turn every token the pass verified, those beyond the first
+              answered with no model work, `solo_feeds`); a turn alone in its step
               takes the one-sequence step (dense: `batch_step.one_step`, the engine's step
               without batching; sparse: its decoder's own), so a lone request decodes at
               its speed
@@ -143,7 +144,7 @@ class BatchStats:
     batched_rows: int  # tokens fed through batched steps
     solo_feeds: int  # tokens fed by the decoder's own `feed` (no `begin_step` row: a dense
     # decoder whose forward is not read in place; verified decoding answering from tokens it
-    # verified already, no model work)
+    # verified already, no model work, in the step of the pass that verified them)
     peak_batch: int  # most turns in one step
     lone_steps: int = 0  # tokens of a turn alone in its step (the one-sequence step)
     preempted: int = 0  # turns preempted (a turn may be preempted more than once)
@@ -276,8 +277,8 @@ class BatchScheduler:
                 return
 
     def step(self) -> int:
-        """Advance every running turn by one token; returns how many took part (a preempted
-        turn that is not resumed does not)."""
+        """Advance every running turn by one token (or a verified round's tokens, `_drain`);
+        returns how many took part (a preempted turn that is not resumed does not)."""
         resumed = 0
         ready: list[Running] = []
         # one step serves every running turn: ahead of the waiting prefills, once in turn
@@ -454,9 +455,28 @@ class BatchScheduler:
                 self._feed_row(*rows[0])
         elif dense or rows:
             fused = self._feed_batch(dense, rows, fusing)
+        self._drain(batch)
         for r in batch:  # a decoder that holds no more, or the model's last position
             r.finished = r.turn.finish is not None
         return fused
+
+    def _drain(self, batch: list[Running]) -> None:
+        """Turns whose decoder answers its next feeds with no model work (`Decoder.queued`: a
+        verified round's tokens) take them in this step: each chosen (handed to its thread as
+        `_choose` does) and fed, until the decoder needs the model again or the turn ends. The
+        last answer's token is chosen by the next step, which feeds it to the model."""
+        with self._cond:
+            for r in batch:
+                d = r.decoder
+                while r.turn.finish is None and r.row is None and d.queued():
+                    token = r.turn.choose()
+                    if token is not None:
+                        r.out.append(token)
+                    if r.turn.finish is not None:
+                        break
+                    r.turn.fed(d.feed(*r.turn.feed()))
+                    self._solo += 1
+            self._cond.notify_all()
 
     def _make_room(self, dense: list[Running]) -> list[Running]:
         """Preempt the newest of `dense` until the others' next slots fit the pool; the turns

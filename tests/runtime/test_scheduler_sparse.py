@@ -24,7 +24,6 @@ from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
 from agentcache.runtime.loop import TurnDecoding, decode_loop
-from agentcache.runtime.scheduler import BatchStats
 from tests.conftest import at_once
 from tests.decode.conftest import TEXT, make_profile
 
@@ -129,23 +128,33 @@ def test_a_verified_turns_drafts_are_rows_of_the_batch(
     """Verified decoding's drafts run as rows of the batched steps, a row per step, then its
     dense pass as a row of the round's tokens: beside other turns or alone, its ids and decode
     stats (drafts, acceptances, passes) are those of its decoder's own `feed`, and the turns
-    beside it get what they get alone. Tokens it verified already are answered with no model
-    work (solo feeds), fewer than it emits."""
+    beside it get what they get alone. The tokens a pass verifies are fed in the pass's step,
+    those beyond the first with no model work (solo feeds), fewer than it emits."""
     e = engine(tiny)
     reference = verified_by_feed(e, profile_file)
     ref_stats = reference[1]
     assert ref_stats is not None and ref_stats.verify_passes > 1
     assert 0 < ref_stats.accepted_tokens < ref_stats.drafted_tokens  # some kept, some not
-    alone = [run(e, [i], profile_file, verify=4)[0] for i in (0, 1, 2)]
+    assert e.batch is not None
+    alone = [run(e, [0], profile_file, verify=4)[0]]
+    before = e.batch.stats()
+    alone.append(run(e, [1], profile_file, verify=4)[0])
+    lone = e.batch.stats()
+    alone.append(run(e, [2], profile_file, verify=4)[0])
     assert alone[1] == reference
+    # alone, a round takes a step per draft and one for its pass, whose step feeds the turn
+    # every token it verified (those beyond the first with no model work); one more step
+    # chooses the turn's last token
+    assert lone.steps - before.steps == ref_stats.drafted_tokens + ref_stats.verify_passes + 1
+    assert lone.solo_feeds - before.solo_feeds == ref_stats.accepted_tokens
     assert run(e, [0, 1, 2], profile_file, verify=4) == alone
     # beside a dense turn only: every sparse row is one of its drafts or dense passes, and no
     # pass runs as a call of its own (`verify`, the reference's)
-    before = e.batch.stats() if e.batch else BatchStats(0, 0, 0, 0)
+    before = e.batch.stats()
     with monkeypatch.context() as m:
         m.setattr(SparseDecoder, "verify", lambda *_: pytest.fail("a pass outside the step"))
         assert run(e, [0, 1], profile_file, verify=4) == alone[:2]
-    after = e.batch.stats() if e.batch else BatchStats(0, 0, 0, 0)
+    after = e.batch.stats()
     solo = after.solo_feeds - before.solo_feeds
     drafts = after.batched_sparse_feeds - before.batched_sparse_feeds
     lone = after.lone_steps - before.lone_steps
