@@ -79,10 +79,14 @@ class SparseDecoder(Decoder):
         windowed = torch.tensor([w is not None for w in self.windows])
         self.streaming[windowed] = False
         self.window = plan.window_pages
+        # between two reranks a head's tail grows by the tokens of `interval` steps, and under
+        # verified decoding by a round's last draft, which its pass appends, once per round
+        # of `verify` steps (`advance`'s bonus)
+        between = self.interval + (-(-self.interval // config.verify) if config.verify else 0)
         capacity = torch.where(
             self.streaming,
             1 + self.window,
-            1 + self.budget + self.recent + (-(-self.interval // page)),
+            1 + self.budget + self.recent + (-(-between // page)),
         )
         offload = plan.offload & (capacity < max_pages) & ~windowed[:, None]
         self.kv = HeadPagedKV(c.head_dim, page, max_pages, capacity, offload)
@@ -178,14 +182,18 @@ class SparseDecoder(Decoder):
         self.steps += 1
 
     def advance(
-        self, token: int, position: int, draft: int, stop_ids: frozenset[int] = frozenset()
-    ) -> list[int]:
+        self, token: int, position: int, draft: int, stop_ids: frozenset[int] = frozenset(),
+        bonus: bool = True,
+    ) -> list[int]:  # fmt: skip
         """Greedy self-speculative decoding: append `token` at `position`, draft up to `draft`
         tokens sparsely (stopping after a token in `stop_ids`), verify them with one dense pass.
+        With `bonus` the pass covers the last draft too (unless it is a stop id), so that when
+        dense agrees with every draft its own next token comes with them.
 
-        Returns the tokens dense greedy decoding emits after `token` (1..draft of them): the
-        drafted tokens dense agrees with, then dense's own token where they part. Afterwards the
-        KV holds `token` and every returned token but the last, all with dense K/V."""
+        Returns the tokens dense greedy decoding emits after `token` (1..draft of them, or
+        draft + 1 with the bonus): the drafted tokens dense agrees with, then dense's own token
+        where they part or after the last. Afterwards the KV holds `token` and every returned
+        token but the last, all with dense K/V."""
         if draft < 1:
             raise ValueError(f"draft must be >= 1 (got {draft})")
         start = self.kv.num_tokens
@@ -197,19 +205,22 @@ class SparseDecoder(Decoder):
                 break
             fed.append(drafts[-1])
             logits = self.step(drafts[-1], position + len(fed) - 1)
+        if bonus and drafts[-1] not in stop_ids:
+            fed.append(drafts[-1])  # appended by the pass (`begin_verify`)
         return self.settle(fed, drafts, start, position)
 
     def settle(self, fed: list[int], drafts: list[int], start: int, position: int) -> list[int]:
         """The end of a round of `advance`: `fed` (the round's token, then every draft but the
-        last) appended at token indices start.. and positions position.., `drafts` the sparse
-        argmax after each. Verifies them with one dense pass and `accept`s."""
+        last, and the last one too for the bonus) from token index `start` and position
+        `position`, all appended but the bonus's draft; `drafts` the sparse argmax after each.
+        Verifies them with one dense pass and `accept`s."""
         return self.accept(drafts, start, self.verify(fed, start, position))
 
     def accept(self, drafts: list[int], start: int, logits: Tensor) -> list[int]:
         """A round's `drafts` against the dense pass's `logits` (n, V) over the tokens fed from
-        token index `start` (`verify`, or its row run in a batched step): keeps the K/V of the
-        tokens dense agrees with and returns the tokens dense greedy decoding emits (see
-        `advance`)."""
+        token index `start` (`verify`, or its row run in a batched step; n = len(drafts) + 1
+        when the pass covered the last draft): keeps the K/V of the tokens dense agrees with
+        and returns the tokens dense greedy decoding emits (see `advance`)."""
         dense = logits.argmax(-1).tolist()
         agree = 0
         while agree < len(drafts) and dense[agree] == drafts[agree]:
@@ -217,24 +228,30 @@ class SparseDecoder(Decoder):
         self._drafted += len(drafts)
         self._accepted += agree
         if agree == len(drafts):
-            return drafts
+            return [*drafts, *dense[agree:]]  # and the bonus, when the pass covered the last
         self.kv.truncate(start + agree + 1)
         self.meta.truncate(start + agree + 1)
         return [*drafts[:agree], dense[agree]]
 
     def verify(self, tokens: list[int], start: int, position: int) -> Tensor:
-        """Dense pass over `tokens`, already appended at token indices start.. and positions
-        position..: attends every page of every head, overwrites their K/V (fast tier and host
-        copy) with the dense values and returns the logits after each token (n, V): the
+        """Dense pass over `tokens` at token indices start.. and positions position.. (see
+        `begin_verify`): attends every page of every head, overwrites their K/V (fast tier and
+        host copy) with the dense values and returns the logits after each token (n, V): the
         `begin_verify` row run alone."""
         return row_logits(self.f, self.begin_verify(tokens, start, position))
 
     def begin_verify(self, tokens: list[int], start: int, position: int) -> VerifyRow:
         """The dense pass of `verify` as a row of several tokens (`StepRow`), to run alone or
-        in a batched step."""
-        n = len(tokens)
-        if start + n != self.kv.num_tokens:
-            raise ValueError(f"verify covers tokens {start}..{start + n - 1}, not the last ones")
+        in a batched step. `tokens` are the last ones appended, from token index `start`, and
+        may hold one more, appended here (a round's last draft, whose K/V only the pass
+        computes)."""
+        n, have = len(tokens), self.kv.num_tokens - start
+        if n == have + 1:
+            self._promoted += self._slide()
+            self.kv.append_token()
+        elif n != have:
+            raise ValueError(f"verify covers tokens {start}..{start + n - 1}, not the last ones "
+                             f"({self.kv.num_tokens} appended)")  # fmt: skip
         return VerifyRow(self, tokens, start, position)
 
     def attend_verify(self, layer: int, start: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:

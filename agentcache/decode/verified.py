@@ -1,7 +1,9 @@
 """Verified sparse decode: greedy self-speculative decoding as a `Decoder` (DecodeConfig.verify).
 
 The sparse decoder drafts up to `draft` tokens and one dense pass verifies them
-(`SparseDecoder.advance`); the tokens dense greedy decoding emits come back one per `feed`:
+(`SparseDecoder.advance`); the pass covers the last draft too, so a round whose drafts dense
+agrees with brings dense's next token as well (the bonus, when the turn has room for it). The
+tokens dense greedy decoding emits come back one per `feed` (draft = 3, dense parting at d3):
 
     feed(t0)  -> advance(t0) = [t1, t2, t3]  KV: t0 t1 t2    returns t1
     feed(t1)  -> (queued)                                   returns t2
@@ -10,20 +12,23 @@ The sparse decoder drafts up to `draft` tokens and one dense pass verifies them
 
 In batched steps (`begin_step`) a round's drafts are rows, one per step, beside the other
 turns' rows: each row's `take` reads the sparse argmax and begins the next draft's row; the
-last one's begins the dense pass as a row of the round's tokens (`SparseDecoder.begin_verify`),
-which runs in the next step, its tokens rows of the step's matrix products beside the others',
-and whose `take` accepts the drafts (`SparseDecoder.accept`) and answers t1. The scheduler then
-feeds the turn the rest in the same step (`queued`: `feed` answers them from the queue, no
-model work), so a round takes a step per draft and one for its pass. Same tokens, same KV as
-`feed`, the reference it is tested against (to the rounding of the matrix products' row count,
-as any row alone and in a batch).
+last one's begins the dense pass as a row of the round's tokens and its last draft
+(`SparseDecoder.begin_verify`), which runs in the next step, its tokens rows of the step's
+matrix products beside the others', and whose `take` accepts the drafts
+(`SparseDecoder.accept`) and answers t1. The scheduler then feeds the turn the rest in the
+same step (`queued`: `feed` answers them from the queue, no model work), so a round takes a
+step per draft and one for its pass. Same tokens, same KV as `feed`, the reference it is
+tested against (to the rounding of the matrix products' row count, as any row alone and in a
+batch).
 
-    step s     row(t0)           -> take: d1, begins row(d1)      the turn is fed nothing
-    step s+1   row(d1)           -> take: d2, begins row(d2)
-    step s+2   row(d2)           -> take: d3, begins verify(t0 d1 d2)
-    step s+3   verify(t0 d1 d2)  -> take: [t1, t2, t3]             the turn is fed t1, then
+    step s     row(t0)              -> take: d1, begins row(d1)      the turn is fed nothing
+    step s+1   row(d1)              -> take: d2, begins row(d2)
+    step s+2   row(d2)              -> take: d3, begins verify(t0 d1 d2 d3)
+    step s+3   verify(t0 d1 d2 d3)  -> take: [t1, t2, t3]          the turn is fed t1, then
                feed(t1) -> t2, feed(t2) -> t3 from the queue       (t1 and t2 chosen)
     step s+4   t3 chosen, begin_step(t3): the next round's first draft
+
+(had dense agreed with d1 d2 d3, the pass's take would have answered [d1, d2, d3, t4].)
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class _Round:
     position: int
     limit: int  # drafts in this round at most
     fed: list[int]
+    bonus: bool  # the pass covers the last draft too (`SparseDecoder.advance`)
     drafts: list[int] = field(default_factory=list)
 
 
@@ -65,7 +71,8 @@ class VerifiedDecoder(Decoder):
         if self._round is not None:
             raise RuntimeError("fed while a round of drafts runs in batched steps")
         if not self._queue:
-            self._queue = self.sparse.advance(token, position, self._limit(room), self.stop_ids)
+            limit = self._limit(room)
+            self._queue = self.sparse.advance(token, position, limit, self.stop_ids, room > limit)
         return self._queue.pop(0)
 
     def begin_step(
@@ -79,7 +86,8 @@ class VerifiedDecoder(Decoder):
         row = self.sparse.begin_step(forward, token, position, room)
         if row is None:
             return None
-        self._round = _Round(start, position, self._limit(room), [token])
+        limit = self._limit(room)
+        self._round = _Round(start, position, limit, [token], room > limit)
         return DraftRow(self, row)
 
     def queued(self) -> int:
@@ -100,6 +108,8 @@ class VerifiedDecoder(Decoder):
             row = self.sparse.begin_step(self.sparse.f, r.drafts[-1], position, 0)
             assert row is not None  # the decoder's own forward
             return DraftRow(self, row)
+        if r.bonus and r.drafts[-1] not in self.stop_ids:
+            r.fed.append(r.drafts[-1])  # appended by the pass
         return PassRow(self, self.sparse.begin_verify(r.fed, r.start, r.position))
 
     def _verified(self, logits: Tensor) -> int:

@@ -82,6 +82,47 @@ def test_advance_leaves_dense_kv_for_the_kept_tokens(tiny: LoadedModel) -> None:
         seq.free()
 
 
+@pytest.mark.parametrize("bonus", [True, False])
+def test_a_round_dense_agrees_with_brings_dense_s_next_token(
+    tiny: LoadedModel, bonus: bool
+) -> None:
+    """With a budget that holds every page, the drafts are dense's tokens: with the bonus
+    every round's pass covers its last draft too and returns dense's token after it (draft + 1
+    tokens), without it draft tokens; either way dense greedy decoding's tokens, and the KV
+    holds every returned token but the last, with dense K/V."""
+    e = engine(tiny)
+    seq, pre = e.prefill(tokenized_prompt(tiny, prompt(tiny, 200, seed=1)))
+    try:
+        keys, values = seq.gather_all(slice(0, seq.num_tokens))
+        plan = DECODE_POLICIES.get("quest")().plan(tiny.config.num_layers, 2, None)
+        config = DecodeConfig("quest", 40, verify=3)
+        with pytest.warns(UserWarning, match="every page is attended"):
+            dec = SparseDecoder(tiny.forward, plan, config, keys, values, 260)
+        token, position, out, lengths = int(pre.logits.argmax()), 200, [], []
+        while len(out) < 24:
+            got = dec.advance(token, position, 3, bonus=bonus)
+            out += got
+            lengths.append(len(got))
+            position += len(got)
+            token = got[-1]
+        assert lengths == [4 if bonus else 3] * len(lengths)
+        assert dec.stats().accepted_tokens == dec.stats().drafted_tokens == 3 * len(lengths)
+        assert dec.kv.num_tokens == 200 + len(out)  # the prompt, the first token, out[:-1]
+        ref_token = int(pre.logits.argmax())
+        for i, t in enumerate(out):
+            logits = e.step(seq, ref_token, 200 + i)
+            assert int(logits.argmax()) == t
+            ref_token = t
+        ref_k, ref_v = seq.gather_all(slice(0, dec.kv.num_tokens))
+        for layer in range(tiny.config.num_layers):
+            for h in range(2):
+                k, v = dec.kv.full_kv(layer, h)
+                torch.testing.assert_close(k, ref_k[layer, :, h], rtol=0, atol=1e-5)
+                torch.testing.assert_close(v, ref_v[layer, :, h], rtol=0, atol=1e-5)
+    finally:
+        seq.free()
+
+
 def test_sampling_skips_verification_and_says_so(
     tiny: LoadedModel, long_prompt: SegmentedPrompt, profile_file: Path
 ) -> None:

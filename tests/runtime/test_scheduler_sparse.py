@@ -163,6 +163,58 @@ def test_a_verified_turns_drafts_are_rows_of_the_batch(
     assert 0 < solo < len(reference[0])
 
 
+def test_a_round_dense_agrees_with_brings_its_bonus_in_the_batch(
+    tiny: LoadedModel, profile_file: Path
+) -> None:
+    """Drafts dense agrees with (a budget that holds every page): each round's pass, a row of
+    the batch beside a dense turn, covers the round's last draft too, and the turn takes the 4
+    drafts and dense's next token in the pass's step; ids and decode stats those of its own
+    `feed`, in 5 steps a round."""
+    e = engine(tiny)
+    assert e.batch is not None
+    config = DecodeConfig("quest", budget_pages=64, profile=profile_file, verify=4)
+    params = GenerationParams(max_new_tokens=21)
+
+    def verified() -> tuple[Decoder, TurnDecoding, SequenceKV]:
+        seq, pre = e.prefill(e.tokenize(prompt(700)), "full")
+        turn = TurnDecoding(pre.logits, seq.num_tokens, params, 4096, e.model.tokenizer)
+        dense = DenseDecoder(e.step, seq, KV_PAGES * 16)
+        with pytest.warns(UserWarning, match="every page is attended"):
+            d = DecodeSetup.resolve(e.model, config).decoder(e.model, seq, 21, True, dense)
+        return d, turn, seq
+
+    d, turn, seq = verified()
+    assert isinstance(turn.after, torch.Tensor)
+    with torch.inference_mode():
+        ids, _ = decode_loop(d, turn.after, turn.position, params, 4096, e.model.tokenizer)
+    seq.free()
+    want = d.stats()
+    assert want is not None and want.accepted_tokens == want.drafted_tokens == 16
+    assert want.verify_passes == 4 and len(ids) == 21  # the first token, then 4 rounds of 5
+
+    d, turn, seq = verified()
+    other, other_turn, other_seq = decoder(e, 0, profile_file)
+    before = e.batch.stats()
+    running = [e.batch.join(turn, d), e.batch.join(other_turn, other)]
+    steps = 0
+    while not running[0].finished:
+        e.batch.step()
+        steps += 1
+    while not running[1].finished:
+        e.batch.step()
+    for r in running:
+        e.batch.leave(r)
+    seq.free()
+    other_seq.free()
+    got = d.stats()
+    assert turn.ids == ids
+    assert got is not None and dataclasses.replace(got, rerank_s=0.0) == dataclasses.replace(
+        want, rerank_s=0.0
+    )
+    assert steps == 4 * 5 + 1  # 4 drafts and the pass a round; one step chooses the last
+    assert e.batch.stats().solo_feeds - before.solo_feeds == 4 * 4  # a round's 4 beyond the first
+
+
 def test_verified_requests_at_once_decode_what_dense_decodes(
     tiny: LoadedModel, profile_file: Path
 ) -> None:
