@@ -94,6 +94,15 @@ class SparseDecoder(Decoder):
             torch.nonzero(offload[i] & self.streaming[i]).flatten() for i in range(c.num_layers)
         ]
         self.kv.load(keys, values)
+        # per layer whose heads are all offloaded with the same slots: (its first arena row,
+        # slots per head, the heads' host rows); attention reads their slots in place
+        self.in_place = True  # False: every layer gathers its pages (the reference)
+        self._slots: list[tuple[int, int, Tensor] | None] = [None] * c.num_layers
+        for i in range(c.num_layers):
+            cap = self.kv.capacity[i]
+            if bool(offload[i].all()) and bool((cap == cap[0]).all()):
+                first, host = int(self.kv.region[i, 0]), self.kv.off_row[i]
+                self._slots[i] = (first, int(cap[0]), host)
         self.meta = MinMaxMeta(c.num_layers, c.num_kv_heads, c.head_dim, max_pages, page)
         self.meta.build(keys)
         n_pages = -(-t // page)
@@ -183,12 +192,14 @@ class SparseDecoder(Decoder):
 
     def advance(
         self, token: int, position: int, draft: int, stop_ids: frozenset[int] = frozenset(),
-        bonus: bool = True,
+        bonus: bool | None = None,
     ) -> list[int]:  # fmt: skip
         """Greedy self-speculative decoding: append `token` at `position`, draft up to `draft`
         tokens sparsely (stopping after a token in `stop_ids`), verify them with one dense pass.
         With `bonus` the pass covers the last draft too (unless it is a stop id), so that when
-        dense agrees with every draft its own next token comes with them.
+        dense agrees with every draft its own next token comes with them; by default when the
+        decoder is made for verification (`DecodeConfig.verify`: its fast tier has room for the
+        tokens the passes append).
 
         Returns the tokens dense greedy decoding emits after `token` (1..draft of them, or
         draft + 1 with the bonus): the drafted tokens dense agrees with, then dense's own token
@@ -205,6 +216,8 @@ class SparseDecoder(Decoder):
                 break
             fed.append(drafts[-1])
             logits = self.step(drafts[-1], position + len(fed) - 1)
+        if bonus is None:
+            bonus = bool(self.config.verify)
         if bonus and drafts[-1] not in stop_ids:
             fed.append(drafts[-1])  # appended by the pass (`begin_verify`)
         return self.settle(fed, drafts, start, position)
@@ -330,11 +343,27 @@ class SparseDecoder(Decoder):
         return rows
 
     def _attend(self, layer: int, qg: Tensor) -> Tensor:
+        if self.in_place and (slots := self._slots[layer]) is not None:
+            return self._attend_slots(qg, *slots)
         pages, token, present = self._layer_pages(layer)
         k, v = self.kv.gather(layer, pages)  # (Hkv, n*page, Dh)
         valid = present & (token < self.kv.num_tokens)
         if (w := self.windows[layer]) is not None:  # the newest token sees the last w
             valid &= token >= self.kv.num_tokens - w
+        return page_attention(qg, k, v, valid, self.f.scale)
+
+    def _attend_slots(self, qg: Tensor, first: int, cap: int, host: Tensor) -> Tensor:
+        """A layer whose heads are all offloaded, with `cap` slots each from arena row `first`:
+        each head's slots hold exactly the pages it attends (`HeadPagedKV.place` keeps the
+        wanted ones, pages opened since take free slots, a cut frees its pages' slots), so
+        attention reads them in place, masked to the rows of held pages' written tokens. The
+        same keys as `pages(layer)`'s gathered in another order: equal to fp32 rounding."""
+        hkv, kv = len(host), self.kv
+        k = kv.arena_k[first : first + hkv * cap].view(hkv, cap * self.page, -1)
+        v = kv.arena_v[first : first + hkv * cap].view(hkv, cap * self.page, -1)
+        held = kv.slot_page[host, :cap]  # (Hkv, cap) logical page, < 0 none
+        token = held[:, :, None] * self.page + torch.arange(self.page)
+        valid = ((held >= 0)[:, :, None] & (token < kv.num_tokens)).flatten(1)
         return page_attention(qg, k, v, valid, self.f.scale)
 
     def _layer_pages(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:

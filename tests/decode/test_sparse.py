@@ -192,3 +192,36 @@ def test_the_cached_pages_are_the_pages_computed_afresh(
         cut += d.stats().drafted_tokens - d.stats().accepted_tokens
     assert cut > 0  # drafts were cut: the KV shrank under the cache
     assert served[True] > 0 and served[False] > 0
+
+
+def test_attention_read_in_place_is_the_gathered_pages_attention(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every policy decoding in verified rounds (reranks promoting and evicting pages, pages
+    opened, streaming windows sliding, drafts cut): a layer whose heads are all offloaded
+    attends its heads' fast-tier slots in place, and that equals attention over `pages(layer)`
+    gathered (the reference, `in_place` off) to fp32 rounding at every layer of every step."""
+    from tests.runtime.test_batch_step_sparse import PROMPTS, STEPS, sparse
+
+    attend = SparseDecoder._attend
+    checked = {True: 0, False: 0}
+
+    def both(self: SparseDecoder, layer: int, qg: torch.Tensor) -> torch.Tensor:
+        got = attend(self, layer, qg)
+        self.in_place = False
+        want = attend(self, layer, qg)
+        self.in_place = True
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        checked[self._slots[layer] is not None] += 1
+        return got
+
+    monkeypatch.setattr(SparseDecoder, "_attend", both)
+    cut = 0
+    for name, n in PROMPTS.items():
+        d = sparse(tiny, name)
+        token, position = 5, n
+        while d.kv.num_tokens + 5 <= n + STEPS:
+            got = d.advance(token, position, 4, bonus=False)
+            position, token = position + len(got), got[-1]
+        cut += d.stats().drafted_tokens - d.stats().accepted_tokens
+    assert cut > 0 and checked[True] > 0 and checked[False] > 0
