@@ -9,7 +9,9 @@ verified decoding round's pass by the tokens it verified).
               step row (`Decoder.begin_step`: the sparse ones, and verified decoding's
               drafts, a row per step, then its dense pass, a row of several tokens, whose
               step feeds the turn every token the pass verified, those beyond the first
-              answered with no model work, `solo_feeds`); a turn alone in its step
+              answered with no model work, `solo_feeds`; a pass that would take the step
+              into one more matrix-product call waits a step, once, `_defer`); a turn alone
+              in its step
               takes the one-sequence step (dense: `batch_step.one_step`, the engine's step
               without batching; sparse: its decoder's own), so a lone request decodes at
               its speed
@@ -85,7 +87,13 @@ from agentcache.kv.pool import SequenceKV
 from agentcache.kv.preemption import Preempted, PreemptionPolicy
 from agentcache.model.llama import LlamaForward
 from agentcache.reuse.base import PrefillResult
-from agentcache.runtime.batch_step import DenseRow, batched_dense_step, batched_step, one_step
+from agentcache.runtime.batch_step import (
+    DenseRow,
+    batched_dense_step,
+    batched_step,
+    call_rule,
+    one_step,
+)
 from agentcache.runtime.chunked import ChunkedPrefill
 from agentcache.runtime.loop import TurnDecoding
 from agentcache.runtime.sharing import FairLock
@@ -116,6 +124,7 @@ class Running:
     # its decoder's next row, begun by the last step's `StepRow.take` (a verified decoder's
     # next draft): the turn was fed nothing, and this row runs in the next step
     row: StepRow | None = None
+    deferred: bool = False  # its row of several tokens waited a step for room (`_defer`)
 
 
 class TurnCancelled(AgentCacheError):
@@ -159,6 +168,7 @@ class BatchStats:
     # plan whose chunks do not fuse: `ChunkedPrefill.fusable`)
     batched_sparse_feeds: int = 0  # of batched_rows, a sparse decoder's (`Decoder.begin_step`;
     # a verified decoder's drafts and dense passes included, a pass of n tokens as one row)
+    deferred_rows: int = 0  # rows of several tokens that waited a step (`BatchScheduler._defer`)
 
 
 class BatchScheduler:
@@ -190,7 +200,7 @@ class BatchScheduler:
         self._prefills_in_flight: list[Prefilling] = []
         self._chunks = self._mixed = self._fused = 0
         self._steps = self._rows = self._solo = self._peak = self._lone = 0
-        self._joined = self._resumed = self._recomputed = self._sparse_rows = 0
+        self._joined = self._resumed = self._recomputed = self._sparse_rows = self._deferred = 0
         self.waiting_preempted = 0  # read without a lock by `PageGate.hold`
 
     def stats(self) -> BatchStats:
@@ -200,7 +210,7 @@ class BatchScheduler:
                 self._steps, self._rows, self._solo, self._peak, self._lone,
                 c.preempted if c else 0, self._resumed, c.swapped_bytes if c else 0,
                 self._recomputed, self.waiting_preempted, self._chunks, self._mixed,
-                self._fused, self._chunks - self._fused, self._sparse_rows,
+                self._fused, self._chunks - self._fused, self._sparse_rows, self._deferred,
             )  # fmt: skip
 
     @property
@@ -446,6 +456,7 @@ class BatchScheduler:
             except OutOfPagesError as e:  # this turn's fault alone
                 r.error = e
                 r.turn.finish = "length"
+        rows = self._defer(len(dense), rows)
         if self.preemption is not None:
             dense = self._make_room(dense)
         if len(dense) + len(rows) == 1 and not fusing:  # nothing to batch with: alone
@@ -459,6 +470,30 @@ class BatchScheduler:
         for r in batch:  # a decoder that holds no more, or the model's last position
             r.finished = r.turn.finish is not None
         return fused
+
+    def _defer(
+        self, dense: int, rows: list[tuple[Running, StepRow]]
+    ) -> list[tuple[Running, StepRow]]:
+        """The begun `rows` this step runs beside `dense` dense turns: a row of several tokens
+        (a verified round's dense pass) that would take the step's decode rows into one more
+        matrix-product call (`batch_step.call_rule`: on a CPU whose calls are of a fixed size,
+        a call's cost whatever fills it) waits for the next step, once; a row that waited runs
+        whatever it costs. Where it runs changes none of its bits (row invariance)."""
+        if all(row.width == 1 for _, row in rows):
+            return rows
+        calls = call_rule(self.forward).calls
+        n = dense + sum(row.width for r, row in rows if row.width == 1 or r.deferred)
+        run: list[tuple[Running, StepRow]] = []
+        for r, row in rows:
+            if row.width > 1 and not r.deferred:
+                if len(calls(n + row.width)) > len(calls(n)):
+                    r.row, r.deferred = row, True
+                    self._deferred += 1
+                    continue
+                n += row.width
+            r.deferred = False
+            run.append((r, row))
+        return run
 
     def _drain(self, batch: list[Running]) -> None:
         """Turns whose decoder answers its next feeds with no model work (`Decoder.queued`: a

@@ -22,6 +22,8 @@ from agentcache.decode.verified import VerifiedDecoder
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
+from agentcache.runtime import scheduler
+from agentcache.runtime.batch_step import CallRule
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
 from agentcache.runtime.loop import TurnDecoding, decode_loop
 from tests.conftest import at_once
@@ -213,6 +215,30 @@ def test_a_round_dense_agrees_with_brings_its_bonus_in_the_batch(
     )
     assert steps == 4 * 5 + 1  # 4 drafts and the pass a round; one step chooses the last
     assert e.batch.stats().solo_feeds - before.solo_feeds == 4 * 4  # a round's 4 beyond the first
+
+
+def test_a_pass_that_would_take_another_call_waits_a_step(
+    tiny: LoadedModel, profile_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verified round's dense pass that would take the step's decode rows into one more
+    matrix-product call waits for the next step, once, and then runs whatever it costs: beside
+    a dense turn, under a rule of a call per 4 rows, every pass waits one step; the turns' ids
+    and decode stats are unchanged, and each wait costs the turn one step."""
+    e = engine(tiny)
+    assert e.batch is not None
+    before = e.batch.stats()
+    alone = run(e, [0, 1], profile_file, verify=4)
+    unpatched = e.batch.stats()
+    assert unpatched.deferred_rows == before.deferred_rows  # 1 + 5 rows: one call either way
+    # the scheduler's view of the calls only: the step's own matrix products keep their rule
+    monkeypatch.setattr(scheduler, "call_rule", lambda _: CallRule(4, 4))
+    assert run(e, [0, 1], profile_file, verify=4) == alone
+    after = e.batch.stats()
+    deferred = after.deferred_rows - unpatched.deferred_rows
+    passes = alone[1][1].verify_passes if alone[1][1] else 0
+    assert 0 < deferred <= passes
+    steps = unpatched.steps - before.steps
+    assert after.steps - unpatched.steps == steps + deferred
 
 
 def test_verified_requests_at_once_decode_what_dense_decodes(
