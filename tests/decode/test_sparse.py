@@ -158,6 +158,23 @@ def test_sparse_decode_releases_the_prompt_pages_beyond_its_fast_tier(
     assert sparse == held * 5
 
 
+def decode_in_rounds(tiny: LoadedModel) -> int:
+    """Every policy of `test_batch_step_sparse.PROMPTS` decoding its prompt in verified rounds
+    of 4 drafts (reranks, pages opened, streaming windows sliding, drafts cut) to its room;
+    the drafts cut, over all of them."""
+    from tests.runtime.test_batch_step_sparse import PROMPTS, STEPS, sparse
+
+    cut = 0
+    for name, n in PROMPTS.items():
+        d = sparse(tiny, name)
+        token, position = 5, n
+        while d.kv.num_tokens + 5 <= n + STEPS:
+            got = d.advance(token, position, 4)
+            position, token = position + len(got), got[-1]
+        cut += d.stats().drafted_tokens - d.stats().accepted_tokens
+    return cut
+
+
 def test_the_cached_pages_are_the_pages_computed_afresh(
     tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -165,8 +182,6 @@ def test_the_cached_pages_are_the_pages_computed_afresh(
     sliding, drafts cut): each layer's attended pages, their rows' token indices and
     presence, served from the decoder's cache or computed anew, equal `pages(layer)`
     computed afresh; the cache serves calls and is refreshed when they change."""
-    from tests.runtime.test_batch_step_sparse import PROMPTS, STEPS, sparse
-
     layer_pages = SparseDecoder._layer_pages
     served = {True: 0, False: 0}
 
@@ -182,15 +197,7 @@ def test_the_cached_pages_are_the_pages_computed_afresh(
         return pages, token, present
 
     monkeypatch.setattr(SparseDecoder, "_layer_pages", checked)
-    cut = 0
-    for name, n in PROMPTS.items():
-        d = sparse(tiny, name)
-        token, position = 5, n
-        while d.kv.num_tokens + 5 <= n + STEPS:
-            got = d.advance(token, position, 4)
-            position, token = position + len(got), got[-1]
-        cut += d.stats().drafted_tokens - d.stats().accepted_tokens
-    assert cut > 0  # drafts were cut: the KV shrank under the cache
+    assert decode_in_rounds(tiny) > 0  # drafts were cut: the KV shrank under the cache
     assert served[True] > 0 and served[False] > 0
 
 
@@ -201,8 +208,6 @@ def test_attention_read_in_place_is_the_gathered_pages_attention(
     opened, streaming windows sliding, drafts cut): a layer whose heads are all offloaded
     attends its heads' fast-tier slots in place, and that equals attention over `pages(layer)`
     gathered (the reference, `in_place` off) to fp32 rounding at every layer of every step."""
-    from tests.runtime.test_batch_step_sparse import PROMPTS, STEPS, sparse
-
     attend = SparseDecoder._attend
     checked = {True: 0, False: 0}
 
@@ -216,12 +221,4 @@ def test_attention_read_in_place_is_the_gathered_pages_attention(
         return got
 
     monkeypatch.setattr(SparseDecoder, "_attend", both)
-    cut = 0
-    for name, n in PROMPTS.items():
-        d = sparse(tiny, name)
-        token, position = 5, n
-        while d.kv.num_tokens + 5 <= n + STEPS:
-            got = d.advance(token, position, 4, bonus=False)
-            position, token = position + len(got), got[-1]
-        cut += d.stats().drafted_tokens - d.stats().accepted_tokens
-    assert cut > 0 and checked[True] > 0 and checked[False] > 0
+    assert decode_in_rounds(tiny) > 0 and checked[True] > 0 and checked[False] > 0

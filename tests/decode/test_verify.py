@@ -12,6 +12,7 @@ from agentcache.decode.config import DecodeConfig
 from agentcache.decode.decoder import SparseDecoder
 from agentcache.decode.policies import DECODE_POLICIES
 from agentcache.heads.prompts import tokenized_prompt
+from agentcache.kv.pool import SequenceKV
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import SegmentedPrompt
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
@@ -49,6 +50,25 @@ def test_verified_sparse_decode_equals_dense_decode(
     assert s.host_bytes_read > 0 or policy == "quest"  # quest offloads nothing
 
 
+def assert_dense_path(
+    e: Engine, seq: SequenceKV, first: int, out: list[int], dec: SparseDecoder
+) -> None:
+    """`out`, decoded after `first` by `dec` from a 200-token prompt, is what dense greedy
+    decoding emits (stepped along the same tokens on `seq`), and `dec` holds dense's K/V of
+    every token it holds."""
+    token = first
+    for i, t in enumerate(out):
+        logits = e.step(seq, token, 200 + i)
+        assert int(logits.argmax()) == t
+        token = t
+    ref_k, ref_v = seq.gather_all(slice(0, dec.kv.num_tokens))
+    for layer in range(e.model.config.num_layers):
+        for h in range(2):
+            k, v = dec.kv.full_kv(layer, h)
+            torch.testing.assert_close(k, ref_k[layer, :, h], rtol=0, atol=1e-5)
+            torch.testing.assert_close(v, ref_v[layer, :, h], rtol=0, atol=1e-5)
+
+
 def test_advance_leaves_dense_kv_for_the_kept_tokens(tiny: LoadedModel) -> None:
     """After rejected drafts are cut, the decoder's K/V of every token equals the K/V dense
     decoding computes for the same tokens."""
@@ -65,19 +85,7 @@ def test_advance_leaves_dense_kv_for_the_kept_tokens(tiny: LoadedModel) -> None:
             position += len(got)
             token = got[-1]
         assert dec.stats().accepted_tokens < dec.stats().drafted_tokens
-        # dense reference along the same tokens
-        ref_token = int(pre.logits.argmax())
-        for i, t in enumerate(out):
-            logits = e.step(seq, ref_token, 200 + i)
-            assert int(logits.argmax()) == t
-            ref_token = t
-        n = dec.kv.num_tokens
-        ref_k, ref_v = seq.gather_all(slice(0, n))
-        for layer in range(tiny.config.num_layers):
-            for h in range(2):
-                k, v = dec.kv.full_kv(layer, h)
-                torch.testing.assert_close(k, ref_k[layer, :, h], rtol=0, atol=1e-5)
-                torch.testing.assert_close(v, ref_v[layer, :, h], rtol=0, atol=1e-5)
+        assert_dense_path(e, seq, int(pre.logits.argmax()), out, dec)
     finally:
         seq.free()
 
@@ -108,17 +116,7 @@ def test_a_round_dense_agrees_with_brings_dense_s_next_token(
         assert lengths == [4 if bonus else 3] * len(lengths)
         assert dec.stats().accepted_tokens == dec.stats().drafted_tokens == 3 * len(lengths)
         assert dec.kv.num_tokens == 200 + len(out)  # the prompt, the first token, out[:-1]
-        ref_token = int(pre.logits.argmax())
-        for i, t in enumerate(out):
-            logits = e.step(seq, ref_token, 200 + i)
-            assert int(logits.argmax()) == t
-            ref_token = t
-        ref_k, ref_v = seq.gather_all(slice(0, dec.kv.num_tokens))
-        for layer in range(tiny.config.num_layers):
-            for h in range(2):
-                k, v = dec.kv.full_kv(layer, h)
-                torch.testing.assert_close(k, ref_k[layer, :, h], rtol=0, atol=1e-5)
-                torch.testing.assert_close(v, ref_v[layer, :, h], rtol=0, atol=1e-5)
+        assert_dense_path(e, seq, int(pre.logits.argmax()), out, dec)
     finally:
         seq.free()
 
