@@ -271,10 +271,9 @@ class SparseDecoder(Decoder):
         """One layer of the dense pass over the n tokens from index `start`: writes their k/v
         (n, Hkv, Dh), dense values, into the fast tier and host copy and the metadata, and
         returns their causal attention over every page of every head (n, H*Dh)."""
-        f, n = self.f, q.shape[0]
-        for i in range(n):
-            self.kv.write(layer, start + i, k[i], v[i])
-            self.meta.append(layer, k[i], start + i)
+        f = self.f
+        self.kv.write_tokens(layer, start, k, v)
+        self.meta.append_tokens(layer, k, start)
         parts = []
         window, g = self.windows[layer], self.group
         for h in range(f.config.num_kv_heads):

@@ -59,6 +59,16 @@ class MinMaxMeta:
         torch.maximum(self.kmax[layer, :, p], k, out=self.kmax[layer, :, p])
         self.num_tokens = max(self.num_tokens, token_index + 1)
 
+    def append_tokens(self, layer: int, k: Tensor, start: int) -> None:
+        """Fold the keys (n, Hkv, Dh) of the n tokens from `start` into their pages at
+        `layer`: `append` of each, in one reduction per bound."""
+        keys = k.transpose(0, 1)  # (Hkv, n, Dh)
+        pages = torch.arange(start, start + k.shape[0]) // self.page_size
+        index = pages[None, :, None].expand_as(keys)
+        self.kmin[layer].scatter_reduce_(1, index, keys, "amin")
+        self.kmax[layer].scatter_reduce_(1, index, keys, "amax")
+        self.num_tokens = max(self.num_tokens, start + k.shape[0])
+
     def truncate(self, num_tokens: int) -> None:
         """Forget tokens from `num_tokens` on. Pages left empty are reset; the last kept page
         keeps bounds that may cover forgotten keys too (looser, still upper bounds)."""

@@ -126,6 +126,20 @@ class HeadPagedKV:
             self.host_k[host, p, o] = k[off]
             self.host_v[host, p, o] = v[off]
 
+    def write_tokens(self, layer: int, start: int, k: Tensor, v: Tensor) -> None:
+        """K/V (n, Hkv, Dh) of the n tokens from `start` at `layer`: `write` of each, in one
+        indexed copy per tier and tensor."""
+        t = torch.arange(start, start + k.shape[0])
+        p, o = t // self.page_size, t % self.page_size
+        rows = self.table[layer][:, p]  # (Hkv, n)
+        self.arena_k[rows, o] = k.transpose(0, 1)
+        self.arena_v[rows, o] = v.transpose(0, 1)
+        off = self.offloaded_heads[layer]
+        if len(off):
+            host = self.off_row[layer, off][:, None]
+            self.host_k[host, p, o] = k[:, off].transpose(0, 1)
+            self.host_v[host, p, o] = v[:, off].transpose(0, 1)
+
     def full_kv(self, layer: int, head: int) -> tuple[Tensor, Tensor]:
         """Every token's K/V of (layer, head), two (num_tokens, Dh) views, no copy: a resident
         head's pages are consecutive arena rows, an offloaded head's full KV is its host copy."""

@@ -43,6 +43,21 @@ def test_incremental_append_equals_build_over_all_tokens() -> None:
     assert torch.equal(inc.kmin, full.kmin) and torch.equal(inc.kmax, full.kmax)
 
 
+def test_appending_tokens_at_once_is_appending_each() -> None:
+    torch.manual_seed(4)
+    keys = torch.randn(2, 53, 2, 4)
+    one = MinMaxMeta(2, 2, 4, max_pages=4, page_size=16)
+    many = MinMaxMeta(2, 2, 4, max_pages=4, page_size=16)
+    for meta in (one, many):
+        meta.build(keys[:, :29])
+    for layer in range(2):
+        for t in range(29, 53):  # the rest of page 1, all of page 2, part of page 3
+            one.append(layer, keys[layer, t], t)
+        many.append_tokens(layer, keys[layer, 29:53], 29)
+    assert one.num_tokens == many.num_tokens == 53
+    assert torch.equal(one.kmin, many.kmin) and torch.equal(one.kmax, many.kmax)
+
+
 def test_heads_subset_scores_only_those_heads() -> None:
     torch.manual_seed(3)
     meta = MinMaxMeta(1, 3, 4, max_pages=2, page_size=16)

@@ -176,3 +176,22 @@ def test_load_equals_the_padded_reference(tokens: int) -> None:
     for name in ("arena_k", "arena_v", "host_k", "host_v", "table", "dirty"):
         assert torch.equal(getattr(fast, name), getattr(ref, name)), name
     assert fast.num_tokens == ref.num_tokens == tokens
+
+
+def test_writing_tokens_at_once_is_writing_each() -> None:
+    """`write_tokens` of 6 tokens across a page boundary leaves the arena and the host copy as
+    `write` of each does."""
+    one, _ = store()
+    many, _ = store()
+    for kv in (one, many):
+        kv.place(0, torch.tensor([1]), torch.tensor([[0, 9, -1, -1]]))
+        for _ in range(6):  # tokens 40..45: pages 10 and 11
+            kv.append_token()
+    k = torch.randn(6, 2, 2, generator=torch.Generator().manual_seed(7))
+    for i in range(6):
+        one.write(0, 40 + i, k[i], -k[i])
+    many.write_tokens(0, 40, k, -k)
+    for a, b in ((one.arena_k, many.arena_k), (one.arena_v, many.arena_v),
+                 (one.host_k, many.host_k), (one.host_v, many.host_v)):  # fmt: skip
+        assert torch.equal(a, b)
+    assert bool((many.host_k[0, 11, 1] == k[5, 1]).all())  # written, not left as it was
