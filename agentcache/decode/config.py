@@ -24,7 +24,8 @@ class DecodeConfig:
     drafts up to `verify` tokens, then one dense pass over them (every page, the offloaded
     heads' from the host tier) keeps the drafted tokens dense decoding agrees with and the
     token dense picks where they part, and rewrites their K/V with the dense values, so the
-    output is dense decoding's. Sampling (temperature > 0) decodes unverified, reported in
+    output is dense decoding's. Sampling (temperature > 0) and a token constraint (structured
+    outputs, logprobs: the verified tokens would bypass it) decode unverified, reported in
     `DecodeStats.verify_skipped`.
     top_p: the per-head budget adapts to the attention mass it must cover: at a rerank a head
     keeps, of its top `budget_pages` pages, the fewest whose share of the softmax over every

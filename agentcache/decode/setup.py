@@ -85,8 +85,9 @@ class DecodeSetup:
         `seq` holds, unwritten, until the turn ends: the pool's bound
         (`EngineConfig.kv_bytes`) counts a sparse turn by its fast tier as it counts a dense
         turn by its pages, so what offloading saves is room for more turns. It is verified
-        when configured and decoding is `greedy`, else a configured verification is reported
-        skipped. Changes the pool: under the engine's lock."""
+        when configured and decoding is `greedy` (the engine's: greedy with no token
+        constraint), else a configured verification is reported skipped. Changes the pool:
+        under the engine's lock."""
         if sparse is None:
             return dense
         seq.free()

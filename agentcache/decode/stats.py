@@ -24,7 +24,8 @@ class DecodeStats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0  # drafted tokens the dense pass agreed with
     host_bytes_read: int = 0  # offloaded heads' KV read from the host tier by dense passes
-    verify_skipped: bool = False  # verification configured but off (sampling)
+    verify_skipped: bool = False  # verification configured but off (sampling, or a token
+    # constraint: structured outputs, logprobs)
     selected_pages: int = 0  # top pages kept over all head reranks (< budget each with top_p)
     streaming_heads: int = 0  # (layer, KV head)s attending only the sink and a window
     window_pages: int = 0  # the streaming heads' window

@@ -432,7 +432,9 @@ class Engine:
             raise ContextLengthError(position + 1, max_pos, "prompt + 1 new token")
         t0 = time.perf_counter()
         dense = DenseDecoder(self.step, seq, self._pool_tokens)
-        greedy = params.temperature == 0
+        # verified decoding chooses its tokens itself: greedy only, and with no token constraint
+        # (structured outputs, logprobs) that the chosen tokens would bypass
+        greedy = params.temperature == 0 and params.constraint is None
 
         def make_decoder() -> Decoder:
             """The turn's decoder: a sparse one's set-up (its KV copied into head pages) runs

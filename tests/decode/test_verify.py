@@ -130,6 +130,39 @@ def test_sampling_skips_verification_and_says_so(
     assert s is not None and s.verify_skipped and s.verify_passes == 0
 
 
+class Forbid:
+    """A token constraint (as structured outputs and logprobs are): `banned` never allowed."""
+
+    def __init__(self, banned: set[int]) -> None:
+        self.banned = banned
+
+    def allowed(self, ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        mask = torch.ones(logits.shape[0], dtype=torch.bool)
+        mask[sorted(self.banned)] = False
+        return mask
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_constrained_turn_skips_verification_and_keeps_its_constraint(
+    tiny: LoadedModel, long_prompt: SegmentedPrompt, profile_file: Path, batch: bool
+) -> None:
+    """Verified tokens are chosen by the decoder, not from logits a constraint could mask: a
+    greedy turn with a token constraint decodes unverified (reported, as sampling is), and no
+    token it emits is one the constraint forbids, alone and through the batched scheduler."""
+    config = DecodeConfig("flexicache", budget_pages=2, profile=profile_file, verify=4)
+    e = Engine(tiny, EngineConfig(strategy="full", kv_pages=256, decode=config,
+                                  batch_decode=batch))  # fmt: skip
+    free = e.generate(long_prompt, GenerationParams(max_new_tokens=12), commit=False)
+    s = free.stats.decode
+    assert s is not None and s.verify_passes > 0 and not s.verify_skipped
+    banned = set(free.token_ids[1:6])
+    params = GenerationParams(max_new_tokens=12, constraint=Forbid(banned))
+    got = e.generate(long_prompt, params, commit=False)
+    assert got.token_ids[0] == free.token_ids[0] and not banned & set(got.token_ids)
+    s = got.stats.decode
+    assert s is not None and s.verify_skipped and s.verify_passes == 0
+
+
 def test_verified_decode_respects_max_tokens_and_stop(
     tiny: LoadedModel, long_prompt: SegmentedPrompt, profile_file: Path
 ) -> None:
