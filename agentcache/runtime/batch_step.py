@@ -12,14 +12,15 @@ A CPU matmul picks its kernel, and so its summation order, by the row count and 
 so a row's bits may change with the size of the call it is in. Decode rows therefore go
 through every matrix product in calls `call_rule` picks for this CPU: where a probe of the
 model's weights finds every multiple of 4 rows (up to 32) gives each row the same bits, rows
-are padded to a multiple of 4 and run in calls of up to 32; elsewhere every call carries
-exactly 16 rows, padded, and in a call of a fixed size a row's bits do not depend on the
-other rows or on its place among them (`tests/runtime/test_batch_step.py` checks it on the
-model's shapes, with 1 and 2 threads). A sequence's logits are then the same bits in any
-batch, and in a batch of itself alone (what a preempted turn's recompute replays). Padding
-rows attend nothing (their attention output is zero) and their logits are dropped. The
-scheduler feeds a turn that is alone in its step through the one-sequence step instead, which
-is faster (a one-row matmul reads the weights once).
+are padded to a multiple of 4 and run in calls of up to 32; where that holds from 16 rows on
+(CPUs whose matmul takes another kernel for fewer rows), in calls of 16 to 32; elsewhere
+every call carries exactly 16 rows, padded, and in a call of a fixed size a row's bits do
+not depend on the other rows or on its place among them (`tests/runtime/test_batch_step.py`
+checks it on the model's shapes, with 1 and 2 threads). A sequence's logits are then the
+same bits in any batch, and in a batch of itself alone (what a preempted turn's recompute
+replays). Padding rows attend nothing (their attention output is zero) and their logits
+are dropped. The scheduler feeds a turn that is alone in its step through the one-sequence
+step instead, which is faster (a one-row matmul reads the weights once).
 
 The reference is `decode.dense.dense_step`, one sequence at a time; the two agree to fp32
 rounding (a one-row matmul sums in another order).
@@ -59,27 +60,30 @@ from agentcache.reuse.base import context_reader
 
 ROW_BLOCK = 4  # where one call may carry any multiple of 4 rows: decode rows padded to it
 ROW_CAP = 32  # ... up to this many rows per call (the sizes the probe checks)
-ROW_CHUNK = 16  # elsewhere: every call exactly this many rows
+ROW_CHUNK = 16  # elsewhere: calls of at least (or, failing that, exactly) this many rows
 
 
 @dataclass(frozen=True)
 class CallRule:
     """How a step's decode rows go through each matrix product: padded to a multiple of
-    `block`, in calls of `cap` rows and one of the rest. A row's bits are the same in every
-    call the rule makes, whatever rows sit beside it (`call_rule` picks a rule for which that
-    holds on this CPU and thread count)."""
+    `block`, in calls of `cap` rows and one of the rest, itself padded to `floor` rows at
+    least (0: to `block`). A row's bits are the same in every call the rule makes, whatever
+    rows sit beside it (`call_rule` picks a rule for which that holds on this CPU and thread
+    count)."""
 
     block: int
     cap: int
+    floor: int = 0
 
     def calls(self, rows: int) -> list[int]:
         """The call sizes that carry `rows` decode rows, padding included."""
         padded = max(self.block, -(-rows // self.block) * self.block)
         whole, rest = divmod(padded, self.cap)
-        return [self.cap] * whole + ([rest] if rest else [])
+        return [self.cap] * whole + ([max(rest, self.floor)] if rest else [])
 
 
 ANY_MULTIPLE = CallRule(ROW_BLOCK, ROW_CAP)
+FROM_CHUNK = CallRule(ROW_BLOCK, ROW_CAP, ROW_CHUNK)  # calls of 16 to 32 rows
 FIXED = CallRule(ROW_CHUNK, ROW_CHUNK)
 _RULES: dict[tuple[object, ...], CallRule] = {}
 
@@ -88,13 +92,16 @@ def call_rule(forward: LlamaForward) -> CallRule:
     """`ANY_MULTIPLE` where a probe of the forward's own weights finds each row of a matmul the
     same bits in calls of every multiple of `ROW_BLOCK` rows up to `ROW_CAP` (the matmul picks
     its kernel, and so its summation order, by the row count and the threads: some CPUs keep
-    rows apart across those sizes, others do not), else `FIXED`: in a call of one fixed size a
-    row's bits do not depend on the other rows or its place among them, on any CPU (tested).
-    Probed once per weight shapes and thread count."""
+    rows apart across those sizes, others do not); else `FROM_CHUNK` where that holds from
+    `ROW_CHUNK` rows up (a CPU whose matmul takes another kernel below: one call then carries
+    up to 32 rows at about the cost of 16, where `FIXED` would make two); else `FIXED`: in a
+    call of one fixed size a row's bits do not depend on the other rows or its place among
+    them, on any CPU (tested). Probed once per weight shapes and thread count."""
     mats = _matrices(forward)
     key = (tuple((w.shape, w.dtype, b is not None) for w, b in mats), torch.get_num_threads())
     if key not in _RULES:
-        _RULES[key] = ANY_MULTIPLE if _rows_kept_apart(mats) else FIXED
+        rules = (rule for rule in (ANY_MULTIPLE, FROM_CHUNK) if _rows_kept_apart(mats, rule))
+        _RULES[key] = next(rules, FIXED)
     return _RULES[key]
 
 
@@ -117,15 +124,16 @@ def _matrices(forward: LlamaForward) -> list[tuple[Tensor, Tensor | None]]:
     return out
 
 
-def _rows_kept_apart(mats: list[tuple[Tensor, Tensor | None]]) -> bool:
-    """Whether rows 0..n-1 and the last n of a `ROW_CAP`-row matmul come out the same bits in a
-    call of their own n rows, for every multiple n of `ROW_BLOCK`, for each weight."""
+def _rows_kept_apart(mats: list[tuple[Tensor, Tensor | None]], rule: CallRule) -> bool:
+    """Whether rows 0..n-1 and the last n of a `rule.cap`-row matmul come out the same bits in
+    a call of their own n rows, for every size n of a call of `rule` (each multiple of its
+    block from its floor up), for each weight."""
     g = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for w, bias in mats:
-            x = torch.randn(ROW_CAP, w.shape[1], generator=g).to(w.dtype)
+            x = torch.randn(rule.cap, w.shape[1], generator=g).to(w.dtype)
             full = F.linear(x, w, bias)
-            for n in range(ROW_BLOCK, ROW_CAP, ROW_BLOCK):
+            for n in range(max(rule.floor, rule.block), rule.cap, rule.block):
                 head, tail = F.linear(x[:n], w, bias), F.linear(x[-n:], w, bias)
                 if not (torch.equal(head, full[:n]) and torch.equal(tail, full[-n:])):
                     return False

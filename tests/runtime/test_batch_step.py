@@ -13,6 +13,7 @@ from agentcache.model.loading import LoadedModel
 from agentcache.runtime.batch_step import (
     ANY_MULTIPLE,
     FIXED,
+    FROM_CHUNK,
     ROW_CHUNK,
     CallRule,
     batched_dense_step,
@@ -116,9 +117,11 @@ def test_each_rule_pads_rows_into_its_calls() -> None:
     assert [ANY_MULTIPLE.calls(n) for n in (1, 4, 5, 32, 33, 70)] == [
         [4], [4], [8], [32], [32, 4], [32, 32, 8]]  # fmt: skip
     assert [FIXED.calls(n) for n in (1, 16, 17, 40)] == [[16], [16], [16, 16], [16, 16, 16]]
+    assert [FROM_CHUNK.calls(n) for n in (1, 16, 17, 32, 33, 50, 70)] == [
+        [16], [16], [20], [32], [32, 16], [32, 20], [32, 32, 16]]  # fmt: skip
 
 
-@pytest.mark.parametrize("rule", [ANY_MULTIPLE, FIXED])
+@pytest.mark.parametrize("rule", [ANY_MULTIPLE, FROM_CHUNK, FIXED])
 def test_under_either_rule_a_sequence_gets_the_same_logits_in_any_batch(
     tiny: LoadedModel, rule: CallRule, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -126,8 +129,9 @@ def test_under_either_rule_a_sequence_gets_the_same_logits_in_any_batch(
     the probe picks for this machine is the one the step then uses."""
     import agentcache.runtime.batch_step as batch_step
 
-    if rule is ANY_MULTIPLE and call_rule(tiny.forward) is not ANY_MULTIPLE:
-        pytest.skip("on this CPU and thread count rows change bits across call sizes")
+    if rule is not FIXED and not batch_step._rows_kept_apart(batch_step._matrices(tiny.forward),
+                                                             rule):  # fmt: skip
+        pytest.skip("on this CPU and thread count rows change bits across the rule's call sizes")
     monkeypatch.setattr(batch_step, "call_rule", lambda forward: rule)
     alone = {n: step(tiny, *batch(tiny, (n,)))[0] for n in LENGTHS}
     many = (*LENGTHS, *reversed(LENGTHS)) * 2
@@ -136,25 +140,30 @@ def test_under_either_rule_a_sequence_gets_the_same_logits_in_any_batch(
         assert torch.equal(got[i], alone[n])
 
 
-@pytest.mark.parametrize("rows_apart", [True, False])
-def test_the_probe_takes_any_multiple_only_where_every_call_size_keeps_a_rows_bits(
-    tiny: LoadedModel, rows_apart: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.parametrize(("shared_from", "picked"),
+                         [(1, ANY_MULTIPLE), (ROW_CHUNK, FROM_CHUNK), (None, FIXED)])  # fmt: skip
+def test_the_probe_takes_the_widest_rule_whose_call_sizes_keep_a_rows_bits(
+    tiny: LoadedModel, shared_from: int | None, picked: CallRule,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
     """With a matmul whose row bits do not depend on the call (each row alone) the probe picks
-    `ANY_MULTIPLE`; with one whose result shifts by a hair with the row count (another kernel),
-    `FIXED`. The rule is remembered per weight shapes and thread count."""
+    `ANY_MULTIPLE`; with one whose result shifts by a hair with the row count (another kernel)
+    below 16 rows only, `FROM_CHUNK`; at every row count, `FIXED`. The rule is remembered per
+    weight shapes and thread count."""
     import agentcache.runtime.batch_step as batch_step
 
     real = F.linear
 
     def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         rows = torch.cat([real(x[i : i + 1], w, b) for i in range(x.shape[0])])
-        return rows if rows_apart else rows * (1 + x.shape[0] * 1e-7)
+        if shared_from is not None and x.shape[0] >= shared_from:
+            return rows  # one kernel for every call from `shared_from` rows
+        return rows * (1 + x.shape[0] * 1e-7)  # a kernel of its own for each row count
 
     monkeypatch.setattr(batch_step.F, "linear", linear)
     monkeypatch.setattr(batch_step, "_RULES", {})
     rule = call_rule(tiny.forward)
-    assert rule is (ANY_MULTIPLE if rows_apart else FIXED)
+    assert rule is picked
     assert call_rule(tiny.forward) is rule and len(batch_step._RULES) == 1
 
 
