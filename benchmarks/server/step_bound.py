@@ -136,7 +136,7 @@ def measure(forward: LlamaForward, rows: list[int], repeats: int, context: int) 
             "step_speedup_max": max(step),
         }
     return {
-        "rule": {"block": rule.block, "cap": rule.cap},
+        "rule": {"block": rule.block, "cap": rule.cap, "floor": rule.floor},
         "calls": {str(r): sizes[r] for r in rows},
         "products_s": {str(r): seconds[r] for r in rows},
         "step_s": {str(r): steps[r] for r in rows},
@@ -154,7 +154,8 @@ def report(results: dict[str, Any]) -> str:
         "",
         f"Model `{results['model']}`, {results['threads']} torch thread(s), "
         f"{results['repeats']} repeats, every row count in turn within each repeat. Call rule "
-        f"on this CPU: rows padded to a multiple of {results['rule']['block']}, calls of up to "
+        f"on this CPU: rows padded to a multiple of {results['rule']['block']}, calls of "
+        f"{max(results['rule'].get('floor', 0), results['rule']['block'])} to "
         f"{results['rule']['cap']} rows. bound(R) = R * t(1) / t(R) of the products alone; "
         f"the whole step's R * t(1) / t(R) beside it (each row's context {results['context']} "
         "tokens and one more per step: attention included). Per repeat; medians over repeats, "

@@ -54,3 +54,6 @@ def test_measure_reports_each_row_count_against_one_row(tiny: LoadedModel) -> No
     meta = {"provenance": {"command": "c", "commit": "x"}, "model": "m", "threads": 1}
     text = bound.report({**out, **meta, "repeats": 2, "context": 8})
     assert "| 4 |" in text and "bound(R)" in text
+    rule = call_rule(tiny.forward)
+    assert out["rule"] == {"block": rule.block, "cap": rule.cap, "floor": rule.floor}
+    assert f"calls of {max(rule.floor, rule.block)} to {rule.cap} rows" in text
