@@ -94,7 +94,13 @@ def run(e: Engine, agents: list[SegmentedPrompt], params: GenerationParams) -> d
             else g.stats.decode.fast_tier_kv_bytes + g.stats.decode.metadata_bytes
             for g in got.generations]  # fmt: skip
     tokens = sum(len(x) for x in ids)
+    stats = [g.stats.decode for g in got.generations if g.stats.decode is not None]
+    verify = {"decoded": sum(max(len(x) - 1, 0) for x in ids),  # after each first token
+              "drafted": sum(d.drafted_tokens for d in stats),
+              "accepted": sum(d.accepted_tokens for d in stats),
+              "passes": sum(d.verify_passes for d in stats)}  # fmt: skip
     return {"wall_s": got.wall_s, "tokens": tokens, "tokens_per_s": tokens / got.wall_s,
+            "verify": verify,
             "ttft_s": got.ttft_s, "ids": ids, "peak_running": e.gate.peak_running,
             "waited": e.gate.waited - waited0, "fast_tier_bytes": fast,
             "pool_bytes": e.pool_config.pool_bytes}  # fmt: skip
@@ -113,6 +119,8 @@ def summarize(runs: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]
             "peak_running": [r["peak_running"] for r in rs],
             "ttft_p50_s": statistics.median(t for r in rs for t in r["ttft_s"]),
             "fast_tier_bytes_per_turn": max(max(r["fast_tier_bytes"]) for r in rs),
+            **{k: sum(r["verify"][k] for r in rs)
+               for k in ("decoded", "drafted", "accepted", "passes")},
         }
         if dense:
             over = [r["tokens_per_s"] / dense[r["repeat"]]["tokens_per_s"] for r in rs]
@@ -155,6 +163,18 @@ def report(results: dict[str, Any]) -> str:
             f"| {', '.join(map(str, row['peak_running']))} | {row['fast_tier_bytes_per_turn']} "
             f"| {row['ttft_p50_s']:.2f} s | {same} | {row['same_every_repeat']} |"
         )
+    verified = {n: r for n, r in results["summary"].items() if r.get("passes")}
+    if verified:
+        lines += ["", "Verified decoding, over all runs: tokens decoded after each reply's "
+                  "first (which its prefill gives), drafts, drafts dense agreed with, dense "
+                  "passes, and rows of batched steps (drafts and passes) per token decoded: "
+                  "a row per token is unverified decoding's.", "",
+                  "| policy | tokens decoded | drafts | accepted | passes | rows per token |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for name, row in verified.items():
+            rows = (row["drafted"] + row["passes"]) / max(row["decoded"], 1)
+            lines.append(f"| `{name}` | {row['decoded']} | {row['drafted']} | "
+                         f"{row['accepted']} | {row['passes']} | {rows:.3f} |")  # fmt: skip
     lines += ["", f"Scheduler counts, per policy over all runs: {results['scheduler']}.", ""]
     return "\n".join(lines)
 

@@ -35,9 +35,17 @@ def test_sparse_turns_run_more_at_once_in_the_same_pool(tiny: LoadedModel, tmp_p
     want = [r["tokens_per_s"] / dense[r["repeat"]] for r in runs if r["policy"] == policies[1]]
     assert s[policies[1]]["over_dense"] == want
     assert all(r["tokens"] == 5 * 12 for r in runs)
+    # verified decoding's counts: every token decoded came from a round's drafts and passes
+    assert verified["decoded"] == 2 * 5 * 11 and verified["passes"] > 0
+    assert verified["accepted"] <= verified["drafted"]
+    assert verified["decoded"] <= verified["drafted"] + verified["passes"]
+    assert s["dense"]["passes"] == s["dense"]["drafted"] == 0
     meta = {"provenance": {"command": "c", "commit": "x", "date": "d",
                            "machine": {"cores": 2, "torch_threads": 1}},
             "settings": {"model": "m", "agents": 5, "new_tokens": 12, "budget_turns": 2,
                          "repeats": 2}}  # fmt: skip
     text = bench.report({**out, **meta})
     assert "| `flexicache:budget=2` |" in text and "10 of 10" in text
+    rows = (verified["drafted"] + verified["passes"]) / verified["decoded"]
+    assert f"| `flexicache:budget=2:verify=4` | {verified['decoded']} |" in text
+    assert f"| {rows:.3f} |" in text and "| `dense` | 0 |" not in text
