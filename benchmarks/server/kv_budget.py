@@ -119,8 +119,10 @@ def summarize(runs: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]
             "peak_running": [r["peak_running"] for r in rs],
             "ttft_p50_s": statistics.median(t for r in rs for t in r["ttft_s"]),
             "fast_tier_bytes_per_turn": max(max(r["fast_tier_bytes"]) for r in rs),
-            **{k: sum(r["verify"][k] for r in rs)
-               for k in ("decoded", "drafted", "accepted", "passes")},
+            **{
+                k: sum(r["verify"][k] for r in rs)
+                for k in ("decoded", "drafted", "accepted", "passes")
+            },
         }
         if dense:
             over = [r["tokens_per_s"] / dense[r["repeat"]]["tokens_per_s"] for r in rs]
