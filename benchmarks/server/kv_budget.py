@@ -169,7 +169,7 @@ def report(results: dict[str, Any]) -> str:
     if verified:
         lines += ["", "Verified decoding, over all runs: tokens decoded after each reply's "
                   "first (which its prefill gives), drafts, drafts dense agreed with, dense "
-                  "passes, and rows of batched steps (drafts and passes) per token decoded: "
+                  "passes, and rows (drafts and passes, batched or alone) per token decoded: "
                   "a row per token is unverified decoding's.", "",
                   "| policy | tokens decoded | drafts | accepted | passes | rows per token |",
                   "|---|---|---|---|---|---|"]  # fmt: skip
