@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 
 import torch
 from torch import Tensor
@@ -235,13 +236,18 @@ class Engine:
             reply_kv = None
             if commit and reply is not None:
                 segment = reply(text)
-                # with batching, ahead of waiting prefills once in turn (sharing.FairLock)
-                lock = self._lock.first() if self.batch is not None else self._lock
-                with lock, torch.inference_mode():
+                with self._turn_lock(), torch.inference_mode():
                     reply_kv = self._commit_reply(strat, tokens, seq, pre, ids, segment)
         prefill = PrefillPart.of(strat.name, pre.stats, ttft)
         stats = TurnStats.of(prefill=prefill, decode=decode, reply_kv=reply_kv)
         return Generation(text, tuple(ids), finish, pre.logits, stats)
+
+    def _turn_lock(self) -> AbstractContextManager[object]:
+        """The engine's lock for a running turn's short work between its prefill and its
+        end (its decoder's adoption, its reply's commit): with batching, taken ahead of the
+        waiting prefills once in turn (`sharing.FairLock.first`), so the turn does not wait
+        behind the prefills that queued meanwhile."""
+        return self._lock.first() if self.batch is not None else self._lock
 
     def _prefill_commit(
         self, strategy: str | None, tokens: TokenizedPrompt, seq: SequenceKV, commit: bool,
@@ -442,8 +448,7 @@ class Engine:
             pages, which nothing else writes before the turn joins); what changes the pool
             runs under it."""
             sparse = self.decode.sparse_decoder(self.model, seq, params.max_new_tokens)
-            lock = self._lock.first() if self.batch is not None else self._lock
-            with lock, torch.inference_mode():
+            with self._turn_lock(), torch.inference_mode():
                 return self.decode.adopt(self.model, seq, greedy, dense, sparse)
 
         if self.batch is not None:
