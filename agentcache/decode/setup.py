@@ -70,8 +70,8 @@ class DecodeSetup:
         if not self.plan.sparse or max_new_tokens <= 1:
             return None
         max_tokens = seq.num_tokens + max_new_tokens
-        with torch.inference_mode():
-            keys, values = seq.gather_all(slice(0, seq.num_tokens))
+        with torch.inference_mode():  # the pool's pages read in place where they lie in order
+            keys, values = seq.read_all(slice(0, seq.num_tokens))
             return SparseDecoder(model.forward, self.plan, self.config, keys, values, max_tokens)
 
     def adopt(

@@ -278,6 +278,16 @@ class SequenceKV:
         slots = self._slots[span]
         return self.pool.keys[:, slots], self.pool.values[:, slots]
 
+    def read_all(self, span: slice) -> tuple[Tensor, Tensor]:
+        """`gather_all`'s K/V, as views of the pool where the tokens' slots are one run in token
+        order (no copy: valid while nothing writes those slots), else `gather_all`'s copies."""
+        slots = self._slots[span]
+        n = len(slots)
+        if n and int(slots[-1]) - int(slots[0]) == n - 1 and bool((slots.diff() == 1).all()):
+            a = int(slots[0])
+            return self.pool.keys[:, a : a + n], self.pool.values[:, a : a + n]
+        return self.gather_all(span)
+
     def gather(self, layer: int, end: int | None = None) -> tuple[Tensor, Tensor]:
         """K/V of tokens [0, end) at `layer`: two (end, Hkv, Dh) tensors (copies)."""
         slots = self._slots if end is None else self._slots[:end]

@@ -77,6 +77,45 @@ def test_full_budget_logits_match_dense_step_by_step(tiny: LoadedModel) -> None:
         seq.free()
 
 
+@pytest.mark.parametrize("apart", [False, True])
+def test_a_decoder_set_up_from_the_pools_pages_in_place_holds_what_copies_give(
+    tiny: LoadedModel, profile_file: Path, apart: bool
+) -> None:
+    """`DecodeSetup.sparse_decoder` reads the prompt's K/V where it lies in the pool (one run of
+    slots in token order; `apart`: pages between them taken by another sequence, so copies):
+    its tiers and page bounds equal a decoder's built from `gather_all`'s copies."""
+    from agentcache.decode.setup import DecodeSetup
+
+    e = engine(tiny)
+    torch.manual_seed(1)
+    if apart:
+        other = e.prefill(tokenized_prompt(tiny, torch.randint(0, 256, (20,)).tolist()))[0]
+        seq, _ = e.prefill(tokenized_prompt(tiny, torch.randint(0, 256, (8,)).tolist()))
+        other.extend(40)  # the next pages are the other sequence's
+        seq.extend(100)  # ... so this one's continue past them
+        for layer in range(tiny.config.num_layers):  # some K/V in the tokens added
+            k = torch.randn(100, tiny.config.num_kv_heads, tiny.config.head_dim)
+            seq.write(layer, seq.slots()[8:], k, k.flip(0))
+    else:
+        seq, _ = e.prefill(tokenized_prompt(tiny, torch.randint(0, 256, (108,)).tolist()))
+    config = DecodeConfig("flexicache", budget_pages=2, profile=profile_file)
+    setup = DecodeSetup.resolve(tiny, config)
+    keys = seq.read_all(slice(0, seq.num_tokens))[0]
+    in_place = keys.untyped_storage().data_ptr() == e.ctx.pool.keys.untyped_storage().data_ptr()
+    assert in_place != apart
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = setup.sparse_decoder(tiny, seq, 20)
+        copies = seq.gather_all(slice(0, seq.num_tokens))
+        ref = SparseDecoder(tiny.forward, setup.plan, config, *copies, seq.num_tokens + 20)
+    assert got is not None and bool(got.kv.offload.any()) and bool((~got.kv.offload).any())
+    for a, b in ((got.kv.arena_k, ref.kv.arena_k), (got.kv.arena_v, ref.kv.arena_v),
+                 (got.kv.host_k, ref.kv.host_k), (got.kv.host_v, ref.kv.host_v),
+                 (got.meta.kmin, ref.meta.kmin), (got.meta.kmax, ref.meta.kmax)):  # fmt: skip
+        assert torch.equal(a, b)
+    seq.free()
+
+
 def needle_decoder(
     tiny: LoadedModel, policy: str, profile: Path | None, top_p: float = 1.0
 ) -> SparseDecoder:

@@ -170,6 +170,31 @@ def test_write_all_gather_all_round_trip() -> None:
     assert torch.equal(seq.gather(2)[1], values[2])
 
 
+def _shares(t: torch.Tensor, base: torch.Tensor) -> bool:
+    return t.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+
+
+def test_read_all_is_a_view_of_slots_in_order_else_gather_alls_copy() -> None:
+    """Tokens whose slots are one run in token order are read in place (views of the pool);
+    any other layout (pages apart, or a span across them) comes back as `gather_all`'s copy.
+    Either way the same K/V as `gather_all`."""
+    pool = make_pool(num_pages=6, page_size=4)
+    seq, other = SequenceKV(pool), SequenceKV(pool)
+    keys, values = _kv(12, 4)
+    seq.write_all(seq.extend(6), keys[:, :6], values[:, :6])  # pages 0, 1
+    other.extend(4)  # page 2
+    seq.write_all(seq.extend(6), keys[:, 6:], values[:, 6:])  # fills page 1, then 3
+    for span, in_place in ((slice(0, 8), True), (slice(2, 7), True), (slice(0, 12), False),
+                           (slice(6, 10), False), (slice(8, 12), True)):  # fmt: skip
+        k, v = seq.read_all(span)
+        gk, gv = seq.gather_all(span)
+        assert torch.equal(k, gk) and torch.equal(v, gv), span
+        assert _shares(k, pool.keys) == _shares(v, pool.values) == in_place, span
+    k, _ = seq.read_all(slice(0, 8))
+    assert k.data_ptr() == pool.keys[:, 0].data_ptr()  # a view: what the pool holds now
+    assert seq.read_all(slice(3, 3))[0].shape == (L, 0, HKV, DH)
+
+
 def test_sequences_do_not_overwrite_each_other() -> None:
     pool = make_pool(num_pages=4, page_size=4)
     a, b = SequenceKV(pool), SequenceKV(pool)
