@@ -340,6 +340,8 @@ server() {
     --policies dense,flexicache,flexicache:verify=8 --repeats 3 \
     --profile docs/bench/decode/smollm2-135m-instruct-18ddc7c854863b5228beb2a367be0eaa.json \
     --out docs/bench/server/kv-budget/smollm2-ctx8192
+  # (kv-budget/setup-in-place/ holds these three commands run again at 7032937; calls-of-16/ and
+  # one-token-per-step/ the same at 3375b8d and c427000)
   # docs/server.md "Replaying concurrent agents": agents with tool pauses over HTTP, the default
   # model, 1 thread per server (the vLLM targets need .venv-vllm: make .venv-vllm/.installed)
   local r=docs/bench/server/replay common="--model default --threads 1 --pause-median 2 --seed 0"
