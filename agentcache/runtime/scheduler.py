@@ -420,11 +420,17 @@ class BatchScheduler:
         """Each turn's next token, handed to its thread before the forward runs."""
         with self._cond:
             for r in batch:
-                token = r.turn.choose()
-                if token is not None:
-                    r.out.append(token)
+                self._hand(r)
                 r.finished = r.turn.finish is not None
             self._cond.notify_all()
+
+    @staticmethod
+    def _hand(r: Running) -> None:
+        """Choose the turn's next token and hand it to the turn's thread (`out`); under the
+        scheduler's condition, whose waiters the caller notifies."""
+        token = r.turn.choose()
+        if token is not None:
+            r.out.append(token)
 
     def _feed(self, batch: list[Running], fusing: list[Prefilling]) -> list[Prefilling]:
         """Feed every turn of `batch` its token; `fusing`: jobs whose next chunk may run in
@@ -497,16 +503,15 @@ class BatchScheduler:
 
     def _drain(self, batch: list[Running]) -> None:
         """Turns whose decoder answers its next feeds with no model work (`Decoder.queued`: a
-        verified round's tokens) take them in this step: each chosen (handed to its thread as
-        `_choose` does) and fed, until the decoder needs the model again or the turn ends. The
-        last answer's token is chosen by the next step, which feeds it to the model."""
+        verified round's tokens) take them in this step: each chosen and handed to its thread
+        (`_hand`, as `_choose` does) and fed, until the decoder needs the model again or the
+        turn ends. The last answer's token is chosen by the next step, which feeds it to the
+        model."""
         with self._cond:
             for r in batch:
                 d = r.decoder
                 while r.turn.finish is None and r.row is None and d.queued():
-                    token = r.turn.choose()
-                    if token is not None:
-                        r.out.append(token)
+                    self._hand(r)
                     if r.turn.finish is not None:
                         break
                     r.turn.fed(d.feed(*r.turn.feed()))
