@@ -1,5 +1,5 @@
 """`agentcache demo`: a support agent's session; each turn runs with full recompute and with
-each reuse strategy, and the table compares TTFT, tokens reused and output fidelity.
+each reuse strategy, and the table compares TTFT, the cached KV each used and output fidelity.
 
 Layout per turn (ChatML on the default model):
 
@@ -21,6 +21,7 @@ from agentcache.bench.reuse.metrics import kl as first_token_kl
 from agentcache.model.loading import load_model
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.runtime.engine import Engine, EngineConfig, Generation, GenerationParams
+from agentcache.runtime.stats import TurnStats
 
 SYSTEM = (
     "You are Atlas, the support agent of a small cloud-hosting company. Be brief and concrete. "
@@ -115,8 +116,10 @@ def run_demo(
             history.append((user, row["full"].text))
     console.print(_table(loaded.model_id, names, rows))
     console.print(
-        "reused = prompt tokens whose KV came from the cache; KL = KL(full || strategy) of the "
-        "first-token distribution; same = identical generated tokens."
+        "kept = prompt tokens whose cached KV the turn used (at its own position or re-rotated): "
+        "the compute it saved; +N = tokens found in the cache but recomputed for fidelity "
+        "(they cost what computing them costs); KL = KL(full || strategy) of the first-token "
+        "distribution; same = identical generated tokens."
     )
     console.print(f"last reply: {rows[-1]['full'].text!r}")
     return 0
@@ -129,13 +132,22 @@ def turn_order(names: list[str], turn: int) -> list[str]:
     return names[k:] + names[:k]
 
 
+def kept_cell(s: TurnStats) -> str:
+    """The share of the prompt whose cached KV the turn used as it was (`exact + moved`, the
+    compute saved), then the found tokens it recomputed for fidelity (`refreshed`), if any."""
+    refreshed = s.refreshed_tokens or 0
+    kept = s.reused_tokens - refreshed
+    cell = f"{kept / s.prompt_tokens:.0%}"
+    return f"{cell} +{refreshed}" if refreshed else cell
+
+
 def _table(model_id: str, names: list[str], rows: list[dict[str, Generation]]) -> Table:
     table = Table(title=f"agentcache demo on {model_id}: reuse vs full recompute, per turn")
     table.add_column("turn", justify="right")
     table.add_column("prompt", justify="right")
     table.add_column("TTFT full", justify="right")
     for n in names:
-        for col in (f"{n} reused", f"{n} TTFT", f"{n} KL", f"{n} same"):
+        for col in (f"{n} kept", f"{n} TTFT", f"{n} KL", f"{n} same"):
             table.add_column(col, justify="right")
     for i, row in enumerate(rows):
         ref = row["full"]
@@ -144,7 +156,7 @@ def _table(model_id: str, names: list[str], rows: list[dict[str, Generation]]) -
             s = row[n].stats
             kl = float(first_token_kl(ref.first_token_logits, row[n].first_token_logits))
             cells += [
-                f"{s.reused_tokens / s.prompt_tokens:.0%}",
+                kept_cell(s),
                 f"{s.ttft_s * 1e3:.0f} ms ({ref.stats.ttft_s / s.ttft_s:.1f}x)",
                 f"{kl:.0e}",
                 "yes" if row[n].token_ids == ref.token_ids else "no",

@@ -103,11 +103,12 @@ class PromptTotals:
     """What a turn's prompt reused and computed under `strategy`, and the time to the first
     token's logits: the figures a turn's `TurnStats` and the server's `ReuseReport` both give.
 
-    `reused_tokens` were found in the store and loaded; `recomputed_tokens` went through the
-    model at some layer. They overlap: a found token recomputed for fidelity is in both. The
-    split that adds up is `exact + moved + refreshed + computed == prompt_tokens` (`TokenUse`),
-    with `exact + moved + refreshed == reused_tokens`; None where the engine cannot tell
-    (the vLLM backend)."""
+    `reused_tokens` were found in the store (the refreshed ones among them recomputed, and not
+    loaded where the plan computes every changed-context token); `recomputed_tokens` went
+    through the model at some layer. They overlap: a found token recomputed for fidelity is in
+    both. The split that adds up is `exact + moved + refreshed + computed == prompt_tokens`
+    (`TokenUse`), with `exact + moved + refreshed == reused_tokens`; None where the engine
+    cannot tell (the vLLM backend)."""
 
     strategy: str
     prompt_tokens: int
