@@ -35,6 +35,10 @@ class DecodeConfig:
     policy's `options` (`streaming:window=16`).
     dense_fallback: when the profile is missing, corrupted or for another model, decode densely
     (counted in TurnStats.decode_fallbacks) instead of raising ProfileError.
+    short_dense: a turn too short for the policy to leave out any page (its prompt and new
+    tokens fit the budget, so its sparse decoder would attend every page and offload none)
+    decodes densely, counted in TurnStats.decode_fallbacks with the reason; False builds the
+    sparse decoder anyway (the reference the sparse machinery's tests run).
     """
 
     policy: str = "dense"
@@ -44,6 +48,7 @@ class DecodeConfig:
     profile: Path | None = None
     profile_dir: Path | None = None
     dense_fallback: bool = False
+    short_dense: bool = True
     verify: int = 0
     top_p: float = 1.0
     policy_options: dict[str, Any] = field(default_factory=dict)

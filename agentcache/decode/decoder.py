@@ -36,10 +36,17 @@ from agentcache.decode.store import HeadPagedKV
 from agentcache.model.attention import attention
 from agentcache.model.llama import LlamaForward
 
+PAGE_TOKENS = 16  # tokens per page of a sparse decoder's head-paged KV
+
+
+def rankable_pages(num_pages: int, recent: int) -> int:
+    """The pages of a sequence of `num_pages` a head can rank: all but the sink and the tail."""
+    return max(1, num_pages - 1 - recent)
+
 
 def clamp_budget(budget: int, num_pages: int, recent: int) -> tuple[int, bool]:
     """Budgets beyond the pages a sequence can rank (all but sink and tail) are clamped."""
-    most = max(1, num_pages - 1 - recent)
+    most = rankable_pages(num_pages, recent)
     if budget > most:
         warnings.warn(
             f"decode budget of {budget} pages exceeds the {most} rankable pages of this "
@@ -64,7 +71,7 @@ class SparseDecoder(Decoder):
         max_tokens: int,
     ) -> None:
         c = forward.config
-        page = 16
+        page = PAGE_TOKENS
         self.f, self.config, self.page = forward, config, page
         self.group = c.num_heads // c.num_kv_heads
         t = keys.shape[1]

@@ -10,7 +10,7 @@ import torch
 
 from agentcache.decode.base import Decoder
 from agentcache.decode.config import DecodeConfig
-from agentcache.decode.decoder import SparseDecoder
+from agentcache.decode.decoder import PAGE_TOKENS, SparseDecoder, rankable_pages
 from agentcache.decode.policies import DECODE_POLICIES, Dense, HeadPlan
 from agentcache.decode.profile import HeadProfile, load_profile, profile_filename
 from agentcache.decode.verified import VerifiedDecoder
@@ -69,10 +69,34 @@ class DecodeSetup:
         long as nothing else writes `seq` (the engine runs it outside its lock)."""
         if not self.plan.sparse or max_new_tokens <= 1:
             return None
+        if self.short_reason(seq.num_tokens, max_new_tokens) is not None:
+            return None
         max_tokens = seq.num_tokens + max_new_tokens
         with torch.inference_mode():  # the pool's pages read in place where they lie in order
             keys, values = seq.read_all(slice(0, seq.num_tokens))
             return SparseDecoder(model.forward, self.plan, self.config, keys, values, max_tokens)
+
+    def short_reason(self, prompt_tokens: int, max_new_tokens: int) -> str | None:
+        """Why a turn of `prompt_tokens` and up to `max_new_tokens` decodes densely under this
+        sparse plan (`DecodeConfig.short_dense`): its sparse decoder would attend every page of
+        every head at every step and offload none (the budget covers every page it can rank,
+        top_p keeps the whole budget, no streaming head's window leaves a page out), so it
+        would pay its set-up and bookkeeping for dense decoding's attention. None when some
+        page could be left out, when no sparse step runs, or when `short_dense` is off."""
+        c = self.config
+        if not self.plan.sparse or max_new_tokens <= 1 or not c.short_dense or c.top_p < 1.0:
+            return None
+        pages = -(-(prompt_tokens + max_new_tokens) // PAGE_TOKENS)
+        most = rankable_pages(pages, c.recent_pages)
+        streaming = self.plan.streaming
+        if streaming is not None and bool(streaming.any()) and 1 + self.plan.window_pages < pages:
+            return None
+        if c.budget_pages < most:
+            return None
+        return (
+            f"short: {prompt_tokens} + {max_new_tokens} tokens fill {pages} pages, every one "
+            f"within the budget of {c.budget_pages} (a sparse decoder would attend them all)"
+        )
 
     def adopt(
         self, model: LoadedModel, seq: SequenceKV, greedy: bool, dense: Decoder,

@@ -437,6 +437,7 @@ class Engine:
         if position >= max_pos and params.max_new_tokens > 0:
             raise ContextLengthError(position + 1, max_pos, "prompt + 1 new token")
         t0 = time.perf_counter()
+        pre_tokens = seq.num_tokens  # the prompt's, before any new token
         dense = DenseDecoder(self.step, seq, self._pool_tokens)
         # verified decoding chooses its tokens itself: greedy only, and with no token constraint
         # (structured outputs, logprobs) that the chosen tokens would bypass
@@ -465,10 +466,11 @@ class Engine:
                 )
         elapsed = time.perf_counter() - t0
         d = self.decode
+        reason = d.fallback_reason or d.short_reason(pre_tokens, params.max_new_tokens)
         decode = DecodePart(
             decode_tokens=len(ids), decode_tokens_per_s=len(ids) / elapsed if elapsed > 0 else 0.0,
-            decode_policy=d.policy, decode_fallbacks=int(d.fallback_reason is not None),
-            decode=decoder.stats(),
+            decode_policy="dense" if reason else d.policy, decode_fallbacks=int(reason is not None),
+            decode_fallback_reason=reason, decode=decoder.stats(),
         )  # fmt: skip
         return ids, finish, decode
 

@@ -195,6 +195,7 @@ class DecodePart:
     decode_tokens_per_s: float
     decode_policy: str = "dense"
     decode_fallbacks: int = 0  # 1 when the configured decode policy fell back to dense
+    decode_fallback_reason: str | None = None  # why (a profile error, a turn too short)
     decode: DecodeStats | None = None  # sparse decode figures (None for dense)
 
 

@@ -49,13 +49,41 @@ def test_full_budget_equals_dense_decode(
     params = GenerationParams(max_new_tokens=40)
     dense = engine(tiny).generate(long_prompt, params, commit=False)
     with pytest.warns(UserWarning, match="clamped"):
-        sparse = engine(tiny, policy=policy, budget_pages=10_000, profile=profile_file).generate(
-            long_prompt, params, commit=False
-        )
+        sparse = engine(
+            tiny, policy=policy, budget_pages=10_000, profile=profile_file, short_dense=False
+        ).generate(long_prompt, params, commit=False)
     assert sparse.token_ids == dense.token_ids
     assert sparse.stats.decode_policy == policy
     assert sparse.stats.decode is not None and sparse.stats.decode.budget_clamped
     assert dense.stats.decode is None and dense.stats.decode_policy == "dense"
+
+
+@pytest.mark.parametrize("policy", TOP_K_POLICIES)
+def test_a_turn_the_budget_covers_whole_decodes_densely_and_says_so(
+    tiny: LoadedModel, long_prompt: SegmentedPrompt, profile_file: Path, policy: str
+) -> None:
+    params = GenerationParams(max_new_tokens=40)
+    dense = engine(tiny).generate(long_prompt, params, commit=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no clamping warning: no sparse decoder is built
+        got = engine(tiny, policy=policy, budget_pages=10_000, profile=profile_file).generate(
+            long_prompt, params, commit=False
+        )
+    assert got.token_ids == dense.token_ids
+    s = got.stats
+    assert s.decode is None and s.decode_policy == "dense" and s.decode_fallbacks == 1
+    pages = -(-(s.prompt_tokens + 40) // 16)
+    assert s.decode_fallback_reason == (
+        f"short: {s.prompt_tokens} + 40 tokens fill {pages} pages, every one within the budget "
+        "of 10000 (a sparse decoder would attend them all)"
+    )
+    # one page more than the budget covers: sparse again, no fallback
+    budget = pages - 1 - 2 - 1  # rankable pages (all but the sink and 2 recent) less one
+    sparse = engine(tiny, policy=policy, budget_pages=budget, profile=profile_file).generate(
+        long_prompt, params, commit=False
+    )
+    assert sparse.stats.decode is not None and sparse.stats.decode_policy == policy
+    assert sparse.stats.decode_fallbacks == 0 and sparse.stats.decode_fallback_reason is None
 
 
 def test_full_budget_logits_match_dense_step_by_step(tiny: LoadedModel) -> None:
@@ -261,3 +289,21 @@ def test_attention_read_in_place_is_the_gathered_pages_attention(
 
     monkeypatch.setattr(SparseDecoder, "_attend", both)
     assert decode_in_rounds(tiny) > 0 and checked[True] > 0 and checked[False] > 0
+
+
+def test_short_rule_holds_exactly_where_every_page_would_be_attended(
+    tiny: LoadedModel, profile_file: Path
+) -> None:
+    def reason(new: int = 16, **decode: object) -> str | None:
+        d = engine(tiny, profile=profile_file, **decode).decode
+        return d.short_reason(160 - new, new)  # 160 tokens: 10 pages, 7 rankable (2 recent)
+
+    assert reason(policy="quest", budget_pages=7) is not None
+    assert reason(policy="quest", budget_pages=6) is None  # a page can be left out
+    assert reason(policy="quest", budget_pages=7, top_p=0.9) is None  # top-p may keep fewer
+    assert reason(policy="quest", budget_pages=7, short_dense=False) is None
+    assert reason(new=1, policy="quest", budget_pages=7) is None  # no sparse step runs
+    assert reason(policy="dense") is None
+    # a streaming head's window of w pages leaves pages out once the turn has more than 1 + w
+    assert reason(policy="streaming", budget_pages=7, policy_options={"window": 9}) is not None
+    assert reason(policy="streaming", budget_pages=7, policy_options={"window": 8}) is None

@@ -142,7 +142,7 @@ def test_a_full_window_and_budget_give_dense_greedy_tokens(
     with pytest.warns(UserWarning, match="clamped"):
         got = engine(
             tiny, policy="streaming", budget_pages=10_000, profile=profile_file,
-            policy_options=options,
+            policy_options=options, short_dense=False,  # the sparse decoder, every page
         ).generate(prompt, params, commit=False)  # fmt: skip
     assert got.token_ids == dense.token_ids
     # every stable head streams, but on a sliding-window layer, which attends its window

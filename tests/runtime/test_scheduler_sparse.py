@@ -174,7 +174,9 @@ def test_a_round_dense_agrees_with_brings_its_bonus_in_the_batch(
     `feed`, in 5 steps a round."""
     e = engine(tiny)
     assert e.batch is not None
-    config = DecodeConfig("quest", budget_pages=64, profile=profile_file, verify=4)
+    config = DecodeConfig(
+        "quest", budget_pages=64, profile=profile_file, verify=4, short_dense=False
+    )
     params = GenerationParams(max_new_tokens=21)
 
     def verified() -> tuple[Decoder, TurnDecoding, SequenceKV]:
