@@ -509,6 +509,10 @@ decode() {
     --new-tokens 32 --num-prompts 4 --needle-prompts 4 --profile $p \
     --policies dense,flexicache,flexicache:verify=8,flexicache:top_p=0.99,streaming,streaming:fraction=0.25:window=16 \
     --out $d/headmajor-ctx4096
+  # short turns: the sparse decoder built for a turn its budget covers whole, against the dense
+  # decode the engine gives such a turn (docs/decode.md "Budget")
+  $py benchmarks/decode/short_turns.py --contexts 256 512 1000 --new-tokens 48 --repeats 5 \
+    --threads 1 --profile $p --out $d/short-turns
 }
 
 # docs/benchmarks.md "Tiered KV store", docs/lab/tiers.md
