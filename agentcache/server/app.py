@@ -188,7 +188,9 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         if result is None:
             metrics.cancelled.inc()
         else:
-            metrics.record_turn(result.report, result.completion_tokens, result.fallbacks)
+            metrics.record_turn(
+                result.report, result.completion_tokens, result.fallbacks, result.generation.stats
+            )
             metrics.record_retention(result.retention)
         return result
 

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from agentcache.chat.diagnostics import ReuseReport
 from agentcache.chat.retention import RetentionReport, TurnRetention
 from agentcache.runtime.scheduler import BatchScheduler, BatchStats
+from agentcache.runtime.stats import DecodePart
 from agentcache.server.heap import heap_usage, resident_bytes
 from agentcache.tiers.store import TieredSegmentStore
 
@@ -118,6 +119,11 @@ class ServerMetrics:
         self.fallbacks = Counter(
             "agentcache_fallbacks", "reusable KV a strategy could not use", registry=r
         )
+        self.decode_turns = Counter(
+            "agentcache_decode_turns",
+            "turns decoded, by the decode policy that ran and why a sparse one fell back",
+            ["policy", "fallback"], registry=r,
+        )  # fmt: skip
         self.stream_mismatches = Counter(
             "agentcache_stream_mismatches", "streams whose pieces differ from the final text",
             registry=r,
@@ -217,8 +223,15 @@ class ServerMetrics:
         if kept.resumed_after_s is not None:
             self.resumed_pauses.inc()
 
-    def record_turn(self, report: ReuseReport, completion_tokens: int, fallbacks: int) -> None:
-        """A turn as its client's report tells it, with the engine's own fallback count."""
+    def record_turn(
+        self, report: ReuseReport, completion_tokens: int, fallbacks: int, decode: DecodePart
+    ) -> None:
+        """A turn as its client's report tells it, with the engine's own fallback count and
+        the decode policy that ran (`fallback`: `short`, a turn its sparse budget covers whole;
+        `profile`, no usable head profile; `none`)."""
+        reason = decode.decode_fallback_reason
+        kind = "none" if reason is None else "short" if reason.startswith("short:") else "profile"
+        self.decode_turns.labels(decode.decode_policy, kind).inc()
         self.ttft.observe(report.ttft_s)
         self.prompt_tokens.inc(report.prompt_tokens)
         self.reused_tokens.inc(report.reused_tokens)

@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from starlette.testclient import TestClient
 
+from agentcache.decode.config import DecodeConfig
+from agentcache.decode.profile import save_profile
 from agentcache.model.loading import LoadedModel
 from agentcache.runtime import loop as loop_module
+from agentcache.runtime.engine import Engine, EngineConfig
+from agentcache.server import ServerConfig, create_app
 from agentcache.server.inprocess import serve_in_thread
 from agentcache.testing import scripted_sampler
+from tests.decode.conftest import make_profile
 from tests.server.conftest import MODEL, tiny_app
 
 SYSTEM = "You are a build agent. Tools: ls, cat, grep, make. Reply with one command. " * 3
@@ -134,6 +141,7 @@ def test_models_health_and_metrics(server_url: str) -> None:
     assert samples['agentcache_cache_misses_total{reason="new"}'] >= 1
     assert samples["agentcache_fallbacks_total"] == 0
     assert samples["agentcache_stream_mismatches_total"] == 0
+    assert samples['agentcache_decode_turns_total{fallback="none",policy="dense"}'] == 2
 
 
 def _error(r: httpx.Response) -> dict[str, Any]:
@@ -415,3 +423,20 @@ def test_a_memgpt_loop_through_the_openai_client_keeps_its_history(
         )  # fmt: skip
     assert again.usage is not None and again.usage.prompt_tokens_details is not None
     assert again.usage.prompt_tokens_details.cached_tokens > 0  # a key is no boundary
+
+
+def test_metrics_count_the_decode_policy_each_turn_ran(tiny: LoadedModel, tmp_path: Path) -> None:
+    """Under a sparse policy a turn its budget covers whole decodes densely, counted by why."""
+    profile = save_profile(make_profile(tiny), tmp_path / "profile.json")
+    decode = DecodeConfig("flexicache", budget_pages=2, profile=profile)  # 2 of a turn's pages
+    engine = Engine(tiny, EngineConfig(kv_pages=512, decode=decode))
+    app = create_app(engine, ServerConfig(MODEL, default_max_tokens=8))
+    messages = [{"role": "user", "content": "hi"}]
+    with TestClient(app) as c:
+        short = c.post("/v1/chat/completions", json={"model": MODEL, "messages": messages})
+        long = [{"role": "user", "content": "a long question, word after word " * 12}]
+        sparse = c.post("/v1/chat/completions", json={"model": MODEL, "messages": long})
+        text = c.get("/metrics").text
+    assert short.status_code == sparse.status_code == 200
+    assert 'agentcache_decode_turns_total{fallback="short",policy="dense"} 1.0' in text
+    assert 'agentcache_decode_turns_total{fallback="none",policy="flexicache"} 1.0' in text
