@@ -16,7 +16,7 @@ from agentcache.heads.prompts import tokenized_prompt
 from agentcache.model.llama import attention
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import SegmentedPrompt
-from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
+from agentcache.runtime.engine import Engine, EngineConfig, Generation, GenerationParams
 from tests.decode.conftest import TOP_K_POLICIES
 
 # the sparse kernel sums in a different order than SDPA: fp32 rounding only
@@ -26,6 +26,15 @@ LOGIT_ATOL = 1e-4
 def engine(model: LoadedModel, **decode: object) -> Engine:
     config = DecodeConfig(**decode)  # type: ignore[arg-type]
     return Engine(model, EngineConfig(strategy="full", kv_pages=256, decode=config))
+
+
+def dense_and(
+    model: LoadedModel, prompt: SegmentedPrompt, **decode: object
+) -> tuple[Generation, Generation]:
+    """The 40-token greedy turn of `prompt` on a dense engine, then on one with `decode`."""
+    params = GenerationParams(max_new_tokens=40)
+    dense = engine(model).generate(prompt, params, commit=False)
+    return dense, engine(model, **decode).generate(prompt, params, commit=False)
 
 
 def test_page_attention_over_every_page_equals_dense_attention() -> None:
@@ -46,12 +55,11 @@ def test_page_attention_over_every_page_equals_dense_attention() -> None:
 def test_full_budget_equals_dense_decode(
     tiny: LoadedModel, long_prompt: SegmentedPrompt, profile_file: Path, policy: str
 ) -> None:
-    params = GenerationParams(max_new_tokens=40)
-    dense = engine(tiny).generate(long_prompt, params, commit=False)
     with pytest.warns(UserWarning, match="clamped"):
-        sparse = engine(
-            tiny, policy=policy, budget_pages=10_000, profile=profile_file, short_dense=False
-        ).generate(long_prompt, params, commit=False)
+        dense, sparse = dense_and(
+            tiny, long_prompt, policy=policy, budget_pages=10_000, profile=profile_file,
+            short_dense=False,
+        )  # fmt: skip
     assert sparse.token_ids == dense.token_ids
     assert sparse.stats.decode_policy == policy
     assert sparse.stats.decode is not None and sparse.stats.decode.budget_clamped
@@ -62,12 +70,10 @@ def test_full_budget_equals_dense_decode(
 def test_a_turn_the_budget_covers_whole_decodes_densely_and_says_so(
     tiny: LoadedModel, long_prompt: SegmentedPrompt, profile_file: Path, policy: str
 ) -> None:
-    params = GenerationParams(max_new_tokens=40)
-    dense = engine(tiny).generate(long_prompt, params, commit=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no clamping warning: no sparse decoder is built
-        got = engine(tiny, policy=policy, budget_pages=10_000, profile=profile_file).generate(
-            long_prompt, params, commit=False
+        dense, got = dense_and(
+            tiny, long_prompt, policy=policy, budget_pages=10_000, profile=profile_file
         )
     assert got.token_ids == dense.token_ids
     s = got.stats
@@ -77,11 +83,10 @@ def test_a_turn_the_budget_covers_whole_decodes_densely_and_says_so(
         f"short: {s.prompt_tokens} + 40 tokens fill {pages} pages, every one within the budget "
         "of 10000 (a sparse decoder would attend them all)"
     )
-    # one page more than the budget covers: sparse again, no fallback
-    budget = pages - 1 - 2 - 1  # rankable pages (all but the sink and 2 recent) less one
-    sparse = engine(tiny, policy=policy, budget_pages=budget, profile=profile_file).generate(
-        long_prompt, params, commit=False
-    )
+    # a budget one page short of the rankable pages (all but the sink and 2 recent): sparse
+    budget = pages - 1 - 2 - 1
+    _, sparse = dense_and(tiny, long_prompt, policy=policy, budget_pages=budget,
+                          profile=profile_file)  # fmt: skip
     assert sparse.stats.decode is not None and sparse.stats.decode_policy == policy
     assert sparse.stats.decode_fallbacks == 0 and sparse.stats.decode_fallback_reason is None
 
