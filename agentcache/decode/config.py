@@ -67,6 +67,9 @@ class DecodeConfig:
             policy(**self.policy_options)  # a bad option value fails here, named by the policy
         except TypeError as e:
             raise ValueError(f"decode policy {self.policy!r}: {e}") from None
+        for name in ("dense_fallback", "short_dense"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.budget_pages < 1:
             raise ValueError(
                 f"budget_pages must be >= 1 (got {self.budget_pages}); "

@@ -161,3 +161,11 @@ def test_a_missing_profile_is_made_first_and_said_so(
     assert f"no head profile for model {tiny.model_id} at {profile}: profiling its heads" in err
     assert profile.is_file() and profile.with_suffix(".png").is_file()
     assert "flexicache" in json.loads((out / "results.json").read_text())["policies"]
+
+
+@pytest.mark.parametrize("name", ["dense_fallback", "short_dense"])
+def test_a_switch_that_is_not_a_bool_is_named(name: str) -> None:
+    from agentcache.decode.config import DecodeConfig
+
+    with pytest.raises(ValueError, match=f"^{name} must be True or False, got 'false'$"):
+        DecodeConfig("flexicache", **{name: "false"})  # type: ignore[arg-type]
