@@ -59,12 +59,27 @@ def specs_of(labels: Iterable[str]) -> list[StrategySpec]:
     ]
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The processor's name (Linux's `model name`, else what `platform` says, else "unknown"):
+    two CPUs of one architecture can pick other matrix-product kernels, and so other timings
+    and the batched step's call rule."""
+    try:
+        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def machine() -> dict[str, Any]:
-    """The facts a timing depends on: cores, torch threads, torch build, platform."""
+    """The facts a timing depends on: cores, CPU, torch threads, torch build, platform."""
     import torch
 
     return {
         "cores": os.cpu_count(),
+        "cpu": cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
         "torch": torch.__version__,
@@ -123,5 +138,6 @@ def provenance(
 def provenance_line(record: dict[str, Any]) -> str:
     """A report's line naming a `provenance` record: the command, its commit, date and machine."""
     m = record["machine"]
-    return (f"`{record['command']}` at commit {record['commit']} ({record['date']}; "
+    cpu = f"{m['cpu']}, " if m.get("cpu") else ""  # records before the CPU was named lack it
+    return (f"`{record['command']}` at commit {record['commit']} ({record['date']}; {cpu}"
             f"{m['cores']} cores, {m['torch_threads']} torch thread(s)).")  # fmt: skip

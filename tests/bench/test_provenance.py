@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import agentcache.reuse.strategies  # noqa: F401  (registers the strategies)
 from agentcache.bench.provenance import (
+    cpu_model,
     git_commit,
     load_average,
     provenance,
@@ -33,7 +35,7 @@ def test_a_record_names_commit_command_date_machine_specs_and_sessions() -> None
     assert record["split"] == "validate" and record["sessions"] == ["memgpt-08"]
     assert list(record["specs"]) == ["full", "rpdc", "transformers-prefix"]
     assert record["specs"]["transformers-prefix"] == "transformers-prefix"
-    assert {"cores", "torch_threads", "torch"} <= set(record["machine"])
+    assert {"cores", "cpu", "torch_threads", "torch"} <= set(record["machine"])
     assert record["date"].endswith("+00:00")
 
 
@@ -49,3 +51,10 @@ def test_a_script_records_itself_as_the_command_and_the_load_to_two_decimals() -
     assert provenance(argv=[], script="benchmarks/x.py")["command"] == "python benchmarks/x.py"
     loads = load_average()
     assert len(loads) == 3 and all(x >= 0 and round(x, 2) == x for x in loads)
+
+
+def test_the_cpu_is_named_from_cpuinfo_or_said_unknown(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: X\nmodel name\t: Test CPU 9000\n\n")
+    assert cpu_model(info) == "Test CPU 9000"
+    assert cpu_model(tmp_path / "absent") in (platform.processor() or "unknown",)
