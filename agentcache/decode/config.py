@@ -39,11 +39,6 @@ class DecodeConfig:
     tokens fit the budget, so its sparse decoder would attend every page and offload none)
     decodes densely, counted in TurnStats.decode_fallbacks with the reason; False builds the
     sparse decoder anyway (the reference the sparse machinery's tests run).
-    dense_when_room: a verified greedy turn (`verify` > 0) decodes densely when no turn waits
-    for pages and the pool keeps room for one more turn of its size after it: its output is
-    dense decoding's either way, and what a sparse decoder buys, room in the pool, is not
-    short then. Counted in TurnStats.decode_fallbacks with the reason. False verifies every
-    greedy turn (the reference).
     """
 
     policy: str = "dense"
@@ -54,7 +49,6 @@ class DecodeConfig:
     profile_dir: Path | None = None
     dense_fallback: bool = False
     short_dense: bool = True
-    dense_when_room: bool = True
     verify: int = 0
     top_p: float = 1.0
     policy_options: dict[str, Any] = field(default_factory=dict)
@@ -73,7 +67,7 @@ class DecodeConfig:
             policy(**self.policy_options)  # a bad option value fails here, named by the policy
         except TypeError as e:
             raise ValueError(f"decode policy {self.policy!r}: {e}") from None
-        for name in ("dense_fallback", "short_dense", "dense_when_room"):
+        for name in ("dense_fallback", "short_dense"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.budget_pages < 1:

@@ -317,29 +317,6 @@ class Engine:
             what = f"prompt ({prompt.num_tokens}) + max_new_tokens ({params.max_new_tokens})"
             raise PoolCapacityError(n, self._pool_tokens, what, holder)
 
-    def _room_reason(self, seq: SequenceKV, max_new_tokens: int, greedy: bool) -> str | None:
-        """Why a verified greedy turn decodes densely (`DecodeConfig.dense_when_room`): no turn
-        waits for pages and, once this turn holds every page it may fill, the pool keeps as
-        many free again. Read without the gate's lock: a turn that arrives meanwhile changes
-        what decodes faster, never the output (verification gives dense decoding's). None
-        when the turn verifies (or is no verified greedy turn, or is short: `short_reason`)."""
-        d = self.decode
-        c = d.config
-        if not (d.plan.sparse and c.verify and c.dense_when_room and greedy) or max_new_tokens <= 1:
-            return None
-        if d.short_reason(seq.num_tokens, max_new_tokens) is not None:
-            return None
-        waiting = self.gate.waiting
-        page = self.config.page_size
-        fills = -(-min(seq.num_tokens + max_new_tokens + REPLY_CLOSING, self.max_context) // page)
-        free = self.ctx.pool.num_free - max(0, fills - len(seq.table.pages))
-        if waiting or free < fills:
-            return None
-        return (
-            f"room: no turn waits for pages and {free} stay free beside this turn's {fills} "
-            "(verified decoding gives dense's output; dense decodes it faster)"
-        )
-
     def _pages_for(self, prompt: TokenizedPrompt, params: GenerationParams) -> int:
         """Pages a turn may fill: the prompt, its new tokens, the reply's closing tokens; with
         preemption, the pages of its prompt and first new token (the rest taken as it goes)."""
@@ -466,18 +443,12 @@ class Engine:
         # (structured outputs, logprobs) that the chosen tokens would bypass
         greedy = params.temperature == 0 and params.constraint is None
 
-        room: str | None = None  # why a verified turn decodes densely (`_room_reason`)
-
         def make_decoder() -> Decoder:
             """The turn's decoder: a sparse one's set-up (its KV copied into head pages) runs
             outside the engine's lock, beside other turns' steps (it reads only this turn's
             pages, which nothing else writes before the turn joins); what changes the pool
             runs under it."""
-            nonlocal room
-            room = self._room_reason(seq, params.max_new_tokens, greedy)
-            sparse = (
-                None if room else self.decode.sparse_decoder(self.model, seq, params.max_new_tokens)
-            )
+            sparse = self.decode.sparse_decoder(self.model, seq, params.max_new_tokens)
             with self._turn_lock(), torch.inference_mode():
                 return self.decode.adopt(self.model, seq, greedy, dense, sparse)
 
@@ -495,7 +466,7 @@ class Engine:
                 )
         elapsed = time.perf_counter() - t0
         d = self.decode
-        reason = d.fallback_reason or d.short_reason(pre_tokens, params.max_new_tokens) or room
+        reason = d.fallback_reason or d.short_reason(pre_tokens, params.max_new_tokens)
         decode = DecodePart(
             decode_tokens=len(ids), decode_tokens_per_s=len(ids) / elapsed if elapsed > 0 else 0.0,
             decode_policy="dense" if reason else d.policy, decode_fallbacks=int(reason is not None),

@@ -193,11 +193,6 @@ class PageGate:
         self.waited = 0  # turns that found the pool short and waited for pages
         self.hold: Callable[[], bool] = lambda: False  # admit none while this holds
 
-    @property
-    def waiting(self) -> int:
-        """Turns in line for pages now."""
-        return len(self._line)
-
     def wake(self) -> None:
         """Look again at the waiting turns (`hold` may have changed)."""
         with self._cond:

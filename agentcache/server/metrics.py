@@ -228,16 +228,9 @@ class ServerMetrics:
     ) -> None:
         """A turn as its client's report tells it, with the engine's own fallback count and
         the decode policy that ran (`fallback`: `short`, a turn its sparse budget covers whole;
-        `room`, a verified turn decoded densely while the pool had room; `profile`, no usable
-        head profile; `none`)."""
+        `profile`, no usable head profile; `none`)."""
         reason = decode.decode_fallback_reason
-        kind = (
-            "none"
-            if reason is None
-            else reason.split(":")[0]
-            if reason.startswith(("short:", "room:"))
-            else "profile"
-        )
+        kind = "none" if reason is None else "short" if reason.startswith("short:") else "profile"
         self.decode_turns.labels(decode.decode_policy, kind).inc()
         self.ttft.observe(report.ttft_s)
         self.prompt_tokens.inc(report.prompt_tokens)

@@ -12,12 +12,11 @@ have its sparse decoder attend every page and offload none (`DecodeSetup.short_r
 engine decodes it densely and counts a fallback (`DecodeConfig.short_dense`, default on). Per
 context (a prompt of the swe_agent workload's texts cut to that many tokens, then a question),
 one turn alone on each engine: `dense`, and each sparse policy twice, as the engine runs it
-(`<policy>`, dense when short) and with `short_dense=False, dense_when_room=False`
-(`<policy> built`: the sparse decoder built, its budget clamped to every page). `full`
-prefill, greedy, nothing committed; every engine in turn within a repeat, the order rotated
-from repeat to repeat, so that a configuration's decode tokens/s over dense's
-(`TurnStats.decode_tokens_per_s`: the decoder's set-up included, prefill excluded) is a ratio
-within one repeat. Each turn's greedy ids are
+(`<policy>`, dense when short) and with `short_dense=False` (`<policy> built`: the sparse
+decoder built, its budget clamped to every page). `full` prefill, greedy, nothing committed;
+every engine in turn within a repeat, the order rotated from repeat to repeat, so that a
+configuration's decode tokens/s over dense's (`TurnStats.decode_tokens_per_s`: the decoder's
+set-up included, prefill excluded) is a ratio within one repeat. Each turn's greedy ids are
 compared with dense's in the same repeat. Writes results.json (with provenance) and
 report.md under --out.
 """
@@ -58,8 +57,7 @@ def configs(policies: list[str], profile: Path) -> dict[str, DecodeConfig]:
     out = {"dense": DecodeConfig()}
     for p in policies:
         out[p] = DecodeConfig.from_spec(p, profile=profile)
-        out[f"{p} built"] = DecodeConfig.from_spec(p, profile=profile, short_dense=False,
-                                                   dense_when_room=False)  # fmt: skip
+        out[f"{p} built"] = DecodeConfig.from_spec(p, profile=profile, short_dense=False)
     return out
 
 
@@ -129,8 +127,8 @@ def report(results: dict[str, Any]) -> str:
         f"engine, {results['new_tokens']} new tokens, greedy, `full` prefill, "
         f"{results['repeats']} repeats (engines in an order rotated per repeat). Ratio: decode "
         "tokens/s over `dense`'s on the same prompt in the same repeat (the decoder's set-up "
-        "included), median (range) over repeats. `built`: `DecodeConfig(short_dense=False, "
-        "dense_when_room=False)`, the sparse decoder built with its budget clamped to every page.",
+        "included), median (range) over repeats. `built`: `DecodeConfig(short_dense=False)`, "
+        "the sparse decoder built with its budget clamped to every page.",
         "",
         "| prompt tokens | configuration | sparse decoder | decode tokens/s (median) | "
         "over dense, median (range) | greedy ids equal to dense's |",

@@ -24,9 +24,7 @@ LOGIT_ATOL = 1e-4
 
 
 def engine(model: LoadedModel, **decode: object) -> Engine:
-    """An engine under `decode`; a verified one verifies every greedy turn, lone or not
-    (`dense_when_room` off unless `decode` sets it)."""
-    config = DecodeConfig(**({"dense_when_room": False} | decode))  # type: ignore[arg-type]
+    config = DecodeConfig(**decode)  # type: ignore[arg-type]
     return Engine(model, EngineConfig(strategy="full", kv_pages=256, decode=config))
 
 

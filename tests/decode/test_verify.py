@@ -15,14 +15,11 @@ from agentcache.heads.prompts import tokenized_prompt
 from agentcache.kv.pool import SequenceKV
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import SegmentedPrompt
-from agentcache.runtime.engine import REPLY_CLOSING, Engine, EngineConfig, GenerationParams
-from agentcache.runtime.sharing import PageGate
+from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
 
 
 def engine(model: LoadedModel, **decode: object) -> Engine:
-    """An engine under `decode`; a verified one verifies every greedy turn, lone or not
-    (`dense_when_room` off unless `decode` sets it)."""
-    config = DecodeConfig(**({"dense_when_room": False} | decode))  # type: ignore[arg-type]
+    config = DecodeConfig(**decode)  # type: ignore[arg-type]
     return Engine(model, EngineConfig(strategy="full", kv_pages=256, decode=config))
 
 
@@ -152,9 +149,7 @@ def test_a_constrained_turn_skips_verification_and_keeps_its_constraint(
     """Verified tokens are chosen by the decoder, not from logits a constraint could mask: a
     greedy turn with a token constraint decodes unverified (reported, as sampling is), and no
     token it emits is one the constraint forbids, alone and through the batched scheduler."""
-    config = DecodeConfig(
-        "flexicache", budget_pages=2, profile=profile_file, verify=4, dense_when_room=False
-    )
+    config = DecodeConfig("flexicache", budget_pages=2, profile=profile_file, verify=4)
     e = Engine(tiny, EngineConfig(strategy="full", kv_pages=256, decode=config,
                                   batch_decode=batch))  # fmt: skip
     free = e.generate(long_prompt, GenerationParams(max_new_tokens=12), commit=False)
@@ -182,48 +177,3 @@ def test_verified_decode_respects_max_tokens_and_stop(
 def test_negative_verify_is_rejected() -> None:
     with pytest.raises(ValueError, match="verify must be >= 0"):
         DecodeConfig("quest", verify=-1)
-
-
-def test_a_verified_turn_with_room_decodes_densely_and_says_so(
-    tiny: LoadedModel, long_prompt: SegmentedPrompt, profile_file: Path
-) -> None:
-    """Verification gives dense decoding's output, so where the pool has room (nobody waits,
-    one more turn of this size would fit) the turn decodes densely, counted and reported; the
-    same turn verified (`dense_when_room=False`, the reference) gives the same ids."""
-    params = GenerationParams(max_new_tokens=24)
-    decode = {"policy": "flexicache", "budget_pages": 2, "profile": profile_file, "verify": 4}
-    dense = engine(tiny).generate(long_prompt, params, commit=False)
-    verified = engine(tiny, **decode).generate(long_prompt, params, commit=False)
-    got = engine(tiny, **decode, dense_when_room=True).generate(long_prompt, params, commit=False)
-    assert verified.stats.decode is not None and verified.stats.decode.verify_passes > 0
-    assert got.token_ids == verified.token_ids == dense.token_ids
-    s = got.stats
-    assert s.decode is None and s.decode_policy == "dense" and s.decode_fallbacks == 1
-    assert s.decode_fallback_reason is not None
-    assert s.decode_fallback_reason.startswith("room: no turn waits for pages and ")
-
-
-def test_room_is_no_room_when_a_turn_waits_or_the_pool_is_short(
-    tiny: LoadedModel, long_prompt: SegmentedPrompt, profile_file: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
-    decode = DecodeConfig("flexicache", budget_pages=2, profile=profile_file, verify=4)
-    e = Engine(tiny, EngineConfig(strategy="full", kv_pages=256, decode=decode))
-    seq, _ = e.prefill(e.tokenize(long_prompt), "full")
-    fills = -(-(seq.num_tokens + 24 + REPLY_CLOSING) // 16)
-    free = 256 - fills
-    assert e._room_reason(seq, 24, greedy=True) == (
-        f"room: no turn waits for pages and {free} stay free beside this turn's {fills} "
-        "(verified decoding gives dense's output; dense decodes it faster)"
-    )
-    assert e._room_reason(seq, 24, greedy=False) is None  # sampled or constrained: unverified
-    assert e._room_reason(seq, 1, greedy=True) is None  # no step to verify
-    monkeypatch.setattr(PageGate, "waiting", property(lambda self: 1))
-    assert e._room_reason(seq, 24, greedy=True) is None  # a turn waits for pages
-    monkeypatch.undo()
-    seq.free()
-    # a pool with room for this turn and not one more of its size: verified
-    short = Engine(tiny, EngineConfig(strategy="full", kv_pages=2 * fills - 1, decode=decode))
-    got = short.generate(long_prompt, GenerationParams(max_new_tokens=24), commit=False)
-    assert got.stats.decode is not None and got.stats.decode.verify_passes > 0
-    assert got.stats.decode_fallbacks == 0 and got.stats.decode_fallback_reason is None

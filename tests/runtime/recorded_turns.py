@@ -52,9 +52,7 @@ def run_turns(model: LoadedModel) -> dict[str, list[dict[str, Any]]]:
 def _conversation(model: LoadedModel, spec: str) -> list[dict[str, Any]]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # budget clamping on short contexts
-        config = EngineConfig(
-            kv_pages=256, decode=DecodeConfig.from_spec(spec, dense_when_room=False)
-        )
+        config = EngineConfig(kv_pages=256, decode=DecodeConfig.from_spec(spec))
         engine = Engine(model, config)
         system = Segment(SegmentKind.SYSTEM, SYSTEM, "sys", "system")
         segments = [system]

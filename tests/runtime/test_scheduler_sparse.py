@@ -248,9 +248,7 @@ def test_verified_requests_at_once_decode_what_dense_decodes(
 ) -> None:
     """Three concurrent requests of a verified engine (different prompts and lengths, one
     with a stop string) get dense greedy decoding's output, their drafts batched."""
-    config = DecodeConfig(
-        "quest", budget_pages=3, profile=profile_file, verify=4, dense_when_room=False
-    )
+    config = DecodeConfig("quest", budget_pages=3, profile=profile_file, verify=4)
     dense = Engine(tiny, EngineConfig(kv_pages=KV_PAGES, batch_decode=True))
     e = Engine(tiny, EngineConfig(kv_pages=KV_PAGES, batch_decode=True, decode=config))
     chars = (600, 1000, 800)
