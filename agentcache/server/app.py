@@ -188,10 +188,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         if result is None:
             metrics.cancelled.inc()
         else:
-            metrics.record_turn(
-                result.report, result.completion_tokens, result.fallbacks, result.generation.stats
-            )
-            metrics.record_retention(result.retention)
+            metrics.record_turn(result)
         return result
 
     @app.post("/v1/chat/completions", response_model=None)

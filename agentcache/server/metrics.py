@@ -6,10 +6,9 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from agentcache.chat.diagnostics import ReuseReport
 from agentcache.chat.retention import RetentionReport, TurnRetention
+from agentcache.chat.runner import ChatResult
 from agentcache.runtime.scheduler import BatchScheduler, BatchStats
-from agentcache.runtime.stats import DecodePart
 from agentcache.server.heap import heap_usage, resident_bytes
 from agentcache.tiers.store import TieredSegmentStore
 
@@ -215,7 +214,7 @@ class ServerMetrics:
             registry=r,
         )  # fmt: skip
 
-    def record_retention(self, kept: RetentionReport | None) -> None:
+    def _record_retention(self, kept: RetentionReport | None) -> None:
         if kept is None:
             return
         if kept.granted_s is not None:
@@ -223,21 +222,21 @@ class ServerMetrics:
         if kept.resumed_after_s is not None:
             self.resumed_pauses.inc()
 
-    def record_turn(
-        self, report: ReuseReport, completion_tokens: int, fallbacks: int, decode: DecodePart
-    ) -> None:
-        """A turn as its client's report tells it, with the engine's own fallback count and
-        the decode policy that ran (`fallback`: `short`, a turn its sparse budget covers whole;
-        `profile`, no usable head profile; `none`)."""
+    def record_turn(self, result: ChatResult) -> None:
+        """A finished turn: its client's report, the engine's own fallback count, the decode
+        policy that ran (`fallback`: `short`, a turn its sparse budget covers whole; `profile`,
+        no usable head profile; `none`) and what it retained."""
+        report, decode = result.report, result.generation.stats
         reason = decode.decode_fallback_reason
         kind = "none" if reason is None else "short" if reason.startswith("short:") else "profile"
         self.decode_turns.labels(decode.decode_policy, kind).inc()
+        self._record_retention(result.retention)
         self.ttft.observe(report.ttft_s)
         self.prompt_tokens.inc(report.prompt_tokens)
         self.reused_tokens.inc(report.reused_tokens)
         self.recomputed_tokens.inc(report.recomputed_tokens)
-        self.completion_tokens.inc(completion_tokens)
-        self.fallbacks.inc(fallbacks)
+        self.completion_tokens.inc(result.completion_tokens)
+        self.fallbacks.inc(result.fallbacks)
         for seg in report.segments:
             if seg.status in ("hit", "moved"):
                 self.cache_hits.labels(STORE_TIER).inc()

@@ -229,10 +229,7 @@ async def stream(turn: Turn, metrics: ServerMetrics, emit: Emitter) -> AsyncIter
             except Exception as e:  # a bug: reported in the stream, then counted as a 500
                 yield emit.error(internal_error(e))
                 raise
-            metrics.record_turn(
-                result.report, result.completion_tokens, result.fallbacks, result.generation.stats
-            )
-            metrics.record_retention(result.retention)
+            metrics.record_turn(result)
             if result.stream_mismatch:
                 metrics.stream_mismatches.inc()
             for event in emit.finish(result):
