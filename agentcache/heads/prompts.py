@@ -61,6 +61,13 @@ def token_prompts(
     return [tokenized_prompt(model, ids[s : s + context]) for s in starts]
 
 
+def text_of_tokens(model: LoadedModel, texts: list[str], tokens: int) -> str:
+    """The first `tokens` tokens of `texts` joined (repeated when they are shorter), as text."""
+    enc = model.tokenizer.encode("\n\n".join(texts))
+    ids = (enc * (1 + tokens // max(len(enc), 1)))[:tokens]
+    return model.tokenizer.decode(ids)
+
+
 def tokenized_prompt(model: LoadedModel, ids: list[int]) -> TokenizedPrompt:
     seg = Segment(SegmentKind.SYSTEM, model.tokenizer.decode(ids), "text")
     return TokenizedPrompt((TokenizedSegment(seg, tuple(ids), 0),), tuple(ids))

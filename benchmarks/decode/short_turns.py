@@ -35,7 +35,7 @@ from tqdm import tqdm
 from agentcache.bench.provenance import provenance, provenance_line
 from agentcache.bench.results import write_run
 from agentcache.decode.config import DecodeConfig
-from agentcache.heads.prompts import load_texts
+from agentcache.heads.prompts import load_texts, text_of_tokens
 from agentcache.model.loading import LoadedModel, load_model
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.runtime.engine import Engine, EngineConfig, GenerationParams
@@ -46,10 +46,8 @@ QUESTION = "Which file should be changed first, and why?"
 
 def prompt(model: LoadedModel, texts: list[str], tokens: int) -> SegmentedPrompt:
     """The first `tokens` tokens of `texts` (a system segment), then the question."""
-    enc = model.tokenizer.encode("\n\n".join(texts))
-    ids = (enc * (1 + tokens // max(len(enc), 1)))[:tokens]
-    return SegmentedPrompt([Segment(SegmentKind.SYSTEM, model.tokenizer.decode(ids), "doc",
-                                    "system"),
+    doc = text_of_tokens(model, texts, tokens)
+    return SegmentedPrompt([Segment(SegmentKind.SYSTEM, doc, "doc", "system"),
                             Segment(SegmentKind.UPDATE, QUESTION, "q", "user")])  # fmt: skip
 
 

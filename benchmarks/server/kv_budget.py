@@ -40,7 +40,7 @@ from agentcache.bench.provenance import provenance, provenance_line
 from agentcache.bench.results import write_run
 from agentcache.bench.server.at_once import generate_at_once
 from agentcache.decode.config import DecodeConfig
-from agentcache.heads.prompts import load_texts
+from agentcache.heads.prompts import load_texts, text_of_tokens
 from agentcache.kv.pool import PoolConfig
 from agentcache.model.loading import LoadedModel, load_model
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
@@ -53,13 +53,6 @@ QUESTIONS = ("Which file should be changed first, and why?",
              "What should the next step be?")  # fmt: skip
 QUESTION_ROOM = 64  # tokens kept for the chat format and an agent's question
 WORKLOAD = Path(__file__).resolve().parents[1] / "workloads" / "swe_agent.jsonl"
-
-
-def document(model: LoadedModel, texts: list[str], tokens: int) -> str:
-    """The first `tokens` tokens of `texts` joined (repeated when they are shorter), as text."""
-    enc = model.tokenizer.encode("\n\n".join(texts))
-    ids = (enc * (1 + tokens // max(len(enc), 1)))[:tokens]
-    return model.tokenizer.decode(ids)
 
 
 def prompts(doc: str, agents: int) -> list[SegmentedPrompt]:
@@ -186,7 +179,7 @@ def measure(
     new_tokens: int, budget_turns: float, repeats: int, texts: list[str],
 ) -> dict[str, Any]:  # fmt: skip
     """Every policy's runs, repeat by repeat (order rotated), and their summary."""
-    doc = document(model, texts, context - QUESTION_ROOM - new_tokens)
+    doc = text_of_tokens(model, texts, context - QUESTION_ROOM - new_tokens)
     asks = prompts(doc, agents)
     e0 = Engine(model, EngineConfig(strategy="prefix"))
     prompt_tokens = max(e0.tokenize(a).num_tokens for a in asks)

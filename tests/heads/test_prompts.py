@@ -6,7 +6,7 @@ import pytest
 
 from agentcache.bench.decode.needle import NEEDLE, QUESTION, needle_prompt, needle_prompts
 from agentcache.errors import AgentCacheError
-from agentcache.heads.prompts import load_texts, token_prompts
+from agentcache.heads.prompts import load_texts, text_of_tokens, token_prompts
 from agentcache.model.loading import LoadedModel
 from tests.decode.conftest import TEXT
 
@@ -49,3 +49,10 @@ def test_needle_prompts_spread_the_needle_over_depths_and_haystacks(tiny: Loaded
     depths = [t.index(NEEDLE) / (len(t) - len(NEEDLE) - len(QUESTION)) for t in texts]
     assert depths == pytest.approx([0.1, 0.5, 0.9], abs=0.01)
     assert all(t.endswith(QUESTION) for t in texts) and texts[0][:50] != texts[2][:50]
+
+
+def test_text_of_tokens_cuts_the_joined_texts_and_repeats_short_ones(tiny: LoadedModel) -> None:
+    enc = tiny.tokenizer.encode("ab\n\ncd")
+    assert text_of_tokens(tiny, ["ab", "cd"], 3) == tiny.tokenizer.decode(enc[:3])
+    longer = len(enc) * 2 + 1  # more tokens than the texts hold: they repeat
+    assert text_of_tokens(tiny, ["ab", "cd"], longer) == tiny.tokenizer.decode((enc * 3)[:longer])
