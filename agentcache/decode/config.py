@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ class DecodeConfig:
     budget_pages: top-K pages per KV head besides the sink page and the newest pages. Zero or
     less is rejected here; a budget larger than a sequence's context is clamped to it, with a
     warning, and reported (`DecodeStats.budget_clamped`).
-    profile: a head-profile JSON; None means `<profile_dir>/<model id>.json`, with profile_dir
+    profile: a head-profile JSON (a Path, str or os.PathLike; kept as a Path); None means `<profile_dir>/<model id>.json`, with profile_dir
     defaulting to `<agentcache cache dir>/profiles`.
     verify: draft length of greedy self-speculative decoding, 0 = off. The sparse decoder
     drafts up to `verify` tokens, then one dense pass over them (every page, the offloaded
@@ -67,6 +68,12 @@ class DecodeConfig:
             policy(**self.policy_options)  # a bad option value fails here, named by the policy
         except TypeError as e:
             raise ValueError(f"decode policy {self.policy!r}: {e}") from None
+        for name in ("profile", "profile_dir"):  # a path as a str or os.PathLike, kept a Path
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                if not isinstance(value, str | os.PathLike):
+                    raise ValueError(f"{name} must be a path, got {value!r}")
+                object.__setattr__(self, name, Path(value))
         for name in ("dense_fallback", "short_dense"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")

@@ -169,3 +169,14 @@ def test_a_switch_that_is_not_a_bool_is_named(name: str) -> None:
 
     with pytest.raises(ValueError, match=f"^{name} must be True or False, got 'false'$"):
         DecodeConfig("flexicache", **{name: "false"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["profile", "profile_dir"])
+def test_a_profile_path_may_be_a_str_and_must_be_a_path(name: str, tmp_path: Path) -> None:
+    from agentcache.decode.config import DecodeConfig
+
+    config = DecodeConfig("flexicache", **{name: str(tmp_path / "p.json")})
+    assert getattr(config, name) == tmp_path / "p.json"
+    assert isinstance(getattr(config, name), Path)
+    with pytest.raises(ValueError, match=f"^{name} must be a path, got 3$"):
+        DecodeConfig("flexicache", **{name: 3})
