@@ -323,6 +323,9 @@ server() {
     $py benchmarks/server/step_bound.py --rows 1 4 8 16 --threads $t --repeats 30 \
       --out docs/bench/server/step-bound/smollm2-t$t
   done
+  # docs/server.md "Batched decode": the same on the 2-core AMD EPYC, 1 thread
+  $py benchmarks/server/step_bound.py --rows 1 4 8 16 --threads 1 --repeats 30 \
+    --out docs/bench/server/step-bound/epyc-t1
   # docs/server.md "Batched decode": one call of 16 to 32 rows (this CPU's call rule)
   $py benchmarks/server/step_bound.py --rows 1 16 24 32 --threads 1 --repeats 30 \
     --out docs/bench/server/step-bound/smollm2-t1-calls

@@ -10,6 +10,7 @@
 #   smollm2-48-t1-burst  1, 4 and 16 agents, 1 thread, each batched engine also with
 #                     prefill bursts of 2048 tokens (`batched` there is prefill_burst_tokens=0)
 #   smollm2-48-t2-burst  the same with 2 torch threads
+#   epyc-48-t2-burst     the same on a 2-core AMD EPYC (calls of any multiple of 4 rows there)
 # (smollm2-48 and smollm2-48-quiet, older: 1/4/16 agents, 2 repeats, with the command
 # `nice -n -5 python benchmarks/server/batch_decode.py --agents 1 4 16 --new-tokens 48 --repeats 2
 # --out <dir>` at the commits their results.json record.)
@@ -36,4 +37,7 @@ HF_HUB_OFFLINE=1 nice -n -5 python benchmarks/server/batch_decode.py --agents 1 
 uptime
 HF_HUB_OFFLINE=1 nice -n -5 python benchmarks/server/batch_decode.py --agents 1 4 16 --new-tokens 48 \
     --repeats 3 --threads 2 --bursts 2048 --out docs/bench/server/batching/smollm2-48-t2-burst
+uptime
+HF_HUB_OFFLINE=1 python benchmarks/server/batch_decode.py --agents 1 4 16 --new-tokens 48 \
+    --repeats 3 --threads 2 --bursts 2048 --out docs/bench/server/batching/epyc-48-t2-burst
 uptime
