@@ -19,8 +19,9 @@ class DecodeConfig:
     budget_pages: top-K pages per KV head besides the sink page and the newest pages. Zero or
     less is rejected here; a budget larger than a sequence's context is clamped to it, with a
     warning, and reported (`DecodeStats.budget_clamped`).
-    profile: a head-profile JSON (a Path, str or os.PathLike; kept as a Path); None means `<profile_dir>/<model id>.json`, with profile_dir
-    defaulting to `<agentcache cache dir>/profiles`.
+    profile: a head-profile JSON (a Path, str or os.PathLike; kept as a Path); None means
+    `<profile_dir>/<model id>.json`, with profile_dir defaulting to `<agentcache cache
+    dir>/profiles`.
     verify: draft length of greedy self-speculative decoding, 0 = off. The sparse decoder
     drafts up to `verify` tokens, then one dense pass over them (every page, the offloaded
     heads' from the host tier) keeps the drafted tokens dense decoding agrees with and the

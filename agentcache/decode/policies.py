@@ -66,14 +66,24 @@ class Dense(DecodePolicy):
 
 @DECODE_POLICIES.register("quest")
 class Quest(DecodePolicy):
-    """Top-K sparse attention, every head reranked every step, full KV in the fast tier: the
-    baseline for rerank cost."""
+    """Top-K sparse attention over every head, no profile. `interval` 1 (the default): every
+    head reranked every step, full KV in the fast tier, the baseline for rerank cost. Above 1:
+    every head reranked every `interval` steps and offloaded (full KV in the host tier, sink +
+    top-K + tail in the fast tier), FlexiCache's treatment of stable heads given to all of
+    them: the smallest fast tier per turn, for verified decoding, whose output is dense's
+    whatever the plan (`quest:interval=16:verify=8`)."""
 
     name = "quest"
+    options: ClassVar[dict[str, type[Any]]] = {"interval": int}
+
+    def __init__(self, interval: int = 1) -> None:
+        if interval < 1:
+            raise ValueError(f"quest option interval must be >= 1 step, got {interval}")
+        self.interval = interval
 
     def plan(self, num_layers: int, num_kv_heads: int, profile: HeadProfile | None) -> HeadPlan:
-        off = torch.zeros(num_layers, num_kv_heads, dtype=torch.bool)
-        return HeadPlan(True, _fill(num_layers, num_kv_heads, 1), off)
+        off = torch.full((num_layers, num_kv_heads), self.interval > 1, dtype=torch.bool)
+        return HeadPlan(True, _fill(num_layers, num_kv_heads, self.interval), off)
 
 
 @DECODE_POLICIES.register("flexicache")

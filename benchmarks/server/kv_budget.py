@@ -7,7 +7,8 @@ dense, aggregate tokens/s on one embedded engine.
         --profile docs/bench/decode/smollm2-135m-instruct-18ddc7c854863b5228beb2a367be0eaa.json \
         --out docs/bench/server/kv-budget/smollm2-ctx4096
 
-N agents read the same document (the swe_agent workload's texts, cut so that the document,
+N agents read the same document (the swe_agent workload's texts unless --workload names
+another, cut so that the document,
 an agent's question and its new tokens make --context tokens) and each asks its own question,
 all at once, greedy. One engine per decode policy, each with the same KV pool
 (`EngineConfig.kv_bytes` = --budget-turns turns' pages: prompt, new tokens and the reply's
@@ -210,6 +211,8 @@ def main() -> None:
                     help="the KV pool: this many dense turns' pages")  # fmt: skip
     ap.add_argument("--policies", default="dense,flexicache,flexicache:verify=8")
     ap.add_argument("--profile", type=Path, default=None, help="head profile (sparse policies)")
+    ap.add_argument("--workload", type=Path, default=WORKLOAD,
+                    help="the workload whose texts make the document")  # fmt: skip
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--out", type=Path, required=True)
@@ -221,9 +224,10 @@ def main() -> None:
     origin = provenance(script="benchmarks/server/kv_budget.py")
     model = load_model(None)
     out = measure(model, policies, args.profile, args.agents, args.context, args.new_tokens,
-                  args.budget_turns, args.repeats, load_texts(WORKLOAD))  # fmt: skip
+                  args.budget_turns, args.repeats, load_texts(args.workload))  # fmt: skip
     results = {"provenance": origin,
                "settings": vars(args) | {"out": str(args.out), "profile": str(args.profile),
+                                         "workload": str(args.workload),
                                          "model": model.model_id, "greedy": True},
                **out}  # fmt: skip
     text = write_run(args.out, results, report)

@@ -120,6 +120,8 @@ def test_a_bad_profile_is_named_before_decoding(
          "key=value, keys: verify, budget, recent, top_p, fraction, window"),
         ("dense,flexicache:window=4", "option 'window=4' in 'flexicache:window=4': use key=value, "
          "keys: verify, budget, recent, top_p"),
+        ("dense,quest:interval=0", "quest option interval must be >= 1 step, got 0"),
+        ("dense,quest:interval=x", "option 'interval=x' in 'quest:interval=x': not an integer"),
         ("flexicache", "the policies must include dense"),
     ],
 )  # fmt: skip

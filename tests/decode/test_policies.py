@@ -59,6 +59,20 @@ def test_multiscale_interval_grows_with_stability() -> None:
     assert sorted(set(iv[~stable].tolist())) == [1]
 
 
+@pytest.mark.parametrize(("interval", "offloaded"), [(1, 0), (2, L * H), (16, L * H)])
+def test_quest_with_an_interval_offloads_every_head(interval: int, offloaded: int) -> None:
+    plan = DECODE_POLICIES.get("quest")(interval=interval).plan(L, H, None)
+    assert plan.sparse and sorted(set(plan.rerank_interval.flatten().tolist())) == [interval]
+    assert int(plan.offload.sum()) == offloaded and plan.streaming is None
+
+
+@pytest.mark.parametrize("interval", [0, -3])
+def test_quest_rejects_a_bad_interval(interval: int) -> None:
+    needle = f"quest option interval must be >= 1 step, got {interval}"
+    with pytest.raises(ValueError, match=needle):
+        DECODE_POLICIES.get("quest")(interval=interval)
+
+
 def test_unknown_policy_lists_the_known_ones() -> None:
     with pytest.raises(UnknownStrategyError, match="flexicache"):
         DECODE_POLICIES.get("nope")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentcache.decode.config import DecodeConfig
+from agentcache.decode.config import DecodeConfig, parse_policy_spec
 from agentcache.decode.decoder import SparseDecoder
 from agentcache.decode.policies import DECODE_POLICIES
 from agentcache.heads.prompts import tokenized_prompt
@@ -28,7 +28,9 @@ def prompt(tiny: LoadedModel, n: int = 300, seed: int = 0) -> list[int]:
     return torch.randint(0, 256, (n,)).tolist()
 
 
-@pytest.mark.parametrize("policy", ["quest", "flexicache", "multiscale", "streaming"])
+@pytest.mark.parametrize(
+    "policy", ["quest", "quest:interval=4", "flexicache", "multiscale", "streaming"]
+)
 @pytest.mark.parametrize("draft", [1, 4, 7])
 def test_verified_sparse_decode_equals_dense_decode(
     tiny: LoadedModel, profile_file: Path, policy: str, draft: int
@@ -36,7 +38,8 @@ def test_verified_sparse_decode_equals_dense_decode(
     ids = tokenized_prompt(tiny, prompt(tiny))
     params = GenerationParams(max_new_tokens=60)
     dense = engine(tiny).generate(ids, params, commit=False)
-    decode = {"policy": policy, "budget_pages": 10, "profile": profile_file}
+    name, options = parse_policy_spec(policy)
+    decode = {"policy": name, "budget_pages": 10, "profile": profile_file, **options}
     if policy == "streaming":  # windows slide across page boundaries and back after a cut
         decode["policy_options"] = {"window": 2}
     unverified = engine(tiny, **decode).generate(ids, params, commit=False)
@@ -47,7 +50,7 @@ def test_verified_sparse_decode_equals_dense_decode(
     s = verified.stats.decode
     assert s is not None and s.verify_passes > 0 and not s.verify_skipped
     assert 0 < s.accepted_tokens < s.drafted_tokens  # some drafts kept, some rejected
-    assert s.host_bytes_read > 0 or policy == "quest"  # quest offloads nothing
+    assert s.host_bytes_read > 0 or policy == "quest"  # quest offloads nothing (interval 1)
 
 
 def assert_dense_path(

@@ -20,13 +20,15 @@ from tests.decode.conftest import make_profile
 from tests.runtime.test_batch_step import pool_of, prefilled
 
 STEPS = 24  # a few reranks of every interval below, pages opened, windows slid
-PROMPTS = {"quest": 100, "flexicache": 131, "multiscale": 77, "streaming": 150}
+PROMPTS = {"quest": 100, "quest-interval": 113, "flexicache": 131, "multiscale": 77,
+           "streaming": 150}  # fmt: skip
 
 
 def plan(model: LoadedModel, name: str) -> HeadPlan:
     c = model.config
     policy = {
         "quest": Quest(),
+        "quest-interval": Quest(interval=4),  # every head offloaded
         "flexicache": FlexiCache(stable_interval=4),
         "multiscale": MultiScale(),
         "streaming": Streaming(window=2, stable_interval=4),
@@ -39,7 +41,7 @@ def sparse(model: LoadedModel, name: str) -> SparseDecoder:
     c, n = model.config, PROMPTS[name]
     g = torch.Generator().manual_seed(n)
     keys, values = torch.randn(2, c.num_layers, n, c.num_kv_heads, c.head_dim, generator=g)
-    config = DecodeConfig(name, budget_pages=2)
+    config = DecodeConfig(name.split("-")[0], budget_pages=2)
     return SparseDecoder(model.forward, plan(model, name), config, keys, values, n + STEPS)
 
 
@@ -86,8 +88,8 @@ def test_sparse_rows_beside_dense_ones_agree_with_their_one_sequence_steps(
         want = [one_step(tiny.forward, ref_dense[0], first, ref_dense[0].num_tokens)]
         want += [d.step(t, p) for d, t, p in zip(alone, fed, position, strict=True)]
         want.append(one_step(tiny.forward, ref_dense[1], last, ref_dense[1].num_tokens))
-        for got, ref in zip(logits, want, strict=True):
-            torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+        for got, ref in zip(logits, want, strict=True):  # fp32 rounding (a one-row product
+            torch.testing.assert_close(got, ref, rtol=0, atol=5e-5)  # sums in another order)
     for b, a in zip(batched, alone, strict=True):
         assert untimed(b.stats()) == untimed(a.stats())
         for layer in range(tiny.config.num_layers):
@@ -95,6 +97,8 @@ def test_sparse_rows_beside_dense_ones_agree_with_their_one_sequence_steps(
     stats = alone[names.index("flexicache")].stats()
     assert stats.head_reranks > 0 and stats.pages_promoted > 0  # offloaded heads reranked
     assert alone[names.index("streaming")].stats().streaming_heads > 0
+    every = alone[names.index("quest-interval")]
+    assert bool(every.kv.offload.all()) and every.stats().pages_promoted > 0
 
 
 def test_a_sparse_row_gets_the_same_bits_in_any_batch(tiny: LoadedModel) -> None:
