@@ -345,6 +345,20 @@ server() {
     --out docs/bench/server/kv-budget/smollm2-ctx8192
   # (kv-budget/setup-in-place/ holds these three commands run again at 7032937; calls-of-16/ and
   # one-token-per-step/ the same at 3375b8d and c427000)
+  # docs/server.md "Every head offloaded": quest:interval=16:verify=8 beside flexicache:verify=8,
+  # on another document (reflexion's texts) and on this one at 4k and 8k; then alone at 4k
+  local q=dense,flexicache:verify=8,quest:interval=16:verify=8
+  local hp=docs/bench/decode/smollm2-135m-instruct-18ddc7c854863b5228beb2a367be0eaa.json
+  $py benchmarks/server/kv_budget.py --agents 12 --context 4096 --budget-turns 4 --policies $q \
+    --repeats 3 --profile $hp --workload benchmarks/workloads/reflexion.jsonl \
+    --out docs/bench/server/kv-budget/quest-tune-reflexion-ctx4096
+  for ctx in 4096 8192; do
+    $py benchmarks/server/kv_budget.py --agents 12 --context $ctx --budget-turns 4 --policies $q \
+      --repeats 3 --profile $hp --out docs/bench/server/kv-budget/quest-ctx$ctx
+  done
+  $ac bench-decode benchmarks/workloads/swe_agent.jsonl --threads 1 --context 4096 \
+    --new-tokens 64 --num-prompts 4 --no-teacher-forced --profile $hp --policies $q \
+    --out docs/bench/decode/quest-alone-ctx4096
   # docs/server.md "Replaying concurrent agents": agents with tool pauses over HTTP, the default
   # model, 1 thread per server (the vLLM targets need .venv-vllm: make .venv-vllm/.installed)
   local r=docs/bench/server/replay common="--model default --threads 1 --pause-median 2 --seed 0"
