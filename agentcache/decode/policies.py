@@ -70,15 +70,15 @@ class Quest(DecodePolicy):
     head reranked every step, full KV in the fast tier, the baseline for rerank cost. Above 1:
     every head reranked every `interval` steps and offloaded (full KV in the host tier, sink +
     top-K + tail in the fast tier), FlexiCache's treatment of stable heads given to all of
-    them: the smallest fast tier per turn, for verified decoding, whose output is dense's
-    whatever the plan (`quest:interval=16:verify=8`)."""
+    them: a smaller fast tier per turn than `flexicache`'s, for verified decoding, whose
+    output is dense's whatever the plan (`quest:interval=16:verify=8`)."""
 
     name = "quest"
     options: ClassVar[dict[str, type[Any]]] = {"interval": int}
 
     def __init__(self, interval: int = 1) -> None:
-        if interval < 1:
-            raise ValueError(f"quest option interval must be >= 1 step, got {interval}")
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ValueError(f"quest option interval must be >= 1 step, got {interval!r}")
         self.interval = interval
 
     def plan(self, num_layers: int, num_kv_heads: int, profile: HeadProfile | None) -> HeadPlan:

@@ -66,9 +66,9 @@ def test_quest_with_an_interval_offloads_every_head(interval: int, offloaded: in
     assert int(plan.offload.sum()) == offloaded and plan.streaming is None
 
 
-@pytest.mark.parametrize("interval", [0, -3])
+@pytest.mark.parametrize("interval", [0, -3, 2.5, True])
 def test_quest_rejects_a_bad_interval(interval: int) -> None:
-    needle = f"quest option interval must be >= 1 step, got {interval}"
+    needle = f"quest option interval must be >= 1 step, got {interval!r}"
     with pytest.raises(ValueError, match=needle):
         DECODE_POLICIES.get("quest")(interval=interval)
 
