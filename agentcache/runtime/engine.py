@@ -466,11 +466,13 @@ class Engine:
                 )
         elapsed = time.perf_counter() - t0
         d = self.decode
-        reason = d.fallback_reason or d.short_reason(pre_tokens, params.max_new_tokens)
+        short = d.short_reason(pre_tokens, params.max_new_tokens)
+        reason = d.fallback_reason or short
+        kind = "profile" if d.fallback_reason else "short" if short else None
         decode = DecodePart(
             decode_tokens=len(ids), decode_tokens_per_s=len(ids) / elapsed if elapsed > 0 else 0.0,
             decode_policy="dense" if reason else d.policy, decode_fallbacks=int(reason is not None),
-            decode_fallback_reason=reason, decode=decoder.stats(),
+            decode_fallback_reason=reason, decode_fallback_kind=kind, decode=decoder.stats(),
         )  # fmt: skip
         return ids, finish, decode
 

@@ -196,6 +196,9 @@ class DecodePart:
     decode_policy: str = "dense"
     decode_fallbacks: int = 0  # 1 when the configured decode policy fell back to dense
     decode_fallback_reason: str | None = None  # why (a profile error, a turn too short)
+    # the fallback's kind: "short" (a turn its sparse budget covers whole), "profile" (no
+    # usable head profile, under dense_fallback); None when the configured policy ran
+    decode_fallback_kind: str | None = None
     decode: DecodeStats | None = None  # sparse decode figures (None for dense)
 
 

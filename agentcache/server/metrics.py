@@ -227,9 +227,7 @@ class ServerMetrics:
         policy that ran (`fallback`: `short`, a turn its sparse budget covers whole; `profile`,
         no usable head profile; `none`) and what it retained."""
         report, decode = result.report, result.generation.stats
-        reason = decode.decode_fallback_reason
-        kind = "none" if reason is None else "short" if reason.startswith("short:") else "profile"
-        self.decode_turns.labels(decode.decode_policy, kind).inc()
+        self.decode_turns.labels(decode.decode_policy, decode.decode_fallback_kind or "none").inc()
         self._record_retention(result.retention)
         self.ttft.observe(report.ttft_s)
         self.prompt_tokens.inc(report.prompt_tokens)

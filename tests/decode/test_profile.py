@@ -115,3 +115,5 @@ def test_dense_fallback_only_when_asked_and_counted(
     assert g.stats.decode_policy == "dense" and g.stats.decode_fallbacks == 1
     assert g.stats.decode is None
     assert "other#1" in (e.decode.fallback_reason or "")
+    assert g.stats.decode_fallback_reason == e.decode.fallback_reason
+    assert g.stats.decode_fallback_kind == "profile"

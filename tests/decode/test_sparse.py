@@ -83,12 +83,14 @@ def test_a_turn_the_budget_covers_whole_decodes_densely_and_says_so(
         f"short: {s.prompt_tokens} + 40 tokens fill {pages} pages, every one within the budget "
         "of 10000 (a sparse decoder would attend them all)"
     )
+    assert s.decode_fallback_kind == "short"
     # a budget one page short of the rankable pages (all but the sink and 2 recent): sparse
     budget = pages - 1 - 2 - 1
     _, sparse = dense_and(tiny, long_prompt, policy=policy, budget_pages=budget,
                           profile=profile_file)  # fmt: skip
     assert sparse.stats.decode is not None and sparse.stats.decode_policy == policy
     assert sparse.stats.decode_fallbacks == 0 and sparse.stats.decode_fallback_reason is None
+    assert sparse.stats.decode_fallback_kind is None
 
 
 def test_full_budget_logits_match_dense_step_by_step(tiny: LoadedModel) -> None:
