@@ -24,6 +24,7 @@ import bisect
 import itertools
 import math
 import mmap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NewType
 
@@ -108,6 +109,8 @@ class PagePool:
         self._fresh = 0
         self._refcount = [0] * c.num_pages
         self.peak_pages_used = 0
+        # called with each page whose last reference is released (`SharedPages` forgets it)
+        self.on_free: Callable[[PageId], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -181,6 +184,8 @@ class PagePool:
             self._refcount[p] -= 1
             if self._refcount[p] == 0:
                 self._free.append(p)
+                if self.on_free is not None:
+                    self.on_free(p)
 
 
 @dataclass
@@ -239,6 +244,29 @@ class SequenceKV:
             if b > a:
                 self._add_span(int(new[a]), int(new[b - 1]) + 1)
         return new
+
+    def share_page(self, index: int, page: PageId) -> None:
+        """Hold `page` (a page of the pool another sequence holds, with the same K/V) as this
+        sequence's page `index`, a full page, and give back the one it held there: the
+        tokens' slots move to `page`. Nothing may write either page afterwards."""
+        size = self.table.page_size
+        if (index + 1) * size > self.table.num_tokens:
+            raise ValueError(f"page {index} of the sequence is not full")
+        own = self.table.pages[index]
+        if own == page:
+            return
+        self.pool.incref(page)
+        self.table.pages[index] = page
+        self.pool.release([own])
+        self._slots[index * size : (index + 1) * size] = torch.arange(
+            page * size, (page + 1) * size
+        )
+        self._spans = []
+        runs = torch.sort(self._slots).values
+        cuts = [0, *((torch.diff(runs) != 1).nonzero().flatten() + 1).tolist(), len(runs)]
+        for a, b in itertools.pairwise(cuts):
+            if b > a:
+                self._spans.append((int(runs[a]), int(runs[b - 1]) + 1))
 
     def _add_span(self, start: int, end: int) -> None:
         """Insert slots [start, end), merging with the spans it touches."""

@@ -61,6 +61,11 @@ class EngineConfig:
     # 2048 chosen on a replay of the chat workload's tuning sessions (docs/server.md
     # "Prefill bursts")
     prefill_burst_tokens: int = 2048
+    # running turns whose prompts open with the same tokens hold one copy of their full pages'
+    # K/V when it is the same, bit for bit (kv/shared.py): each turn's output is what it is
+    # alone, and the pool holds a common document or system prompt once. False: each turn
+    # holds its own pages
+    share_pages: bool = True
 
     def __post_init__(self) -> None:
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones
@@ -83,6 +88,8 @@ class EngineConfig:
         if isinstance(burst, bool) or not isinstance(burst, int) or burst < 0:
             raise ConfigError(f"prefill_burst_tokens must be a whole number of tokens >= 0 (0: "
                               f"one prefill per decode step), got {burst!r}")  # fmt: skip
+        if not isinstance(self.share_pages, bool):
+            raise ConfigError(f"share_pages must be True or False, got {self.share_pages!r}")
         chunk = self.prefill_chunk_tokens
         whole = isinstance(chunk, int) and not isinstance(chunk, bool)
         if chunk is not None and not (whole and chunk >= 0):

@@ -28,6 +28,7 @@ from agentcache.errors import ConfigError, ContextLengthError, OutOfPagesError
 from agentcache.kv.memory_store import MemorySegmentStore
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
 from agentcache.kv.preemption import PREEMPTION_POLICIES, PreemptionPolicy, Swap
+from agentcache.kv.shared import SharedPages
 from agentcache.kv.store import SegmentStore, segment_content_id
 from agentcache.model.loading import LoadedModel
 from agentcache.model.tokenizer import TextTokenizer
@@ -35,6 +36,7 @@ from agentcache.prompt.reply import close_reply
 from agentcache.prompt.segments import Segment, SegmentedPrompt
 from agentcache.prompt.tokenize import TokenizedPrompt, tokenize_prompt
 from agentcache.reuse.base import STRATEGIES, PrefillResult, ReuseContext, ReuseStrategy
+from agentcache.reuse.prefix import block_chain, chain_scope
 from agentcache.reuse.segments import REUSABLE
 from agentcache.runtime import chunked
 from agentcache.runtime.config import EngineConfig
@@ -101,6 +103,10 @@ class Engine:
         burst = self.config.prefill_burst_tokens if self.config.batch_decode else 0
         self._lock = FairLock(self.config.prefill_order == "shortest", burst_tokens=burst)
         self.gate = PageGate(self.ctx.pool, self._lock)
+        # running turns' full prompt pages, for the next turn with the same opening to share
+        self.shared: SharedPages | None = None
+        if self.config.share_pages:
+            self.shared = SharedPages(self.ctx.pool)
         self.batch: BatchScheduler | None = None
         if self.config.batch_decode:
             policy = self._preemption_policy()
@@ -225,6 +231,7 @@ class Engine:
         self._check_fits(tokens, params)
         with self.gate.admit(self._pages_for(tokens, params)) as seq:
             strat, pre, ttft = self._prefill_commit(strategy, tokens, seq, commit, cancel)
+            shared = self._share(tokens, seq)
 
             def refill(empty: SequenceKV) -> None:  # a preempted turn's prompt, recomputed
                 work = self._chunked(strat, tokens, empty)  # as it first ran: the same bits
@@ -239,8 +246,23 @@ class Engine:
                 with self._turn_lock(), torch.inference_mode():
                     reply_kv = self._commit_reply(strat, tokens, seq, pre, ids, segment)
         prefill = PrefillPart.of(strat.name, pre.stats, ttft)
-        stats = TurnStats.of(prefill=prefill, decode=decode, reply_kv=reply_kv)
+        stats = TurnStats.of(prefill=prefill, decode=decode, reply_kv=reply_kv,
+                             shared_pages=shared)  # fmt: skip
         return Generation(text, tuple(ids), finish, pre.logits, stats)
+
+    def _share(self, tokens: TokenizedPrompt, seq: SequenceKV) -> int:
+        """After the turn's prefill, its full prompt pages whose K/V a running turn holds too
+        (the same opening, the same bits) become that turn's pages, its own given back to the
+        pool (`kv/shared.py`); its other full pages are offered to later turns. Returns the
+        pages shared."""
+        if self.shared is None or seq.num_tokens < self.config.page_size:
+            return 0
+        chain = block_chain(tokens.ids, self.config.page_size, chain_scope(tokens))
+        with self._turn_lock(), torch.inference_mode():
+            shared = self.shared.share(seq, chain)
+        if shared:
+            self.gate.wake()  # pages given back: a waiting turn may fit now
+        return shared
 
     def _turn_lock(self) -> AbstractContextManager[object]:
         """The engine's lock for a running turn's short work between its prefill and its

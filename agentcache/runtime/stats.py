@@ -208,6 +208,9 @@ class TurnStats(PrefillFields, DecodePart):
 
     # the reply's KV stored for the next turn, or why not (a string value is converted)
     reply_kv: ReplyKV | None = None
+    # full prompt pages the turn held in common with running turns (the same K/V, bit for
+    # bit; EngineConfig.share_pages) instead of its own, from the end of its prefill
+    shared_pages: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -216,9 +219,11 @@ class TurnStats(PrefillFields, DecodePart):
 
     @classmethod
     def of(
-        cls, *, prefill: PrefillPart, decode: DecodePart, reply_kv: ReplyKV | None = None
-    ) -> TurnStats:
-        return cls(**_shallow(prefill), **_shallow(decode), reply_kv=reply_kv)
+        cls, *, prefill: PrefillPart, decode: DecodePart, reply_kv: ReplyKV | None = None,
+        shared_pages: int = 0,
+    ) -> TurnStats:  # fmt: skip
+        return cls(**_shallow(prefill), **_shallow(decode), reply_kv=reply_kv,
+                   shared_pages=shared_pages)  # fmt: skip
 
 
 def _shallow(part: PrefillPart | DecodePart) -> dict[str, Any]:

@@ -171,6 +171,11 @@ def add_security(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preemption-host-bytes", type=byte_size, default=None, metavar="SIZE",
                    help="with --preemption swap: host memory for swapped KV at once; beyond "
                    "it a preempted request is recomputed (default: 1GiB)")  # fmt: skip
+    p.add_argument("--no-share-pages", dest="share_pages", action="store_false",
+                   help="embedded backend: each request holds its own KV pages (default: running "
+                   "requests of one tenant whose prompts open alike hold the opening's pages "
+                   "once where their K/V is the same, bit for bit; outputs are the same either "
+                   "way)")  # fmt: skip
     p.add_argument("--conversation-bytes", type=positive_int, default=64 * MiB,
                    help="memory for what the server remembers of conversations (default: "
                    "64 MiB; the least recently used are forgotten)")  # fmt: skip
@@ -309,6 +314,9 @@ def check_flags(args: argparse.Namespace, max_active: int | None) -> None:
                           "decode (drop --no-batch-decode / --backend vllm)")  # fmt: skip
     if args.preemption_host_bytes is not None and args.preemption != "swap":
         raise ConfigError("--preemption-host-bytes applies to --preemption swap only")
+    if not args.share_pages and args.backend != "embedded":
+        raise ConfigError("--no-share-pages applies to the embedded backend (vLLM's prefix "
+                          "cache shares its blocks itself)")  # fmt: skip
     reserve = args.retention_tenant_reserve
     if reserve is not None and reserve > args.retention_tenant_share:
         raise ConfigError(f"--retention-tenant-reserve {reserve:g} exceeds "
@@ -467,6 +475,7 @@ def serving_engine(args: argparse.Namespace, model: str | None, cache_dir: Path)
         prefill_order=default.prefill_order if args.prefill_order is None else args.prefill_order,
         prefill_burst_tokens=default.prefill_burst_tokens
         if args.prefill_burst_tokens is None else args.prefill_burst_tokens,
+        share_pages=args.share_pages,
     )  # fmt: skip
     try:
         return Engine(loaded, engine_config)

@@ -123,6 +123,11 @@ class ServerMetrics:
             "turns decoded, by the decode policy that ran and why a sparse one fell back",
             ["policy", "fallback"], registry=r,
         )  # fmt: skip
+        self.shared_pages = Counter(
+            "agentcache_shared_pages", "KV pages turns held in common with running turns (the "
+            "same opening, the same K/V bits) instead of their own, since start",
+            registry=r,
+        )  # fmt: skip
         self.stream_mismatches = Counter(
             "agentcache_stream_mismatches", "streams whose pieces differ from the final text",
             registry=r,
@@ -228,6 +233,7 @@ class ServerMetrics:
         no usable head profile; `none`) and what it retained."""
         report, decode = result.report, result.generation.stats
         self.decode_turns.labels(decode.decode_policy, decode.decode_fallback_kind or "none").inc()
+        self.shared_pages.inc(decode.shared_pages)
         self._record_retention(result.retention)
         self.ttft.observe(report.ttft_s)
         self.prompt_tokens.inc(report.prompt_tokens)

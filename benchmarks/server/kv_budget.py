@@ -3,7 +3,8 @@
 dense, aggregate tokens/s on one embedded engine.
 
     nice -n -5 python benchmarks/server/kv_budget.py --agents 12 --context 4096 \
-        --budget-turns 4 --policies dense,flexicache,flexicache:verify=8 --repeats 3 \
+        --budget-turns 4 --policies dense,flexicache,flexicache:verify=8,dense+shared \
+        --repeats 3 \
         --profile docs/bench/decode/smollm2-135m-instruct-18ddc7c854863b5228beb2a367be0eaa.json \
         --out docs/bench/server/kv-budget/smollm2-ctx4096
 
@@ -18,6 +19,12 @@ gives back all but as many as its fast tier fills once its decoder holds the KV
 run at once (`PageGate.peak_running`). Before each run one request commits the document's KV,
 and every agent's turn runs `prefix` (the document loaded, its question computed), so the run
 is mostly decode, as in the sessions of agents that share their context.
+
+The agents share the document only so that loading it is cheap: each engine runs with
+`share_pages` off, each turn holding its own pages, so the run stands for N agents with
+contexts of their own. A policy named with `+shared` (`dense+shared`) runs on an engine with
+it on (`EngineConfig.share_pages`, kv/shared.py): the turns hold the document's full pages
+once, as N agents reading one document or system prompt would.
 
 Per run: tokens over the wall time from the common start to the last reply, the most turns
 running at once, TTFT per agent, and the scheduler's counts; each repeat runs every policy,
@@ -52,6 +59,7 @@ QUESTIONS = ("Which file should be changed first, and why?",
              "List the commands run so far.", "Which function handles the parsing?",
              "What would a minimal patch look like?", "Is an earlier issue mentioned?",
              "What should the next step be?")  # fmt: skip
+SHARED = "+shared"  # a policy on an engine whose turns share common pages
 QUESTION_ROOM = 64  # tokens kept for the chat format and an agent's question
 WORKLOAD = Path(__file__).resolve().parents[1] / "workloads" / "swe_agent.jsonl"
 
@@ -71,9 +79,9 @@ def budget_bytes(model: LoadedModel, prompt_tokens: int, new_tokens: int, turns:
     return int(turns * pages * pool.page_bytes)
 
 
-def engine(model: LoadedModel, decode: DecodeConfig, kv_bytes: int) -> Engine:
+def engine(model: LoadedModel, decode: DecodeConfig, kv_bytes: int, share: bool) -> Engine:
     return Engine(model, EngineConfig(strategy="prefix", kv_bytes=kv_bytes, batch_decode=True,
-                                      decode=decode))  # fmt: skip
+                                      decode=decode, share_pages=share))  # fmt: skip
 
 
 def run(e: Engine, agents: list[SegmentedPrompt], params: GenerationParams) -> dict[str, Any]:
@@ -82,6 +90,7 @@ def run(e: Engine, agents: list[SegmentedPrompt], params: GenerationParams) -> d
     e.generate(agents[0], GenerationParams(max_new_tokens=1), "prefix", commit=True)
     waited0 = e.gate.waited
     e.gate.peak_running = 0  # this run's
+    e.ctx.pool.peak_pages_used = e.ctx.pool.num_used
     got = generate_at_once(e, agents, params, "prefix")
     ids = [list(g.token_ids) for g in got.generations]
     fast = [0 if g.stats.decode is None
@@ -95,6 +104,8 @@ def run(e: Engine, agents: list[SegmentedPrompt], params: GenerationParams) -> d
               "passes": sum(d.verify_passes for d in stats)}  # fmt: skip
     return {"wall_s": got.wall_s, "tokens": tokens, "tokens_per_s": tokens / got.wall_s,
             "verify": verify,
+            "shared_pages": [g.stats.shared_pages for g in got.generations],
+            "peak_pages_used": e.ctx.pool.peak_pages_used,
             "ttft_s": got.ttft_s, "ids": ids, "peak_running": e.gate.peak_running,
             "waited": e.gate.waited - waited0, "fast_tier_bytes": fast,
             "pool_bytes": e.pool_config.pool_bytes}  # fmt: skip
@@ -113,6 +124,8 @@ def summarize(runs: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]
             "peak_running": [r["peak_running"] for r in rs],
             "ttft_p50_s": statistics.median(t for r in rs for t in r["ttft_s"]),
             "fast_tier_bytes_per_turn": max(max(r["fast_tier_bytes"]) for r in rs),
+            "shared_pages_per_turn": statistics.median(n for r in rs for n in r["shared_pages"]),
+            "peak_pages_used": [r["peak_pages_used"] for r in rs],
             **{
                 k: sum(r["verify"][k] for r in rs)
                 for k in ("decoded", "drafted", "accepted", "passes")
@@ -145,11 +158,13 @@ def report(results: dict[str, Any]) -> str:
         f"Model {s['model']}, {s['agents']} agents, prompts of {results['prompt_tokens']} tokens "
         f"(a shared document loaded by `prefix`, then the agent's question), "
         f"{s['new_tokens']} greedy new tokens each, KV pool {results['pool_bytes']} bytes "
-        f"({s['budget_turns']} dense turns), {s['repeats']} repeats; ratios within each repeat.",
+        f"({s['budget_turns']} dense turns, {results.get('pool_pages', '?')} pages), "
+        f"{s['repeats']} repeats; ratios within each repeat.",
         "",
         "| policy | tok/s (median) | over dense per repeat, median (range) | turns at once "
-        "| fast tier per turn (bytes) | TTFT p50 | agents = dense | same each repeat |",
-        "|---|---|---|---|---|---|---|---|",
+        "| fast tier per turn (bytes) | TTFT p50 | agents = dense | same each repeat "
+        "| pages shared per turn (median) | most pages in use |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in results["summary"].items():
         over = spread(row["over_dense"]) if "over_dense" in row else "-"
@@ -157,7 +172,9 @@ def report(results: dict[str, Any]) -> str:
         lines.append(
             f"| `{name}` | {row['tokens_per_s_median']:.2f} | {over} "
             f"| {', '.join(map(str, row['peak_running']))} | {row['fast_tier_bytes_per_turn']} "
-            f"| {row['ttft_p50_s']:.2f} s | {same} | {row['same_every_repeat']} |"
+            f"| {row['ttft_p50_s']:.2f} s | {same} | {row['same_every_repeat']} "
+            f"| {row['shared_pages_per_turn']:g} "
+            f"| {', '.join(map(str, row['peak_pages_used']))} |"
         )
     verified = {n: r for n, r in results["summary"].items() if r.get("passes")}
     if verified:
@@ -186,8 +203,9 @@ def measure(
     prompt_tokens = max(e0.tokenize(a).num_tokens for a in asks)
     kv_bytes = budget_bytes(model, prompt_tokens, new_tokens, budget_turns)
     params = GenerationParams(max_new_tokens=new_tokens)
-    configs = {p: DecodeConfig.from_spec(p, profile=profile) for p in policies}
-    engines = {p: engine(model, c, kv_bytes) for p, c in configs.items()}
+    configs = {p: DecodeConfig.from_spec(p.removesuffix(SHARED), profile=profile)
+               for p in policies}  # fmt: skip
+    engines = {p: engine(model, c, kv_bytes, p.endswith(SHARED)) for p, c in configs.items()}
     runs = []
     for rep in range(repeats):
         order = policies[rep % len(policies) :] + policies[: rep % len(policies)]
@@ -198,8 +216,9 @@ def measure(
             print(f"rep {rep} {p:24s} {r['tokens_per_s']:6.2f} tok/s  at once "
                   f"{r['peak_running']:2d}  load {r['load_avg']:.2f}", flush=True)  # fmt: skip
     scheduler = {p: vars(e.batch.stats()) for p, e in engines.items() if e.batch is not None}
+    pool_pages = next(iter(engines.values())).pool_config.num_pages
     return {"runs": runs, "summary": summarize(runs, policies), "prompt_tokens": prompt_tokens,
-            "pool_bytes": kv_bytes, "scheduler": scheduler}  # fmt: skip
+            "pool_bytes": kv_bytes, "pool_pages": pool_pages, "scheduler": scheduler}  # fmt: skip
 
 
 def main() -> None:

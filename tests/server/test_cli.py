@@ -257,6 +257,7 @@ def test_serve_sets_the_preemption_policy(
         (["--prefill-order", "shortest", "--backend", "vllm"], "--prefill-order applies"),
         (["--prefill-burst-tokens", "512", "--backend", "vllm"], "--prefill-burst-tokens needs"),
         (["--prefill-burst-tokens", "512", "--no-batch-decode"], "--prefill-burst-tokens needs"),
+        (["--no-share-pages", "--backend", "vllm"], "--no-share-pages applies"),
     ],
 )
 def test_bad_preemption_flags_fail_before_the_model_loads(
@@ -295,6 +296,15 @@ def test_serve_sets_the_prefill_order(
     engine = serve_engine(tiny, monkeypatch, tmp_path, "--prefill-order", "arrival")
     assert engine.config.prefill_order == "arrival" and not engine._lock.shortest_first
     assert engine._lock.burst_tokens == EngineConfig().prefill_burst_tokens  # the default
+
+
+def test_serve_shares_pages_unless_told_not_to(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    shared = serve_engine(tiny, monkeypatch, tmp_path)
+    assert shared.config.share_pages and shared.shared is not None
+    apart = serve_engine(tiny, monkeypatch, tmp_path, "--no-share-pages")
+    assert not apart.config.share_pages and apart.shared is None
 
 
 def test_serve_sets_the_prefill_burst(

@@ -142,6 +142,7 @@ def test_models_health_and_metrics(server_url: str) -> None:
     assert samples["agentcache_fallbacks_total"] == 0
     assert samples["agentcache_stream_mismatches_total"] == 0
     assert samples['agentcache_decode_turns_total{fallback="none",policy="dense"}'] == 2
+    assert samples["agentcache_shared_pages_total"] == 0  # one turn at a time: none to share
 
 
 def _error(r: httpx.Response) -> dict[str, Any]:
