@@ -359,6 +359,14 @@ server() {
   $ac bench-decode benchmarks/workloads/swe_agent.jsonl --threads 1 --context 4096 \
     --new-tokens 64 --num-prompts 4 --no-teacher-forced --profile $hp --policies $q \
     --out docs/bench/decode/quest-alone-ctx4096
+  # docs/server.md "Pages held in common": the same 12 agents, dense decoding on an engine whose
+  # requests hold the document's pages once (dense+shared), beside dense and
+  # flexicache:verify=8 without it, at 4k and 8k
+  $py benchmarks/server/kv_budget.py --agents 12 --context 4096 --budget-turns 4 \
+    --policies dense,dense+shared,flexicache:verify=8 --repeats 3 --profile $hp \
+    --out docs/bench/server/kv-budget/shared-ctx4096
+  $py benchmarks/server/kv_budget.py --agents 12 --context 8192 --budget-turns 4 \
+    --policies dense,dense+shared --repeats 3 --out docs/bench/server/kv-budget/shared-ctx8192
   # docs/server.md "Replaying concurrent agents": agents with tool pauses over HTTP, the default
   # model, 1 thread per server (the vLLM targets need .venv-vllm: make .venv-vllm/.installed)
   local r=docs/bench/server/replay common="--model default --threads 1 --pause-median 2 --seed 0"
