@@ -29,7 +29,9 @@ from agentcache.kv.pool import PageId, PagePool, SequenceKV
 class SharedPages:
     """The full prompt pages of running sequences, by chain id, for the next sequence to share.
 
-    Not thread-safe: the caller holds the lock its pool's other users hold."""
+    `candidates` and `settle` change the pool and the registry: the caller holds the lock the
+    pool's other users hold; `equal`, which reads a page of every layer twice per page
+    compared, need not."""
 
     def __init__(self, pool: PagePool) -> None:
         if pool.on_free is not None:
@@ -49,36 +51,84 @@ class SharedPages:
         if key is not None:
             del self._page[key]
 
+    def candidates(self, seq: SequenceKV, chain: Sequence[str]) -> list[tuple[int, PageId]]:
+        """Under the pool's lock, after `seq`'s prefill: (index, page) for each full page of
+        `seq` whose chain id (`chain[i]`, page i) is registered to another page, that page
+        pinned (a reference taken) so that it stays as it is while `equal` reads it outside
+        the lock; `settle` drops the pins. None for a sequence with holes (a sliding-window
+        layer's unloaded K/V)."""
+        if seq.holes is not None:
+            return []
+        full = min(len(chain), seq.num_tokens // self.pool.config.page_size)
+        found = []
+        for i in range(full):
+            other = self._page.get(chain[i])
+            if other is not None and other != seq.table.pages[i]:
+                self.pool.incref(other)
+                found.append((i, other))
+        return found
+
+    def equal(self, seq: SequenceKV, candidates: list[tuple[int, PageId]]) -> list[bool]:
+        """Whether each candidate page holds the same K/V as `seq`'s page at its index, bit for
+        bit, in every layer. Reads only pages nothing writes (`seq`'s full prompt pages, pinned
+        registered pages), so it may run outside the pool's lock; consecutive pages on both
+        sides are compared as one run."""
+        size = self.pool.config.page_size
+        keys, values = self.pool.keys, self.pool.values
+        pairs = [(seq.table.pages[i], other) for i, other in candidates]
+        out: list[bool] = []
+        start = 0
+        while start < len(pairs):
+            end = start + 1  # the run: own and other pages both consecutive
+            while (end < len(pairs) and pairs[end][0] == pairs[end - 1][0] + 1
+                   and pairs[end][1] == pairs[end - 1][1] + 1):  # fmt: skip
+                end += 1
+            a, b, n = pairs[start][0] * size, pairs[start][1] * size, (end - start) * size
+            if torch.equal(keys[:, a : a + n], keys[:, b : b + n]) and torch.equal(
+                values[:, a : a + n], values[:, b : b + n]
+            ):
+                out += [True] * (end - start)
+            else:  # some page of the run differs: page by page
+                out += [self._same(p, q) for p, q in pairs[start:end]]
+            start = end
+        return out
+
+    def settle(
+        self, seq: SequenceKV, chain: Sequence[str], candidates: list[tuple[int, PageId]],
+        equal: list[bool],
+    ) -> int:  # fmt: skip
+        """Under the pool's lock: each candidate found equal becomes `seq`'s page (its own
+        given back), every pin is dropped, and each other full page of `seq` is registered
+        when its chain id is free. Returns the pages shared."""
+        shared = 0
+        for (i, other), same in zip(candidates, equal, strict=True):
+            if same and self._page.get(chain[i]) == other:
+                seq.share_page(i, other)
+                shared += 1
+            elif not same:
+                self.unequal += 1
+            self.pool.release([other])  # the pin
+        if seq.holes is None:
+            full = min(len(chain), seq.num_tokens // self.pool.config.page_size)
+            for i in range(full):
+                own = seq.table.pages[i]
+                if chain[i] not in self._page and own not in self._key:
+                    self._page[chain[i]], self._key[own] = own, chain[i]
+        self.shared += shared
+        return shared
+
+    def share(self, seq: SequenceKV, chain: Sequence[str]) -> int:
+        """`candidates`, `equal` and `settle` at once, all under the caller's lock: after
+        `seq`'s prefill, each of its full pages whose chain id is registered to a page with
+        the same K/V becomes that page (its own given back); each other full page is
+        registered, when its chain id is free, for later sequences. Returns the pages
+        shared."""
+        found = self.candidates(seq, chain)
+        return self.settle(seq, chain, found, self.equal(seq, found))
+
     def _same(self, a: PageId, b: PageId) -> bool:
         """Pages `a` and `b` hold the same K/V, bit for bit, in every layer."""
         size = self.pool.config.page_size
         sa, sb = slice(a * size, (a + 1) * size), slice(b * size, (b + 1) * size)
         keys, values = self.pool.keys, self.pool.values
         return torch.equal(keys[:, sa], keys[:, sb]) and torch.equal(values[:, sa], values[:, sb])
-
-    def share(self, seq: SequenceKV, chain: Sequence[str]) -> int:
-        """After `seq`'s prefill: each of its full pages whose chain id (`chain[i]`, page i) is
-        registered to a page with the same K/V becomes that page (its own given back); each
-        other full page is registered, when its chain id is free, for later sequences.
-        Returns the pages shared. A sequence with holes (a sliding-window layer's unloaded
-        K/V) takes no part."""
-        if seq.holes is not None:
-            return 0
-        full = min(len(chain), seq.num_tokens // self.pool.config.page_size)
-        shared = 0
-        for i in range(full):
-            own, key = seq.table.pages[i], chain[i]
-            other = self._page.get(key)
-            if other == own:
-                continue
-            if other is None:
-                if own not in self._key:
-                    self._page[key], self._key[own] = own, key
-                continue
-            if self._same(own, other):
-                seq.share_page(i, other)
-                shared += 1
-            else:
-                self.unequal += 1
-        self.shared += shared
-        return shared

@@ -231,14 +231,17 @@ class Engine:
         self._check_fits(tokens, params)
         with self.gate.admit(self._pages_for(tokens, params)) as seq:
             strat, pre, ttft = self._prefill_commit(strategy, tokens, seq, commit, cancel)
-            shared = self._share(tokens, seq)
+            shared = [0]
+
+            def share() -> None:  # before the turn's decoder is made, its first token out
+                shared[0] = self._share(tokens, seq)
 
             def refill(empty: SequenceKV) -> None:  # a preempted turn's prompt, recomputed
                 work = self._chunked(strat, tokens, empty)  # as it first ran: the same bits
                 if isinstance(work, chunked.ChunkedPrefill):
                     work.run_all()
 
-            ids, finish, decode = self._decode(seq, pre, params, on_token, refill)
+            ids, finish, decode = self._decode(seq, pre, params, on_token, refill, share)
             text = cut_at_stop(self.model.tokenizer.decode(ids), params.stop)
             reply_kv = None
             if commit and reply is not None:
@@ -247,19 +250,27 @@ class Engine:
                     reply_kv = self._commit_reply(strat, tokens, seq, pre, ids, segment)
         prefill = PrefillPart.of(strat.name, pre.stats, ttft)
         stats = TurnStats.of(prefill=prefill, decode=decode, reply_kv=reply_kv,
-                             shared_pages=shared)  # fmt: skip
+                             shared_pages=shared[0])  # fmt: skip
         return Generation(text, tuple(ids), finish, pre.logits, stats)
 
     def _share(self, tokens: TokenizedPrompt, seq: SequenceKV) -> int:
         """After the turn's prefill, its full prompt pages whose K/V a running turn holds too
         (the same opening, the same bits) become that turn's pages, its own given back to the
-        pool (`kv/shared.py`); its other full pages are offered to later turns. Returns the
-        pages shared."""
-        if self.shared is None or seq.num_tokens < self.config.page_size:
+        pool (`kv/shared.py`); its other full pages are offered to later turns. The pages are
+        compared outside the engine's lock, beside the other turns' steps. Returns the pages
+        shared."""
+        registry = self.shared
+        if registry is None or seq.num_tokens < self.config.page_size:
             return 0
         chain = block_chain(tokens.ids, self.config.page_size, chain_scope(tokens))
         with self._turn_lock(), torch.inference_mode():
-            shared = self.shared.share(seq, chain)
+            found = registry.candidates(seq, chain)
+            if not found:  # nothing to compare: its pages offered to later turns
+                return registry.settle(seq, chain, found, [])
+        with torch.inference_mode():  # outside the lock: the pages compared are pinned
+            equal = registry.equal(seq, found)
+        with self._turn_lock(), torch.inference_mode():
+            shared = registry.settle(seq, chain, found, equal)
         if shared:
             self.gate.wake()  # pages given back: a waiting turn may fit now
         return shared
@@ -451,9 +462,11 @@ class Engine:
         params: GenerationParams,
         on_token: Callable[[int], None] | None = None,
         refill: Callable[[SequenceKV], None] | None = None,
+        prepare: Callable[[], None] | None = None,
     ) -> tuple[list[int], str, DecodePart]:
         """Decode after prefill into `seq` with the configured decode policy's decoder;
-        `refill` prefills the prompt again (the batched scheduler's preemption)."""
+        `refill` prefills the prompt again (the batched scheduler's preemption); `prepare`
+        runs before the decoder is made (with batching, once the first token is out)."""
         max_pos = self.model.config.max_position_embeddings
         position = int(pre.positions.max().item()) + 1
         if position >= max_pos and params.max_new_tokens > 0:
@@ -470,6 +483,8 @@ class Engine:
             outside the engine's lock, beside other turns' steps (it reads only this turn's
             pages, which nothing else writes before the turn joins); what changes the pool
             runs under it."""
+            if prepare is not None:
+                prepare()
             sparse = self.decode.sparse_decoder(self.model, seq, params.max_new_tokens)
             with self._turn_lock(), torch.inference_mode():
                 return self.decode.adopt(self.model, seq, greedy, dense, sparse)

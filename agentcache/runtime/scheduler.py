@@ -520,10 +520,14 @@ class BatchScheduler:
 
     def _make_room(self, dense: list[Running]) -> list[Running]:
         """Preempt the newest of `dense` until the others' next slots fit the pool; the turns
-        left to feed. The last one is kept: alone and short of pages, it fails as before."""
+        left to feed. The last one is preempted too when turns outside the step hold pages (a
+        turn between its prefill and its first step, one that left and has not yet given its
+        pages back: each gives them back soon, and the engine's admission check lets a turn
+        alone fit the pool); it resumes once they do. Else it is kept: alone and short of
+        pages, it fails as before."""
         assert self.preemption is not None
         dense = list(dense)
-        while len(dense) > 1:
+        while dense:
             pool = _seq(dense[0]).pool
             need = sum(_seq(r).table.pages_needed(_seq(r).num_tokens + 1) for r in dense)
             if need <= pool.num_free:
@@ -531,6 +535,8 @@ class BatchScheduler:
             victims = [r for r in dense if r.refill is not None]
             if not victims:
                 break
+            if len(dense) == 1 and pool.num_used <= len(_seq(dense[0]).table.pages):
+                break  # it holds every page in use: nothing comes back by waiting
             victim = max(victims, key=lambda r: r.order)
             dense.remove(victim)
             self._preempt(victim)

@@ -131,3 +131,26 @@ def test_share_page_refuses_a_page_that_is_not_full() -> None:
     b = filled(pool, list(range(6)))
     with pytest.raises(ValueError, match="not full"):
         b.share_page(1, a.table.pages[1])
+
+
+def test_a_candidate_is_pinned_while_it_is_compared_outside_the_lock() -> None:
+    """`candidates` takes a reference on each page it found, so a holder that lets go while
+    `equal` reads it (outside the lock) leaves it as it was; `settle` drops the pins."""
+    pool = make_pool()
+    shared = SharedPages(pool)
+    doc = list(range(1, 9))
+    a = filled(pool, doc)
+    shared.share(a, chain(doc))
+    pages = list(a.table.pages)
+    b = filled(pool, doc)
+    found = shared.candidates(b, chain(doc))
+    assert [p for _, p in found] == pages and [pool.refcount(p) for p in pages] == [2, 2]
+    a.free()  # its holder leaves meanwhile: the pins keep the pages
+    assert [pool.refcount(p) for p in pages] == [1, 1] and len(shared) == 2
+    filled(pool, [7] * 8)  # a newcomer takes free pages, never the pinned ones
+    equal = shared.equal(b, found)
+    assert equal == [True, True]
+    assert shared.settle(b, chain(doc), found, equal) == 2
+    assert b.table.pages[:2] == pages and [pool.refcount(p) for p in pages] == [1, 1]
+    b.free()
+    assert len(shared) == 0

@@ -203,3 +203,43 @@ def test_a_turn_cancelled_mid_batch_gives_its_pages_back_while_the_others_run(
     long_pages = -(-(e.tokenize(long_prompt(7)).num_tokens + 60 + 16) // 16)  # its reservation
     assert used == long_pages and free == 256 - long_pages
     assert e.ctx.pool.num_free == 256
+
+
+def test_a_lone_turn_short_of_pages_held_outside_the_step_waits_for_them(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pages held by a sequence outside the batch (a turn between its prefill and its first
+    step, or one leaving) leave a lone turn short: it is preempted and resumes once they come
+    back, with its solo output, instead of failing."""
+    params = GenerationParams(max_new_tokens=60)
+    solo = Engine(tiny, EngineConfig(kv_pages=64)).generate(prompt(3), params, "full",
+                                                            commit=False)  # fmt: skip
+    e = Engine(tiny, EngineConfig(kv_pages=12, batch_decode=True, preemption="recompute"))
+    assert e.batch is not None
+    prompt_pages = -(-(e.tokenize(prompt(3)).num_tokens + 1) // 16)
+    reply_pages = -(-(e.tokenize(prompt(3)).num_tokens + len(solo.token_ids)) // 16)
+    outside = SequenceKV(e.ctx.pool)
+    with e._lock:  # the turn's prompt fits beside them, its reply does not
+        outside.reserve(12 - prompt_pages)
+    assert reply_pages > prompt_pages
+    preempted = threading.Event()
+    preempt = BatchScheduler._preempt
+
+    def noting(self: BatchScheduler, r: Running) -> None:
+        preempt(self, r)
+        preempted.set()
+
+    monkeypatch.setattr(BatchScheduler, "_preempt", noting)
+
+    def give_back() -> None:
+        preempted.wait(30)
+        with e._lock:
+            outside.free()
+
+    holder = threading.Thread(target=give_back)
+    holder.start()
+    got = e.generate(prompt(3), params, "full", commit=False)
+    holder.join()
+    assert preempted.is_set() and e.batch.stats().resumed >= 1
+    assert got.token_ids == solo.token_ids and got.finish_reason == solo.finish_reason
+    assert e.ctx.pool.num_free == 12
