@@ -246,27 +246,36 @@ class SequenceKV:
         return new
 
     def share_page(self, index: int, page: PageId) -> None:
-        """Hold `page` (a page of the pool another sequence holds, with the same K/V) as this
-        sequence's page `index`, a full page, and give back the one it held there: the
+        """`share_pages` of one page."""
+        self.share_pages([(index, page)])
+
+    def share_pages(self, pages: list[tuple[int, PageId]]) -> None:
+        """Hold each `page` (a page of the pool another sequence holds, with the same K/V) as
+        this sequence's page `index`, a full page, and give back the one it held there: the
         tokens' slots move to `page`. Nothing may write either page afterwards."""
         size = self.table.page_size
-        if (index + 1) * size > self.table.num_tokens:
-            raise ValueError(f"page {index} of the sequence is not full")
-        own = self.table.pages[index]
-        if own == page:
-            return
-        self.pool.incref(page)
-        self.table.pages[index] = page
-        self.pool.release([own])
-        self._slots[index * size : (index + 1) * size] = torch.arange(
-            page * size, (page + 1) * size
-        )
-        self._spans = []
-        runs = torch.sort(self._slots).values
-        cuts = [0, *((torch.diff(runs) != 1).nonzero().flatten() + 1).tolist(), len(runs)]
-        for a, b in itertools.pairwise(cuts):
-            if b > a:
-                self._spans.append((int(runs[a]), int(runs[b - 1]) + 1))
+        for index, _ in pages:
+            if (index + 1) * size > self.table.num_tokens:
+                raise ValueError(f"page {index} of the sequence is not full")
+        moved = False
+        for index, page in pages:
+            own = self.table.pages[index]
+            if own == page:
+                continue
+            self.pool.incref(page)
+            self.table.pages[index] = page
+            self.pool.release([own])
+            self._slots[index * size : (index + 1) * size] = torch.arange(
+                page * size, (page + 1) * size
+            )
+            moved = True
+        if moved:  # the runs of slots, from scratch
+            self._spans = []
+            runs = torch.sort(self._slots).values
+            cuts = [0, *((torch.diff(runs) != 1).nonzero().flatten() + 1).tolist(), len(runs)]
+            for a, b in itertools.pairwise(cuts):
+                if b > a:
+                    self._spans.append((int(runs[a]), int(runs[b - 1]) + 1))
 
     def _add_span(self, start: int, end: int) -> None:
         """Insert slots [start, end), merging with the spans it touches."""

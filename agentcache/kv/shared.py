@@ -55,8 +55,8 @@ class SharedPages:
         """Under the pool's lock, after `seq`'s prefill: (index, page) for each full page of
         `seq` whose chain id (`chain[i]`, page i) is registered to another page, that page
         pinned (a reference taken) so that it stays as it is while `equal` reads it outside
-        the lock; `settle` drops the pins. None for a sequence with holes (a sliding-window
-        layer's unloaded K/V)."""
+        the lock; `settle` drops the pins. Nothing for a sequence with holes (a sliding-window
+        layer's unloaded K/V): it takes no part."""
         if seq.holes is not None:
             return []
         full = min(len(chain), seq.num_tokens // self.pool.config.page_size)
@@ -100,14 +100,15 @@ class SharedPages:
         """Under the pool's lock: each candidate found equal becomes `seq`'s page (its own
         given back), every pin is dropped, and each other full page of `seq` is registered
         when its chain id is free. Returns the pages shared."""
-        shared = 0
+        taken = []
         for (i, other), same in zip(candidates, equal, strict=True):
             if same and self._page.get(chain[i]) == other:
-                seq.share_page(i, other)
-                shared += 1
+                taken.append((i, other))
             elif not same:
                 self.unequal += 1
-            self.pool.release([other])  # the pin
+        seq.share_pages(taken)
+        self.pool.release([other for _, other in candidates])  # the pins
+        shared = len(taken)
         if seq.holes is None:
             full = min(len(chain), seq.num_tokens // self.pool.config.page_size)
             for i in range(full):

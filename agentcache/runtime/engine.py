@@ -267,10 +267,13 @@ class Engine:
             found = registry.candidates(seq, chain)
             if not found:  # nothing to compare: its pages offered to later turns
                 return registry.settle(seq, chain, found, [])
-        with torch.inference_mode():  # outside the lock: the pages compared are pinned
-            equal = registry.equal(seq, found)
-        with self._turn_lock(), torch.inference_mode():
-            shared = registry.settle(seq, chain, found, equal)
+        equal = [False] * len(found)  # the pins are dropped whatever happens
+        try:
+            with torch.inference_mode():  # outside the lock: the pages compared are pinned
+                equal = registry.equal(seq, found)
+        finally:
+            with self._turn_lock(), torch.inference_mode():
+                shared = registry.settle(seq, chain, found, equal)
         if shared:
             self.gate.wake()  # pages given back: a waiting turn may fit now
         return shared

@@ -99,3 +99,30 @@ def test_no_scope_shares_with_another(tiny: LoadedModel) -> None:
 def test_share_pages_must_be_a_bool() -> None:
     with pytest.raises(ConfigError, match="share_pages"):
         EngineConfig(share_pages="yes")  # type: ignore[arg-type]
+
+
+def test_a_compare_that_fails_drops_its_pins(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pages pinned for the compare outside the lock are let go whatever happens there:
+    the error reaches the caller, the turn keeps its own pages, every reference comes back."""
+    e = engine(tiny, True, batch=False)
+    assert e.shared is not None
+    e.generate(ask(99), PARAMS, "prefix")
+    tokens = e.tokenize(ask(0))
+    first, _ = e.prefill(tokens, "prefix")
+    e._share(tokens, first)
+    second, _ = e.prefill(tokens, "prefix")
+    own = list(second.table.pages)
+
+    def broken(*_: object) -> list[bool]:
+        raise RuntimeError("the compare broke")
+
+    monkeypatch.setattr(e.shared, "equal", broken)
+    with pytest.raises(RuntimeError, match="compare broke"):
+        e._share(tokens, second)
+    assert second.table.pages == own
+    assert all(e.ctx.pool.refcount(p) == 1 for p in first.table.pages)
+    first.free()
+    second.free()
+    assert e.ctx.pool.num_used == 0
