@@ -39,6 +39,18 @@ def read(seq: SequenceKV) -> tuple[torch.Tensor, torch.Tensor]:
     return seq.gather_all(slice(0, seq.num_tokens))
 
 
+DOC = list(range(1, 9))  # two full pages
+
+
+def registered() -> tuple[PagePool, SharedPages, SequenceKV]:
+    """A pool with its registry, and a sequence of `DOC` whose pages are registered."""
+    pool = make_pool()
+    shared = SharedPages(pool)
+    a = filled(pool, DOC)
+    shared.share(a, chain(DOC))
+    return pool, shared, a
+
+
 def test_a_sequence_takes_the_matching_full_pages_of_a_running_one() -> None:
     pool = make_pool()
     shared = SharedPages(pool)
@@ -67,11 +79,8 @@ def test_a_sequence_takes_the_matching_full_pages_of_a_running_one() -> None:
 
 def test_different_bits_under_the_same_chain_are_kept_apart() -> None:
     """A page whose K/V differs (another way of coming by it) keeps its own page."""
-    pool = make_pool()
-    shared = SharedPages(pool)
-    doc = list(range(1, 9))
-    a = filled(pool, doc)
-    shared.share(a, chain(doc))
+    pool, shared, a = registered()
+    doc = DOC
     b = filled(pool, doc)
     slots = b.slots()[PAGE:]  # the second page's K nudged, as a re-rotated copy would differ
     pool.keys[1, slots] += 1e-6
@@ -82,11 +91,8 @@ def test_different_bits_under_the_same_chain_are_kept_apart() -> None:
 
 def test_other_chains_are_never_candidates() -> None:
     """Another scope's chain (another tenant) never finds the page, whatever its bits."""
-    pool = make_pool()
-    shared = SharedPages(pool)
-    doc = list(range(1, 9))
-    a = filled(pool, doc)
-    shared.share(a, chain(doc))
+    pool, shared, a = registered()
+    doc = DOC
     b = filled(pool, doc)
     other = [f"salt:{c}" for c in chain(doc)]
     assert shared.share(b, other) == 0
@@ -94,11 +100,8 @@ def test_other_chains_are_never_candidates() -> None:
 
 
 def test_a_page_is_forgotten_when_its_last_holder_lets_go() -> None:
-    pool = make_pool()
-    shared = SharedPages(pool)
-    doc = list(range(1, 9))
-    a = filled(pool, doc)
-    shared.share(a, chain(doc))
+    pool, shared, a = registered()
+    doc = DOC
     b = filled(pool, doc)
     shared.share(b, chain(doc))
     a.free()
@@ -136,11 +139,8 @@ def test_share_page_refuses_a_page_that_is_not_full() -> None:
 def test_a_candidate_is_pinned_while_it_is_compared_outside_the_lock() -> None:
     """`candidates` takes a reference on each page it found, so a holder that lets go while
     `equal` reads it (outside the lock) leaves it as it was; `settle` drops the pins."""
-    pool = make_pool()
-    shared = SharedPages(pool)
-    doc = list(range(1, 9))
-    a = filled(pool, doc)
-    shared.share(a, chain(doc))
+    pool, shared, a = registered()
+    doc = DOC
     pages = list(a.table.pages)
     b = filled(pool, doc)
     found = shared.candidates(b, chain(doc))
