@@ -109,6 +109,7 @@ class PagePool:
         self._fresh = 0
         self._refcount = [0] * c.num_pages
         self.peak_pages_used = 0
+        self.num_shared = 0  # pages more than one sequence holds now (kv/shared.py)
         # called with each page whose last reference is released (`SharedPages` forgets it)
         self.on_free: Callable[[PageId], None] | None = None
 
@@ -175,6 +176,8 @@ class PagePool:
         if self._refcount[page] <= 0:
             raise ValueError(f"page {page} is free")
         self._refcount[page] += 1
+        if self._refcount[page] == 2:
+            self.num_shared += 1
 
     def release(self, pages: list[PageId]) -> None:
         """Drop one reference to each page; a page reaching zero returns to the free list."""
@@ -182,7 +185,9 @@ class PagePool:
             if self._refcount[p] <= 0:
                 raise ValueError(f"page {p} released twice")
             self._refcount[p] -= 1
-            if self._refcount[p] == 0:
+            if self._refcount[p] == 1:
+                self.num_shared -= 1
+            elif self._refcount[p] == 0:
                 self._free.append(p)
                 if self.on_free is not None:
                     self.on_free(p)

@@ -52,6 +52,7 @@ from agentcache.server.metrics import (
     ServerMetrics,
     batch_stats,
     engine_preemptions,
+    pool_pages,
     tier_store,
 )
 from agentcache.server.middleware import BodyLimit, CountResponses, Gatekeeper
@@ -96,6 +97,7 @@ def create_app(engine: ServingEngine, config: ServerConfig | None = None) -> Fas
         lambda: (book.nbytes, len(book)),
         lambda: (line.waiting_tokens, tokenizing.in_flight), lambda: batch_stats(engine),
         kept_turns, tier_store(engine), lambda: engine_preemptions(engine),
+        lambda: pool_pages(engine),
     )  # fmt: skip
     docs = config.enable_docs
     stored = ResponseStore(config.max_stored_responses, config.stored_response_bytes,

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from agentcache.chat.retention import RetentionReport, TurnRetention
 from agentcache.chat.runner import ChatResult
+from agentcache.kv.pool import PagePool
 from agentcache.runtime.scheduler import BatchScheduler, BatchStats
 from agentcache.server.heap import heap_usage, resident_bytes
 from agentcache.tiers.store import TieredSegmentStore
@@ -58,6 +59,18 @@ def engine_preemptions(engine: object) -> int | None:
     return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 
+def pool_pages(engine: object) -> dict[str, int] | None:
+    """The embedded engine's KV page pool now: pages `used`, `free`, `shared` (held by more
+    than one request: kv/shared.py) and its `capacity`; None for an engine without one (the
+    vLLM backend)."""
+    ctx = getattr(engine, "ctx", None)
+    pool = getattr(ctx, "pool", None)
+    if not isinstance(pool, PagePool):
+        return None
+    return {"used": pool.num_used, "free": pool.num_free, "shared": pool.num_shared,
+            "capacity": pool.config.num_pages}  # fmt: skip
+
+
 def batch_stats(engine: object) -> BatchStats | None:
     """The counts of an engine's batched scheduler; None for one without (the vLLM backend,
     the embedded engine with `--no-batch-decode`)."""
@@ -86,10 +99,12 @@ class ServerMetrics:
         retention: TurnRetention | None = None,
         tiers: TieredSegmentStore | None = None,
         preemptions: Callable[[], int | None] = lambda: None,
+        pages: Callable[[], dict[str, int] | None] = lambda: None,
     ) -> None:
         self._store_bytes, self._line, self._conversations = store_bytes, line, conversations
         self._work, self._batch, self._retention = work, batch, retention
         self._preemptions = preemptions
+        self._pages = pages
         self._tiers = tiers
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
@@ -127,6 +142,10 @@ class ServerMetrics:
             "agentcache_shared_pages", "KV pages turns held in common with running turns (the "
             "same opening, the same K/V bits) instead of their own, since start",
             registry=r,
+        )  # fmt: skip
+        self.kv_pages = Gauge(
+            "agentcache_kv_pages", "the embedded engine's KV page pool now: used, free, shared "
+            "(held by more than one request) and capacity pages", ["kind"], registry=r,
         )  # fmt: skip
         self.stream_mismatches = Counter(
             "agentcache_stream_mismatches", "streams whose pieces differ from the final text",
@@ -279,6 +298,9 @@ class ServerMetrics:
                             ("refused_tenant", s.owner_refused),
                             ("preempted", s.preempted)):  # fmt: skip
                 self.retained.labels(kind).set(n)
+        if (pages := self._pages()) is not None:
+            for kind, n in pages.items():
+                self.kv_pages.labels(kind).set(n)
         if (rss := resident_bytes()) is not None:
             self.resident_bytes.set(rss)
         if (heap := heap_usage()) is not None:

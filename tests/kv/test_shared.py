@@ -104,7 +104,9 @@ def test_a_page_is_forgotten_when_its_last_holder_lets_go() -> None:
     doc = DOC
     b = filled(pool, doc)
     shared.share(b, chain(doc))
+    assert pool.num_shared == 2
     a.free()
+    assert pool.num_shared == 0  # held by b alone now
     assert len(shared) == 2  # b holds them still
     assert pool.num_used == 2
     b_keys = read(b)[0].clone()

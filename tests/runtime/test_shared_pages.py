@@ -10,6 +10,7 @@ from agentcache.errors import ConfigError
 from agentcache.model.loading import LoadedModel
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 from agentcache.runtime.engine import Engine, EngineConfig, Generation, GenerationParams
+from agentcache.server.metrics import pool_pages
 from tests.conftest import at_once
 
 DOC = "".join(f"line {i}: the build step {i * 7 % 13} wrote report-{i}.txt\n" for i in range(12))
@@ -88,6 +89,9 @@ def test_no_scope_shares_with_another(tiny: LoadedModel) -> None:
     (a1, _), (b1, shared_b), (a2, shared_a) = held["a1"], held["b1"], held["a2"]
     assert shared_b == 0 and set(b1.table.pages).isdisjoint(a1.table.pages)
     assert shared_a > 0 and a2.table.pages[:shared_a] == a1.table.pages[:shared_a]
+    pages = pool_pages(e)  # what /metrics shows of the pool
+    assert pages is not None and pages["shared"] == shared_a
+    assert pages["used"] + pages["free"] == pages["capacity"] == e.ctx.pool.config.num_pages
     # the same bits: without the scope in the chain, b1 would have shared a1's pages
     b_keys, a_keys = b1.gather_all(slice(0, 16))[0], a1.gather_all(slice(0, 16))[0]
     assert bool((b_keys == a_keys).all())

@@ -143,6 +143,9 @@ def test_models_health_and_metrics(server_url: str) -> None:
     assert samples["agentcache_stream_mismatches_total"] == 0
     assert samples['agentcache_decode_turns_total{fallback="none",policy="dense"}'] == 2
     assert samples["agentcache_shared_pages_total"] == 0  # one turn at a time: none to share
+    pages = {k: samples[f'agentcache_kv_pages{{kind="{k}"}}'] for k in
+             ("used", "free", "shared", "capacity")}  # fmt: skip
+    assert pages["used"] == pages["shared"] == 0 and pages["free"] == pages["capacity"] > 0
 
 
 def _error(r: httpx.Response) -> dict[str, Any]:
