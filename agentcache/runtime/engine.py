@@ -233,7 +233,7 @@ class Engine:
             strat, pre, ttft = self._prefill_commit(strategy, tokens, seq, commit, cancel)
             shared = [0]
 
-            def share() -> None:  # before the turn's decoder is made, its first token out
+            def share() -> None:  # before its decoder is made (batched: its first token out)
                 shared[0] = self._share(tokens, seq)
 
             def refill(empty: SequenceKV) -> None:  # a preempted turn's prompt, recomputed
