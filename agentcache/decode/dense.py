@@ -31,7 +31,6 @@ on token order or adds terms (`attend` overridden, e.g. CoPE) decode through it.
 
 from __future__ import annotations
 
-import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -40,7 +39,7 @@ import torch
 from torch import Tensor
 
 from agentcache.decode.base import Decoder, StepRow, row_step
-from agentcache.kv.pool import SequenceKV
+from agentcache.kv.pool import SequenceKV, slot_runs
 from agentcache.model.llama import LlamaForward
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # returns (out, lse)
@@ -74,10 +73,7 @@ def reads_in_place(forward: LlamaForward) -> bool:
 
 def window_spans(seq: SequenceKV, window: int) -> list[tuple[int, int]]:
     """Runs [start, end) of consecutive pool slots holding the sequence's last `window` tokens."""
-    slots = seq.slots()[-window:]
-    cuts = ((torch.diff(slots) != 1).nonzero().flatten() + 1).tolist()
-    bounds = [0, *cuts, len(slots)]
-    return [(int(slots[a]), int(slots[b - 1]) + 1) for a, b in itertools.pairwise(bounds)]
+    return slot_runs(seq.slots()[-window:])
 
 
 def layer_spans(forward: LlamaForward, seq: SequenceKV) -> list[list[tuple[int, int]]]:

@@ -193,6 +193,13 @@ class PagePool:
                     self.on_free(p)
 
 
+def slot_runs(slots: Tensor) -> list[tuple[int, int]]:
+    """Maximal runs [start, end) of consecutive values in `slots`, in the order given:
+    [7, 8, 3] -> [(7, 9), (3, 4)]."""
+    cuts = [0, *((torch.diff(slots) != 1).nonzero().flatten() + 1).tolist(), len(slots)]
+    return [(int(slots[a]), int(slots[b - 1]) + 1) for a, b in itertools.pairwise(cuts) if b > a]
+
+
 @dataclass
 class BlockTable:
     """The pages of one sequence, in token order."""
@@ -244,15 +251,9 @@ class SequenceKV:
         self.table.num_tokens += n
         new = self.table.slots(start)
         self._slots = torch.cat([self._slots, new])
-        cuts = [0, *((torch.diff(new) != 1).nonzero().flatten() + 1).tolist(), n]
-        for a, b in itertools.pairwise(cuts):
-            if b > a:
-                self._add_span(int(new[a]), int(new[b - 1]) + 1)
+        for a, b in slot_runs(new):
+            self._add_span(a, b)
         return new
-
-    def share_page(self, index: int, page: PageId) -> None:
-        """`share_pages` of one page."""
-        self.share_pages([(index, page)])
 
     def share_pages(self, pages: list[tuple[int, PageId]]) -> None:
         """Hold each `page` (a page of the pool another sequence holds, with the same K/V) as
@@ -275,12 +276,7 @@ class SequenceKV:
             )
             moved = True
         if moved:  # the runs of slots, from scratch
-            self._spans = []
-            runs = torch.sort(self._slots).values
-            cuts = [0, *((torch.diff(runs) != 1).nonzero().flatten() + 1).tolist(), len(runs)]
-            for a, b in itertools.pairwise(cuts):
-                if b > a:
-                    self._spans.append((int(runs[a]), int(runs[b - 1]) + 1))
+            self._spans = slot_runs(torch.sort(self._slots).values)
 
     def _add_span(self, start: int, end: int) -> None:
         """Insert slots [start, end), merging with the spans it touches."""

@@ -59,9 +59,8 @@ class SharedPages:
         layer's unloaded K/V): it takes no part."""
         if seq.holes is not None:
             return []
-        full = min(len(chain), seq.num_tokens // self.pool.config.page_size)
         found = []
-        for i in range(full):
+        for i in range(self._full(seq, chain)):
             other = self._page.get(chain[i])
             if other is not None and other != seq.table.pages[i]:
                 self.pool.incref(other)
@@ -73,8 +72,6 @@ class SharedPages:
         bit, in every layer. Reads only pages nothing writes (`seq`'s full prompt pages, pinned
         registered pages), so it may run outside the pool's lock; consecutive pages on both
         sides are compared as one run."""
-        size = self.pool.config.page_size
-        keys, values = self.pool.keys, self.pool.values
         pairs = [(seq.table.pages[i], other) for i, other in candidates]
         out: list[bool] = []
         start = 0
@@ -83,10 +80,7 @@ class SharedPages:
             while (end < len(pairs) and pairs[end][0] == pairs[end - 1][0] + 1
                    and pairs[end][1] == pairs[end - 1][1] + 1):  # fmt: skip
                 end += 1
-            a, b, n = pairs[start][0] * size, pairs[start][1] * size, (end - start) * size
-            if torch.equal(keys[:, a : a + n], keys[:, b : b + n]) and torch.equal(
-                values[:, a : a + n], values[:, b : b + n]
-            ):
+            if self._same(pairs[start][0], pairs[start][1], end - start):
                 out += [True] * (end - start)
             else:  # some page of the run differs: page by page
                 out += [self._same(p, q) for p, q in pairs[start:end]]
@@ -110,8 +104,7 @@ class SharedPages:
         self.pool.release([other for _, other in candidates])  # the pins
         shared = len(taken)
         if seq.holes is None:
-            full = min(len(chain), seq.num_tokens // self.pool.config.page_size)
-            for i in range(full):
+            for i in range(self._full(seq, chain)):
                 own = seq.table.pages[i]
                 if chain[i] not in self._page and own not in self._key:
                     self._page[chain[i]], self._key[own] = own, chain[i]
@@ -127,9 +120,15 @@ class SharedPages:
         found = self.candidates(seq, chain)
         return self.settle(seq, chain, found, self.equal(seq, found))
 
-    def _same(self, a: PageId, b: PageId) -> bool:
-        """Pages `a` and `b` hold the same K/V, bit for bit, in every layer."""
+    def _full(self, seq: SequenceKV, chain: Sequence[str]) -> int:
+        """The full pages of `seq` that `chain` names."""
+        return min(len(chain), seq.num_tokens // self.pool.config.page_size)
+
+    def _same(self, a: PageId, b: PageId, pages: int = 1) -> bool:
+        """The `pages` pages from `a` and from `b` hold the same K/V, bit for bit, in every
+        layer."""
         size = self.pool.config.page_size
-        sa, sb = slice(a * size, (a + 1) * size), slice(b * size, (b + 1) * size)
+        sa = slice(a * size, (a + pages) * size)
+        sb = slice(b * size, (b + pages) * size)
         keys, values = self.pool.keys, self.pool.values
         return torch.equal(keys[:, sa], keys[:, sb]) and torch.equal(values[:, sa], values[:, sb])

@@ -3,14 +3,13 @@
 dense, aggregate tokens/s on one embedded engine.
 
     nice -n -5 python benchmarks/server/kv_budget.py --agents 12 --context 4096 \
-        --budget-turns 4 --policies dense,flexicache,flexicache:verify=8,dense+shared \
-        --repeats 3 \
+        --budget-turns 4 --policies dense,flexicache,flexicache:verify=8 --repeats 3 \
         --profile docs/bench/decode/smollm2-135m-instruct-18ddc7c854863b5228beb2a367be0eaa.json \
         --out docs/bench/server/kv-budget/smollm2-ctx4096
 
 N agents read the same document (the swe_agent workload's texts unless --workload names
-another, cut so that the document,
-an agent's question and its new tokens make --context tokens) and each asks its own question,
+another, cut so that the document, an agent's question and its new tokens make --context
+tokens) and each asks its own question,
 all at once, greedy. One engine per decode policy, each with the same KV pool
 (`EngineConfig.kv_bytes` = --budget-turns turns' pages: prompt, new tokens and the reply's
 closing tokens), batched decode on. A dense turn holds its pages to its end; a sparse turn

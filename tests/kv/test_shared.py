@@ -130,12 +130,12 @@ def test_sequences_with_holes_take_no_part_and_a_pool_takes_one_registry() -> No
         SharedPages(pool)
 
 
-def test_share_page_refuses_a_page_that_is_not_full() -> None:
+def test_share_pages_refuses_a_page_that_is_not_full() -> None:
     pool = make_pool()
     a = filled(pool, list(range(6)))
     b = filled(pool, list(range(6)))
     with pytest.raises(ValueError, match="not full"):
-        b.share_page(1, a.table.pages[1])
+        b.share_pages([(1, a.table.pages[1])])
 
 
 def test_a_candidate_is_pinned_while_it_is_compared_outside_the_lock() -> None:
