@@ -51,6 +51,10 @@ class StepRow(ABC):
     logits after each of its tokens."""
 
     def __init__(self, tokens: int | Sequence[int], positions: int | Sequence[int]) -> None:
+        # what its attention is, for the step's time by kind (`runtime.batch_step.StepTimes`):
+        # "dense" (its sequence's whole context), "sparse" (selected pages), "verify" (a
+        # verified decoder's dense pass)
+        self.kind = "dense"
         self.tokens = [tokens] if isinstance(tokens, int) else list(tokens)
         self.positions = [positions] if isinstance(positions, int) else list(positions)
         n, m = len(self.tokens), len(self.positions)

@@ -431,7 +431,7 @@ class VerifyRow(StepRow):
 
     def __init__(self, decoder: SparseDecoder, tokens: list[int], start: int, position: int):
         super().__init__(tokens, list(range(position, position + len(tokens))))
-        self.decoder, self.start = decoder, start
+        self.decoder, self.start, self.kind = decoder, start, "verify"
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return self.decoder.attend_verify(layer, self.start, q, k, v)
@@ -446,7 +446,7 @@ class SparseRow(StepRow):
 
     def __init__(self, decoder: SparseDecoder, token: int, position: int, t: int) -> None:
         super().__init__(token, position)
-        self.decoder, self.t, self.promoted = decoder, t, 0
+        self.decoder, self.t, self.promoted, self.kind = decoder, t, 0, "sparse"
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         attn, promoted = self.decoder.attend_layer(layer, self.t, q, k, v)

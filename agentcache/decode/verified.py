@@ -130,7 +130,7 @@ class _RoundRow(StepRow):
 
     def __init__(self, decoder: VerifiedDecoder, row: StepRow) -> None:
         super().__init__(row.tokens, row.positions)
-        self.decoder, self.row = decoder, row
+        self.decoder, self.row, self.kind = decoder, row, row.kind
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return self.row.attend(layer, q, k, v)

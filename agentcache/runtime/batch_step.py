@@ -44,8 +44,9 @@ nothing beside it; attention stays per sequence. Its reference for the chunks is
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -233,6 +234,31 @@ def batched_dense_step(
     return fused_step(forward, seqs, slots, tokens, positions, ())[0]
 
 
+@dataclass
+class StepTimes:
+    """Where batched steps' time went, in seconds, summed over steps (`batched_step`'s
+    `times`): the attention of the decode rows of each kind (`StepRow.kind`: "dense" over a
+    sequence's whole context, "sparse" over the pages its decoder selects, "verify" a verified
+    decoder's dense pass), with the rows' own per-layer work (K/V writes, selection); the
+    prefill chunks' attention; and the rest of the step (embedding, the matrix products of
+    every row, norms, logits): what the rows share."""
+
+    attention: dict[str, float] = field(default_factory=dict)
+    chunks: float = 0.0
+    rest: float = 0.0
+
+    def add(self, other: StepTimes) -> None:
+        for kind, s in other.attention.items():
+            self.attention[kind] = self.attention.get(kind, 0.0) + s
+        self.chunks += other.chunks
+        self.rest += other.rest
+
+    def seconds(self) -> dict[str, float]:
+        """Flat, for reports: `attention:<kind>`, `chunks`, `rest`."""
+        out = {f"attention:{k}": v for k, v in sorted(self.attention.items())}
+        return {**out, "chunks": self.chunks, "rest": self.rest}
+
+
 @dataclass(frozen=True)
 class ChunkRows:
     """A prefill chunk's rows in a fused step: tokens `ids` (n,) of `seq` at their indices
@@ -254,8 +280,9 @@ def fused_step(
 
 
 def batched_step(
-    forward: LlamaForward, rows: Sequence[StepRow], chunks: Sequence[ChunkRows] = ()
-) -> tuple[Tensor, list[Tensor]]:
+    forward: LlamaForward, rows: Sequence[StepRow], chunks: Sequence[ChunkRows] = (),
+    times: StepTimes | None = None,
+) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
     """One decode step of `rows` (B may be 0; dense rows `DenseRow`, a sparse decoder's its
     `begin_step` row, a verified decoder's dense pass a row of several tokens) with prefill
     chunks' rows beside them in the same projections and MLPs: the decode logits (N, V), N
@@ -273,8 +300,9 @@ def batched_step(
     row over the pages its decoder selects), a chunk's rows over its sequence's K/V in token
     order under the causal mask (`model.attention.attention` with the rows' indices, the
     forward's own attention: the same bits as the chunk run on its own, given the same q, k,
-    v)."""
+    v). `times`, when given, is added the step's seconds by part (`StepTimes`)."""
     f = forward
+    began, clock = time.perf_counter(), _Clock(times)
     if not rows and not chunks:
         raise ValueError("a fused step needs a decode row or a chunk")
     spans = list(itertools.pairwise(itertools.accumulate((r.width for r in rows), initial=0)))
@@ -309,12 +337,16 @@ def batched_step(
         for c, s, cs in zip(chunks, starts, chunk_slots, strict=True):
             c.seq.write(layer, cs, k[s : s + len(c.ids)], v[s : s + len(c.ids)])
         for r, (s, e) in zip(rows, spans, strict=True):
+            t0 = clock.start()
             attn[s:e] = r.attend(layer, q[s:e], k[s:e], v[s:e])
+            clock.attention(r.kind, t0)
         window = f.spec.layers[layer].window
         for c, s, context in zip(chunks, starts, contexts, strict=True):
+            t0 = clock.start()
             kc, vc = context(layer)
             e = s + len(c.ids)
             attn[s:e] = attention(q[s:e], kc, vc, c.index, f.scale, window)
+            clock.chunk(t0)
         hidden = _cat([f.finish(layer, hidden[s:e], attn[s:e]) for s, e in parts])
     for r in rows:
         r.end()
@@ -325,7 +357,34 @@ def batched_step(
     )
     last = [f.logits(hidden[s + len(c.ids) - 1 : s + len(c.ids)])[0] for c, s in
             zip(chunks, starts, strict=True)]  # fmt: skip
+    clock.finish(began)
     return decode, last
+
+
+class _Clock:
+    """`batched_step`'s timing into a `StepTimes`; with none, it reads no clock."""
+
+    def __init__(self, times: StepTimes | None) -> None:
+        self.times, self.parts = times, 0.0
+
+    def start(self) -> float:
+        return time.perf_counter() if self.times is not None else 0.0
+
+    def attention(self, kind: str, t0: float) -> None:
+        if self.times is not None:
+            dt = time.perf_counter() - t0
+            self.times.attention[kind] = self.times.attention.get(kind, 0.0) + dt
+            self.parts += dt
+
+    def chunk(self, t0: float) -> None:
+        if self.times is not None:
+            dt = time.perf_counter() - t0
+            self.times.chunks += dt
+            self.parts += dt
+
+    def finish(self, began: float) -> None:
+        if self.times is not None:
+            self.times.rest += time.perf_counter() - began - self.parts
 
 
 def _cat(parts: list[Tensor]) -> Tensor:

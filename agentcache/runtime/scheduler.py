@@ -89,6 +89,7 @@ from agentcache.model.llama import LlamaForward
 from agentcache.reuse.base import PrefillResult
 from agentcache.runtime.batch_step import (
     DenseRow,
+    StepTimes,
     batched_dense_step,
     batched_step,
     call_rule,
@@ -169,6 +170,10 @@ class BatchStats:
     batched_sparse_feeds: int = 0  # of batched_rows, a sparse decoder's (`Decoder.begin_step`;
     # a verified decoder's drafts and dense passes included, a pass of n tokens as one row)
     deferred_rows: int = 0  # rows of several tokens that waited a step (`BatchScheduler._defer`)
+    # seconds of model work in steps, by part: batched steps' (`batch_step.StepTimes`:
+    # `attention:<row kind>`, `chunks`, `rest`) and `alone`, a turn's step on its own (the
+    # one-sequence step, a row alone, a decoder's own feed)
+    step_seconds: dict[str, float] = field(default_factory=dict)
 
 
 class BatchScheduler:
@@ -201,6 +206,7 @@ class BatchScheduler:
         self._chunks = self._mixed = self._fused = 0
         self._steps = self._rows = self._solo = self._peak = self._lone = 0
         self._joined = self._resumed = self._recomputed = self._sparse_rows = self._deferred = 0
+        self._times, self._alone = StepTimes(), 0.0  # seconds of steps' model work
         self.waiting_preempted = 0  # read without a lock by `PageGate.hold`
 
     def stats(self) -> BatchStats:
@@ -211,6 +217,7 @@ class BatchScheduler:
                 c.preempted if c else 0, self._resumed, c.swapped_bytes if c else 0,
                 self._recomputed, self.waiting_preempted, self._chunks, self._mixed,
                 self._fused, self._chunks - self._fused, self._sparse_rows, self._deferred,
+                {**self._times.seconds(), "alone": self._alone},
             )  # fmt: skip
 
     @property
@@ -458,7 +465,10 @@ class BatchScheduler:
                     rows.append((r, row))
                     continue
                 self._solo += 1
-                r.turn.fed(d.feed(*feed))
+                t0 = time.perf_counter()
+                logits = d.feed(*feed)
+                self._alone += time.perf_counter() - t0
+                r.turn.fed(logits)
             except OutOfPagesError as e:  # this turn's fault alone
                 r.error = e
                 r.turn.finish = "length"
@@ -598,19 +608,25 @@ class BatchScheduler:
 
     def _feed_one(self, r: Running) -> None:
         feed = r.turn.feed()
+        t0 = time.perf_counter()
         try:
             logits = one_step(self.forward, _seq(r), feed.token, feed.position)
         except OutOfPagesError as e:  # this turn's fault alone (past its reserved pages)
             r.error = e
             r.turn.finish = "length"
             return
+        finally:
+            self._alone += time.perf_counter() - t0
         r.turn.fed(logits)
         r.batched.append(False)
         self._lone += 1
 
     def _feed_row(self, r: Running, row: StepRow) -> None:
         """A begun row alone: its decoder's own step (`decode.base.row_logits`)."""
-        self._take(r, row, row_logits(self.forward, row), batched=False)
+        t0 = time.perf_counter()
+        logits = row_logits(self.forward, row)
+        self._alone += time.perf_counter() - t0
+        self._take(r, row, logits, batched=False)
         self._lone += 1
 
     def _take(self, r: Running, row: StepRow, logits: Tensor, batched: bool) -> None:
@@ -655,7 +671,10 @@ class BatchScheduler:
         rows += [row for _, row in begun]
         chunks = [j.work.next_rows() for j in fusing]
         t0 = time.perf_counter()
-        logits, last = batched_step(self.forward, rows, chunks)
+        times = StepTimes()
+        logits, last = batched_step(self.forward, rows, chunks, times)
+        with self._cond:
+            self._times.add(times)
         seconds = time.perf_counter() - t0
         start = 0
         for r, row in zip([*fed, *(r for r, _ in begun)], rows, strict=True):

@@ -90,7 +90,9 @@ def run(e: Engine, agents: list[SegmentedPrompt], params: GenerationParams) -> d
     waited0 = e.gate.waited
     e.gate.peak_running = 0  # this run's
     e.ctx.pool.peak_pages_used = e.ctx.pool.num_used
+    before = step_seconds(e)
     got = generate_at_once(e, agents, params, "prefix")
+    after = step_seconds(e)
     ids = [list(g.token_ids) for g in got.generations]
     fast = [0 if g.stats.decode is None
             else g.stats.decode.fast_tier_kv_bytes + g.stats.decode.metadata_bytes
@@ -107,7 +109,39 @@ def run(e: Engine, agents: list[SegmentedPrompt], params: GenerationParams) -> d
             "peak_pages_used": e.ctx.pool.peak_pages_used,
             "ttft_s": got.ttft_s, "ids": ids, "peak_running": e.gate.peak_running,
             "waited": e.gate.waited - waited0, "fast_tier_bytes": fast,
-            "pool_bytes": e.pool_config.pool_bytes}  # fmt: skip
+            "pool_bytes": e.pool_config.pool_bytes,
+            # where the time went: each turn's prefill (under the engine's lock, waits left
+            # out) and the steps' model work by part (`BatchStats.step_seconds`)
+            "prefill_s": sum(g.stats.ttft_s for g in got.generations),
+            "step_seconds": {k: after[k] - before.get(k, 0.0) for k in after}}  # fmt: skip
+
+
+def step_seconds(e: Engine) -> dict[str, float]:
+    return dict(e.batch.stats().step_seconds) if e.batch is not None else {}
+
+
+# `BatchStats.step_seconds` keys, in the order of the report's columns
+PARTS = (("attention:dense", "dense rows' attention"), ("attention:sparse", "sparse rows'"),
+         ("attention:verify", "verify passes'"), ("rest", "shared (products, norms, logits)"),
+         ("alone", "a turn alone"))  # fmt: skip
+
+
+def time_split(rs: list[dict[str, Any]]) -> dict[str, float]:
+    """Median over a policy's runs of each part's seconds: wall, prefills, the step parts,
+    and the rest of the wall (waits, decoder set-up not hidden, scheduling)."""
+
+    def part(r: dict[str, Any], key: str) -> float:
+        return float(r["step_seconds"].get(key, 0.0))
+
+    out = {"wall": statistics.median(r["wall_s"] for r in rs),
+           "prefill": statistics.median(r["prefill_s"] for r in rs)}  # fmt: skip
+    for key, _ in PARTS:
+        out[key] = statistics.median(part(r, key) for r in rs)
+    out["else"] = statistics.median(
+        r["wall_s"] - r["prefill_s"] - sum(part(r, k) for k, _ in PARTS) - part(r, "chunks")
+        for r in rs
+    )
+    return out
 
 
 def summarize(runs: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]:
@@ -125,6 +159,7 @@ def summarize(runs: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]
             "fast_tier_bytes_per_turn": max(max(r["fast_tier_bytes"]) for r in rs),
             "shared_pages_per_turn": statistics.median(n for r in rs for n in r["shared_pages"]),
             "peak_pages_used": [r["peak_pages_used"] for r in rs],
+            "time_s": time_split(rs),
             **{
                 k: sum(r["verify"][k] for r in rs)
                 for k in ("decoded", "drafted", "accepted", "passes")
@@ -187,6 +222,22 @@ def report(results: dict[str, Any]) -> str:
             rows = (row["drafted"] + row["passes"]) / max(row["decoded"], 1)
             lines.append(f"| `{name}` | {row['decoded']} | {row['drafted']} | "
                          f"{row['accepted']} | {row['passes']} | {rows:.3f} |")  # fmt: skip
+    lines += ["", "Where a run's time went, seconds (median over repeats): the wall time from the "
+              "common start to the last reply; the turns' prefills, summed (each under the "
+              "engine's lock, its wait left out); the steps' model work by part "
+              "(`BatchStats.step_seconds`: the attention of dense rows, of sparse rows and of "
+              "verify passes, each with its rows' per-layer work; the work the rows of a step "
+              "share, its matrix products, norms and logits; steps of a turn alone); and the "
+              "rest of the wall (waits, decoder set-up not hidden behind a step, "
+              "scheduling).", "",
+              "| policy | wall | prefills | " + " | ".join(n for _, n in PARTS)
+              + " | rest of wall |",
+              "|---|---|---|" + "---|" * len(PARTS) + "---|"]  # fmt: skip
+    for name, row in results["summary"].items():
+        t = row["time_s"]
+        cells = " | ".join(f"{t[k]:.2f}" for k, _ in PARTS)
+        lines.append(f"| `{name}` | {t['wall']:.2f} | {t['prefill']:.2f} | {cells} "
+                     f"| {t['else']:.2f} |")  # fmt: skip
     lines += ["", f"Scheduler counts, per policy over all runs: {results['scheduler']}.", ""]
     return "\n".join(lines)
 

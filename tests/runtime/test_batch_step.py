@@ -16,8 +16,11 @@ from agentcache.runtime.batch_step import (
     FROM_CHUNK,
     ROW_CHUNK,
     CallRule,
+    StepTimes,
     batched_dense_step,
+    batched_step,
     call_rule,
+    dense_rows,
     one_step,
 )
 from agentcache.testing import tiny_family_model, tiny_model
@@ -206,3 +209,23 @@ def test_one_step_is_the_dense_step_and_reads_any_layout_as_consecutive_pages(
     fresh.table.pages = list(reversed(pool.allocate(3)))
     fresh.write_all(fresh.extend(40), keys, values)
     assert torch.equal(step(tiny, [fresh], [token])[0], rows)
+
+
+def test_a_step_timed_by_part_gets_the_same_logits(tiny: LoadedModel) -> None:
+    """`times` reads clocks and changes nothing: the same logits bit for bit; the dense rows'
+    attention and the shared rest are counted, nothing for kinds absent or chunks."""
+    seqs, tokens = batch(tiny, LENGTHS)
+    ref_seqs, _ = batch(tiny, LENGTHS)
+    times = StepTimes()
+    positions = [s.num_tokens for s in seqs]
+    slots = torch.cat([s.extend(1) for s in seqs])
+    rows = dense_rows(tiny.forward, seqs, slots, tokens, positions)
+    got, _ = batched_step(tiny.forward, rows, (), times)
+    assert torch.equal(got, step(tiny, ref_seqs, tokens))
+    assert set(times.attention) == {"dense"} and times.attention["dense"] > 0
+    assert times.rest > 0 and times.chunks == 0.0
+    again = StepTimes()
+    again.add(times)
+    again.add(times)
+    assert again.seconds() == {"attention:dense": 2 * times.attention["dense"], "chunks": 0.0,
+                               "rest": 2 * times.rest}  # fmt: skip

@@ -376,3 +376,22 @@ def test_a_sparse_decoders_set_up_runs_outside_the_engines_lock(
     assert at_once(one, 3) == alone
     assert held == [False] * 6
     assert e.ctx.pool.num_free == KV_PAGES
+
+
+def test_the_steps_time_is_counted_by_row_kind(tiny: LoadedModel, profile_file: Path) -> None:
+    """A dense turn beside a verified sparse one: the scheduler's `step_seconds` counts dense
+    rows', sparse rows' and verify passes' attention, the shared rest and steps alone; a row
+    of a verified round is its sparse row's kind."""
+    e = engine(tiny)
+    assert e.batch is not None
+    before = e.batch.stats().step_seconds
+    run(e, [0, 1], profile_file, verify=4)
+    after = e.batch.stats().step_seconds
+    grew = {k for k, v in after.items() if v > before.get(k, 0.0)}
+    assert {"attention:dense", "attention:sparse", "attention:verify", "rest"} <= grew
+    assert after["chunks"] == before.get("chunks", 0.0) == 0.0
+    made, _, seq = decoder(e, 1, profile_file, verify=4)
+    assert isinstance(made, VerifiedDecoder)
+    row = made.begin_step(e.model.forward, 1, seq.num_tokens, 8)
+    assert row is not None and row.kind == "sparse"
+    seq.free()
