@@ -367,6 +367,14 @@ server() {
     --out docs/bench/server/kv-budget/shared-ctx4096
   $py benchmarks/server/kv_budget.py --agents 12 --context 8192 --budget-turns 4 \
     --policies dense,dense+shared --repeats 3 --out docs/bench/server/kv-budget/shared-ctx8192
+  # docs/server.md "Where the time goes": the quest runs again, each run's time split by part,
+  # and the 8k sharing run the same way
+  for ctx in 4096 8192; do
+    $py benchmarks/server/kv_budget.py --agents 12 --context $ctx --budget-turns 4 --policies $q \
+      --repeats 3 --profile $hp --out docs/bench/server/kv-budget/time-ctx$ctx
+  done
+  $py benchmarks/server/kv_budget.py --agents 12 --context 8192 --budget-turns 4 \
+    --policies dense,dense+shared --repeats 3 --out docs/bench/server/kv-budget/time-shared-ctx8192
   # docs/server.md "Replaying concurrent agents": agents with tool pauses over HTTP, the default
   # model, 1 thread per server (the vLLM targets need .venv-vllm: make .venv-vllm/.installed)
   local r=docs/bench/server/replay common="--model default --threads 1 --pause-median 2 --seed 0"
