@@ -207,6 +207,15 @@ class ServerMetrics:
             ["kind"], registry=r,
         )  # fmt: skip
 
+        self.step_seconds = Gauge(
+            "agentcache_step_seconds", "seconds of the batched scheduler's model work since "
+            "start, by part: attention:dense, attention:sparse, attention:verify (each kind of "
+            "row's attention with its per-layer work), chunks (prefill chunks' attention), rest "
+            "(what a step's rows share: matrix products, norms, logits), alone (a request's "
+            "step on its own)",
+            ["part"], registry=r,
+        )  # fmt: skip
+
         self.tier_counts = Gauge(
             "agentcache_tiers", "the tiered store's counts since start (--store-host-bytes, "
             "--store-disk-dir): spilled_bytes and spilled_pages (written below the fast tier "
@@ -282,6 +291,8 @@ class ServerMetrics:
         if (b := self._batch()) is not None:
             for kind in BATCH_KINDS:
                 self.batch.labels(kind).set(getattr(b, kind))
+            for part, seconds in b.step_seconds.items():
+                self.step_seconds.labels(part).set(seconds)
         elif (preempted := self._preemptions()) is not None:  # the vLLM backend's, alone
             self.batch.labels("preempted").set(preempted)
         if (store := self._tiers) is not None:

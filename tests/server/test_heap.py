@@ -166,16 +166,21 @@ def test_metrics_report_the_batched_schedulers_counts() -> None:
 
     stats = BatchStats(steps=9, batched_rows=30, solo_feeds=0, peak_batch=4, preempted=3,
                        resumed=2, swapped_bytes=4096, recomputed_tokens=17,
-                       waiting_preempted=1)  # fmt: skip
+                       waiting_preempted=1,
+                       step_seconds={"attention:dense": 1.5, "rest": 2.25,
+                                     "alone": 0.5})  # fmt: skip
     text = ServerMetrics(lambda: {}, batch=lambda: stats).render().decode()
     found = dict(line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("agentcache"))
     for kind in BATCH_KINDS:
         assert float(found[f'agentcache_batch{{kind="{kind}"}}']) == getattr(stats, kind)
+    for part, seconds in stats.step_seconds.items():
+        assert float(found[f'agentcache_step_seconds{{part="{part}"}}']) == seconds
     # an engine without a batched scheduler reports no batch counts
     assert batch_stats(ScriptedEngine()) is None
     bare = ServerMetrics(lambda: {}).render().decode()
     assert 'agentcache_batch{kind="steps"}' not in bare
     assert 'agentcache_batch{kind="preempted"}' not in bare
+    assert "agentcache_step_seconds{" not in bare
 
 
 def test_metrics_report_the_vllm_backends_preemptions_alone() -> None:
