@@ -240,8 +240,8 @@ class StepTimes:
     `times`): the attention of the decode rows of each kind (`StepRow.kind`: "dense" over a
     sequence's whole context, "sparse" over the pages its decoder selects, "verify" a verified
     decoder's dense pass), with the rows' own per-layer work (K/V writes, selection); the
-    prefill chunks' attention; and the rest of the step (embedding, the matrix products of
-    every row, norms, logits): what the rows share."""
+    attention of the prefill chunks in the step; and the rest of the step (embedding, the
+    matrix products of every row, norms, logits): what the rows share."""
 
     attention: dict[str, float] = field(default_factory=dict)
     chunks: float = 0.0

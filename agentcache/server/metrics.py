@@ -210,9 +210,9 @@ class ServerMetrics:
         self.step_seconds = Gauge(
             "agentcache_step_seconds", "seconds of the batched scheduler's model work since "
             "start, by part: attention:dense, attention:sparse, attention:verify (each kind of "
-            "row's attention with its per-layer work), chunks (prefill chunks' attention), rest "
-            "(what a step's rows share: matrix products, norms, logits), alone (a request's "
-            "step on its own)",
+            "row's attention with its per-layer work), chunks (the attention of prefill chunks "
+            "fused into a step), rest (what a step's rows share: matrix products, norms, "
+            "logits), alone (a request's step on its own)",
             ["part"], registry=r,
         )  # fmt: skip
 
