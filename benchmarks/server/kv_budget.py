@@ -36,6 +36,7 @@ results.json (with provenance) and report.md under --out.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 from pathlib import Path
@@ -179,8 +180,63 @@ def summarize(runs: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]
     return out
 
 
+def plot_time(results: dict[str, Any], path: Path) -> None:
+    """Stacked bars of where each policy's run went (`time_split`), one bar per policy; no
+    file for results older than the split."""
+    rows = {n: r["time_s"] for n, r in results["summary"].items() if "time_s" in r}
+    if len(rows) < len(results["summary"]):
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = [("prefill", "prefills"), ("attention:dense", "dense rows' attention"),
+             ("attention:sparse", "sparse rows' attention"),
+             ("attention:verify", "verify passes' attention"),
+             ("rest", "shared by the rows"), ("alone", "a turn alone"),
+             ("else", "rest of the wall")]  # fmt: skip
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.6 * len(rows)))
+    names = list(rows)
+    left = [0.0] * len(names)
+    for key, label in parts:
+        widths = [max(rows[n][key], 0.0) for n in names]
+        ax.barh(names, widths, left=left, label=label)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds of a run (median over repeats)")
+    s = results["settings"]
+    ax.set_title(f"Where a run's time went: {s['agents']} agents, "
+                 f"{results['prompt_tokens']}-token prompts, a pool of {s['budget_turns']:g} "
+                 "dense turns", fontsize=9)  # fmt: skip
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=4)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
 def spread(xs: list[float]) -> str:
     return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+
+
+def time_lines(results: dict[str, Any]) -> list[str]:
+    """The report's table of where each policy's run went (`time_split`), and its plot."""
+    lines = ["", "Where a run's time went, seconds (median over repeats): the wall time from the "
+              "common start to the last reply; the turns' prefills, summed (each under the "
+              "engine's lock, its wait left out); the steps' model work by part "
+              "(`BatchStats.step_seconds`: the attention of dense rows, of sparse rows and of "
+              "verify passes, each with its rows' per-layer work; the work the rows of a step "
+              "share, its matrix products, norms and logits; steps of a turn alone); and the "
+              "rest of the wall (waits, decoder set-up not hidden behind a step, "
+              "scheduling).", "",
+              "| policy | wall | prefills | " + " | ".join(n for _, n in PARTS)
+              + " | rest of wall |",
+              "|---|---|---|" + "---|" * len(PARTS) + "---|"]  # fmt: skip
+    for name, row in results["summary"].items():
+        t = row["time_s"]
+        cells = " | ".join(f"{t[k]:.2f}" for k, _ in PARTS)
+        lines.append(f"| `{name}` | {t['wall']:.2f} | {t['prefill']:.2f} | {cells} "
+                     f"| {t['else']:.2f} |")  # fmt: skip
+    return [*lines, "", "![where a run's time went](time_split.png)"]
 
 
 def report(results: dict[str, Any]) -> str:
@@ -222,23 +278,11 @@ def report(results: dict[str, Any]) -> str:
             rows = (row["drafted"] + row["passes"]) / max(row["decoded"], 1)
             lines.append(f"| `{name}` | {row['decoded']} | {row['drafted']} | "
                          f"{row['accepted']} | {row['passes']} | {rows:.3f} |")  # fmt: skip
-    lines += ["", "Where a run's time went, seconds (median over repeats): the wall time from the "
-              "common start to the last reply; the turns' prefills, summed (each under the "
-              "engine's lock, its wait left out); the steps' model work by part "
-              "(`BatchStats.step_seconds`: the attention of dense rows, of sparse rows and of "
-              "verify passes, each with its rows' per-layer work; the work the rows of a step "
-              "share, its matrix products, norms and logits; steps of a turn alone); and the "
-              "rest of the wall (waits, decoder set-up not hidden behind a step, "
-              "scheduling).", "",
-              "| policy | wall | prefills | " + " | ".join(n for _, n in PARTS)
-              + " | rest of wall |",
-              "|---|---|---|" + "---|" * len(PARTS) + "---|"]  # fmt: skip
-    for name, row in results["summary"].items():
-        t = row["time_s"]
-        cells = " | ".join(f"{t[k]:.2f}" for k, _ in PARTS)
-        lines.append(f"| `{name}` | {t['wall']:.2f} | {t['prefill']:.2f} | {cells} "
-                     f"| {t['else']:.2f} |")  # fmt: skip
-    lines += ["", f"Scheduler counts, per policy over all runs: {results['scheduler']}.", ""]
+    if all("time_s" in row for row in results["summary"].values()):  # runs since the split
+        lines += time_lines(results)
+    counts = {p: {k: ({part: round(x, 2) for part, x in v.items()} if isinstance(v, dict) else v)
+                  for k, v in c.items()} for p, c in results["scheduler"].items()}  # fmt: skip
+    lines += ["", f"Scheduler counts, per policy over all runs (seconds to 0.01): {counts}.", ""]
     return "\n".join(lines)
 
 
@@ -285,7 +329,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--render", action="store_true",
+                    help="run nothing: write report.md and the plot again from --out's "
+                         "results.json")  # fmt: skip
     args = ap.parse_args()
+    if args.render:
+        results = json.loads((args.out / "results.json").read_text(encoding="utf-8"))
+        (args.out / "report.md").write_text(render(results, args.out), encoding="utf-8")
+        return
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if policies[0] != "dense":
         ap.error("--policies must start with dense (the reference of every ratio)")
@@ -299,8 +350,14 @@ def main() -> None:
                                          "workload": str(args.workload),
                                          "model": model.model_id, "greedy": True},
                **out}  # fmt: skip
-    text = write_run(args.out, results, report)
+    text = write_run(args.out, results, lambda r: render(r, args.out))
     print(text)
+
+
+def render(results: dict[str, Any], out: Path) -> str:
+    """The report, with the time-split plot written beside it where the results have one."""
+    plot_time(results, out / "time_split.png")
+    return report(results)
 
 
 if __name__ == "__main__":

@@ -49,3 +49,39 @@ def test_sparse_turns_run_more_at_once_in_the_same_pool(tiny: LoadedModel, tmp_p
     rows = (verified["drafted"] + verified["passes"]) / verified["decoded"]
     assert f"| `flexicache:budget=2:verify=4` | {verified['decoded']} |" in text
     assert f"| {rows:.3f} |" in text and "| `dense` | 0 |" not in text
+    # where each run's time went: the parts of each policy's steps, and the report's table
+    for r in runs:
+        assert r["prefill_s"] > 0 and r["step_seconds"]["rest"] > 0
+    assert s["dense"]["time_s"]["attention:dense"] > 0
+    assert s["dense"]["time_s"]["attention:sparse"] == s["dense"]["time_s"]["attention:verify"] == 0
+    assert verified["time_s"]["attention:verify"] > 0 and verified["time_s"]["attention:sparse"] > 0
+    assert f"| `dense` | {s['dense']['time_s']['wall']:.2f} |" in text
+    assert "time_split.png" in text
+
+
+def test_render_writes_the_report_and_plot_again(tiny: LoadedModel, tmp_path: Path) -> None:
+    """`--render` runs nothing: report.md and the plot from a stored results.json."""
+    import json
+    import sys
+
+    bench = load_script("server/kv_budget")
+    out = bench.measure(tiny, ["dense"], None, agents=2, context=200, new_tokens=4,
+                        budget_turns=2, repeats=1, texts=[TEXT])  # fmt: skip
+    meta = {"provenance": {"command": "c", "commit": "x", "date": "d",
+                           "machine": {"cores": 2, "torch_threads": 1}},
+            "settings": {"model": "m", "agents": 2, "new_tokens": 4, "budget_turns": 2,
+                         "repeats": 1}}  # fmt: skip
+    (tmp_path / "results.json").write_text(json.dumps({**out, **meta}))
+    argv = sys.argv
+    sys.argv = ["kv_budget.py", "--out", str(tmp_path), "--render"]
+    try:
+        bench.main()
+    finally:
+        sys.argv = argv
+    assert "| `dense` |" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "time_split.png").stat().st_size > 0
+    # results from before the split render without its table or plot
+    older = {**out, **meta, "summary": {"dense": {k: v for k, v in out["summary"]["dense"].items()
+                                                  if k != "time_s"}}}  # fmt: skip
+    assert "time_split.png" not in bench.render(older, tmp_path / "older")
+    assert not (tmp_path / "older" / "time_split.png").exists()
