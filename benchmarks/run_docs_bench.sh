@@ -61,6 +61,14 @@ reuse() {
     benchmarks/workloads/{memgpt,reflexion,swe_agent,chat,generated}.jsonl \
     benchmarks/workloads/chat-{edit,sysprompt,compact,retry,fork}.jsonl \
     --split validate --floor rpdc:cover_min=256 --out docs/bench/cover-min/validate
+  # the top of the range the tuning counts allow (docs/benchmarks.md "Where in that range"):
+  # the same replay with cover_min=384, both splits
+  for split in tune validate; do
+    $py benchmarks/reuse/cover_min_plans.py \
+      benchmarks/workloads/{memgpt,reflexion,swe_agent,chat,generated}.jsonl \
+      benchmarks/workloads/chat-{edit,sysprompt,compact,retry,fork}.jsonl \
+      --split $split --floor rpdc:cover_min=384 --out docs/bench/cover-min/at-384/$split
+  done
   # docs/templates.md: the templated workload, one session per shipped template (a few minutes)
   $ac bench benchmarks/workloads/templated.jsonl --strategies prefix,default \
     --max-turns 2 --new-tokens 4 --threads 1 --out docs/bench/templated
