@@ -231,10 +231,11 @@ class Engine:
         self._check_fits(tokens, params)
         with self.gate.admit(self._pages_for(tokens, params)) as seq:
             strat, pre, ttft = self._prefill_commit(strategy, tokens, seq, commit, cancel)
-            shared = [0]
+            shared = 0
 
             def share() -> None:  # before its decoder is made (batched: its first token out)
-                shared[0] = self._share(tokens, seq)
+                nonlocal shared
+                shared = self._share(tokens, seq)
 
             def refill(empty: SequenceKV) -> None:  # a preempted turn's prompt, recomputed
                 work = self._chunked(strat, tokens, empty)  # as it first ran: the same bits
@@ -250,7 +251,7 @@ class Engine:
                     reply_kv = self._commit_reply(strat, tokens, seq, pre, ids, segment)
         prefill = PrefillPart.of(strat.name, pre.stats, ttft)
         stats = TurnStats.of(prefill=prefill, decode=decode, reply_kv=reply_kv,
-                             shared_pages=shared[0])  # fmt: skip
+                             shared_pages=shared)  # fmt: skip
         return Generation(text, tuple(ids), finish, pre.logits, stats)
 
     def _share(self, tokens: TokenizedPrompt, seq: SequenceKV) -> int:

@@ -75,6 +75,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -465,9 +466,8 @@ class BatchScheduler:
                     rows.append((r, row))
                     continue
                 self._solo += 1
-                t0 = time.perf_counter()
-                logits = d.feed(*feed)
-                self._alone += time.perf_counter() - t0
+                with self._timed_alone():
+                    logits = d.feed(*feed)
                 r.turn.fed(logits)
             except OutOfPagesError as e:  # this turn's fault alone
                 r.error = e
@@ -608,26 +608,33 @@ class BatchScheduler:
 
     def _feed_one(self, r: Running) -> None:
         feed = r.turn.feed()
-        t0 = time.perf_counter()
         try:
-            logits = one_step(self.forward, _seq(r), feed.token, feed.position)
+            with self._timed_alone():
+                logits = one_step(self.forward, _seq(r), feed.token, feed.position)
         except OutOfPagesError as e:  # this turn's fault alone (past its reserved pages)
             r.error = e
             r.turn.finish = "length"
             return
-        finally:
-            self._alone += time.perf_counter() - t0
         r.turn.fed(logits)
         r.batched.append(False)
         self._lone += 1
 
     def _feed_row(self, r: Running, row: StepRow) -> None:
         """A begun row alone: its decoder's own step (`decode.base.row_logits`)."""
-        t0 = time.perf_counter()
-        logits = row_logits(self.forward, row)
-        self._alone += time.perf_counter() - t0
+        with self._timed_alone():
+            logits = row_logits(self.forward, row)
         self._take(r, row, logits, batched=False)
         self._lone += 1
+
+    @contextmanager
+    def _timed_alone(self) -> Iterator[None]:
+        """Adds the block's seconds to `step_seconds["alone"]`, however it ends (one step runs
+        at a time: no other thread adds to it meanwhile)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._alone += time.perf_counter() - t0
 
     def _take(self, r: Running, row: StepRow, logits: Tensor, batched: bool) -> None:
         """`row`'s logits after its step (n, V), to its decoder (`StepRow.take`): the turn is

@@ -121,10 +121,13 @@ def step_seconds(e: Engine) -> dict[str, float]:
     return dict(e.batch.stats().step_seconds) if e.batch is not None else {}
 
 
-# `BatchStats.step_seconds` keys, in the order of the report's columns
-PARTS = (("attention:dense", "dense rows' attention"), ("attention:sparse", "sparse rows'"),
-         ("attention:verify", "verify passes'"), ("rest", "shared (products, norms, logits)"),
+# `BatchStats.step_seconds` keys and their names, in the order of the report's columns and
+# the plot's bars (between the prefills and the rest of the wall)
+PARTS = (("attention:dense", "dense rows' attention"),
+         ("attention:sparse", "sparse rows' attention"),
+         ("attention:verify", "verify passes' attention"), ("rest", "shared by the rows"),
          ("alone", "a turn alone"))  # fmt: skip
+SPLIT = (("prefill", "prefills"), *PARTS, ("else", "rest of the wall"))
 
 
 def time_split(rs: list[dict[str, Any]]) -> dict[str, float]:
@@ -183,23 +186,18 @@ def summarize(runs: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]
 def plot_time(results: dict[str, Any], path: Path) -> None:
     """Stacked bars of where each policy's run went (`time_split`), one bar per policy; no
     file for results older than the split."""
-    rows = {n: r["time_s"] for n, r in results["summary"].items() if "time_s" in r}
-    if len(rows) < len(results["summary"]):
+    if not has_split(results):
         return
+    rows = {n: r["time_s"] for n, r in results["summary"].items()}
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    parts = [("prefill", "prefills"), ("attention:dense", "dense rows' attention"),
-             ("attention:sparse", "sparse rows' attention"),
-             ("attention:verify", "verify passes' attention"),
-             ("rest", "shared by the rows"), ("alone", "a turn alone"),
-             ("else", "rest of the wall")]  # fmt: skip
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.6 * len(rows)))
     names = list(rows)
     left = [0.0] * len(names)
-    for key, label in parts:
+    for key, label in SPLIT:
         widths = [max(rows[n][key], 0.0) for n in names]
         ax.barh(names, widths, left=left, label=label)
         left = [a + b for a, b in zip(left, widths, strict=True)]
@@ -212,6 +210,11 @@ def plot_time(results: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=4)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
+
+
+def has_split(results: dict[str, Any]) -> bool:
+    """Whether every policy's summary has `time_split`'s parts (runs since it was kept)."""
+    return all("time_s" in row for row in results["summary"].values())
 
 
 def spread(xs: list[float]) -> str:
@@ -228,14 +231,12 @@ def time_lines(results: dict[str, Any]) -> list[str]:
               "share, its matrix products, norms and logits; steps of a turn alone); and the "
               "rest of the wall (waits, decoder set-up not hidden behind a step, "
               "scheduling).", "",
-              "| policy | wall | prefills | " + " | ".join(n for _, n in PARTS)
-              + " | rest of wall |",
-              "|---|---|---|" + "---|" * len(PARTS) + "---|"]  # fmt: skip
+              "| policy | wall | " + " | ".join(n for _, n in SPLIT) + " |",
+              "|---|---|" + "---|" * len(SPLIT)]  # fmt: skip
     for name, row in results["summary"].items():
         t = row["time_s"]
-        cells = " | ".join(f"{t[k]:.2f}" for k, _ in PARTS)
-        lines.append(f"| `{name}` | {t['wall']:.2f} | {t['prefill']:.2f} | {cells} "
-                     f"| {t['else']:.2f} |")  # fmt: skip
+        cells = " | ".join(f"{t[k]:.2f}" for k, _ in SPLIT)
+        lines.append(f"| `{name}` | {t['wall']:.2f} | {cells} |")
     return [*lines, "", "![where a run's time went](time_split.png)"]
 
 
@@ -278,7 +279,7 @@ def report(results: dict[str, Any]) -> str:
             rows = (row["drafted"] + row["passes"]) / max(row["decoded"], 1)
             lines.append(f"| `{name}` | {row['decoded']} | {row['drafted']} | "
                          f"{row['accepted']} | {row['passes']} | {rows:.3f} |")  # fmt: skip
-    if all("time_s" in row for row in results["summary"].values()):  # runs since the split
+    if has_split(results):
         lines += time_lines(results)
     counts = {p: {k: ({part: round(x, 2) for part, x in v.items()} if isinstance(v, dict) else v)
                   for k, v in c.items()} for p, c in results["scheduler"].items()}  # fmt: skip
