@@ -35,6 +35,10 @@ CHOICES = {
 @dataclass(frozen=True)
 class SelectiveOptions:
     boundary_k: int = 0  # first k tokens of every reused segment not at index 0 (EPIC)
+    # a ranked turn also computes the first `starts` tokens of every reused segment not at
+    # index 0 whose KV is not exact (a per-message floor), counted in no budget's basis and
+    # not in `cover`'s: which turns are exact, and the ranked budget, stay what they are
+    starts: int = 0
     # what offset order counts offsets from: the start of every reused segment (EPIC), or of
     # every span of reused segments that were stored next to each other, after the same
     # context, and sit next to each other again (inside a span no token's local context
@@ -112,9 +116,12 @@ class SelectiveOptions:
         if self.min_ratio > 0 and not (self.extra > 0 or self.per_chunk > 0):
             raise ConfigError("min_ratio floors an extra or per_chunk budget: set one of them "
                               "(with ratio, the ratio itself is the fraction)")  # fmt: skip
-        if min(self.boundary_k, self.gate_every, self.probe_layers) < 0 or self.probe_window < 1:
+        if (
+            min(self.boundary_k, self.starts, self.gate_every, self.probe_layers) < 0
+            or self.probe_window < 1
+        ):
             raise ConfigError(
-                "boundary_k, gate_every, probe_layers must be >= 0, probe_window >= 1"
+                "boundary_k, starts, gate_every, probe_layers must be >= 0, probe_window >= 1"
             )
         if self.check_layer is not None and self.check_layer < 0:
             raise ConfigError(f"check_layer must be >= 0 or none, got {self.check_layer}")

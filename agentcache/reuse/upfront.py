@@ -6,6 +6,11 @@
     exact      :  ########                                        (exact_prefix)
     base       :            ########  kk         kk         ##########   (k: boundary_k)
     candidates :                      #########  #########
+
+`starts=s` adds the first s candidates of every reused run not at index 0 to the base of a
+turn its budget ranks (a per-message floor), after the budget is set: the basis of every
+budget and of `cover` is the turn without them, so which turns are exact and how many
+tokens a ranking adds do not change with it.
 """
 
 from __future__ import annotations
@@ -51,6 +56,14 @@ def select_up_front(
     candidates = reused & ~exact
     pool = candidates & ~base
     budget = o.budget.tokens(BudgetBasis(int(candidates.sum()), int(base.sum()), runs, pool))
+    if o.starts and budget < int(pool.sum()):  # a ranked turn: its runs' first tokens too
+        starts = torch.zeros_like(pool)
+        for r in runs:
+            if r.start > 0 and not r.exact:
+                starts[r.start : r.start + min(o.starts, r.num_tokens)] = True
+        base = base | (starts & pool)
+        pool = pool & ~base
+        budget = min(budget, int(pool.sum()))
     ranker = o.ranker()
     if ranker.up_front:  # the run computes its picks with the base
         cand = pool.nonzero().flatten()

@@ -142,6 +142,34 @@ def test_min_ratio_floors_the_budget_in_the_candidates(min_ratio: float, budget:
     assert int((sel.base[5:19]).sum()) == budget
 
 
+@pytest.mark.parametrize(("cover", "covered"), [(0.5, False), (1.5, True)])
+def test_starts_add_each_runs_first_tokens_to_a_ranked_turn_only(
+    cover: float, covered: bool
+) -> None:
+    """10 tokens computed anyway (3-4, 21-28), 14 candidates in two runs (5-11, 12-18), an
+    exact run at 0 and one after them: ranked (cover 0.5), `starts=3` computes 5-7 and 12-14 besides
+    `extra`'s budget of ceil(0.2 x 10) = 2, which it leaves as it was; covered (1.5), every
+    candidate is computed, as without it. Exact runs and a run at index 0 get no starts."""
+    runs = [ReusedRun(0, 3, exact=True), ReusedRun(5, 7), ReusedRun(12, 7), ReusedRun(19, 2, True)]
+    without = SelectiveOptions(selection="offset", extra=0.2, cover=cover)
+    plain = select_up_front(without, 29, runs)
+    sel = select_up_front(replace(without, starts=3), 29, runs)
+    assert plain.budget == sel.budget == (14 if covered else 2)
+    if covered:
+        assert torch.equal(sel.base, plain.base) and bool(sel.base[5:19].all())
+    else:
+        assert bool(sel.base[5:8].all()) and bool(sel.base[12:15].all())
+        assert int(sel.base[5:19].sum()) == 6 + 2  # the starts, then the budget's picks
+        assert int(plain.base[5:19].sum()) == 2
+    assert not bool(sel.base[:3].any()) and not bool(sel.base[19:21].any())
+
+
+def test_starts_parse_and_keep_the_default_budget() -> None:
+    strategy = StrategySpec.parse("rpdc:starts=16").build()
+    assert strategy.options.starts == 16  # type: ignore[attr-defined]
+    assert strategy.options.budget == Covered(PerComputedToken(0.2), 1.5, 256)  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(
     ("text", "words"),
     [

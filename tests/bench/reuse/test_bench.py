@@ -114,7 +114,8 @@ def test_bench_cope_runs_the_models_adapter_or_says_how_to_train_one(
     [
         ("rpdc:extra=abc", "strategy 'rpdc:extra=abc': extra must be a number, got 'abc'"),
         ("rpdc:nosuch=1", "rpdc: unknown options ['nosuch']"),
-        ("epic:boundary_k=-1", "boundary_k, gate_every, probe_layers must be >= 0"),
+        ("epic:boundary_k=-1", "boundary_k, starts, gate_every, probe_layers must be >= 0"),
+        ("rpdc:starts=-1", "boundary_k, starts, gate_every, probe_layers must be >= 0"),
         ("rpdc:ratio=2", "ratio must be in [0, 1], got 2"),
         ("prefix:x=1", "prefix takes no options"),
         ("rpdc:extra", "strategy option 'extra' in 'rpdc:extra' is not key=value"),
