@@ -114,6 +114,35 @@ wide_memory() {
     --sessions chat-sysprompt-04,chat-sysprompt-06 --threads 1 \
     --out docs/bench/edits/wide/sysprompt-minratio-validate
 }
+# A floor per moved message on the same memory tuning sessions: EPIC's chunk starts beside the
+# default's ranked budget, first as `boundary_k` (counted in `cover`'s basis), then as `starts`
+# (outside it), each with memgpt's tuning sessions -00 and -01 cut after four turns beside it
+# (one per core); the rule, fixed before each pair was read: the smallest k of 8 and 16 at
+# greedy >= 0.9, first token 1.00 and median TTFT <= 0.6x prefix's on chat-sysprompt's 10
+# turns, and on memgpt's 6 greedy no lower than the default's at median TTFT <= 0.75x
+# prefix's (docs/benchmarks.md "A floor per moved message"); then the option on validation
+# sessions (chat-sysprompt -04 to -07, memgpt -08 to -11), one per core, with `starts-validate`
+S=docs/bench/edits/starts
+starts_pair() {  # OPTION
+  $ac bench benchmarks/workloads/chat-sysprompt.jsonl \
+    --strategies "full,prefix,default,rpdc:$1=8,rpdc:$1=16" --split tune \
+    --sessions chat-sysprompt-00,chat-sysprompt-02 --threads 1 \
+    --out "$S/$1-tune-chat-sysprompt" &
+  $ac bench benchmarks/workloads/memgpt.jsonl \
+    --strategies "full,prefix,default,rpdc:$1=8,rpdc:$1=16" --split tune \
+    --sessions memgpt-00,memgpt-01 --max-turns 4 --threads 1 --out "$S/$1-tune-memgpt" &
+  wait
+}
+starts_validate() {
+  $ac bench benchmarks/workloads/chat-sysprompt.jsonl \
+    --strategies full,prefix,default,rpdc:starts=16 --split validate --threads 1 \
+    --out "$S/validate-chat-sysprompt" &
+  $ac bench benchmarks/workloads/memgpt.jsonl \
+    --strategies full,prefix,default,rpdc:starts=16 --split validate \
+    --sessions memgpt-08,memgpt-09,memgpt-10,memgpt-11 --threads 1 \
+    --out "$S/validate-memgpt" &
+  wait
+}
 wide_targets() {  # [OUT [targets.py arguments...]]
   local out=${1:-docs/bench/edits/wide/targets} f runs=() files=()
   shift || true
@@ -167,6 +196,8 @@ for what in "${@:-edit compact retry fork sysprompt targets}"; do
       wide-targets) wide_targets ;;
       wide-extra) wide_extra ;;
       wide-memory) wide_memory ;;
+      starts) starts_pair boundary_k; starts_pair starts ;;
+      starts-validate) starts_validate ;;
       repeats) repeats ;;
       repeats-targets) repeats_targets ;;
       floor-targets) floor_targets ;;

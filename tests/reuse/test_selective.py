@@ -447,3 +447,24 @@ def test_span_chunks_join_segments_stored_together(tiny: LoadedModel) -> None:
 def test_bad_budget_and_chunk_options_are_named(options: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SelectiveOptions(**options)  # type: ignore[arg-type]
+
+
+def test_starts_compute_each_moved_runs_first_tokens_beside_the_ranked_budget(
+    tiny: LoadedModel,
+) -> None:
+    """On a ranked turn (`cover=0`), `starts=4` computes the first 4 tokens of each of the two
+    moved history segments through every layer, besides the same ranked budget; the turn
+    stays ranked, and its first-token distribution moves toward full recompute's."""
+    plain = shifted_prefill(tiny, "rpdc", cover=0.0)
+    starts = shifted_prefill(tiny, "rpdc", cover=0.0, starts=4)
+    p, s = plain.stats, starts.stats
+    assert not p.probe_skipped and not s.probe_skipped and not s.exact_plan
+    assert s.computed_anyway == p.computed_anyway + 2 * 4
+    assert s.candidates == p.candidates - 2 * 4
+    assert s.recomputed_tokens == p.recomputed_tokens + 2 * 4
+    engine = Engine(tiny)
+    seq, full = engine.prefill(engine.tokenize(agent_prompt(SHIFTED)), strategy="full")
+    seq.free()
+    assert not torch.allclose(starts.logits, plain.logits, rtol=1e-4, atol=1e-4)
+    gap = [(r.logits - full.logits).abs().max().item() for r in (plain, starts)]
+    assert gap[1] < gap[0]
