@@ -118,8 +118,8 @@ reuse() {
   bash benchmarks/reuse/edit_families.sh wide wide-extra wide-memory wide-targets
   # a floor per moved message (boundary_k, then starts) on the memory tuning sessions beside
   # memgpt's, then starts=16 on validation sessions (docs/benchmarks.md "A floor per moved
-  # message"; ~35 min on 2 cores)
-  bash benchmarks/reuse/edit_families.sh starts starts-validate
+  # message"; ~45 min on 2 cores)
+  bash benchmarks/reuse/edit_families.sh starts starts-validate exact-history
   # the generated family (docs/benchmarks.md "Generated sessions"): every strategy and the
   # planner on 4 tuning and 4 validation sessions, 4 turns each (the two runs side by side,
   # one per core); the fixed strategy the tuning run picks (fastest at the floor) read on the

@@ -143,6 +143,16 @@ starts_validate() {
     --out "$S/validate-memgpt" &
   wait
 }
+# whether the default's misses there come from what earlier turns stored: each memory session
+# on a store of the default's own and on one of full recompute's K/V (reuse/exact_history.py),
+# tuning and validation at once, one per core
+exact_history() {
+  $py benchmarks/reuse/exact_history.py benchmarks/workloads/chat-sysprompt.jsonl \
+    --sessions chat-sysprompt-00,chat-sysprompt-02 --out "$S/exact-history-tune" &
+  $py benchmarks/reuse/exact_history.py benchmarks/workloads/chat-sysprompt.jsonl \
+    --sessions chat-sysprompt-04,chat-sysprompt-06 --out "$S/exact-history-validate" &
+  wait
+}
 wide_targets() {  # [OUT [targets.py arguments...]]
   local out=${1:-docs/bench/edits/wide/targets} f runs=() files=()
   shift || true
@@ -198,6 +208,7 @@ for what in "${@:-edit compact retry fork sysprompt targets}"; do
       wide-memory) wide_memory ;;
       starts) starts_pair boundary_k; starts_pair starts ;;
       starts-validate) starts_validate ;;
+      exact-history) exact_history ;;
       repeats) repeats ;;
       repeats-targets) repeats_targets ;;
       floor-targets) floor_targets ;;
