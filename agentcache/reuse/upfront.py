@@ -49,19 +49,13 @@ def select_up_front(
     for r in runs:
         reused[r.start : r.end] = True
         exact[r.start : r.end] = r.exact
-    base = ~reused  # update tokens, missed segments and the last token
-    for r in runs:
-        if r.start > 0 and not r.exact:
-            base[r.start : r.start + min(o.boundary_k, r.num_tokens)] = True
+    # update tokens, missed segments and the last token, and boundary_k's openings
+    base = ~reused | openings(runs, o.boundary_k, num_tokens)
     candidates = reused & ~exact
     pool = candidates & ~base
     budget = o.budget.tokens(BudgetBasis(int(candidates.sum()), int(base.sum()), runs, pool))
     if o.starts and budget < int(pool.sum()):  # a ranked turn: its runs' first tokens too
-        starts = torch.zeros_like(pool)
-        for r in runs:
-            if r.start > 0 and not r.exact:
-                starts[r.start : r.start + min(o.starts, r.num_tokens)] = True
-        base = base | (starts & pool)
+        base = base | (openings(runs, o.starts, num_tokens) & pool)
         pool = pool & ~base
         budget = min(budget, int(pool.sum()))
     ranker = o.ranker()
@@ -72,3 +66,13 @@ def select_up_front(
         base[cand[torch.argsort(scores, descending=True)[:budget]]] = True
         candidates = torch.zeros_like(candidates)
     return UpFrontSelection(reused, exact, base, candidates, budget)
+
+
+def openings(runs: list[ReusedRun], k: int, num_tokens: int) -> Tensor:
+    """(T,) bool: the first k tokens of every reused run not at index 0 whose KV is not exact
+    (`boundary_k`'s tokens, and `starts`')."""
+    mask = torch.zeros(num_tokens, dtype=torch.bool)
+    for r in runs:
+        if r.start > 0 and not r.exact:
+            mask[r.start : r.start + min(k, r.num_tokens)] = True
+    return mask
