@@ -249,9 +249,12 @@ class StepTimes:
 
     def add(self, other: StepTimes) -> None:
         for kind, s in other.attention.items():
-            self.attention[kind] = self.attention.get(kind, 0.0) + s
+            self.attend(kind, s)
         self.chunks += other.chunks
         self.rest += other.rest
+
+    def attend(self, kind: str, seconds: float) -> None:
+        self.attention[kind] = self.attention.get(kind, 0.0) + seconds
 
     def seconds(self) -> dict[str, float]:
         """Flat, for reports: `attention:<kind>`, `chunks`, `rest`."""
@@ -302,7 +305,7 @@ def batched_step(
     forward's own attention: the same bits as the chunk run on its own, given the same q, k,
     v). `times`, when given, is added the step's seconds by part (`StepTimes`)."""
     f = forward
-    began, clock = time.perf_counter(), _Clock(times)
+    clock = _Clock(times)
     if not rows and not chunks:
         raise ValueError("a fused step needs a decode row or a chunk")
     spans = list(itertools.pairwise(itertools.accumulate((r.width for r in rows), initial=0)))
@@ -357,15 +360,17 @@ def batched_step(
     )
     last = [f.logits(hidden[s + len(c.ids) - 1 : s + len(c.ids)])[0] for c, s in
             zip(chunks, starts, strict=True)]  # fmt: skip
-    clock.finish(began)
+    clock.finish()
     return decode, last
 
 
 class _Clock:
-    """`batched_step`'s timing into a `StepTimes`; with none, it reads no clock."""
+    """`batched_step`'s timing into a `StepTimes`, from when it is made; with none, it reads
+    no clock."""
 
     def __init__(self, times: StepTimes | None) -> None:
         self.times, self.parts = times, 0.0
+        self.began = self.start()
 
     def start(self) -> float:
         return time.perf_counter() if self.times is not None else 0.0
@@ -373,7 +378,7 @@ class _Clock:
     def attention(self, kind: str, t0: float) -> None:
         if self.times is not None:
             dt = time.perf_counter() - t0
-            self.times.attention[kind] = self.times.attention.get(kind, 0.0) + dt
+            self.times.attend(kind, dt)
             self.parts += dt
 
     def chunk(self, t0: float) -> None:
@@ -382,9 +387,9 @@ class _Clock:
             self.times.chunks += dt
             self.parts += dt
 
-    def finish(self, began: float) -> None:
+    def finish(self) -> None:
         if self.times is not None:
-            self.times.rest += time.perf_counter() - began - self.parts
+            self.times.rest += time.perf_counter() - self.began - self.parts
 
 
 def _cat(parts: list[Tensor]) -> Tensor:
