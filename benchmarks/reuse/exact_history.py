@@ -41,10 +41,10 @@ def run_session(engines: dict[str, Engine], session: Any, new_tokens: int) -> li
     params = GenerationParams(max_new_tokens=new_tokens)
     rows = []
     for ti, turn in enumerate(session.turns):
-        row: dict[str, Any] = {"session": session.name, "case": session.case, "turn": ti}
+        prompt = next(iter(engines.values())).tokenize(turn.prompt)  # one model: one tokenizer
+        row: dict[str, Any] = {"session": session.name, "case": session.case, "turn": ti,
+                               "prompt_tokens": prompt.num_tokens}  # fmt: skip
         for store, engine in engines.items():
-            prompt = engine.tokenize(turn.prompt)
-            row["prompt_tokens"] = prompt.num_tokens
             if ti > 0:
                 ref = engine.generate(prompt, params, strategy="full", commit=False)
                 got = engine.generate(prompt, params, strategy="rpdc", commit=False)
