@@ -72,6 +72,9 @@ class ReuseStats:
     # probe strategies: every candidate was computed because the budget covered them all, or
     # the probe's redo would have cost more than the few it left out (no ranking ran)
     probe_skipped: bool = False
+    # selective strategies with `epic_over`: the budget was thin beside the candidates, so the
+    # turn computed their chunk starts instead of a ranking (reuse/upfront.py)
+    epic_turn: bool = False
     # selective strategies: every reused token whose KV is not exact was computed through
     # every layer, decided up front (the output is full recompute's, up to rounding)
     exact_plan: bool = False

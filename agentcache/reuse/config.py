@@ -39,6 +39,12 @@ class SelectiveOptions:
     # index 0 whose KV is not exact (a per-message floor), counted in no budget's basis and
     # not in `cover`'s: which turns are exact, and the ranked budget, stay what they are
     starts: int = 0
+    # when > 0: a turn the budget would rank whose candidates number more than `epic_over`
+    # per token computed anyway (the budget refreshes a sliver of them) computes the first
+    # `epic_k` of every reused segment not at index 0 whose KV is not exact instead (EPIC's
+    # chunk starts, known up front: no ranking pass), and no ranked tokens
+    epic_over: float = 0.0
+    epic_k: int = 64
     # what offset order counts offsets from: the start of every reused segment (EPIC), or of
     # every span of reused segments that were stored next to each other, after the same
     # context, and sit next to each other again (inside a span no token's local context
@@ -109,6 +115,10 @@ class SelectiveOptions:
             raise ConfigError(f"cover_min must be >= 0, got {self.cover_min}")
         if self.per_chunk < 0:
             raise ConfigError(f"per_chunk must be >= 0, got {self.per_chunk}")
+        if not self.epic_over >= 0.0:
+            raise ConfigError(f"epic_over must be >= 0, got {self.epic_over:g}")
+        if self.epic_k < 1:
+            raise ConfigError(f"epic_k must be >= 1, got {self.epic_k}")
         if sum(b > 0 for b in (self.ratio, self.extra, self.per_chunk)) > 1:
             raise ConfigError("ratio, extra and per_chunk are alternative budgets: set one")
         if not 0.0 <= self.min_ratio <= 1.0:

@@ -159,7 +159,8 @@ class SelectiveRecompute(PlanningStrategy):
         )
         # the probe would only have ranked tokens computed anyway (`probed` skips it alike)
         probing = self.options.evidence_pass == "probe" and bool(sel.candidates.any())
-        stats.probe_skipped = computed is not None and probing
+        stats.probe_skipped = computed is not None and probing and not sel.epic_turn
+        stats.epic_turn = sel.epic_turn
 
         def after(ever_computed: Tensor, dirty: Tensor) -> _Exact:
             """Once every computed token ran: the load's outcome, the counts, the masks."""
@@ -215,7 +216,7 @@ class SelectiveRecompute(PlanningStrategy):
         runs: the base when no ranking pass runs, base and every candidate when the probe
         would only rank tokens computed anyway (`probe_shortcut`); None: a pass decides."""
         run = self.options.evidence_pass if bool(sel.candidates.any()) else None
-        if run is None:
+        if run is None or sel.epic_turn:  # `epic_over`'s chunk starts: nothing left to rank
             return sel.base.clone()
         o = self.options
         if run != "probe" or not o.probe_shortcut:

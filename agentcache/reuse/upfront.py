@@ -11,6 +11,13 @@
 turn its budget ranks (a per-message floor), after the budget is set: the basis of every
 budget and of `cover` is the turn without them, so which turns are exact and how many
 tokens a ranking adds do not change with it.
+
+`epic_over=r` replaces the ranking on a turn whose budget is thin: when the candidates number
+more than r per token computed anyway (a budget of `extra` per computed token refreshes fewer
+than extra / r of them), the first `epic_k` tokens of every reused run not at index 0 whose KV
+is not exact join the base and the budget is 0, so no ranking pass runs (EPIC's plan, decided
+before any layer runs). Turns that `cover` makes exact, and turns with fewer candidates, keep
+their plan.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ class UpFrontSelection:
     base: Tensor
     candidates: Tensor
     budget: int
+    epic_turn: bool = False  # `epic_over`: chunk starts computed instead of a ranking
 
 
 def select_up_front(
@@ -54,7 +62,11 @@ def select_up_front(
     candidates = reused & ~exact
     pool = candidates & ~base
     budget = o.budget.tokens(BudgetBasis(int(candidates.sum()), int(base.sum()), runs, pool))
-    if o.starts and budget < int(pool.sum()):  # a ranked turn: its runs' first tokens too
+    ranked = budget < int(pool.sum())
+    if o.epic_over and ranked and int(pool.sum()) > o.epic_over * int(base.sum()):
+        base = base | (openings(runs, o.epic_k, num_tokens) & pool)
+        return UpFrontSelection(reused, exact, base, candidates, 0, epic_turn=True)
+    if o.starts and ranked:  # a ranked turn: its runs' first tokens too
         base = base | (openings(runs, o.starts, num_tokens) & pool)
         pool = pool & ~base
         budget = min(budget, int(pool.sum()))

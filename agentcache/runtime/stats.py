@@ -142,6 +142,7 @@ class PrefillFields(PromptTotals):
     token_reuse: TokenReuse | None = None  # per token; None where the engine cannot tell
     load_overlap: float | None = None  # share of the KV load hidden behind compute
     probe_skipped: bool = False  # a probe strategy computed every candidate (ReuseStats)
+    epic_turn: bool = False  # `epic_over` computed chunk starts instead of ranking (ReuseStats)
     # the work counted, not timed: calls into the model, tokens whose cached K/V was loaded
     model_calls: int = 0
     loaded_tokens: int = 0
@@ -178,7 +179,7 @@ class PrefillPart(PrefillFields):
             recomputed_tokens=s.recomputed_tokens, recompute_fraction=s.recompute_fraction,
             ttft_s=ttft_s, fallbacks=s.fallbacks, fallback_reasons=tuple(s.fallback_reasons),
             misses=tuple(s.misses), token_reuse=uses, load_overlap=s.load_overlap,
-            probe_skipped=s.probe_skipped, **split,
+            probe_skipped=s.probe_skipped, epic_turn=s.epic_turn, **split,
             model_calls=s.model_calls, loaded_tokens=s.loaded_tokens, exact_plan=s.exact_plan,
             context_copy_tokens=s.context_copy_tokens,
             plan_cost=None if s.guard is None else s.guard.plan_units,

@@ -164,6 +164,37 @@ def test_starts_add_each_runs_first_tokens_to_a_ranked_turn_only(
     assert not bool(sel.base[:3].any()) and not bool(sel.base[19:21].any())
 
 
+@pytest.mark.parametrize(
+    ("cover", "over", "epic"), [(0.5, 1.0, True), (0.5, 2.0, False), (1.5, 1.0, False)]
+)
+def test_epic_over_computes_chunk_starts_on_a_thin_ranked_turn_only(
+    cover: float, over: float, epic: bool
+) -> None:
+    """The runs above: 10 tokens computed anyway, 14 candidates. Ranked (cover 0.5) with more
+    than `epic_over` = 1 candidate per computed token, the turn computes the first `epic_k` = 3
+    of each moved run (5-7, 12-14) and ranks nothing (budget 0); at `epic_over` = 2 (14 <= 20)
+    it ranks as without the option; covered (1.5), every candidate is computed as before."""
+    runs = [ReusedRun(0, 3, exact=True), ReusedRun(5, 7), ReusedRun(12, 7), ReusedRun(19, 2, True)]
+    without = SelectiveOptions(probe_layers=2, selection="attention", extra=0.2, cover=cover)
+    plain = select_up_front(without, 29, runs)
+    sel = select_up_front(replace(without, epic_over=over, epic_k=3), 29, runs)
+    assert sel.epic_turn is epic and not plain.epic_turn
+    if not epic:
+        assert torch.equal(sel.base, plain.base) and sel.budget == plain.budget
+        return
+    assert sel.budget == 0 and plain.budget == 2
+    assert bool(sel.base[5:8].all()) and bool(sel.base[12:15].all())
+    assert int(sel.base[5:19].sum()) == 6 and not bool(sel.base[:3].any())
+    assert not bool(sel.base[19:21].any()) and torch.equal(sel.candidates, plain.candidates)
+
+
+def test_epic_over_parses_beside_the_default_budget() -> None:
+    strategy = StrategySpec.parse("rpdc:epic_over=4:epic_k=32").build()
+    o = strategy.options  # type: ignore[attr-defined]
+    assert (o.epic_over, o.epic_k) == (4.0, 32)
+    assert o.budget == Covered(PerComputedToken(0.2), 1.5, 256)
+
+
 def test_starts_parse_and_keep_the_default_budget() -> None:
     strategy = StrategySpec.parse("rpdc:starts=16").build()
     assert strategy.options.starts == 16  # type: ignore[attr-defined]
@@ -182,6 +213,9 @@ def test_starts_parse_and_keep_the_default_budget() -> None:
         ("rpdc:cover_min=1.5", "cover_min must be an integer"),
         ("rpdc:cover_min=many", "cover_min must be an integer"),
         ("pic:cover_min=8", "needs a ranking"),
+        ("rpdc:epic_over=-1", "epic_over must be >= 0"),
+        ("rpdc:epic_k=0", "epic_k must be >= 1"),
+        ("rpdc:epic_over=lots", "epic_over must be"),
     ],
 )
 def test_cover_refuses_what_it_cannot_spend(text: str, words: str) -> None:

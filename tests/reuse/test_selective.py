@@ -468,3 +468,23 @@ def test_starts_compute_each_moved_runs_first_tokens_beside_the_ranked_budget(
     assert not torch.allclose(starts.logits, plain.logits, rtol=1e-4, atol=1e-4)
     gap = [(r.logits - full.logits).abs().max().item() for r in (plain, starts)]
     assert gap[1] < gap[0]
+
+
+def test_epic_over_runs_epics_plan_without_a_probe(tiny: LoadedModel) -> None:
+    """A ranked turn (`cover=0`) whose candidates outnumber its computed tokens, at
+    `epic_over=0.5`: no probe runs, the turn computes the first 4 tokens of each moved segment
+    with the tokens computed anyway, and its logits, tokens and token-layers are those of
+    `epic:exact_prefix=true:boundary_k=4`, the reference path that plans the same tokens."""
+    ranked = shifted_prefill(tiny, "rpdc", cover=0.0).stats
+    assert ranked.candidates > 0.5 * ranked.computed_anyway and not ranked.epic_turn
+    fast = shifted_prefill(tiny, "rpdc", cover=0.0, epic_over=0.5, epic_k=4)
+    ref = shifted_prefill(tiny, "epic", exact_prefix=True, boundary_k=4)
+    s, r = fast.stats, ref.stats
+    assert s.epic_turn and not s.probe_skipped and not s.exact_plan and not r.epic_turn
+    assert s.recomputed_tokens == s.computed_anyway == r.recomputed_tokens
+    assert s.computed_anyway > ranked.computed_anyway
+    assert s.token_layers_computed == r.token_layers_computed
+    assert s.token_layers_computed == s.recomputed_tokens * tiny.config.num_layers
+    torch.testing.assert_close(fast.logits, ref.logits, rtol=1e-5, atol=1e-5)
+    off = shifted_prefill(tiny, "rpdc", cover=0.0, epic_over=1e6, epic_k=4).stats
+    assert not off.epic_turn and off.recomputed_tokens == ranked.recomputed_tokens

@@ -187,6 +187,7 @@ class BenchRunner:
                 "load_ms": s.load_s * 1e3,
                 "fallbacks": s.fallbacks,
                 "probe_skipped": s.probe_skipped,
+                "epic_turn": s.epic_turn,  # `epic_over`: chunk starts instead of a ranking
                 "guarded": s.guarded,  # the plan cost more than recomputing: full's ran
                 "model_calls": s.model_calls,
                 "loaded_tokens": s.loaded_tokens,
