@@ -152,9 +152,9 @@ class SelectiveRecompute(PlanningStrategy):
         stats.loaded_tokens = num_loaded
         stats.candidates = int((sel.candidates & ~sel.base).sum())
         stats.computed_anyway = int(sel.base.sum())
-        stats.exact_plan = (
+        stats.exact_plan = (  # (an up-front ranker's picks leave `candidates` empty)
             computed is not None
-            and not bool((sel.candidates & ~computed).any())
+            and not bool((sel.reused & ~sel.exact & ~computed).any())
             and stats.context_copies_found == 0  # a context copy is not full recompute's KV
         )
         # the probe would only have ranked tokens computed anyway (`probed` skips it alike)

@@ -488,3 +488,19 @@ def test_epic_over_runs_epics_plan_without_a_probe(tiny: LoadedModel) -> None:
     torch.testing.assert_close(fast.logits, ref.logits, rtol=1e-5, atol=1e-5)
     off = shifted_prefill(tiny, "rpdc", cover=0.0, epic_over=1e6, epic_k=4).stats
     assert not off.epic_turn and off.recomputed_tokens == ranked.recomputed_tokens
+
+
+def test_an_up_front_ranking_is_an_exact_plan_only_when_it_computes_every_candidate(
+    tiny: LoadedModel,
+) -> None:
+    """An up-front ranker's picks join the tokens computed anyway, leaving no candidates to a
+    pass: `exact_plan` still says whether every reused token whose KV is not exact ran (at
+    ratio 1 it did, and the logits are full recompute's; at 0.3 fewer tokens ran)."""
+    part = shifted_prefill(tiny, "pic", selection="offset", ratio=0.3, exact_prefix=True)
+    every = shifted_prefill(tiny, "pic", selection="offset", ratio=1.0, exact_prefix=True)
+    assert every.stats.exact_plan and not part.stats.exact_plan
+    assert part.stats.recomputed_tokens < every.stats.recomputed_tokens
+    engine = Engine(tiny)
+    seq, full = engine.prefill(engine.tokenize(agent_prompt(SHIFTED)), strategy="full")
+    seq.free()
+    torch.testing.assert_close(every.logits, full.logits, rtol=1e-4, atol=1e-4)
