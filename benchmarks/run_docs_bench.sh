@@ -120,6 +120,11 @@ reuse() {
   # memgpt's, then starts=16 on validation sessions (docs/benchmarks.md "A floor per moved
   # message"; ~45 min on 2 cores)
   bash benchmarks/reuse/edit_families.sh starts starts-validate exact-history
+  # chunk starts where the budget is thin (`epic_over`): tuning runs, the ratio chosen on
+  # them, its validation runs and every session's plans (docs/benchmarks.md "Chunk starts where
+  # the budget is thin"; ~45 min on 2 cores)
+  bash benchmarks/reuse/edit_families.sh epic-over-tune epic-over-validate epic-over-choice \
+    epic-over-plans
   # the generated family (docs/benchmarks.md "Generated sessions"): every strategy and the
   # planner on 4 tuning and 4 validation sessions, 4 turns each (the two runs side by side,
   # one per core); the fixed strategy the tuning run picks (fastest at the floor) read on the

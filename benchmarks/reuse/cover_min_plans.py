@@ -87,7 +87,8 @@ def run_session(
             exact = s.candidates == 0 or s.probe_skipped  # nothing to rank, or all computed
             row |= {"prompt_tokens": prompt.num_tokens, f"{label}_candidates": s.candidates,
                     f"{label}_anyway": s.computed_anyway, f"{label}_exact": exact,
-                    f"{label}_computed": s.recomputed_tokens}  # fmt: skip
+                    f"{label}_computed": s.recomputed_tokens,
+                    f"{label}_epic_turn": s.epic_turn}  # fmt: skip
         rows.append(row)
     return rows
 
@@ -100,6 +101,7 @@ def summary(family: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "warm_turns": len(warm),
         "exact_no_floor": sum(r["no_floor_exact"] for r in warm),
         "exact_floor": sum(r["floor_exact"] for r in warm),
+        "chunk_start_turns": sum(bool(r.get("floor_epic_turn")) for r in warm),
         "changed": len(changed),
         "added_tokens": [r["floor_computed"] - r["no_floor_computed"] for r in changed],
         "min_candidates_ranked": min(
@@ -143,15 +145,15 @@ def table(summaries: list[dict[str, Any]]) -> str:
     lines = [
         "| family | warm turns | exact without floor | exact with floor | turns changed "
         "| tokens computed added per changed turn | fewest candidates of a ranked turn "
-        "(no floor) |",
-        "|---|---|---|---|---|---|---|",
+        "(no floor) | chunk-start turns (`epic_over`) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         added = ", ".join(map(str, s["added_tokens"])) or "-"
         fewest = "-" if s["min_candidates_ranked"] is None else str(s["min_candidates_ranked"])
         lines.append(
             f"| {s['family']} | {s['warm_turns']} | {s['exact_no_floor']} | {s['exact_floor']} "
-            f"| {s['changed']} | {added} | {fewest} |"
+            f"| {s['changed']} | {added} | {fewest} | {s.get('chunk_start_turns', 0)} |"
         )
     return "\n".join(lines)
 
@@ -164,11 +166,14 @@ def main() -> None:
                    help="which half of each workload to replay (default: tune)")  # fmt: skip
     p.add_argument("--floor", default=SPECS["floor"],
                    help=f"the spec with a floor (default: {SPECS['floor']})")  # fmt: skip
+    p.add_argument("--against", default=SPECS["no_floor"],
+                   help=f"the spec it is compared with (default: {SPECS['no_floor']}, the "
+                   "default before its floor)")  # fmt: skip
     p.add_argument("--probe-runs", type=Path, nargs="*", default=[],
                    help="stored tuning runs of full, prefix and rpdc without cover")  # fmt: skip
     args = p.parse_args()
     torch.set_num_threads(1)
-    specs = {**SPECS, "floor": args.floor}
+    specs = {"floor": args.floor, "no_floor": args.against}
     model = planning_model()
     summaries, every = [], []
     for path in args.workloads:

@@ -196,6 +196,41 @@ repeats_targets() {
     --out docs/bench/edits/repeats/targets-swe_agent
 }
 
+# Chunk starts on a thin ranked turn, `epic_over` (docs/benchmarks.md "Chunk starts where the
+# budget is thin"): the default and `epic` on the memory tuning sessions of chat-sysprompt and
+# two of memgpt's (`epic-over-tune`, at 8ead6f8, before the option existed), the choice of the
+# ratio replayed on those and the stored tuning runs (`epic-over-choice`), the chosen ratio on
+# chat-sysprompt's validation sessions and the generated ones it acts on (`epic-over-validate`),
+# and every session's plans with and without it (`epic-over-plans`, a random model)
+E=docs/bench/epic-over
+epic_over_tune() {
+  $ac bench benchmarks/workloads/chat-sysprompt.jsonl \
+    --strategies full,prefix,default,epic,cacheblend --split tune \
+    --sessions chat-sysprompt-00,chat-sysprompt-02 --threads 1 --out "$E/tune-chat-sysprompt" &
+  $ac bench benchmarks/workloads/memgpt.jsonl \
+    --strategies full,prefix,default,epic,cacheblend --split tune \
+    --sessions memgpt-00,memgpt-01 --max-turns 4 --threads 1 --out "$E/tune-memgpt" &
+  wait
+}
+epic_over_validate() {
+  $ac bench benchmarks/workloads/chat-sysprompt.jsonl \
+    --strategies full,prefix,default,rpdc:epic_over=4 --split validate --threads 1 \
+    --out "$E/validate-chat-sysprompt" &
+  $ac bench benchmarks/workloads/generated.jsonl \
+    --strategies full,prefix,default,rpdc:epic_over=4 --split validate \
+    --sessions generated-20,generated-21,generated-22,generated-23 --max-turns 4 --threads 1 \
+    --out "$E/validate-generated-b" &
+  wait
+}
+epic_over_plans() {
+  local half
+  for half in tune validate; do
+    nice -n 19 $py benchmarks/reuse/cover_min_plans.py \
+      benchmarks/workloads/{memgpt,reflexion,swe_agent,chat,generated,chat-edit,chat-sysprompt,chat-compact,chat-retry,chat-fork}.jsonl \
+      --split "$half" --floor rpdc:epic_over=4 --against rpdc --out "$E/plans-$half"
+  done
+}
+
 for what in "${@:-edit compact retry fork sysprompt targets}"; do
   for w in $what; do
     case $w in
@@ -212,6 +247,10 @@ for what in "${@:-edit compact retry fork sysprompt targets}"; do
       repeats) repeats ;;
       repeats-targets) repeats_targets ;;
       floor-targets) floor_targets ;;
+      epic-over-tune) epic_over_tune ;;
+      epic-over-choice) $py benchmarks/reuse/epic_over_choice.py --out "$E/choice" ;;
+      epic-over-validate) epic_over_validate ;;
+      epic-over-plans) epic_over_plans ;;
       *) run "$w" ;;
     esac
   done
