@@ -72,11 +72,19 @@ class RPDC(SelectiveRecompute):
     (docs/benchmarks.md, "Cover's floor" and "The default gains `cover_min=256`"). A spec
     that sets `cover` or a budget without `cover_min` has no floor: `rpdc:cover=1.5` is the
     default before it.
+    `epic_over=4`: a turn it would rank whose candidates number more than 4 per token
+    computed anyway computes EPIC's chunk starts instead (the first 64 tokens of every moved
+    segment; no probe). There the budget of 0.2 per computed token would refresh under 5% of
+    the stale tokens: a system message rewritten before a history of short messages, where
+    the probe's picks left greedy agreement at 0.80 on validation and the chunk starts reach
+    0.90 (docs/benchmarks.md, "Chunk starts where the budget is thin"). `rpdc:epic_over=0`
+    is the default before it; a spec that sets `cover` or a budget without `epic_over` has
+    none either (`rpdc:cover=0`, `rpdc:extra=0.5` mean what they meant before it).
     `min_ratio=m` (not set here) ranks at least ceil(m x candidates) of them however few
     tokens the turn computes anyway (docs/benchmarks.md, "A floor in the stale tokens")."""
 
     name = "rpdc"
     defaults = SelectiveOptions(
-        probe_layers=10, probe_window=128, extra=0.2, cover=1.5, cover_min=256,
+        probe_layers=10, probe_window=128, extra=0.2, cover=1.5, cover_min=256, epic_over=4.0,
         exact_prefix=True, selection="attention",
     )  # fmt: skip

@@ -17,12 +17,16 @@ from agentcache.reuse.spec import StrategySpec
 
 def test_a_spec_resolves_to_every_option_its_strategy_sets() -> None:
     rpdc = resolved_spec(StrategySpec.parse("rpdc"))
-    assert rpdc.startswith("rpdc:cover=1.5:cover_min=256:")
+    assert rpdc.startswith("rpdc:cover=1.5:cover_min=256:epic_over=4:")
     assert "extra=0.2" in rpdc and "probe_layers=10" in rpdc and "selection=attention" in rpdc
     assert resolved_spec(StrategySpec.parse("default")) == rpdc
     assert resolved_spec(StrategySpec.parse("rpdc:cover_min=256")) == rpdc
-    # the rule written without its floor has none: the default before `cover_min=256`
-    assert resolved_spec(StrategySpec.parse("rpdc:cover=1.5")) == rpdc.replace("cover_min=256:", "")
+    # the rule written without its floor has neither: the default before `cover_min=256`
+    assert resolved_spec(StrategySpec.parse("rpdc:cover=1.5")) == rpdc.replace(
+        "cover_min=256:epic_over=4:", ""
+    )
+    # without its thin-turn rule: the default before `epic_over=4`
+    assert resolved_spec(StrategySpec.parse("rpdc:epic_over=0")) == rpdc.replace("epic_over=4:", "")
     assert "cover" not in resolved_spec(StrategySpec.parse("rpdc:cover=0"))
     assert resolved_spec(StrategySpec.parse("epic")) == "epic:boundary_k=64"
     assert resolved_spec(StrategySpec.parse("full")) == "full"
