@@ -33,8 +33,9 @@ PARAMS = GenerationParams(max_new_tokens=6)
 TURNS = (FIRST, SETUP, THEN, THEN)
 
 
-def engine(model: LoadedModel, strategy: str, chunk: int) -> Engine:
-    config = EngineConfig(strategy=strategy, batch_decode=True, prefill_chunk_tokens=chunk)
+def engine(model: LoadedModel, strategy: str, chunk: int, **options: Any) -> Engine:
+    config = EngineConfig(strategy=strategy, batch_decode=True, prefill_chunk_tokens=chunk,
+                          strategy_options={strategy: options} if options else {})  # fmt: skip
     return Engine(model, config)
 
 
@@ -136,10 +137,11 @@ def test_chunks_of_a_reuse_plan_agree_with_the_whole_plan(
 
 
 def test_a_plan_that_probes_runs_whole(tiny: LoadedModel) -> None:
-    """Tools found after another stamp, a short question: rpdc's probe ranks them, so its plan
+    """Tools found after another stamp, a short question: rpdc's probe ranks them (without
+    `epic_over`, which would compute their chunk starts instead: test below), so its plan
     is not known up front; it runs whole (no chunk), as the engine without chunks runs it."""
     short = prompt(2, "Item 5?")
-    whole, split = engine(tiny, "rpdc", 0), engine(tiny, "rpdc", CHUNK)
+    whole, split = engine(tiny, "rpdc", 0, epic_over=0.0), engine(tiny, "rpdc", CHUNK, epic_over=0.0)
     assert split.batch is not None
     for p in (FIRST, short):
         before = split.batch.stats().prefill_chunks
@@ -165,6 +167,38 @@ def test_a_plan_that_probes_runs_whole(tiny: LoadedModel) -> None:
     assert not isinstance(out, chunked.ChunkedPrefill) and not out.stats.exact_plan
     assert out.stats.model_calls == want.stats.model_calls
     seq.free()
+
+
+def test_chunk_starts_on_a_thin_turn_are_planned_up_front_and_run_in_chunks(
+    tiny: LoadedModel,
+) -> None:
+    """The probing turn above, again without its context copy, under the default
+    (`epic_over=4`): its candidates now far outnumber the tokens it computes anyway, so it
+    computes their chunk starts, known before any layer runs, and runs in chunks, with the
+    whole prefill's tokens computed and its first-token logits to fp32 rounding."""
+    short = prompt(2, "Item 5?")
+    e = engine(tiny, "rpdc", CHUNK)
+    for p in (FIRST, short):
+        e.generate(p, PARAMS)
+    ctx, t = replace(e.ctx, context_copies=False), e.tokenize(short)
+    runs = []
+    with torch.inference_mode():
+        for chunk in (CHUNK, None):
+            seq = SequenceKV(e.ctx.pool)
+            if chunk is None:
+                runs.append((e.strategy("rpdc").prefill(ctx, t, seq), 0))
+            else:
+                work = chunked.plan(e.strategy("rpdc"), ctx, t, seq, chunk)
+                assert isinstance(work, chunked.ChunkedPrefill)
+                runs.append((work.run_all(), work.num_chunks))
+            seq.free()
+    (split, n), (whole, _) = runs
+    assert n > 1 and split.stats.epic_turn and whole.stats.epic_turn
+    assert not split.stats.exact_plan and not split.stats.probe_skipped
+    assert split.stats.recomputed_tokens == whole.stats.recomputed_tokens
+    assert whole.stats.model_calls == 2 + 2 * tiny.config.num_layers  # no probe pass
+    torch.testing.assert_close(split.logits, whole.logits, atol=ATOL, rtol=0)
+
 
 
 def test_plan_prefill_hands_over_before_any_layer_runs(tiny: LoadedModel) -> None:
