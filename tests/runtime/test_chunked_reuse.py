@@ -141,7 +141,8 @@ def test_a_plan_that_probes_runs_whole(tiny: LoadedModel) -> None:
     `epic_over`, which would compute their chunk starts instead: test below), so its plan
     is not known up front; it runs whole (no chunk), as the engine without chunks runs it."""
     short = prompt(2, "Item 5?")
-    whole, split = engine(tiny, "rpdc", 0, epic_over=0.0), engine(tiny, "rpdc", CHUNK, epic_over=0.0)
+    whole = engine(tiny, "rpdc", 0, epic_over=0.0)
+    split = engine(tiny, "rpdc", CHUNK, epic_over=0.0)
     assert split.batch is not None
     for p in (FIRST, short):
         before = split.batch.stats().prefill_chunks
