@@ -201,7 +201,6 @@ def test_chunk_starts_on_a_thin_turn_are_planned_up_front_and_run_in_chunks(
     torch.testing.assert_close(split.logits, whole.logits, atol=ATOL, rtol=0)
 
 
-
 def test_plan_prefill_hands_over_before_any_layer_runs(tiny: LoadedModel) -> None:
     """The handed-over plan has loaded, not computed: no model call yet; run whole it is
     `prefill`'s result."""
