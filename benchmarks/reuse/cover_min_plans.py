@@ -186,6 +186,8 @@ def main() -> None:
     named = ", ".join(f"{k} = `{v}`" for k, v in specs.items())
     half = {"tune": "tuning", "validate": "validation"}[args.split]
     text = f"# `cover_min`: plans with and without the floor, {half} sessions\n\n{named}\n\n"
+    if args.against != SPECS["no_floor"]:  # another comparison than the floor's
+        text = f"# `{args.floor}` against `{args.against}`: plans, {half} sessions\n\n{named}\n\n"
     extra = overhead_lines(args.probe_runs) if args.probe_runs else []
     (args.out / "plans.md").write_text(text + "\n".join([table(summaries), *extra]) + "\n")
     (args.out / "plans.json").write_text(json.dumps({"summaries": summaries, "turns": every}))

@@ -227,7 +227,7 @@ epic_over_plans() {
   for half in tune validate; do
     nice -n 19 $py benchmarks/reuse/cover_min_plans.py \
       benchmarks/workloads/{memgpt,reflexion,swe_agent,chat,generated,chat-edit,chat-sysprompt,chat-compact,chat-retry,chat-fork}.jsonl \
-      --split "$half" --floor rpdc:epic_over=4 --against rpdc --out "$E/plans-$half"
+      --split "$half" --floor rpdc:epic_over=4 --against rpdc:epic_over=0 --out "$E/plans-$half"
   done
 }
 
