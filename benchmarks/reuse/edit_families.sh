@@ -123,24 +123,29 @@ wide_memory() {
 # prefix's (docs/benchmarks.md "A floor per moved message"); then the option on validation
 # sessions (chat-sysprompt -04 to -07, memgpt -08 to -11), one per core, with `starts-validate`
 S=docs/bench/edits/starts
-starts_pair() {  # OPTION
-  $ac bench benchmarks/workloads/chat-sysprompt.jsonl \
-    --strategies "full,prefix,default,rpdc:$1=8,rpdc:$1=16" --split tune \
-    --sessions chat-sysprompt-00,chat-sysprompt-02 --threads 1 \
-    --out "$S/$1-tune-chat-sysprompt" &
-  $ac bench benchmarks/workloads/memgpt.jsonl \
-    --strategies "full,prefix,default,rpdc:$1=8,rpdc:$1=16" --split tune \
-    --sessions memgpt-00,memgpt-01 --max-turns 4 --threads 1 --out "$S/$1-tune-memgpt" &
+# chat-sysprompt's memory tuning sessions and memgpt's first two (4 turns), one per core
+memory_tune_pair() {  # STRATEGIES CHAT_OUT MEMGPT_OUT
+  $ac bench benchmarks/workloads/chat-sysprompt.jsonl --strategies "$1" --split tune \
+    --sessions chat-sysprompt-00,chat-sysprompt-02 --threads 1 --out "$2" &
+  $ac bench benchmarks/workloads/memgpt.jsonl --strategies "$1" --split tune \
+    --sessions memgpt-00,memgpt-01 --max-turns 4 --threads 1 --out "$3" &
   wait
 }
+starts_pair() {  # OPTION
+  memory_tune_pair "full,prefix,default,rpdc:$1=8,rpdc:$1=16" "$S/$1-tune-chat-sysprompt" \
+    "$S/$1-tune-memgpt"
+}
+validate_run() {  # WORKLOAD STRATEGIES OUT [ARGS...]: one validation run, 1 thread
+  local w=$1 strategies=$2 to=$3
+  shift 3
+  $ac bench "benchmarks/workloads/$w.jsonl" --strategies "$strategies" --split validate \
+    --threads 1 --out "$to" "$@"
+}
 starts_validate() {
-  $ac bench benchmarks/workloads/chat-sysprompt.jsonl \
-    --strategies full,prefix,default,rpdc:starts=16 --split validate --threads 1 \
-    --out "$S/validate-chat-sysprompt" &
-  $ac bench benchmarks/workloads/memgpt.jsonl \
-    --strategies full,prefix,default,rpdc:starts=16 --split validate \
-    --sessions memgpt-08,memgpt-09,memgpt-10,memgpt-11 --threads 1 \
-    --out "$S/validate-memgpt" &
+  local s=full,prefix,default,rpdc:starts=16
+  validate_run chat-sysprompt "$s" "$S/validate-chat-sysprompt" &
+  validate_run memgpt "$s" "$S/validate-memgpt" \
+    --sessions memgpt-08,memgpt-09,memgpt-10,memgpt-11 &
   wait
 }
 # whether the default's misses there come from what earlier turns stored: each memory session
@@ -203,23 +208,15 @@ repeats_targets() {
 # chat-sysprompt's validation sessions and the generated ones it acts on (`epic-over-validate`),
 # and every session's plans with and without it (`epic-over-plans`, a random model)
 E=docs/bench/epic-over
-epic_over_tune() {
-  $ac bench benchmarks/workloads/chat-sysprompt.jsonl \
-    --strategies full,prefix,default,epic,cacheblend --split tune \
-    --sessions chat-sysprompt-00,chat-sysprompt-02 --threads 1 --out "$E/tune-chat-sysprompt" &
-  $ac bench benchmarks/workloads/memgpt.jsonl \
-    --strategies full,prefix,default,epic,cacheblend --split tune \
-    --sessions memgpt-00,memgpt-01 --max-turns 4 --threads 1 --out "$E/tune-memgpt" &
-  wait
+epic_over_tune() {  # `default` was rpdc:epic_over=0 when these ran
+  memory_tune_pair full,prefix,rpdc:epic_over=0,epic,cacheblend "$E/tune-chat-sysprompt" \
+    "$E/tune-memgpt"
 }
-epic_over_validate() {
-  $ac bench benchmarks/workloads/chat-sysprompt.jsonl \
-    --strategies full,prefix,default,rpdc:epic_over=4 --split validate --threads 1 \
-    --out "$E/validate-chat-sysprompt" &
-  $ac bench benchmarks/workloads/generated.jsonl \
-    --strategies full,prefix,default,rpdc:epic_over=4 --split validate \
-    --sessions generated-20,generated-21,generated-22,generated-23 --max-turns 4 --threads 1 \
-    --out "$E/validate-generated-b" &
+epic_over_validate() {  # `default` was rpdc:epic_over=0 when these ran
+  local s=full,prefix,rpdc:epic_over=0,rpdc:epic_over=4
+  validate_run chat-sysprompt "$s" "$E/validate-chat-sysprompt" &
+  validate_run generated "$s" "$E/validate-generated-b" \
+    --sessions generated-20,generated-21,generated-22,generated-23 --max-turns 4 &
   wait
 }
 epic_over_plans() {

@@ -55,8 +55,9 @@ def turns(path: Path) -> dict[tuple[str, int], dict[str, Row]]:
     data = json.loads((path / "results.json").read_text())
     out: dict[tuple[str, int], dict[str, Row]] = {}
     for r in data["turns"]:
-        if r["turn"] > 0:
-            out.setdefault((r["session"], r["turn"]), {})[r["strategy"]] = r
+        if r["turn"] > 0:  # the previous default, as stored ("rpdc") or named again
+            label = "rpdc" if r["strategy"] == "rpdc:epic_over=0" else r["strategy"]
+            out.setdefault((r["session"], r["turn"]), {})[label] = r
     return out
 
 
