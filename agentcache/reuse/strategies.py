@@ -77,7 +77,7 @@ class RPDC(SelectiveRecompute):
     segment; no probe). There the budget of 0.2 per computed token would refresh under 5% of
     the stale tokens: a system message rewritten before a history of short messages, where
     the probe's picks left greedy agreement at 0.80 on validation and the chunk starts reach
-    0.90 (docs/benchmarks.md, "Chunk starts where the budget is thin"). `rpdc:epic_over=0`
+    0.90 (docs/benchmarks.md, "The default gains `epic_over=4`"). `rpdc:epic_over=0`
     is the default before it; a spec that sets `cover` or a budget without `epic_over` has
     none either (`rpdc:cover=0`, `rpdc:extra=0.5` mean what they meant before it).
     `min_ratio=m` (not set here) ranks at least ceil(m x candidates) of them however few
