@@ -290,6 +290,11 @@ server() {
   # the same with today's default (cover_min=256; docs/benchmarks.md "The default gains")
   $py benchmarks/server/append.py --conversations 4 --steps 6 --max-tokens 128 --no-full \
     --out docs/bench/server/append-only-floor
+  # again with today's default (epic_over=4; docs/benchmarks.md), and the MemGPT-style openai
+  # loop under it (docs/server.md)
+  $py benchmarks/server/append.py --conversations 4 --steps 6 --max-tokens 128 --no-full \
+    --out docs/bench/server/append-only-epic
+  $py benchmarks/server/edits.py --out docs/bench/server/memgpt-client-epic
   # docs/server.md "Under load" (about 100 minutes): first one request at a time at the engine
   export AGENTCACHE_NUM_THREADS=1
   $py benchmarks/server/load.py --clients 8 --duration 60 --model tiny --max-active 1 \
