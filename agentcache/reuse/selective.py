@@ -83,10 +83,8 @@ class SelectiveRecompute(PlanningStrategy):
             options = {**options, "extra": 0.0}  # a budget given replaces a default `extra`
         if {"ratio", "per_chunk", "extra"} & set(options) and "cover" not in options:
             options = {**options, "cover": 0.0}  # ... and a default `cover` with it
-        if "cover" in options and "cover_min" not in options:
-            options = {**options, "cover_min": 0}  # a cover given (or dropped) states its floor
-        if {"ratio", "per_chunk", "extra", "cover"} & set(options) and "epic_over" not in options:
-            options = {**options, "epic_over": 0.0}  # ... and a budget its thin-turn rule
+        if "cover" in options:  # a cover given (or dropped) states its floor and thin-turn rule
+            options = {"cover_min": 0, "epic_over": 0.0, **options}
         self.options = replace(self.defaults, **options)
         self.ranker = self.options.ranker()
         self.plan = PLANS.get(self.options.plan)()

@@ -62,8 +62,9 @@ def select_up_front(
     candidates = reused & ~exact
     pool = candidates & ~base
     budget = o.budget.tokens(BudgetBasis(int(candidates.sum()), int(base.sum()), runs, pool))
-    ranked = budget < int(pool.sum())
-    if o.epic_over and ranked and int(pool.sum()) > o.epic_over * int(base.sum()):
+    left = int(pool.sum())
+    ranked = budget < left
+    if o.epic_over and ranked and left > o.epic_over * int(base.sum()):
         base = base | (openings(runs, o.epic_k, num_tokens) & pool)
         return UpFrontSelection(reused, exact, base, candidates, 0, epic_turn=True)
     if o.starts and ranked:  # a ranked turn: its runs' first tokens too

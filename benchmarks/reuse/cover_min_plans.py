@@ -185,9 +185,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     named = ", ".join(f"{k} = `{v}`" for k, v in specs.items())
     half = {"tune": "tuning", "validate": "validation"}[args.split]
-    text = f"# `cover_min`: plans with and without the floor, {half} sessions\n\n{named}\n\n"
-    if args.against != SPECS["no_floor"]:  # another comparison than the floor's
-        text = f"# `{args.floor}` against `{args.against}`: plans, {half} sessions\n\n{named}\n\n"
+    title = ("`cover_min`: plans with and without the floor" if args.against == SPECS["no_floor"]
+             else f"`{args.floor}` against `{args.against}`: plans")  # fmt: skip
+    text = f"# {title}, {half} sessions\n\n{named}\n\n"
     extra = overhead_lines(args.probe_runs) if args.probe_runs else []
     (args.out / "plans.md").write_text(text + "\n".join([table(summaries), *extra]) + "\n")
     (args.out / "plans.json").write_text(json.dumps({"summaries": summaries, "turns": every}))

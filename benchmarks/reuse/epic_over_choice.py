@@ -30,6 +30,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from agentcache.bench.reuse.report import covered_at
+
 ROOT = Path(__file__).resolve().parents[2]
 GRID = (2.0, 4.0, 8.0)
 COVER, COVER_MIN = 1.5, 256  # the default's
@@ -63,8 +65,7 @@ def turns(path: Path) -> dict[tuple[str, int], dict[str, Row]]:
 
 def ranked(r: Row) -> bool:
     """The default ranks this turn (neither cover nor its floor makes it exact)."""
-    pool, anyway = r["candidates"], r["computed_anyway"]
-    return not r["probe_skipped"] and pool > max(COVER * anyway, COVER_MIN)
+    return not covered_at(r, COVER) and r["candidates"] > COVER_MIN
 
 
 def switched(r: Row, over: float) -> bool:
@@ -99,12 +100,10 @@ def tuning(root: Path) -> dict[str, Any]:
                 "rule": agreement(epic),
             }
             if keys and all("prefix" in by[k] for k in keys):
-                cell["rule"]["ttft_vs_prefix_median"] = statistics.median(
-                    by[k]["epic"]["ttft_ms"] / by[k]["prefix"]["ttft_ms"] for k in keys
-                )
-                cell["default"]["ttft_vs_prefix_median"] = statistics.median(
-                    by[k]["rpdc"]["ttft_ms"] / by[k]["prefix"]["ttft_ms"] for k in keys
-                )
+                for who, label in (("rule", "epic"), ("default", "rpdc")):
+                    cell[who]["ttft_vs_prefix_median"] = statistics.median(
+                        by[k][label]["ttft_ms"] / by[k]["prefix"]["ttft_ms"] for k in keys
+                    )
             out[family][f"{over:g}"] = cell
     return out
 
