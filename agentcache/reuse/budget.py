@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import torch
 from torch import Tensor
 
 from agentcache.reuse.runs import ReusedRun
@@ -94,8 +95,16 @@ class Covered:
 Budget = RatioOfReused | PerComputedToken | EpicCount | AtLeastRatio | Covered
 
 
+def openings(runs: list[ReusedRun], k: int, num_tokens: int) -> Tensor:
+    """(T,) bool: the first k tokens of every reused run not at index 0 whose KV is not exact
+    (`boundary_k`'s tokens, `starts`' and `epic_over`'s)."""
+    mask = torch.zeros(num_tokens, dtype=torch.bool)
+    for r in runs:
+        if r.start > 0 and not r.exact:
+            mask[r.start : r.start + min(k, r.num_tokens)] = True
+    return mask
+
+
 def epic_tokens(runs: list[ReusedRun], candidates: Tensor, k: int) -> int:
     """Candidates among the first k tokens of every run not at index 0: EPIC's token count."""
-    return sum(
-        int(candidates[r.start : r.start + min(k, r.num_tokens)].sum()) for r in runs if r.start > 0
-    )
+    return int((openings(runs, k, candidates.shape[0]) & candidates).sum())

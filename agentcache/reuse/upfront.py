@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from agentcache.reuse.budget import BudgetBasis
+from agentcache.reuse.budget import BudgetBasis, openings
 from agentcache.reuse.config import SelectiveOptions
 from agentcache.reuse.ranking import RankingView
 from agentcache.reuse.runs import ReusedRun
@@ -79,13 +79,3 @@ def select_up_front(
         base[cand[torch.argsort(scores, descending=True)[:budget]]] = True
         candidates = torch.zeros_like(candidates)
     return UpFrontSelection(reused, exact, base, candidates, budget)
-
-
-def openings(runs: list[ReusedRun], k: int, num_tokens: int) -> Tensor:
-    """(T,) bool: the first k tokens of every reused run not at index 0 whose KV is not exact
-    (`boundary_k`'s tokens, and `starts`')."""
-    mask = torch.zeros(num_tokens, dtype=torch.bool)
-    for r in runs:
-        if r.start > 0 and not r.exact:
-            mask[r.start : r.start + min(k, r.num_tokens)] = True
-    return mask

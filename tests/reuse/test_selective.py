@@ -384,7 +384,9 @@ def test_epic_token_count_stays_inside_each_segment() -> None:
 
     from agentcache.reuse.budget import epic_tokens
 
-    hits = [SimpleNamespace(start=s, num_tokens=n) for s, n in ((0, 4), (6, 3), (9, 6))]
+    hits = [
+        SimpleNamespace(start=s, num_tokens=n, exact=False) for s, n in ((0, 4), (6, 3), (9, 6))
+    ]
     candidates = torch.zeros(16, dtype=torch.bool)
     candidates[6:15] = True
     assert epic_tokens(hits, candidates, 4) == 3 + 4  # type: ignore[arg-type]
