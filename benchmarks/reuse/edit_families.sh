@@ -228,6 +228,36 @@ epic_over_plans() {
   done
 }
 
+# `epic_k`, the tokens computed at the opening of each moved segment on a chunk-start turn: the
+# default and it with each epic_k of the grid on chat-sysprompt's four tuning sessions and the
+# two generated tuning sessions with chunk-start turns (`epic-k-tune`, at ca53729), the choice
+# replayed on them (`epic-k-choice`), the chosen value and the default on the validation
+# sessions with chunk-start turns (`epic-k-validate`; EPIC_K=<chosen>)
+K=docs/bench/epic-k
+KD=rpdc:cover=1.5:cover_min=256:epic_over=4:exact_prefix=true:extra=0.2:probe_layers=10:probe_window=128:selection=attention
+epic_k_pair() {  # WORKLOAD SPLIT STRATEGIES SESSIONS_A SESSIONS_B OUT [ARGS...]
+  local w=$1 split=$2 s=$3 a=$4 b=$5 to=$6
+  shift 6
+  $ac bench "benchmarks/workloads/$w.jsonl" --strategies "$s" --split "$split" --sessions "$a" \
+    --threads 1 --out "$to-a" "$@" &
+  $ac bench "benchmarks/workloads/$w.jsonl" --strategies "$s" --split "$split" --sessions "$b" \
+    --threads 1 --out "$to-b" "$@" &
+  wait
+}
+epic_k_tune() {
+  local s="full,prefix,default,$KD:epic_k=32,$KD:epic_k=16,$KD:epic_k=8"
+  epic_k_pair chat-sysprompt tune "$s" chat-sysprompt-00,chat-sysprompt-01 \
+    chat-sysprompt-02,chat-sysprompt-03 "$K/tune-chat-sysprompt"
+  epic_k_pair generated tune "$s" generated-01 generated-11 "$K/tune-generated" --max-turns 6
+}
+epic_k_validate() {
+  local s="full,prefix,default,$KD:epic_k=${EPIC_K:?the chosen epic_k}"
+  epic_k_pair chat-sysprompt validate "$s" chat-sysprompt-04,chat-sysprompt-05 \
+    chat-sysprompt-06,chat-sysprompt-07 "$K/validate-chat-sysprompt"
+  epic_k_pair generated validate "$s" generated-19 generated-23 "$K/validate-generated" \
+    --max-turns 6
+}
+
 for what in "${@:-edit compact retry fork sysprompt targets}"; do
   for w in $what; do
     case $w in
@@ -248,6 +278,9 @@ for what in "${@:-edit compact retry fork sysprompt targets}"; do
       epic-over-choice) $py benchmarks/reuse/epic_over_choice.py --out "$E/choice" ;;
       epic-over-validate) epic_over_validate ;;
       epic-over-plans) epic_over_plans ;;
+      epic-k-tune) epic_k_tune ;;
+      epic-k-choice) $py benchmarks/reuse/epic_k_choice.py --out "$K/choice" ;;
+      epic-k-validate) epic_k_validate ;;
       *) run "$w" ;;
     esac
   done
