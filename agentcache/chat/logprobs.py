@@ -8,7 +8,10 @@ log-softmax until the next step's ids say which token was chosen.
     finish(ids)                        -> the last token's
 
 The logprobs are those of the distribution the token was drawn from before temperature and
-top-p (the model's, restricted by a structured-output grammar when there is one).
+top-p (the model's, restricted by a structured-output grammar when there is one). A token
+that distribution gives no chance (one the grammar forbids) has logprob -inf, which JSON cannot
+carry: it is reported as `LOGPROB_FLOOR`, -9999.0, as vLLM's OpenAI server reports it, so that
+`top_logprobs` still lists as many entries as asked.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from torch import Tensor
 from agentcache.runtime.params import TokenConstraint
 
 MAX_TOP = 20  # OpenAI's bound on top_logprobs
+LOGPROB_FLOOR = -9999.0  # what a logprob of -inf (a forbidden token) is reported as
 
 
 @dataclass(frozen=True)
@@ -56,10 +60,11 @@ class LogprobRecorder:
         token = int(ids[len(self.steps)])
         lp = self._pending
         values, order = torch.topk(lp, min(self.top, lp.shape[0]))
+        values = values.clamp(min=LOGPROB_FLOOR)
         top = tuple(
             (int(i), float(v)) for i, v in zip(order.tolist(), values.tolist(), strict=True)
         )
-        self.steps.append(TokenLogprob(token, float(lp[token]), top))
+        self.steps.append(TokenLogprob(token, max(float(lp[token]), LOGPROB_FLOOR), top))
         self._pending = None
 
     @property

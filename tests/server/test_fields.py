@@ -183,8 +183,37 @@ def test_logprobs_are_the_chosen_tokens(client: TestClient) -> None:
     assert plain["choices"][0]["message"] == choice["message"]  # recording changes nothing
     events = client.post(CHAT, json={**body, "stream": True}).text.split("\n\n")
     finals = [json.loads(e[6:]) for e in events if e.startswith("data: {")]
-    streamed = [c["choices"][0]["logprobs"] for c in finals if c["choices"]]
-    assert streamed[-1]["content"] == content
+    streamed = [c["choices"][0]["logprobs"] for c in finals if c["choices"]][-1]["content"]
+
+    # the same tokens; the logprobs equal up to float rounding (the second request may find
+    # the prompt's KV the first computed, which differs in the last digits)
+    def entries(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [t for s in steps for t in (s, *s["top_logprobs"])]
+
+    pairs = list(zip(entries(streamed), entries(content), strict=True))
+    assert all(a["token"] == b["token"] for a, b in pairs)
+    assert all(math.isclose(a["logprob"], b["logprob"], abs_tol=1e-4) for a, b in pairs)
+
+
+def test_logprobs_under_a_grammar_are_json_numbers(client: TestClient) -> None:
+    """A JSON reply's first token can only open the value, so the tokens after it in
+    `top_logprobs` have no chance: -inf, which JSON cannot carry (it was a 500). They come
+    back as the floor, as many entries as asked, streaming or not, and the chosen tokens'
+    logprobs stay finite."""
+    from agentcache.chat.logprobs import LOGPROB_FLOOR
+
+    body = {**GOOD, "max_tokens": 4, "logprobs": True, "top_logprobs": 5,
+            "response_format": {"type": "json_object"}}  # fmt: skip
+    r = client.post(CHAT, json=body)
+    assert r.status_code == 200, r.text
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    floors = [t for s in content for t in s["top_logprobs"] if t["logprob"] == LOGPROB_FLOOR]
+    assert floors and all(len(s["top_logprobs"]) == 5 for s in content)
+    assert all(LOGPROB_FLOOR < s["logprob"] <= 0 for s in content)
+    events = client.post(CHAT, json={**body, "stream": True}).text.split("\n\n")
+    finals = [json.loads(e[6:]) for e in events if e.startswith("data: {")]
+    streamed = [c["choices"][0]["logprobs"] for c in finals if c["choices"]][-1]["content"]
+    assert all(len(s["top_logprobs"]) == 5 for s in streamed) and "data: [DONE]" in events
 
 
 def test_parallel_tool_calls_false_keeps_one_call(
