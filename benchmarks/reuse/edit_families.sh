@@ -250,6 +250,13 @@ epic_k_tune() {
     chat-sysprompt-02,chat-sysprompt-03 "$K/tune-chat-sysprompt"
   epic_k_pair generated tune "$s" generated-01 generated-11 "$K/tune-generated" --max-turns 6
 }
+# today's default beside the other chunk-start strategies on chat-sysprompt's validation
+# sessions (`sysprompt-fastest`, at faac738): which strategy of one run is fastest at the floor
+sysprompt_fastest() {
+  epic_k_pair chat-sysprompt validate full,prefix,default,epic,cacheblend \
+    chat-sysprompt-04,chat-sysprompt-05 chat-sysprompt-06,chat-sysprompt-07 \
+    docs/bench/edits/sysprompt-fastest
+}
 epic_k_validate() {
   local s="full,prefix,default,$KD:epic_k=${EPIC_K:?the chosen epic_k}"
   epic_k_pair chat-sysprompt validate "$s" chat-sysprompt-04,chat-sysprompt-05 \
@@ -281,6 +288,7 @@ for what in "${@:-edit compact retry fork sysprompt targets}"; do
       epic-k-tune) epic_k_tune ;;
       epic-k-choice) $py benchmarks/reuse/epic_k_choice.py --out "$K/choice" ;;
       epic-k-validate) epic_k_validate ;;
+      sysprompt-fastest) sysprompt_fastest ;;
       *) run "$w" ;;
     esac
   done
