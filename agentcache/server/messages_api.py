@@ -316,7 +316,10 @@ def to_turn(
         raise bad("tool_choice", "a forced tool call cannot continue a last assistant message")
     if prefill:
         messages = messages[:-1]
-    head = [ChatMessage("system", system)] if system else []
+    try:
+        head = [ChatMessage("system", system)] if system else []
+    except PromptError as e:  # a lone surrogate
+        raise bad("system", str(e)) from None
     chat = (*head, *messages)
     _check_chars(chat, limits)
     stops = _stops(body, limits)

@@ -71,7 +71,7 @@ def _content(content: Any, param: str) -> str:
         if not isinstance(part, dict):
             raise bad(p, f"a part object is required, got {type(part).__name__}")
         kind = part.get("type")
-        if kind not in TEXT_PARTS:
+        if not isinstance(kind, str) or kind not in TEXT_PARTS:
             raise bad(f"{p}.type", f"only text parts (input_text, output_text) are supported, "
                       f"got {str(kind)[:80]!r}")  # fmt: skip
         texts.append(_str(part, "text", p, empty=True))
@@ -95,7 +95,7 @@ def input_messages(body: ResponsesRequest, limits: ServerLimits) -> list[ChatMes
         try:
             if kind == "message":
                 role = item.get("role")
-                if role not in ROLES:
+                if not isinstance(role, str) or role not in ROLES:
                     raise bad(f"{p}.role", f"unknown role {str(role)[:80]!r} (expected one of "
                               f"{', '.join(sorted(ROLES))})")  # fmt: skip
                 out.append(ChatMessage(role, _content(item.get("content"), f"{p}.content")))
@@ -237,7 +237,10 @@ def to_chat_request(
     if body.user is not None and len(body.user) > limits.max_user_chars:
         raise limit_error(limits, "max_user_chars", f"user of {len(body.user)} characters", "user")
     turn = (*history, *input_messages(body, limits))
-    head = (ChatMessage("system", body.instructions),) if body.instructions else ()
+    try:
+        head = (ChatMessage("system", body.instructions),) if body.instructions else ()
+    except PromptError as e:  # a lone surrogate
+        raise bad("instructions", str(e)) from None
     messages = (*head, *turn)
     check_content(list(messages), limits)
     tools = tools_of(body, limits)

@@ -101,6 +101,7 @@ CASES: list[tuple[str, dict[str, Any], int, str, str]] = [
     ("text-missing", user({"type": "text"}), 400, BAD_REQUEST, "messages.0.content.0.text"),
     ("text-number", user(text(5)), 400, BAD_REQUEST, "messages.0.content.0.text"),
     ("text-lone-surrogate", user(text("\ud800")), 400, BAD_REQUEST, "messages"),
+    ("system-lone-surrogate", {"system": "\ud800"}, 400, BAD_REQUEST, "system"),
     ("tool-result-id-missing", after_call({"type": "tool_result", "content": "x"}), 400,
      BAD_REQUEST, "messages.2.content.0.tool_use_id"),
     ("tool-result-id-unknown", after_call(result("t9")), 400, BAD_REQUEST,
