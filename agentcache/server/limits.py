@@ -8,8 +8,10 @@ that names it.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from agentcache.chat.messages import ToolSpec
 from agentcache.chat.runner import prompt_chars, tool_chars
@@ -101,3 +103,56 @@ def json_depth(data: bytes, limit: int) -> int:
         else:
             depth -= 1
     return deepest
+
+
+_ESCAPE = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|[\s\S])")
+
+
+def lone_surrogate(data: bytes) -> bool:
+    """Whether the JSON text `data` escapes a UTF-16 surrogate outside a pair (`\\ud800`
+    alone): text that no tokenizer, hash or response encoder can encode. One scan of the
+    escapes; an escaped backslash is one escape, so `\\\\ud800` is not one."""
+    high_end = -1  # where the last escape, a high surrogate, ended
+    for m in _ESCAPE.finditer(data):
+        code = int(m.group(1), 16) if m.group(1) else -1
+        if high_end >= 0:
+            if m.start() != high_end or not 0xDC00 <= code <= 0xDFFF:
+                return True
+            high_end = -1
+        elif 0xD800 <= code <= 0xDBFF:
+            high_end = m.end()
+        elif 0xDC00 <= code <= 0xDFFF:
+            return True
+    return high_end >= 0
+
+
+def surrogate_path(data: bytes) -> str | None:
+    """The dotted path (`messages.2.content`) of the first string, key or value, of the JSON
+    text `data` that is not valid Unicode; "" for the whole body, None if there is none or
+    the text is not JSON (its parser says why)."""
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None
+
+    def bad(s: str) -> bool:
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, str) and bad(v):
+            return path
+        items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+        children = []
+        for k, child in items:
+            name = f"{path}.{k}" if path else str(k)
+            if isinstance(k, str) and bad(k):
+                return name.encode("utf-8", "backslashreplace").decode()
+            children.append((name, child))
+        stack.extend(reversed(children))
+    return None

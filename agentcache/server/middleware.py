@@ -5,7 +5,8 @@ CountResponses   every response counted by status in /metrics; an unhandled exce
 Gatekeeper       Host allow-list (loopback binds, against DNS rebinding), then the API key
                  (every path but /health); the key's digest is left in scope["state"]
 BodyLimit        body size while reading (nothing over the limit is buffered), JSON
-                 nesting depth before any parser sees it
+                 nesting depth before any parser sees it, and text that is not valid
+                 Unicode (a lone surrogate escape), named by its field
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from agentcache.server.config import ServerLimits, host_name, key_digest
 from agentcache.server.errors import ENDPOINTS, APIError, internal_error
-from agentcache.server.limits import json_depth, limit_error
+from agentcache.server.limits import json_depth, limit_error, lone_surrogate, surrogate_path
 from agentcache.server.metrics import ServerMetrics
 
 Scope = MutableMapping[str, Any]
@@ -158,6 +159,11 @@ class BodyLimit:
         if json_depth(body, self.limits.max_depth) > self.limits.max_depth:
             what = "the JSON nesting depth of the body"
             err = limit_error(self.limits, "max_depth", what, None)
+            return await send_error(send, err, path=scope.get("path", ""))
+        if lone_surrogate(body) and (field := surrogate_path(body)) is not None:
+            err = APIError(400, f"{field or 'body'}: text is not valid Unicode (a UTF-16 "
+                           "surrogate escape outside a pair, such as \\ud800 alone)",
+                           "invalid_value", field or None)  # fmt: skip
             return await send_error(send, err, path=scope.get("path", ""))
         await self.app(scope, _replay(body, receive), send)
 

@@ -73,7 +73,11 @@ CASES: list[tuple[str, dict[str, Any], int, str, str | None, str]] = [
     ("content-text-number", {"messages": [{"role": "user", "content": [
         {"type": "text", "text": 5}]}]}, 400, V, "messages", "'text' must be a string"),
     ("content-surrogate", {"messages": [{"role": "user", "content": "a\ud800"}]}, 400, V,
-     "messages", "not valid Unicode"),
+     "messages.0.content", "not valid Unicode"),
+    ("tool-call-args-lone-surrogate", {"messages": [call(name="f", arguments="\ud800")]}, 400,
+     V, "messages.0.tool_calls.0.function.arguments", "not valid Unicode"),
+    ("key-lone-surrogate", {"metadata": {"\udc00": "x"}}, 400, V, "metadata.\\udc00",
+     "not valid Unicode"),
     ("name-number", {"messages": [{"role": "user", "content": "x", "name": 5}]}, 400, V,
      "messages.0.name", "valid string"),
     ("tool-call-id-number", {"messages": [{"role": "tool", "content": "x", "tool_call_id": 5}]},
@@ -310,3 +314,21 @@ def test_a_long_bad_role_is_not_echoed_whole(client: TestClient) -> None:
     body = {**GOOD, "messages": [{"role": "w" * 10_000, "content": "x"}]}
     err = check_error(client.post(URL, json=body), 400, V, "unknown message role")
     assert len(err["message"]) < 400
+
+
+def test_a_surrogate_pair_is_text_and_an_escaped_backslash_is_no_escape(
+    client: TestClient,
+) -> None:
+    """The lone-surrogate check reads JSON escapes: an emoji sent as its pair of escapes is
+    text, and so is the six characters `\\ud800` sent with the backslash escaped."""
+    from agentcache.server.limits import lone_surrogate, surrogate_path
+
+    text = "\U0001f600 and \\ud800 written out"
+    content = json.dumps({**GOOD, "messages": [{"role": "user", "content": text}]})
+    assert "\\ud83d\\ude00" in content and not lone_surrogate(content.encode())
+    r = client.post(URL, content=content, headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    for raw, path in ((rb'{"a": ["x", {"b": "\ud83dx"}]}', "a.1.b"), (rb'"\udc00"', ""),
+                      (rb'{"a": "\\\ud800"}', "a"), (rb'{"a": "\ud800\ud800"}', "a")):  # fmt: skip
+        assert lone_surrogate(raw) and surrogate_path(raw) == path, raw
+    assert not lone_surrogate(rb'{"a": "\\ud800", "b": "\ud800\udc00"}')

@@ -234,7 +234,7 @@ def test_invalid_json_is_a_400_and_the_server_keeps_serving(server_url: str) -> 
         (json.dumps(GOOD).encode()[:-1] + b', "user": "\xff"}', "application/json",
          "invalid_json", "can't decode byte 0xff"),
         (json.dumps({**GOOD, "messages": [{"role": "user", "content": "a\ud800"}]}).encode(),
-         "application/json", "invalid_value", "user message content is not valid Unicode"),
+         "application/json", "invalid_value", "messages.0.content: text is not valid Unicode"),
     ],
     ids=["array", "null", "empty", "form-content-type", "not-utf8", "lone-surrogate"],
 )  # fmt: skip
