@@ -108,10 +108,16 @@ def json_depth(data: bytes, limit: int) -> int:
 _ESCAPE = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|[\s\S])")
 
 
+_ENCODED_SURROGATE = re.compile(rb"\xed[\xa0-\xbf][\x80-\xbf]")
+
+
 def lone_surrogate(data: bytes) -> bool:
     """Whether the JSON text `data` escapes a UTF-16 surrogate outside a pair (`\\ud800`
-    alone): text that no tokenizer, hash or response encoder can encode. One scan of the
-    escapes; an escaped backslash is one escape, so `\\\\ud800` is not one."""
+    alone) or encodes one in its bytes (not UTF-8, but Python's JSON parser reads bytes with
+    surrogatepass): text that no tokenizer, hash or response encoder can encode. One scan of
+    the escapes; an escaped backslash is one escape, so `\\\\ud800` is not one."""
+    if _ENCODED_SURROGATE.search(data):
+        return True
     high_end = -1  # where the last escape, a high surrogate, ended
     for m in _ESCAPE.finditer(data):
         code = int(m.group(1), 16) if m.group(1) else -1

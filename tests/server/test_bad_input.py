@@ -332,3 +332,9 @@ def test_a_surrogate_pair_is_text_and_an_escaped_backslash_is_no_escape(
                       (rb'{"a": "\\\ud800"}', "a"), (rb'{"a": "\ud800\ud800"}', "a")):  # fmt: skip
         assert lone_surrogate(raw) and surrogate_path(raw) == path, raw
     assert not lone_surrogate(rb'{"a": "\\ud800", "b": "\ud800\udc00"}')
+    raw = json.dumps({**GOOD, "user": "\ud800"}, ensure_ascii=False).encode(
+        "utf-8", "surrogatepass"
+    )
+    assert lone_surrogate(raw) and surrogate_path(raw) == "user"
+    r = client.post(URL, content=raw, headers={"content-type": "application/json"})
+    assert check_error(r, 400, "invalid_value", "not valid Unicode")["param"] == "user"

@@ -1,9 +1,10 @@
 """Hostile bodies found by mutation: valid requests to every endpoint, each changed in one to
 three places (a value swapped for one of another type, size or encoding: lone surrogates,
 huge numbers, nested empties; a key dropped or added; a list shuffled or grown), sent as
-clients send them. Every reply is a 2xx or a 4xx with the endpoint's error body, never a 5xx;
-the seeded run is the same on every machine. The bugs it found are each a named case in the
-bad-input tests (logprobs under a grammar, lone surrogates, a non-string role)."""
+clients send them (non-ASCII escaped, or as raw bytes). Every reply is a 2xx or a 4xx with
+the endpoint's error body, never a 5xx; the seeded run is the same on every machine. The bugs
+it found are each a named case in the bad-input tests (logprobs under a grammar, lone
+surrogates, a non-string role)."""
 
 from __future__ import annotations
 
@@ -107,7 +108,9 @@ def test_mutated_requests_get_no_5xx(client: TestClient) -> None:
         body = mutate(seed, rng)
         if rng.random() < 0.2 and not url.endswith("count_tokens"):
             body["stream"] = True
-        content = json.dumps(body)  # lone surrogates escaped, as a client's encoder sends them
+        # lone surrogates escaped, as a client's encoder sends them, or as raw bytes
+        escaped = rng.random() < 0.5
+        content = json.dumps(body, ensure_ascii=escaped).encode("utf-8", "surrogatepass")
         r = client.post(url, content=content, headers={"content-type": "application/json"})
         statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
         assert r.status_code < 500, (url, content[:2000], r.text[:500])
