@@ -23,11 +23,12 @@ writes results.json and report.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
 from typing import Any
+
+from agentcache.bench.reuse.report import replay_args, write_replay
 
 ROOT = Path(__file__).resolve().parents[2]
 GRID = (8, 16, 32)
@@ -124,10 +125,7 @@ def table(found: dict[str, Any], grid: tuple[int, ...]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--root", type=Path, default=ROOT)
-    p.add_argument("--out", type=Path, required=True, help="folder for results.json, report.md")
-    args = p.parse_args(argv)
+    args = replay_args(argv, __doc__, ROOT)
     tune = read(args.root, TUNING, GRID)
     held = {str(k): all(no_loss(tune[f], k) for f in tune) for k in GRID}
     chosen = next((k for k in GRID if held[str(k)]), DEFAULT_K)
@@ -157,14 +155,8 @@ def main(argv: list[str] | None = None) -> None:
         val = read(args.root, VALIDATION, (chosen,))
         lines += ["", f"Validation (`epic_k={chosen}` against the default, one run per half):",
                   "", *table(val, (chosen,))]  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    record = {"split": "tune", "command": lines[2].strip("`"), "grid": list(GRID),
-              "default_k": DEFAULT_K, "spec": SPEC, "no_loss": held, "chosen": chosen,
-              "families": tune, "validation": val}  # fmt: skip
-    (args.out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
-    text = "\n".join(lines) + "\n"
-    (args.out / "report.md").write_text(text)
-    print(text)
+    settings = {"default_k": DEFAULT_K, "spec": SPEC}
+    write_replay(args.out, lines, GRID, settings, held, chosen, tune, val)
 
 
 if __name__ == "__main__":

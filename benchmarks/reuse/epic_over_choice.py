@@ -24,13 +24,12 @@ writes results.json and report.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-from agentcache.bench.reuse.report import covered_at
+from agentcache.bench.reuse.report import covered_at, replay_args, write_replay
 
 ROOT = Path(__file__).resolve().parents[2]
 GRID = (2.0, 4.0, 8.0)
@@ -135,10 +134,7 @@ def validation(root: Path, over: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--root", type=Path, default=ROOT)
-    p.add_argument("--out", type=Path, required=True, help="folder for results.json, report.md")
-    args = p.parse_args(argv)
+    args = replay_args(argv, __doc__, ROOT)
     tune = tuning(args.root)
     held = {f"{o:g}": all(no_loss(tune[f][f"{o:g}"]) for f in TUNING) for o in GRID}
     chosen = next((o for o in GRID if held[f"{o:g}"]), None)
@@ -199,14 +195,8 @@ def main(argv: list[str] | None = None) -> None:
                     f"| {s['ttft_vs_prefix_median']:.2f} ({s['ttft_vs_prefix_min']:.2f}-"
                     f"{s['ttft_vs_prefix_max']:.2f}) | {s['epic_turns']} |"
                 )
-    args.out.mkdir(parents=True, exist_ok=True)
-    record = {"split": "tune", "command": lines[2].strip("`"), "grid": list(GRID),
-              "cover": COVER, "cover_min": COVER_MIN, "no_loss": held, "chosen": chosen,
-              "families": tune, "validation": val}  # fmt: skip
-    (args.out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
-    text = "\n".join(lines) + "\n"
-    (args.out / "report.md").write_text(text)
-    print(text)
+    settings = {"cover": COVER, "cover_min": COVER_MIN}
+    write_replay(args.out, lines, GRID, settings, held, chosen, tune, val)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -163,6 +164,32 @@ def write_results(
     (out / "report.md").write_text(render_markdown(results))
     plot(results, out)
     return results
+
+
+def replay_args(argv: list[str] | None, doc: str, root: Path) -> argparse.Namespace:
+    """A replay script's arguments: `--root` (where the stored runs are, `root` by default)
+    and `--out` (the folder for results.json and report.md)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--root", type=Path, default=root)
+    p.add_argument("--out", type=Path, required=True, help="folder for results.json, report.md")
+    return p.parse_args(argv)
+
+
+def write_replay(
+    out: Path, lines: Sequence[str], grid: Sequence[float], settings: dict[str, Any],
+    held: dict[str, bool], chosen: float | None, families: Any, validation: Any,
+) -> None:  # fmt: skip
+    """A choice replayed on stored tuning runs: results.json (the grid, the settings it was
+    replayed under, which values held, the one chosen, per family and on validation) and
+    `lines` as report.md, whose third line is its command; the report is also printed."""
+    record = {"split": "tune", "command": lines[2].strip("`"), "grid": list(grid), **settings,
+              "no_loss": held, "chosen": chosen, "families": families,
+              "validation": validation}  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
+    text = "\n".join(lines) + "\n"
+    (out / "report.md").write_text(text)
+    print(text)
 
 
 def _json_default(x: Any) -> Any:
