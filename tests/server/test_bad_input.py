@@ -329,9 +329,10 @@ def test_a_surrogate_pair_is_text_and_an_escaped_backslash_is_no_escape(
     r = client.post(URL, content=content, headers={"content-type": "application/json"})
     assert r.status_code == 200, r.text
     for raw, path in ((rb'{"a": ["x", {"b": "\ud83dx"}]}', "a.1.b"), (rb'"\udc00"', ""),
+                      (rb'{"a": "\ud800\ud83d\ude00"}', "a"), (rb'{"a": "\ud83d\\ude00"}', "a"),
                       (rb'{"a": "\\\ud800"}', "a"), (rb'{"a": "\ud800\ud800"}', "a")):  # fmt: skip
         assert lone_surrogate(raw) and surrogate_path(raw) == path, raw
-    assert not lone_surrogate(rb'{"a": "\\ud800", "b": "\ud800\udc00"}')
+    assert not lone_surrogate(rb'{"a": "\\ud800", "b": "\ud800\udc00", "c": "\\\\udc00"}')
     raw = json.dumps({**GOOD, "user": "\ud800"}, ensure_ascii=False).encode(
         "utf-8", "surrogatepass"
     )
