@@ -339,3 +339,20 @@ def test_a_surrogate_pair_is_text_and_an_escaped_backslash_is_no_escape(
     assert lone_surrogate(raw) and surrogate_path(raw) == "user"
     r = client.post(URL, content=raw, headers={"content-type": "application/json"})
     assert check_error(r, 400, "invalid_value", "not valid Unicode")["param"] == "user"
+
+
+def test_the_depth_scan_skips_strings_as_the_plain_pattern_does() -> None:
+    """json_depth blanks strings with an unrolled pattern (plain runs in one step); on random
+    texts of quotes, backslashes, brackets and letters it blanks what the one-byte-at-a-time
+    pattern blanks, and brackets inside strings never count."""
+    import random
+    import re
+
+    from agentcache.server.limits import _STRING, json_depth
+
+    plain = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+    rng = random.Random(7)
+    for _ in range(5000):
+        s = bytes(rng.choice(b'ab"\\{}[]\n') for _ in range(rng.randint(0, 30)))
+        assert _STRING.sub(b'""', s) == plain.sub(b'""', s), s
+    assert json_depth(b'{"a": "[[[{{{\\"]]]", "b": [1]}', 10) == 2
