@@ -1,7 +1,8 @@
 """Request limits, checked before anything is tokenized: each a flag, each exceeded one a 4xx
 that names it.
 
-    bytes arrive -> BodyLimit: body size (while reading), JSON nesting depth (before parsing)
+    bytes arrive -> BodyLimit: body size (while reading), JSON nesting depth and lone
+                    surrogates (before parsing)
     parsed body  -> check_request: messages, tools, stop strings, user, content characters
     ChatRequest  -> check_tools: characters of tool names, descriptions and schemas (every API)
 """

@@ -316,10 +316,7 @@ def to_turn(
         raise bad("tool_choice", "a forced tool call cannot continue a last assistant message")
     if prefill:
         messages = messages[:-1]
-    try:
-        head = [ChatMessage("system", system)] if system else []
-    except PromptError as e:  # a lone surrogate
-        raise bad("system", str(e)) from None
+    head = [ChatMessage("system", system)] if system else []
     chat = (*head, *messages)
     _check_chars(chat, limits)
     stops = _stops(body, limits)

@@ -237,10 +237,7 @@ def to_chat_request(
     if body.user is not None and len(body.user) > limits.max_user_chars:
         raise limit_error(limits, "max_user_chars", f"user of {len(body.user)} characters", "user")
     turn = (*history, *input_messages(body, limits))
-    try:
-        head = (ChatMessage("system", body.instructions),) if body.instructions else ()
-    except PromptError as e:  # a lone surrogate
-        raise bad("instructions", str(e)) from None
+    head = (ChatMessage("system", body.instructions),) if body.instructions else ()
     messages = (*head, *turn)
     check_content(list(messages), limits)
     tools = tools_of(body, limits)
