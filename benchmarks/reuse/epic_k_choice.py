@@ -28,7 +28,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from agentcache.bench.reuse.report import replay_args, write_replay
+from agentcache.bench.reuse.report import agreement, replay_args, write_replay
 
 ROOT = Path(__file__).resolve().parents[2]
 GRID = (8, 16, 32)
@@ -69,15 +69,10 @@ def summary(
     by: dict[tuple[str, int], dict[str, Row]], keys: list[tuple[str, int]], who: str
 ) -> Row:
     rows = [by[k][who] for k in keys]
-    n = len(rows)
-    if not n:
+    if not rows:
         return {"n": 0}
     ratios = [by[k][who]["ttft_ms"] / by[k]["prefix"]["ttft_ms"] for k in keys]
-    return {
-        "n": n,
-        "greedy": sum(r["greedy_exact_match"] for r in rows) / n,
-        "first_token": sum(r["first_token_agreement"] for r in rows) / n,
-        "compute": statistics.fmean(r["recompute_fraction"] for r in rows),
+    return agreement(rows) | {
         "ttft_vs_prefix_median": statistics.median(ratios),
         "ttft_vs_prefix_min": min(ratios),
         "ttft_vs_prefix_max": max(ratios),

@@ -29,7 +29,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from agentcache.bench.reuse.report import covered_at, replay_args, write_replay
+from agentcache.bench.reuse.report import agreement, covered_at, replay_args, write_replay
 
 ROOT = Path(__file__).resolve().parents[2]
 GRID = (2.0, 4.0, 8.0)
@@ -69,16 +69,6 @@ def ranked(r: Row) -> bool:
 
 def switched(r: Row, over: float) -> bool:
     return ranked(r) and r["candidates"] > over * r["computed_anyway"]
-
-
-def agreement(rows: list[Row]) -> dict[str, float | int]:
-    n = len(rows)
-    return {
-        "n": n,
-        "greedy": sum(r["greedy_exact_match"] for r in rows) / n if n else float("nan"),
-        "first_token": sum(r["first_token_agreement"] for r in rows) / n if n else float("nan"),
-        "compute": statistics.fmean(r["recompute_fraction"] for r in rows) if n else float("nan"),
-    }
 
 
 def tuning(root: Path) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,19 @@ def write_results(
     (out / "report.md").write_text(render_markdown(results))
     plot(results, out)
     return results
+
+
+def agreement(rows: list[dict[str, Any]]) -> dict[str, float | int]:
+    """Over per-turn records: their number, the shares whose greedy continuation and first
+    token equal `full`'s, and the mean share of the prompt computed (NaN where there are none)."""
+    n = len(rows)
+    nan = float("nan")
+    return {
+        "n": n,
+        "greedy": sum(r["greedy_exact_match"] for r in rows) / n if n else nan,
+        "first_token": sum(r["first_token_agreement"] for r in rows) / n if n else nan,
+        "compute": statistics.fmean(r["recompute_fraction"] for r in rows) if n else nan,
+    }
 
 
 def replay_args(argv: list[str] | None, doc: str, root: Path) -> argparse.Namespace:
