@@ -62,6 +62,15 @@ class Segment:
         if not isinstance(self.text, str):
             raise PromptError(f"segment text must be a string, got {type(self.text).__name__}")
         check_unicode(self.text, "segment text")
+        for name in ("id", "scope"):  # cache keys and reports: a name, or none
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise PromptError(
+                    f"segment {name} must be a string or None, got {type(value).__name__} "
+                    f"{value!r:.60}"
+                )
+            if value is not None:
+                check_unicode(value, f"segment {name}")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Segment:

@@ -11,6 +11,7 @@ Text outside segment blocks must be whitespace. Undefined variables raise (Stric
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any, Generic, TypeVar
 
 import jinja2
@@ -21,8 +22,14 @@ from pydantic import BaseModel, ValidationError
 from agentcache.errors import PromptError
 from agentcache.prompt.segments import Segment, SegmentedPrompt, SegmentKind
 
-_MARK = "\x00SEG\x00"
-_END = "\x00END\x00"
+
+def _marks() -> tuple[str, str]:
+    """A template's segment delimiters in its rendered text. Each template draws its own, so
+    that no input value can forge one (a value holding a delimiter, rendered outside any
+    block, would otherwise open a segment of its own kind)."""
+    nonce = secrets.token_hex(8)
+    return f"\x00SEG:{nonce}\x00", f"\x00END:{nonce}\x00"
+
 
 InputT = TypeVar("InputT", bound=BaseModel)
 
@@ -60,10 +67,11 @@ class SegmentExtension(Extension):
         except PromptError as e:
             raise _BlockError(lineno, str(e)) from None
         text = caller()
-        if _MARK in text:
+        mark, end = self.environment.segment_marks  # type: ignore[attr-defined]
+        if mark in text:
             raise _BlockError(lineno, "a segment block contains another one; segments cannot nest")
         header = json.dumps({"kind": kind, "id": id, "role": role})
-        return f"{_MARK}{header}\n{text}{_END}"
+        return f"{mark}{header}\n{text}{end}"
 
 
 def _line(e: BaseException) -> str:
@@ -78,12 +86,14 @@ def _line(e: BaseException) -> str:
 
 
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         undefined=jinja2.StrictUndefined,
         extensions=[SegmentExtension],
         keep_trailing_newline=True,
         autoescape=False,
     )
+    env.extend(segment_marks=_marks())
+    return env
 
 
 class PromptTemplate(Generic[InputT]):
@@ -93,10 +103,15 @@ class PromptTemplate(Generic[InputT]):
     def __init__(self, source: str, inputs: type[InputT], name: str = "template") -> None:
         self.name = name
         self.inputs = inputs
+        env = _environment()
+        self._marks: tuple[str, str] = env.segment_marks  # type: ignore[attr-defined]
         try:
-            self._template = _environment().from_string(source)
+            self._template = env.from_string(source)
         except jinja2.TemplateSyntaxError as e:
             raise PromptError(f"template {name!r} line {e.lineno}: {e.message}") from e
+        except SyntaxError as e:  # what jinja2 compiles but Python refuses: `role=.., role=..`
+            # (its line is in the compiled code, not the template's: not quoted)
+            raise PromptError(f"template {name!r}: {e.msg}") from e
 
     def render(self, values: InputT | BaseModel | dict[str, Any]) -> SegmentedPrompt:
         if isinstance(values, self.inputs):
@@ -120,8 +135,9 @@ class PromptTemplate(Generic[InputT]):
 
     def _split(self, text: str) -> list[Segment]:
         segments: list[Segment] = []
-        for chunk in text.split(_MARK):
-            body, _, outside = chunk.rpartition(_END) if _END in chunk else ("", "", chunk)
+        mark, end = self._marks
+        for chunk in text.split(mark):
+            body, _, outside = chunk.rpartition(end) if end in chunk else ("", "", chunk)
             if outside.strip():
                 raise PromptError(
                     f"template {self.name!r} has text outside any segment: {outside.strip()[:60]!r}"

@@ -40,6 +40,25 @@ def test_non_string_text_raises() -> None:
         Segment(SegmentKind.UPDATE, 42)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"id": 5}, "segment id must be a string or None, got int 5"),
+        ({"id": ["a"]}, "segment id must be a string or None, got list ['a']"),
+        ({"scope": {"t": 1}}, "segment scope must be a string or None, got dict"),
+        ({"id": "a\ud800"}, "segment id is not valid Unicode"),
+    ],
+    ids=["int-id", "list-id", "dict-scope", "surrogate-id"],
+)
+def test_id_and_scope_are_strings(kwargs: dict[str, object], needle: str) -> None:
+    with pytest.raises(PromptError) as e:
+        Segment(SegmentKind.FIXED, "text", **kwargs)  # type: ignore[arg-type]
+    assert needle in str(e.value)
+    if "id" in kwargs:  # a dict's id is read the same way
+        with pytest.raises(PromptError, match=r"must be a string or None|not valid Unicode"):
+            Segment.from_dict({"kind": "fixed", "text": "text", **kwargs})
+
+
 def test_text_that_is_not_valid_unicode_raises() -> None:
     with pytest.raises(PromptError) as e:
         Segment(SegmentKind.UPDATE, "ok \ud800 then", role="user")
