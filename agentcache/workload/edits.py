@@ -151,4 +151,8 @@ def _n_leading(msgs: list[Message]) -> int:
 def _cleared(old: Message, new: Message) -> bool:
     """A tool result whose text was replaced (a placeholder, a trimmed copy), its call kept."""
     same_call = old.get("tool_call_id") == new.get("tool_call_id")
-    return old["role"] == new["role"] == "tool" and same_call and old["content"] != new["content"]
+    return (
+        old["role"] == new["role"] == "tool"
+        and same_call
+        and old.get("content") != new.get("content")
+    )

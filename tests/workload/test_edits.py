@@ -61,6 +61,14 @@ def test_a_replaced_tool_result_is_a_clear_edit() -> None:
     assert kinds(turns)[1] == ("clear", (3,))
 
 
+def test_a_tool_result_without_content_is_compared_as_one() -> None:
+    """OpenAI's segmenter takes a tool message with no `content` (an empty result); the edit
+    check compares it as such instead of failing on the missing key."""
+    empty = {k: v for k, v in T1.items() if k != "content"}
+    turns = [turn(SYS, U1, A1, empty, U2), turn(SYS, U1, A1, T1, U2, A2, T2)]
+    assert kinds(turns)[1] == ("clear", (3,))
+
+
 def test_a_span_replaced_by_a_summary_is_a_compact_edit() -> None:
     summary = {"role": "user", "content": "Summary: listed the files, a.py and b.py."}
     turns = [turn(SYS, U1, A1, T1, U2), turn(SYS, summary, U2, A2, T2)]
