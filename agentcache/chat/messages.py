@@ -42,7 +42,13 @@ class ChatMessage:
             raise PromptError(f"message content must be text, got {type(self.content).__name__}")
         check_unicode(self.content, f"{self.role} message content")
         for call in self.tool_calls:
-            check_unicode(f"{call.name} {call.arguments_json()}", f"tool call {call.name!r}")
+            try:  # the prompt carries them as JSON: a value JSON has no form for is an error
+                arguments = call.arguments_json()
+            except (TypeError, ValueError) as e:  # a datetime, a set, a cycle
+                raise PromptError(
+                    f"tool call {call.name!r}: arguments must be JSON values ({e})"
+                ) from None
+            check_unicode(f"{call.name} {arguments}", f"tool call {call.name!r}")
 
     @property
     def chat_role(self) -> str:

@@ -107,6 +107,15 @@ def test_bad_messages_are_prompt_errors() -> None:
     assert ChatMessage.from_openai({"role": "user", "content": [{"type": "text", "text": "a"}]})
 
 
+@pytest.mark.parametrize("value", [{1, 2}, object(), b"bytes"], ids=["set", "object", "bytes"])
+def test_tool_call_arguments_that_json_cannot_carry_are_prompt_errors(value: object) -> None:
+    """From Python (the LangChain model, a hand-built history) arguments can be any value;
+    the prompt carries them as JSON, so one JSON has no form for is refused by name."""
+    with pytest.raises(PromptError) as e:
+        ChatMessage("assistant", "", (ToolCall("c1", "ls", {"path": value}),))
+    assert str(e.value).startswith("tool call 'ls': arguments must be JSON values (")
+
+
 @pytest.mark.parametrize(
     ("message", "needle"),
     [
