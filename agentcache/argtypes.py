@@ -35,6 +35,16 @@ def non_negative_int(text: str) -> int:
     return int(_number(text, int, lambda v: v >= 0, "an integer >= 0"))
 
 
+MAX_THREADS = 1024
+
+
+def thread_count(text: str) -> int:
+    """torch threads: 0 (every core) up to MAX_THREADS; past that torch's own setter overflows
+    or a pool of that many threads is made."""
+    what = f"an integer from 0 to {MAX_THREADS} (0: all cores)"
+    return int(_number(text, int, lambda v: 0 <= v <= MAX_THREADS, what))
+
+
 def port_number(text: str) -> int:
     what = "a port number from 0 to 65535 (0: any free port)"
     return int(_number(text, int, lambda v: 0 <= v <= 65535, what))

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentcache.argtypes import end_outputs, non_negative_int, positive_int
+from agentcache.argtypes import end_outputs, non_negative_int, positive_int, thread_count
 from agentcache.engines.vllm import IN_PROCESS_ENV  # no vLLM import
 from agentcache.errors import AgentCacheError, ConfigError
 
@@ -21,7 +21,7 @@ def _threads(value: int | None) -> None:
     env = os.environ.get("AGENTCACHE_NUM_THREADS", "").strip()
     if value is None and env:
         try:
-            value = non_negative_int(env)
+            value = thread_count(env)
         except argparse.ArgumentTypeError as e:
             raise ConfigError(f"AGENTCACHE_NUM_THREADS {e}") from None
     torch.set_num_threads(value or os.cpu_count() or 1)
@@ -37,7 +37,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model folder (default: embedded SmolLM2-135M)")
     p.add_argument("--cache-dir", default=None, help="cache folder (env AGENTCACHE_CACHE_DIR)")
     p.add_argument(
-        "--threads", type=non_negative_int, default=None,
+        "--threads", type=thread_count, default=None,
         help="torch threads (env AGENTCACHE_NUM_THREADS; default or 0: all cores)",
     )  # fmt: skip
 

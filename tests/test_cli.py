@@ -108,13 +108,18 @@ def test_demo_with_a_model_file_says_it_is_not_a_folder(
     assert f"model folder {file} is a file" in capsys.readouterr().err
 
 
+THREADS = "an integer from 0 to 1024 (0: all cores)"
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
         (["demo", "--turns", "0"], "argument --turns: must be an integer >= 1, got '0'"),
         (["demo", "--tokens", "-1"], "argument --tokens: must be an integer >= 0, got '-1'"),
-        (["demo", "--threads", "-1"], "argument --threads: must be an integer >= 0, got '-1'"),
-        (["bench-decode", "--threads", "x"], "argument --threads: must be an integer >= 0"),
+        (["demo", "--threads", "-1"], f"argument --threads: must be {THREADS}, got '-1'"),
+        (["bench-decode", "--threads", "x"], f"argument --threads: must be {THREADS}"),
+        (["serve", "--threads", "9" * 23], f"argument --threads: must be {THREADS}, got '999"),
+        (["serve", "--threads", "1025"], f"argument --threads: must be {THREADS}, got '1025'"),
     ],
 )
 def test_numbers_out_of_range_are_usage_errors(
@@ -123,7 +128,7 @@ def test_numbers_out_of_range_are_usage_errors(
     assert needle in usage_error(argv, capsys)
 
 
-@pytest.mark.parametrize("value", ["-2", "many"])
+@pytest.mark.parametrize("value", ["-2", "many", "4096"])
 def test_a_bad_thread_count_in_the_environment_is_named(
     value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -131,9 +136,7 @@ def test_a_bad_thread_count_in_the_environment_is_named(
     monkeypatch.setenv("AGENTCACHE_NUM_THREADS", value)
     assert main(["demo", "--model", str(tmp_path / "none"), "--cache-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert (
-        f"agentcache: error: AGENTCACHE_NUM_THREADS must be an integer >= 0, got '{value}'" in err
-    )
+    assert f"agentcache: error: AGENTCACHE_NUM_THREADS must be {THREADS}, got '{value}'" in err
 
 
 def test_demo_rejects_bad_strategy_options_before_loading_the_model(
