@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -86,13 +87,19 @@ def content_text(content: Any) -> str:
     raise PromptError(f"message content must be text or a list of parts, got {content!r}")
 
 
+def json_problem(error: object) -> str:
+    """A JSON parser's message for a client: Python's note on raising its integer digit limit
+    (`sys.set_int_max_str_digits`) is advice to the server's code, not to the sender."""
+    return re.sub(r";\s*use sys\.set_int_max_str_digits\(\)[^;]*", "", str(error))
+
+
 def _tool_call_from_openai(d: Mapping[str, Any]) -> ToolCall:
     fn = d.get("function") or {}
     raw = fn.get("arguments", "{}")
     try:
         args = json.loads(raw) if isinstance(raw, str) else raw
-    except json.JSONDecodeError as e:
-        raise PromptError(f"tool call arguments are not valid JSON: {e}") from None
+    except ValueError as e:  # a syntax error, or an integer past Python's 4300 digits
+        raise PromptError(f"tool call arguments are not valid JSON: {json_problem(e)}") from None
     except RecursionError:  # the server bounds the depth first (server/limits.py)
         raise PromptError("tool call arguments are nested too deeply") from None
     if not isinstance(args, Mapping):

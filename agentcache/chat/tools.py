@@ -103,7 +103,10 @@ def parse_tool_calls(text: str) -> ParsedReply:
                 args = json.loads(args)
             if not isinstance(name, str) or not isinstance(args, dict):
                 raise TypeError("expected a string 'name' and an object 'arguments'")
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+        # what a model writes is untrusted text: besides syntax errors (JSONDecodeError is a
+        # ValueError), an integer past Python's 4300 digits is a ValueError and brackets
+        # nested past the parser's stack a RecursionError; each is an invalid call
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
             invalid.append(InvalidToolCall(body, f"{type(e).__name__}: {e}"))
             continue
         calls.append(ToolCall(call_id(text, i), name, args))

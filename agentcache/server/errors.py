@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from agentcache.chat.messages import json_problem
 from agentcache.chat.runner import TextTooLongError
 from agentcache.chat.structured import SchemaError
 from agentcache.errors import AgentCacheError, ContextLengthError, OutOfPagesError, PromptError
@@ -101,7 +102,7 @@ def validation_error(
     errors = exc.errors()
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
-        detail = first.get("ctx", {}).get("error", "")
+        detail = json_problem(first.get("ctx", {}).get("error", ""))
         return APIError(400, f"request body is not valid JSON: {detail}".rstrip(": "),
                         "invalid_json")  # fmt: skip
     if tuple(first.get("loc", ())) == ("body",):  # no body, or not an object
@@ -131,7 +132,9 @@ async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
     """Routing errors and bodies FastAPI could not read, in the same OpenAI error body."""
     assert isinstance(exc, HTTPException)
     if exc.status_code == 400 and exc.__cause__ is not None:  # e.g. bytes that are not UTF-8
-        err = APIError(400, f"request body is not valid JSON: {exc.__cause__}", "invalid_json")
+        err = APIError(
+            400, f"request body is not valid JSON: {json_problem(exc.__cause__)}", "invalid_json"
+        )
     elif exc.status_code == 404:
         served = ", ".join(ENDPOINTS)
         err = APIError(404, f"{exc.detail}: {request.method} {request.url.path[:200]}; this "

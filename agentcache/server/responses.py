@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentcache.chat.logprobs import openai_content
-from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec
+from agentcache.chat.messages import ChatMessage, ToolCall, ToolSpec, json_problem
 from agentcache.chat.runner import ChatRequest, ChatResult
 from agentcache.chat.tools import TOOL_CALL_CLOSE, forced_call_prefix
 from agentcache.errors import PromptError
@@ -123,8 +123,8 @@ def _add_call(
     check_arguments(raw, limits, f"{p}.arguments")
     try:
         args = json.loads(raw or "{}")
-    except json.JSONDecodeError as e:
-        raise bad(f"{p}.arguments", f"not valid JSON: {e}") from None
+    except ValueError as e:  # a syntax error, or an integer past Python's 4300 digits
+        raise bad(f"{p}.arguments", f"not valid JSON: {json_problem(e)}") from None
     if not isinstance(args, dict):
         raise bad(f"{p}.arguments", "a JSON object is required")
     call = ToolCall(call_id, name, args)

@@ -107,6 +107,16 @@ def test_bad_messages_are_prompt_errors() -> None:
     assert ChatMessage.from_openai({"role": "user", "content": [{"type": "text", "text": "a"}]})
 
 
+def test_tool_call_arguments_with_an_integer_past_the_parsers_limit_are_a_prompt_error() -> None:
+    call = {"id": "1", "function": {"name": "f", "arguments": '{"a": ' + "9" * 5000 + "}"}}
+    with pytest.raises(PromptError) as e:
+        ChatMessage.from_openai({"role": "assistant", "tool_calls": [call]})
+    assert str(e.value) == (
+        "tool call arguments are not valid JSON: Exceeds the limit (4300 digits) for integer "
+        "string conversion: value has 5000 digits"
+    )
+
+
 @pytest.mark.parametrize("value", [{1, 2}, object(), b"bytes"], ids=["set", "object", "bytes"])
 def test_tool_call_arguments_that_json_cannot_carry_are_prompt_errors(value: object) -> None:
     """From Python (the LangChain model, a hand-built history) arguments can be any value;

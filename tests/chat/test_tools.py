@@ -28,7 +28,19 @@ def test_parse_two_calls_string_arguments_and_unterminated_last() -> None:
     assert r.content == ""
 
 
-@pytest.mark.parametrize("body", ['{"name": "a", "arguments": [1]}', "not json", '["a"]'])
+# what a model may write: besides syntax errors, JSON that Python's parser refuses otherwise
+LONG_INTEGER = '{"name": "a", "arguments": {"x": ' + "9" * 5000 + "}}"
+LONG_INTEGER_IN_STRING = '{"name": "a", "arguments": "{\\"x\\": ' + "9" * 5000 + '}"}'
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(
+    "body",
+    ['{"name": "a", "arguments": [1]}', "not json", '["a"]', LONG_INTEGER,
+     LONG_INTEGER_IN_STRING, DEEP],
+    ids=["array-arguments", "not-json", "array", "long-integer", "long-integer-in-string",
+         "deep"],
+)  # fmt: skip
 def test_malformed_calls_are_reported_invalid(body: str) -> None:
     r = parse_tool_calls(f"ok <tool_call>{body}</tool_call>")
     assert r.tool_calls == () and len(r.invalid_tool_calls) == 1

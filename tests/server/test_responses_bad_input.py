@@ -65,6 +65,8 @@ CASES: list[tuple[str, dict[str, Any], int, str, str | None, str]] = [
      "got dict"),
     ("call-arguments-not-json", fcall(arguments="{"), 400, V, "input.0.arguments",
      "not valid JSON"),
+    ("call-arguments-long-integer", fcall(arguments='{"x": ' + "9" * 5000 + "}"), 400, V,
+     "input.0.arguments", "not valid JSON: Exceeds the limit (4300 digits)"),
     ("call-arguments-array", fcall(arguments="[1]"), 400, V, "input.0.arguments",
      "JSON object"),
     ("call-arguments-deep", fcall(arguments=deep_json(2500)), 400, L, "input.0.arguments",
