@@ -58,6 +58,20 @@ def non_negative_float(text: str) -> float:
     return _number(text, float, lambda v: 0.0 <= v < math.inf, "a finite number >= 0")
 
 
+def path_text(text: str) -> str:
+    """A file or folder named on the command line, as written (`--model` also takes the name
+    "default"): an empty name (an unset shell variable, `--disk-dir "$DIR"`) would otherwise
+    be the current folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must name a file or folder, got {text!r}")
+    return text
+
+
+def path_arg(text: str) -> Path:
+    """`path_text`, as a Path."""
+    return Path(path_text(text))
+
+
 def byte_size(text: str) -> int:
     """A size >= 1 byte: "2GiB", "512MiB", "1.5GB", "1048576" (`units.parse_bytes`)."""
     try:

@@ -10,7 +10,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentcache.argtypes import end_outputs, non_negative_int, positive_int, thread_count
+from agentcache.argtypes import (
+    end_outputs,
+    non_negative_int,
+    path_text,
+    positive_int,
+    thread_count,
+)
 from agentcache.engines.vllm import IN_PROCESS_ENV  # no vLLM import
 from agentcache.errors import AgentCacheError, ConfigError
 
@@ -34,8 +40,10 @@ def _cache_dir(value: str | None) -> Path:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="model folder (default: embedded SmolLM2-135M)")
-    p.add_argument("--cache-dir", default=None, help="cache folder (env AGENTCACHE_CACHE_DIR)")
+    p.add_argument("--model", type=path_text, default=None,
+                   help="model folder (default: embedded SmolLM2-135M)")  # fmt: skip
+    p.add_argument("--cache-dir", type=path_text, default=None,
+                   help="cache folder (env AGENTCACHE_CACHE_DIR)")  # fmt: skip
     p.add_argument(
         "--threads", type=thread_count, default=None,
         help="torch threads (env AGENTCACHE_NUM_THREADS; default or 0: all cores)",

@@ -128,6 +128,30 @@ def test_numbers_out_of_range_are_usage_errors(
     assert needle in usage_error(argv, capsys)
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--store-disk-dir", ""],
+        ["bench-tiers", "w.jsonl", "--disk-dir", " "],
+        ["bench", "w.jsonl", "--out", ""],
+        ["demo", "--model", ""],
+        ["demo", "--cache-dir", ""],
+        ["replay-trace", ""],
+    ],
+    ids=["serve-disk-dir", "bench-tiers-disk-dir", "bench-out", "model", "cache-dir", "trace"],
+)
+def test_an_empty_path_is_a_usage_error_and_writes_nothing(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """An empty name (an unset shell variable) would be the current folder: a disk tier's
+    journal and lock were written there."""
+    monkeypatch.chdir(tmp_path)
+    err = usage_error(argv, capsys)
+    assert "must name a file or folder, got '" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("value", ["-2", "many", "4096"])
 def test_a_bad_thread_count_in_the_environment_is_named(
     value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

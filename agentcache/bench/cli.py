@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
-from agentcache.argtypes import output_folder, positive_int
+from agentcache.argtypes import output_folder, path_arg, positive_int
 from agentcache.bench.peer import PEER, TransformersPrefix, load_peer_model
 from agentcache.bench.reuse.harness import BenchRunner, parse_specs, sweep_specs
 from agentcache.bench.reuse.report import scope_line, table, write_results
@@ -26,7 +26,7 @@ ALL = "full,prefix,promptcache,pic,cacheblend,epic,cacheslide,default,transforme
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     about = "measure reuse strategies side by side on workload files (JSON Lines)"
     p = sub.add_parser("bench", help=about, description=about)
-    p.add_argument("workloads", nargs="+", type=Path, help="JSON Lines workload files")
+    p.add_argument("workloads", nargs="+", type=path_arg, help="JSON Lines workload files")
     p.add_argument(
         "--strategies",
         default=ALL,
@@ -34,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "name@vllm or name@engine sets who computes what reuse cannot supply",
     )
     p.add_argument("--sweep", action="store_true", help="add budget sweeps (rho, tau, r, k)")
-    p.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder")
+    p.add_argument("--out", type=path_arg, default=Path("bench-out"), help="output folder")
     p.add_argument("--max-sessions", type=positive_int, default=None, help="sessions per file")
     p.add_argument("--max-turns", type=positive_int, default=None, help="turns per session")
     p.add_argument(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from agentcache.argtypes import output_file, positive_float, positive_int
+from agentcache.argtypes import output_file, path_arg, positive_float, positive_int
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -46,8 +46,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--max-corpus-tokens", type=positive_int, default=2_000_000, help="text read (tokens)"
     )
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    p.add_argument("--checkpoint", type=Path, default=None, help="checkpoint file (default: cache)")
-    p.add_argument("--out", type=Path, default=None, help="write the run's figures as JSON")
+    p.add_argument(
+        "--checkpoint", type=path_arg, default=None, help="checkpoint file (default: cache)"
+    )
+    p.add_argument("--out", type=path_arg, default=None, help="write the run's figures as JSON")
     p.add_argument(
         "--eval-only", action="store_true", help="only measure the saved adapter's perplexity"
     )

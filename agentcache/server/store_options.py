@@ -13,9 +13,8 @@ Every check runs before the model loads; a bad value is a `ConfigError` naming i
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from agentcache.argtypes import byte_size
+from agentcache.argtypes import byte_size, path_arg
 from agentcache.errors import AgentCacheError, ConfigError
 from agentcache.policy.spill import SPILL_POLICIES
 from agentcache.runtime.config import EngineConfig
@@ -35,7 +34,7 @@ def add_store_arguments(p: argparse.ArgumentParser) -> None:
                    help="embedded backend: a host-memory tier below the store: segments the "
                    "full store would drop are spilled here, and promoted back when a request "
                    "reads them (default: none; see docs/tiers.md)")  # fmt: skip
-    p.add_argument("--store-disk-dir", type=Path, default=None, metavar="DIR",
+    p.add_argument("--store-disk-dir", type=path_arg, default=None, metavar="DIR",
                    help="embedded backend: a disk tier in this folder, the lowest, also kept "
                    "across restarts (default: none)")  # fmt: skip
     p.add_argument("--store-disk-bytes", type=byte_size, default=None, metavar="SIZE",

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from agentcache.argtypes import non_negative_int, output_folder, positive_int
+from agentcache.argtypes import non_negative_int, output_folder, path_arg, positive_int
 from agentcache.bench.provenance import machine, provenance
 from agentcache.decode.config import DEFAULT_BUDGET_PAGES, DecodeConfig
 from agentcache.decode.minmax import GQA_COMBINES
@@ -49,7 +49,7 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET_PAGES, help="top-K pages")
     p.add_argument("--gqa", choices=GQA_COMBINES, default="sum", help="GQA combine")
-    p.add_argument("--profile", type=Path, default=None, help="head profile JSON")
+    p.add_argument("--profile", type=path_arg, default=None, help="head profile JSON")
     p.add_argument("--no-teacher-forced", action="store_true", help="skip the forced runs")
     p.add_argument(
         "--needle", type=non_negative_int, default=0, metavar="N",
@@ -59,7 +59,7 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         "--needle-prompts", type=non_negative_int, default=0, metavar="N",
         help="N needle prompts (depths 0.1..0.9) decoded besides the prompts (default 0)",
     )  # fmt: skip
-    p.add_argument("--out", type=Path, default=Path("bench-decode-out"), help="output folder")
+    p.add_argument("--out", type=path_arg, default=Path("bench-decode-out"), help="output folder")
     return p
 
 

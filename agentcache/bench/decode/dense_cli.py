@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
-from agentcache.argtypes import output_folder, positive_int
+from agentcache.argtypes import output_folder, path_arg, positive_int
 from agentcache.bench.decode.cli import run_record
 from agentcache.bench.results import write_run
 from agentcache.errors import AgentCacheError
@@ -32,7 +32,7 @@ def add_dense_parser(sub: Any) -> argparse.ArgumentParser:
         help="comma list of prompt + new tokens (default 1024,4096,8192)",
     )  # fmt: skip
     p.add_argument("--new-tokens", type=positive_int, default=64, help="per run (default 64)")
-    p.add_argument("--out", type=Path, default=Path("bench-dense-decode-out"), help="folder")
+    p.add_argument("--out", type=path_arg, default=Path("bench-dense-decode-out"), help="folder")
     return p
 
 

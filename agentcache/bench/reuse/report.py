@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentcache.argtypes import path_arg
 from agentcache.bench.peer import PEER
 from agentcache.bench.provenance import machine, provenance, specs_of
 from agentcache.bench.reuse.metrics import _median, aggregate
@@ -184,8 +185,8 @@ def replay_args(argv: list[str] | None, doc: str, root: Path) -> argparse.Namesp
     """A replay script's arguments: `--root` (where the stored runs are, `root` by default)
     and `--out` (the folder for results.json and report.md)."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    p.add_argument("--root", type=Path, default=root)
-    p.add_argument("--out", type=Path, required=True, help="folder for results.json, report.md")
+    p.add_argument("--root", type=path_arg, default=root)
+    p.add_argument("--out", type=path_arg, required=True, help="folder for results.json, report.md")
     return p.parse_args(argv)
 
 

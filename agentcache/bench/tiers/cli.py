@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.console import Console
 
-from agentcache.argtypes import non_negative_int, output_folder, positive_int
+from agentcache.argtypes import non_negative_int, output_folder, path_arg, positive_int
 from agentcache.bench.cli import select
 from agentcache.bench.provenance import machine, provenance
 from agentcache.bench.results import write_run
@@ -43,7 +43,7 @@ COLUMNS = (
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     about = "measure spill policies of the tiered KV store (write amplification, TTFT, throughput)"
     p = sub.add_parser("bench-tiers", help=about, description=about)
-    p.add_argument("workloads", nargs="+", type=Path, help="JSON Lines workload files")
+    p.add_argument("workloads", nargs="+", type=path_arg, help="JSON Lines workload files")
     p.add_argument("--policies", default="slide,lru", help="comma list of spill policies")
     p.add_argument("--batch", type=positive_int, default=8, help="concurrent sessions (default 8)")
     p.add_argument("--strategy", default="rpdc", help="reuse strategy (default rpdc)")
@@ -55,8 +55,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--ttft-samples", type=non_negative_int, default=4,
                    help="turns timed disk vs resident")  # fmt: skip
     disk = "parent of the disk tier folders, created if missing (default: the temp folder)"
-    p.add_argument("--disk-dir", type=Path, default=None, help=disk)
-    p.add_argument("--out", type=Path, default=Path("bench-tiers-out"), help="output folder")
+    p.add_argument("--disk-dir", type=path_arg, default=None, help=disk)
+    p.add_argument("--out", type=path_arg, default=Path("bench-tiers-out"), help="output folder")
     p.add_argument("--max-sessions", type=positive_int, default=None, help="sessions per file")
     p.add_argument("--max-turns", type=positive_int, default=None, help="turns per session")
     p.add_argument("--case", default=None, help="only sessions of this case (swing / shift)")

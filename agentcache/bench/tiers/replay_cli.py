@@ -16,7 +16,7 @@ import pstats
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentcache.argtypes import non_negative_int, output_folder, positive_int
+from agentcache.argtypes import non_negative_int, output_folder, path_arg, positive_int
 
 if TYPE_CHECKING:
     from agentcache.bench.tiers.trace_file import SavedTrace
@@ -25,12 +25,12 @@ if TYPE_CHECKING:
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     about = "replay saved store traces (bench-tiers --save-traces) without the model"
     p = sub.add_parser("replay-trace", help=about, description=about)
-    p.add_argument("traces", nargs="+", type=Path, help="trace files (*.trace.json.gz)")
+    p.add_argument("traces", nargs="+", type=path_arg, help="trace files (*.trace.json.gz)")
     p.add_argument("--replays", type=non_negative_int, default=3,
                    help="timed replays per trace, median reported (default 3)")  # fmt: skip
     disk = "parent of the replays' disk tier folders, created if missing (default: temp folder)"
-    p.add_argument("--disk-dir", type=Path, default=None, help=disk)
-    p.add_argument("--profile", type=Path, default=None, metavar="FILE",
+    p.add_argument("--disk-dir", type=path_arg, default=None, help=disk)
+    p.add_argument("--profile", type=path_arg, default=None, metavar="FILE",
                    help="profile one more replay of each trace; write its pstats to FILE "
                         "(FILE.<n> for the n-th trace when several are given)")  # fmt: skip
     p.add_argument("--top", type=positive_int, default=25,

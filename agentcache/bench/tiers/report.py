@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from agentcache.argtypes import path_arg
+
 T = TypeVar("T")
 
 
@@ -108,8 +110,8 @@ def report_runs(
     `OUT/<name>.md` (the table) and `OUT/<name>.png` (the plot) out. A file `load` rejects
     (ValueError) or cannot read is an error naming it, exit 2, and nothing is written."""
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("results", nargs="+", type=Path, help="bench-tiers results.json files")
-    ap.add_argument("--out", type=Path, required=True, help="folder for the table and plot")
+    ap.add_argument("results", nargs="+", type=path_arg, help="bench-tiers results.json files")
+    ap.add_argument("--out", type=path_arg, required=True, help="folder for the table and plot")
     args = ap.parse_args(argv)
     try:
         runs = [load(p) for p in args.results]
