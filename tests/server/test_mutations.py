@@ -11,11 +11,11 @@ from __future__ import annotations
 import copy
 import json
 import random
-from collections.abc import Iterator
 from typing import Any
 
 from starlette.testclient import TestClient
 
+from tests.mutation import pick
 from tests.server.conftest import MODEL
 
 FN = {"type": "function", "function": {"name": "get", "description": "d", "parameters": {
@@ -66,26 +66,12 @@ VALUES: list[Any] = [None, True, 0, -1, 2**63, -(2**63), 1e308, 0.5, "", "x", "\
                      {"type": "text"}, [[[]]], "NaN"]  # fmt: skip
 
 
-def paths(x: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    yield path
-    children = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
-    for k, v in children:
-        yield from paths(v, (*path, k))
-
-
-def at(x: Any, path: tuple[Any, ...]) -> Any:
-    for p in path:
-        x = x[p]
-    return x
-
-
 def mutate(body: dict[str, Any], rng: random.Random) -> dict[str, Any]:
     b = copy.deepcopy(body)
     for _ in range(rng.randint(1, 3)):
         if not b:
             break
-        path = rng.choice(list(paths(b))[1:])
-        parent, key, op = at(b, path[:-1]), path[-1], rng.random()
+        parent, key, op = pick(b, rng)
         if op < 0.6:
             parent[key] = copy.deepcopy(rng.choice(VALUES))
         elif op < 0.75:

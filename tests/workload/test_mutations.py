@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agentcache.workload.files import load_workload
-from tests.server.test_mutations import at, paths
+from tests.mutation import pick
 
 WORKLOADS = Path(__file__).parents[2] / "benchmarks" / "workloads"
 VALUES: list[Any] = [None, True, 0, -1, 1.5, 10**30, "", "x", "\x00", "é" * 3, [], {}, [None],
@@ -38,8 +38,7 @@ def seeds() -> list[dict[str, Any]]:
 def mutate(obj: dict[str, Any], rng: random.Random) -> dict[str, Any]:
     o = copy.deepcopy(obj)
     for _ in range(rng.randint(1, 3)):
-        path = rng.choice(list(paths(o))[1:])
-        parent, key, op = at(o, path[:-1]), path[-1], rng.random()
+        parent, key, op = pick(o, rng)
         if op < 0.45:
             parent[key] = copy.deepcopy(rng.choice(VALUES))
         elif op < 0.6:
