@@ -9,6 +9,7 @@ from typing import Any
 from agentcache.decode.config import DecodeConfig
 from agentcache.errors import ConfigError
 from agentcache.kv.preemption import PREEMPTION_POLICIES
+from agentcache.policy.eviction import EVICTION_POLICIES
 from agentcache.reuse import DEFAULT_STRATEGY
 from agentcache.reuse.base import STRATEGIES
 from agentcache.tiers.config import TierConfig
@@ -68,11 +69,17 @@ class EngineConfig:
     share_pages: bool = True
 
     def __post_init__(self) -> None:
+        self._check_types()
         STRATEGIES.get(self.strategy)  # unknown names fail here, listing the known ones
+        EVICTION_POLICIES.get(self.eviction)
         if self.kv_pages < 1:
-            raise ConfigError("kv_pages must be >= 1")
+            raise ConfigError(f"kv_pages must be >= 1, got {self.kv_pages}")
         if self.kv_bytes is not None and self.kv_bytes < 1:
             raise ConfigError(f"kv_bytes must be >= 1 (bytes), got {self.kv_bytes}")
+        if self.page_size < 1:
+            raise ConfigError(f"page_size must be >= 1 (tokens), got {self.page_size}")
+        if self.store_bytes < 0:
+            raise ConfigError(f"store_bytes must be >= 0, got {self.store_bytes}")
         if self.preemption is not None:
             PREEMPTION_POLICIES.get(self.preemption)  # unknown names fail, listing the known
             if not self.batch_decode:
@@ -106,3 +113,32 @@ class EngineConfig:
                 strategy(**options)
             except (TypeError, ValueError) as e:
                 raise ConfigError(f"strategy_options[{name!r}]: {e}") from e
+
+    def _check_types(self) -> None:
+        """Every field of the type it is declared (a bool is not a whole number here), named
+        when it is not: from Python, `kv_pages="8"` or `cost_guard="no"` is a ConfigError,
+        not a comparison's TypeError later or a flag silently read as true."""
+        for name, (kinds, words) in _FIELD_TYPES.items():
+            value = getattr(self, name)
+            ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+            if not ok:
+                raise ConfigError(f"{name} must be {words}, got {value!r:.60}")
+
+
+# (types a value may have, what that is in words); range checks follow in __post_init__
+_FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "strategy": ((str,), "a strategy name"),
+    "kv_pages": ((int,), "a whole number of pages"),
+    "store_bytes": ((int,), "a whole number of bytes"),
+    "eviction": ((str,), "an eviction policy name"),
+    "page_size": ((int,), "a whole number of tokens"),
+    "strategy_options": ((Mapping,), "a dict of strategy name -> options"),
+    "decode": ((DecodeConfig,), "a DecodeConfig"),
+    "tiers": ((TierConfig, type(None)), "a TierConfig or None"),
+    "cost_guard": ((bool,), "True or False"),
+    "kv_bytes": ((int, type(None)), "a whole number of bytes or None"),
+    "batch_decode": ((bool,), "True or False"),
+    "preemption": ((str, type(None)), "a preemption policy name or None"),
+    "preemption_host_bytes": ((int,), "a whole number of bytes"),
+    "prefill_order": ((str,), f"one of {', '.join(PREFILL_ORDERS)}"),
+}

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from agentcache.errors import (
+    AgentCacheError,
     ConfigError,
     ContextLengthError,
     OutOfPagesError,
@@ -231,6 +232,37 @@ def test_bad_strategy_options_fail_when_the_config_is_made(
 ) -> None:
     with pytest.raises(error) as e:
         EngineConfig(strategy_options=options)
+    assert needle in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        ({"kv_pages": "8"}, "kv_pages must be a whole number of pages, got '8'"),
+        ({"kv_pages": 1.5}, "kv_pages must be a whole number of pages, got 1.5"),
+        ({"kv_pages": True}, "kv_pages must be a whole number of pages, got True"),
+        ({"kv_bytes": float("nan")}, "kv_bytes must be a whole number of bytes or None, got nan"),
+        ({"page_size": 0}, "page_size must be >= 1 (tokens), got 0"),
+        ({"store_bytes": -1}, "store_bytes must be >= 0, got -1"),
+        ({"eviction": "lfu"}, "unknown eviction policy 'lfu'; known: fifo, lru"),
+        ({"cost_guard": "no"}, "cost_guard must be True or False, got 'no'"),
+        ({"batch_decode": 1}, "batch_decode must be True or False, got 1"),
+        ({"strategy": ["rpdc"]}, "strategy must be a strategy name, got ['rpdc']"),
+        ({"strategy_options": None}, "strategy_options must be a dict of strategy name"),
+        ({"preemption_host_bytes": None}, "preemption_host_bytes must be a whole number of"),
+        ({"decode": "flexicache"}, "decode must be a DecodeConfig, got 'flexicache'"),
+    ],
+    ids=["str-pages", "float-pages", "bool-pages", "nan-bytes", "zero-page-size",
+         "negative-store", "unknown-eviction", "str-flag", "int-flag", "list-strategy",
+         "none-options", "none-host-bytes", "str-decode"],
+)  # fmt: skip
+def test_engine_config_fields_of_the_wrong_type_or_range_are_named(
+    options: dict[str, object], needle: str
+) -> None:
+    """From Python, a field of another type failed later as a comparison's TypeError, an
+    mmap's, or not at all (a flag given as "no" read as true)."""
+    with pytest.raises(AgentCacheError) as e:
+        EngineConfig(**options)  # type: ignore[arg-type]
     assert needle in str(e.value)
 
 
