@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from agentcache.decode.minmax import GQA_COMBINES
+from agentcache.fieldtypes import check_field_types
 
 DEFAULT_BUDGET_PAGES = 64  # 1024 tokens per KV head
 
@@ -62,6 +63,7 @@ class DecodeConfig:
         return cls(name, **(settings | options))
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # plain fields by their declared types
         from agentcache.decode.policies import DECODE_POLICIES
 
         policy = DECODE_POLICIES.get(self.policy)  # unknown names fail here, listing them

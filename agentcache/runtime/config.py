@@ -8,6 +8,7 @@ from typing import Any
 
 from agentcache.decode.config import DecodeConfig
 from agentcache.errors import ConfigError
+from agentcache.fieldtypes import check_field_types
 from agentcache.kv.preemption import PREEMPTION_POLICIES
 from agentcache.policy.eviction import EVICTION_POLICIES
 from agentcache.reuse import DEFAULT_STRATEGY
@@ -115,30 +116,13 @@ class EngineConfig:
                 raise ConfigError(f"strategy_options[{name!r}]: {e}") from e
 
     def _check_types(self) -> None:
-        """Every field of the type it is declared (a bool is not a whole number here), named
-        when it is not: from Python, `kv_pages="8"` or `cost_guard="no"` is a ConfigError,
-        not a comparison's TypeError later or a flag silently read as true."""
-        for name, (kinds, words) in _FIELD_TYPES.items():
+        """Plain fields by their declared types (agentcache/fieldtypes.py), then the rest."""
+        check_field_types(self)
+        for name, kinds, words in (
+            ("strategy_options", (Mapping,), "a dict of strategy name -> options"),
+            ("decode", (DecodeConfig,), "a DecodeConfig"),
+            ("tiers", (TierConfig, type(None)), "a TierConfig or None"),
+        ):
             value = getattr(self, name)
-            ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
-            if not ok:
+            if not isinstance(value, kinds):
                 raise ConfigError(f"{name} must be {words}, got {value!r:.60}")
-
-
-# (types a value may have, what that is in words); range checks follow in __post_init__
-_FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
-    "strategy": ((str,), "a strategy name"),
-    "kv_pages": ((int,), "a whole number of pages"),
-    "store_bytes": ((int,), "a whole number of bytes"),
-    "eviction": ((str,), "an eviction policy name"),
-    "page_size": ((int,), "a whole number of tokens"),
-    "strategy_options": ((Mapping,), "a dict of strategy name -> options"),
-    "decode": ((DecodeConfig,), "a DecodeConfig"),
-    "tiers": ((TierConfig, type(None)), "a TierConfig or None"),
-    "cost_guard": ((bool,), "True or False"),
-    "kv_bytes": ((int, type(None)), "a whole number of bytes or None"),
-    "batch_decode": ((bool,), "True or False"),
-    "preemption": ((str, type(None)), "a preemption policy name or None"),
-    "preemption_host_bytes": ((int,), "a whole number of bytes"),
-    "prefill_order": ((str,), f"one of {', '.join(PREFILL_ORDERS)}"),
-}

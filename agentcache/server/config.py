@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field, fields
 
+from agentcache.fieldtypes import check_field_types
 from agentcache.kv.retention import RetentionConfig
 
 MiB = 1 << 20
@@ -90,6 +91,7 @@ class ServerConfig:
     retention_tenant_reserve: float | None = None
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # plain fields by their declared types
         if not self.model_name:
             raise ValueError("model_name must be non-empty")
         if self.default_max_tokens < 1:
@@ -113,6 +115,12 @@ class ServerConfig:
             raise ValueError("trim_interval_s must be >= 0")
         if self.max_retention_s < 1:
             raise ValueError("max_retention_s must be >= 1")
+        if not isinstance(self.limits, ServerLimits):
+            raise ValueError(f"limits must be a ServerLimits, got {self.limits!r:.60}")
+        stored = (self.max_stored_responses, self.stored_response_bytes)
+        if min(stored) < 0 or not self.stored_response_ttl_s > 0:
+            raise ValueError("max_stored_responses and stored_response_bytes must be >= 0 and "
+                             "stored_response_ttl_s > 0")  # fmt: skip
         _ = self.retention  # checks the retention settings
 
     @property

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentcache.errors import ConfigError
+from agentcache.fieldtypes import check_field_types
 from agentcache.policy.spill import SPILL_POLICIES
 from agentcache.tiers.base import TierCapacityError
 from agentcache.units import GiB
@@ -35,9 +37,20 @@ class TierConfig:
     retain_share: float = 0.25
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # plain fields by their declared types
         policy = SPILL_POLICIES.get(self.spill)  # unknown names list the known ones
         if min(self.fast_bytes, self.host_bytes, self.disk_bytes) < 0 or self.page_size < 1:
             raise ConfigError("tier capacities must be >= 0 and page_size >= 1")
+        if self.journal_compact_lines < 1:
+            raise ConfigError(
+                f"journal_compact_lines must be >= 1, got {self.journal_compact_lines}"
+            )
+        if self.disk_dir is not None:  # a str or os.PathLike, kept a Path
+            if not isinstance(self.disk_dir, str | os.PathLike) or not str(self.disk_dir).strip():
+                raise ConfigError(
+                    f"disk_dir must be a folder's path or None, got {self.disk_dir!r:.60}"
+                )
+            object.__setattr__(self, "disk_dir", Path(self.disk_dir))
         if not 0 <= self.retain_share <= 1:
             raise ConfigError(f"retain_share must be from 0 to 1, got {self.retain_share}")
         if not isinstance(self.spill_options, Mapping):
