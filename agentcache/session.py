@@ -13,6 +13,7 @@ from agentcache.prompt.segments import Segment, SegmentedPrompt
 from agentcache.prompt.template import PromptTemplate
 from agentcache.reuse import DEFAULT_STRATEGY
 from agentcache.runtime.engine import Generation, GenerationParams
+from agentcache.runtime.params import turn_params
 
 
 class AgentSession:
@@ -34,7 +35,7 @@ class AgentSession:
         self.template = template
         self.strategy = strategy or engine.config.strategy
         engine.strategy(self.strategy)  # fail fast on unknown names
-        self.params = params or GenerationParams()
+        self.params = turn_params(params)  # a dict here fails now, not at the first turn
         self.turns: list[Generation] = []
 
     @classmethod

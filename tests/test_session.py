@@ -97,6 +97,11 @@ def test_session_unknown_strategy_fails_fast(tiny: LoadedModel) -> None:
         AgentSession(make_engine(tiny), strategy="nope")
 
 
+def test_session_params_of_another_type_fail_when_the_session_is_made(tiny: LoadedModel) -> None:
+    with pytest.raises(ConfigError, match="params must be a GenerationParams, got dict"):
+        AgentSession(Engine(tiny), params={"max_new_tokens": 8})  # type: ignore[arg-type]
+
+
 def test_session_default_strategy_is_the_engines(tiny: LoadedModel) -> None:
     session = AgentSession(make_engine(tiny))
     assert session.strategy == "prefix"

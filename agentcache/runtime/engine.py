@@ -24,7 +24,7 @@ from agentcache.decode.base import Decoder
 from agentcache.decode.dense import DenseDecoder, dense_step, reads_in_place, reference_step
 from agentcache.decode.setup import DecodeSetup
 from agentcache.decode.stats import DecodeStats
-from agentcache.errors import ConfigError, ContextLengthError, OutOfPagesError
+from agentcache.errors import ConfigError, ContextLengthError, OutOfPagesError, PromptError
 from agentcache.kv.memory_store import MemorySegmentStore
 from agentcache.kv.pool import PagePool, PoolConfig, SequenceKV
 from agentcache.kv.preemption import PREEMPTION_POLICIES, PreemptionPolicy, Swap
@@ -41,7 +41,7 @@ from agentcache.reuse.segments import REUSABLE
 from agentcache.runtime import chunked
 from agentcache.runtime.config import EngineConfig
 from agentcache.runtime.loop import TurnDecoding, decode_loop
-from agentcache.runtime.params import GenerationParams
+from agentcache.runtime.params import GenerationParams, turn_params
 from agentcache.runtime.scheduler import BatchScheduler, TurnCancelled
 from agentcache.runtime.sharing import FairLock, PageGate
 from agentcache.runtime.stats import DecodePart, Generation, PrefillPart, ReplyKV, TurnStats
@@ -85,6 +85,16 @@ class Engine:
         store: SegmentStore | None = None,
     ) -> None:
         """`store` lets several engines share one segment store (entries stay per model)."""
+        if not isinstance(model, LoadedModel):
+            raise ConfigError(
+                f"Engine needs a loaded model (agentcache.load_model(folder or None)), got "
+                f"{type(model).__name__} {model!r:.60}"
+            )
+        if config is not None and not isinstance(config, EngineConfig):
+            raise ConfigError(
+                f"config must be an EngineConfig, got {type(config).__name__} "
+                "(EngineConfig(**options) makes one from a dict)"
+            )
         self.model = model
         self.config = config or EngineConfig()
         pool_config = self.pool_config
@@ -223,7 +233,7 @@ class Engine:
         `reply` maps the reply's text to the segment it will be in the next turn's prompt (an
         assistant message); with `commit`, the KV of that closed message, computed here in its
         true context, is stored so the next turn finds it (TurnStats.reply_kv says whether)."""
-        params = params or GenerationParams()
+        params = turn_params(params, reply)
         tokens = prompt if isinstance(prompt, TokenizedPrompt) else self.tokenize(prompt)
         if tokens.num_tokens > self.max_context:  # before any page is taken or compute spent
             n, holder = tokens.num_tokens, self.context_holder
@@ -247,6 +257,11 @@ class Engine:
             reply_kv = None
             if commit and reply is not None:
                 segment = reply(text)
+                if segment is not None and not isinstance(segment, Segment):
+                    raise PromptError(
+                        f"reply(text) must return the reply's Segment or None, got "
+                        f"{type(segment).__name__}; the turn's text: {text[:200]!r}"
+                    )
                 with self._turn_lock(), torch.inference_mode():
                     reply_kv = self._commit_reply(strat, tokens, seq, pre, ids, segment)
         prefill = PrefillPart.of(strat.name, pre.stats, ttft)

@@ -57,3 +57,21 @@ class GenerationParams:
         if not all(isinstance(s, str) and s for s in stop):
             raise ConfigError(f"stop strings must be non-empty strings, got {self.stop!r}")
         object.__setattr__(self, "stop", stop)
+
+
+def turn_params(params: object, reply: object = None) -> GenerationParams:
+    """A turn's `params` (None: the defaults) and `reply` checked before any work: a dict
+    given for params, or a reply mapping that is no function, is a ConfigError naming it."""
+    if reply is not None and not callable(reply):
+        raise ConfigError(
+            f"reply must be a function of the reply's text returning its Segment (or None), "
+            f"got {type(reply).__name__}"
+        )
+    if params is None:
+        return GenerationParams()
+    if not isinstance(params, GenerationParams):
+        raise ConfigError(
+            f"params must be a GenerationParams, got {type(params).__name__} "
+            "(GenerationParams(**options) makes one from a dict)"
+        )
+    return params

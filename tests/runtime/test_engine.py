@@ -8,6 +8,7 @@ from agentcache.errors import (
     ConfigError,
     ContextLengthError,
     OutOfPagesError,
+    PromptError,
     UnknownStrategyError,
 )
 from agentcache.model.loading import LoadedModel
@@ -264,6 +265,31 @@ def test_engine_config_fields_of_the_wrong_type_or_range_are_named(
     with pytest.raises(AgentCacheError) as e:
         EngineConfig(**options)  # type: ignore[arg-type]
     assert needle in str(e.value)
+
+
+def test_an_engine_needs_a_loaded_model_and_an_engine_config(tiny: LoadedModel) -> None:
+    """What a newcomer passes first: a model's name, a dict of options."""
+    with pytest.raises(ConfigError, match=r"Engine needs a loaded model \(agentcache.load_mod"):
+        Engine("HuggingFaceTB/SmolLM2-135M-Instruct")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="config must be an EngineConfig, got dict"):
+        Engine(tiny, {"strategy": "epic"})  # type: ignore[arg-type]
+
+
+def test_a_turns_params_and_reply_are_checked(tiny: LoadedModel) -> None:
+    engine = Engine(tiny, EngineConfig(kv_pages=64))
+    prompt = SegmentedPrompt([Segment(SegmentKind.UPDATE, "hello", role="user")])
+    one = GenerationParams(max_new_tokens=1)
+    with pytest.raises(ConfigError, match="params must be a GenerationParams, got dict"):
+        engine.generate(prompt, {"max_new_tokens": 1})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="reply must be a function of the reply's text"):
+        engine.generate(prompt, one, reply="assistant")  # type: ignore[arg-type]
+    with pytest.raises(PromptError, match="reply\\(text\\) must return the reply's Segment or"):
+        engine.generate(prompt, one, reply=lambda text: text)  # type: ignore[arg-type, return-value]
+    # the first two before any work, the last once the turn ran: its pages are free again,
+    # and the next turn's reply is the one a fresh engine gives
+    assert engine.ctx.pool.num_used == 0
+    fresh = Engine(tiny, EngineConfig(kv_pages=64)).generate(prompt, one)
+    assert engine.generate(prompt, one).token_ids == fresh.token_ids
 
 
 def test_unknown_strategy_lists_known(tiny: LoadedModel) -> None:

@@ -56,6 +56,7 @@ from agentcache.reuse import StrategySpec
 from agentcache.reuse.base import SegmentMiss
 from agentcache.reuse.selective import SelectiveRecompute
 from agentcache.runtime.engine import Generation, GenerationParams, TurnStats
+from agentcache.runtime.params import turn_params
 from agentcache.runtime.stats import DecodePart, PrefillPart, ReplyKV, TokenReuse, TokenUse
 from agentcache.runtime.stops import cut_at_stop
 from agentcache.units import machine_memory_bytes
@@ -260,7 +261,7 @@ class VLLMBackend:
         threads run in vLLM's engine at once."""
         if not commit:
             raise ValueError("the vLLM backend always stores a turn's segments (commit=False)")
-        params = params or GenerationParams()
+        params = turn_params(params, reply)
         tokens = prompt if isinstance(prompt, TokenizedPrompt) else self.tokenize(prompt)
         with self._decide_lock:
             decision = self.decider.decide(tokens, strategy)
