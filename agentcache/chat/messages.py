@@ -131,8 +131,12 @@ class ToolSpec:
         params = fn.get("parameters")
         if params is None:  # omitted (or null): a function without parameters
             params = {"type": "object", "properties": {}}
-        description = fn.get("description")  # omitted or null: none
-        return cls(str(fn.get("name", "")), "" if description is None else str(description), params)
+        name, description = fn.get("name"), fn.get("description")  # description null: none
+        if not isinstance(name, str):  # strict, as a typed request field is: 5 is not "5"
+            raise PromptError(f"a tool's function name must be a string, got {name!r:.60}")
+        if description is not None and not isinstance(description, str):
+            raise PromptError(f"a tool's description must be a string, got {description!r:.60}")
+        return cls(name, description or "", params)
 
     def to_openai(self) -> dict[str, Any]:
         return {

@@ -10,6 +10,7 @@ that names it.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -106,6 +107,25 @@ def json_depth(data: bytes, limit: int) -> int:
         else:
             depth -= 1
     return deepest
+
+
+_NONFINITE = re.compile(rb"-?(?:NaN|Infinity)")
+_EXPONENT = re.compile(rb"-?[0-9]+(?:\.[0-9]+)?[eE][+-]?[0-9]+")
+
+
+def nonfinite_number(data: bytes) -> str | None:
+    """The first number of the JSON text `data` that is not a finite double, as written:
+    `NaN` and `Infinity`, which JSON does not have but Python's parser reads, or an exponent
+    past a double's range (`1E400`, read as infinity). Every later use of such a value (a
+    comparison, a response that echoes it, a schema bound) goes wrong, so the body is refused
+    as OpenAI's API refuses it. None when every number is finite; strings are skipped."""
+    plain = _STRING.sub(b'""', data)
+    if m := _NONFINITE.search(plain):
+        return m.group().decode()
+    for m in _EXPONENT.finditer(plain):
+        if math.isinf(float(m.group())):
+            return m.group().decode()[:40]
+    return None
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")

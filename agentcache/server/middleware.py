@@ -19,7 +19,13 @@ from typing import Any
 
 from agentcache.server.config import ServerLimits, host_name, key_digest
 from agentcache.server.errors import ENDPOINTS, APIError, internal_error
-from agentcache.server.limits import json_depth, limit_error, lone_surrogate, surrogate_path
+from agentcache.server.limits import (
+    json_depth,
+    limit_error,
+    lone_surrogate,
+    nonfinite_number,
+    surrogate_path,
+)
 from agentcache.server.metrics import ServerMetrics
 
 Scope = MutableMapping[str, Any]
@@ -159,6 +165,10 @@ class BodyLimit:
         if json_depth(body, self.limits.max_depth) > self.limits.max_depth:
             what = "the JSON nesting depth of the body"
             err = limit_error(self.limits, "max_depth", what, None)
+            return await send_error(send, err, path=scope.get("path", ""))
+        if (number := nonfinite_number(body)) is not None:
+            err = APIError(400, f"request body is not valid JSON: {number} is not a finite "
+                           "number", "invalid_json")  # fmt: skip
             return await send_error(send, err, path=scope.get("path", ""))
         if lone_surrogate(body) and (field := surrogate_path(body)) is not None:
             err = APIError(400, f"{field or 'body'}: text is not valid Unicode (a UTF-16 "

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from agentcache.server.limits import nonfinite_number
 from tests.server.conftest import MODEL
 
 URL = "/v1/chat/completions"
@@ -236,7 +237,13 @@ RAW: list[tuple[str, bytes, str, int, str, str]] = [
     ("form", json.dumps(GOOD).encode(), "application/x-www-form-urlencoded", 400, V,
      "Content-Type: application/json"),
     ("nan-temperature", json.dumps(GOOD).encode()[:-1] + b', "temperature": NaN}',
-     "application/json", 400, V, "temperature"),
+     "application/json", 400, "invalid_json", "NaN is not a finite number"),
+    # numbers Python's parser reads and JSON has not, or that overflow a double: echoed back
+    # (a Responses tool) or compared, they were a 500
+    ("infinity-in-metadata", json.dumps(GOOD).encode()[:-1] + b', "metadata": {"a": -Infinity}}',
+     "application/json", 400, "invalid_json", "-Infinity is not a finite number"),
+    ("overflowing-exponent", json.dumps(GOOD).encode()[:-1] + b', "top_p": 1E400}',
+     "application/json", 400, "invalid_json", "1E400 is not a finite number"),
     ("long-integer", json.dumps(GOOD).encode()[:-1] + b', "seed": ' + b"9" * 5000 + b"}",
      "application/json", 400, "invalid_json", "value has 5000 digits"),
     ("deep-array-text", b"[" * 5000 + b"]" * 5000, "application/json", 400, L, "--max-depth 32"),
@@ -282,6 +289,22 @@ def test_a_bad_body_is_named(
     r = client.post(URL, content=content, headers={"content-type": content_type})
     err = check_error(r, status, code, needle)
     assert "sys." not in err["message"]  # Python's advice to its own code is not the client's
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [(b'{"a": NaN}', "NaN"), (b'[1, -Infinity]', "-Infinity"), (b'{"a": 1E400}', "1E400"),
+     (b'{"a": -2.5e+309}', "-2.5e+309"), (b'{"a": 1.5e308, "b": 1e-999, "c": -0.0}', None),
+     (b'{"NaN": "Infinity 1E400", "x": "\\" NaN"}', None)],
+    ids=["nan", "minus-infinity", "overflow", "signed-overflow", "finite", "in-strings"],
+)  # fmt: skip
+def test_nonfinite_numbers_are_found_outside_strings_only(text: bytes, found: str | None) -> None:
+    assert nonfinite_number(text) == found
+
+
+def test_words_like_nan_in_text_are_served(client: TestClient) -> None:
+    body = {**GOOD, "user": "NaN Infinity 1E400"}
+    assert client.post(URL, json=body).status_code == 200
 
 
 def test_string_arguments_within_the_depth_limit_are_served(client: TestClient) -> None:
