@@ -153,19 +153,47 @@ def load_predictor(path: Path) -> Predictor:
         )
     try:
         return _parse(raw)
-    except (KeyError, TypeError, ValueError) as e:
-        raise ConfigError(f"plan predictor {path}: malformed ({e!r})") from None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
+        raise ConfigError(f"plan predictor {path}: malformed ({e!r:.300})") from None
 
 
 def _parse(raw: dict[str, Any]) -> Predictor:
+    """Every number finite and in its range: a NaN bound or margin would make every
+    comparison with a prediction false, and the planner's choice silently wrong."""
     plans = {}
-    for name, p in raw["plans"].items():
+    for name, p in _object(raw["plans"], "plans").items():
         if name not in CANDIDATES:
             raise ValueError(f"unknown plan {name!r}; known: {sorted(CANDIDATES)}")
-        plans[name] = PlanFit(_kl(p["first"]), _kl(p["tf"]), int(p["turns"]))
-    floors = {k: FloorBound(float(v["first"]), float(v["tf"])) for k, v in raw["floors"].items()}
-    return Predictor(str(raw["model_id"]), plans, floors, float(raw["quantile"]),
-                     dict(raw.get("fitted_on", {})), int(raw["version"]))  # fmt: skip
+        p = _object(p, f"plans.{name}")
+        turns = p["turns"]
+        if not isinstance(turns, int) or isinstance(turns, bool) or turns < 1:
+            raise ValueError(f"plans.{name}.turns must be a whole number >= 1, got {turns!r}")
+        plans[name] = PlanFit(_kl(_object(p["first"], "first")), _kl(_object(p["tf"], "tf")), turns)
+    floors = {
+        str(k): FloorBound(_finite(v["first"], f"floors.{k}.first", 0.0),
+                           _finite(v["tf"], f"floors.{k}.tf", 0.0))
+        for k, v in _object(raw["floors"], "floors").items()
+    }  # fmt: skip
+    quantile = _finite(raw["quantile"], "quantile", 0.0)
+    if not 0.0 < quantile < 1.0:
+        raise ValueError(f"quantile must be in (0, 1), got {quantile!r}")
+    return Predictor(str(raw["model_id"]), plans, floors, quantile,
+                     dict(_object(raw.get("fitted_on", {}), "fitted_on")),
+                     int(raw["version"]))  # fmt: skip
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be an object, got {type(value).__name__}")
+    return value
+
+
+def _finite(value: Any, what: str, least: float | None = None) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or (least is not None and value < least):
+        floor = "" if least is None else f" >= {least:g}"
+        raise ValueError(f"{what} must be a finite number{floor}, got {value!r}")
+    return float(value)
 
 
 def _kl(raw: dict[str, Any]) -> KLFit:
@@ -180,9 +208,9 @@ def _kl(raw: dict[str, Any]) -> KLFit:
     coef = tuple(float(x) for x in raw["coef"])
     if len(coef) != WIDTH[which] or not all(math.isfinite(x) for x in coef):
         raise ValueError(
-            f"coef must be {WIDTH[which]} finite numbers for {which}, got {raw['coef']!r}"
+            f"coef must be {WIDTH[which]} finite numbers for {which}, got {raw['coef']!r:.200}"
         )
-    return KLFit(coef, float(raw["margin"]), which)
+    return KLFit(coef, _finite(raw["margin"], "margin"), which)
 
 
 def shipped_predictor(model_id: str) -> Predictor | None:

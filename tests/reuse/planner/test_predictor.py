@@ -101,6 +101,42 @@ def test_an_unknown_plan_in_the_file_is_refused(tmp_path: Path, tiny_predictor: 
         load_predictor(path)
 
 
+def _set(raw: dict[str, object], path: tuple[str, ...], value: object) -> None:
+    at: object = raw
+    for key in path[:-1]:
+        at = at[key]  # type: ignore[index]
+    at[path[-1]] = value  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("floors", "high", "first"), float("nan"), "floors.high.first must be a finite number"),
+        (("floors", "balanced", "tf"), -1.0, "floors.balanced.tf must be a finite number >= 0"),
+        (("quantile",), 1e308, "quantile must be in \\(0, 1\\)"),
+        (("plans", "pic", "turns"), -5, "plans.pic.turns must be a whole number >= 1"),
+        (("plans", "pic", "first", "margin"), float("inf"), "margin must be a finite number"),
+        (("plans",), [1], "plans must be an object, got list"),
+        (("floors",), "x", "floors must be an object, got str"),
+        (("plans", "pic", "first"), [1], "first must be an object, got list"),
+        (("plans", "pic", "turns"), 1e400, "plans.pic.turns must be a whole number"),
+    ],
+    ids=["nan-floor", "negative-floor", "quantile", "turns", "inf-margin", "plans-list",
+         "floors-str", "fit-list", "turns-inf"],
+)  # fmt: skip
+def test_a_number_out_of_range_or_a_wrong_shape_is_refused(
+    tmp_path: Path, tiny_predictor: Predictor, path: tuple[str, ...], value: object, message: str
+) -> None:
+    """A NaN bound or margin makes every comparison with a prediction false: the planner's
+    choice would be silently wrong, so the file is refused instead."""
+    raw = json.loads(tiny_predictor.to_json())
+    _set(raw, path, value)
+    file = tmp_path / "p.json"
+    file.write_text(json.dumps(raw))  # NaN and Infinity as Python writes them
+    with pytest.raises(ConfigError, match=message):
+        load_predictor(file)
+
+
 def test_not_a_predictor_file(tmp_path: Path) -> None:
     path = tmp_path / "p.json"
     path.write_text("{}")
