@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,16 @@ class ModelConfig:
                 f"model_type {self.model_type!r} is not supported; "
                 f"agentcache runs {', '.join(SUPPORTED_MODEL_TYPES)} checkpoints"
             )
+        eps = self.rms_norm_eps
+        if not isinstance(eps, int | float) or not math.isfinite(eps) or eps <= 0:
+            raise ModelLoadError(f"rms_norm_eps must be a finite number > 0, got {eps!r}")
+        for where, theta in rope_thetas(self.rope_parameters):
+            if (
+                isinstance(theta, bool)
+                or not isinstance(theta, int | float)
+                or not (math.isfinite(theta) and theta > 0)
+            ):
+                raise ModelLoadError(f"{where} must be a finite number > 0, got {theta!r}")
         if self.num_heads % self.num_kv_heads:
             raise ModelLoadError(
                 f"num_attention_heads={self.num_heads} is not a multiple of "
@@ -76,3 +87,15 @@ class ModelConfig:
             attention_bias=bool(getattr(hf, "attention_bias", hf.model_type == "qwen2")),
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
         )
+
+
+def rope_thetas(rope: Any, where: str = "rope_parameters") -> list[tuple[str, Any]]:
+    """Every `rope_theta` in a config's rope parameters, with its place: at the top, or in
+    the per-layer-kind dicts of a family with several rotaries (Gemma 3)."""
+    if not isinstance(rope, dict):
+        return []
+    found = [(f"{where}.rope_theta", rope["rope_theta"])] if "rope_theta" in rope else []
+    for key, value in rope.items():
+        if isinstance(value, dict):
+            found += rope_thetas(value, f"{where}.{key}")
+    return found

@@ -153,13 +153,18 @@ def load_folder(folder: Path, name: str | None = None) -> LoadedModel:
         )
     from transformers import AutoConfig
 
-    try:
+    try:  # transformers' checks raise their own classes too (strict dataclass errors)
         hf_config = AutoConfig.from_pretrained(folder)
-    except (OSError, ValueError, TypeError) as e:
-        raise ModelLoadError(f"{config_file} is not a valid {model_type} config: {e}") from e
-    config = ModelConfig.from_hf(hf_config)
-    sd = read_safetensors(folder, config, family_for(config.model_type))
-    forward = build_forward(hf_config, sd)
+    except Exception as e:
+        raise ModelLoadError(
+            f"{config_file} is not a valid {model_type} config: {type(e).__name__}: {e}"
+        ) from e
+    try:  # a value transformers let through that our reading of it cannot use
+        config = ModelConfig.from_hf(hf_config)
+        sd = read_safetensors(folder, config, family_for(config.model_type))
+        forward = build_forward(hf_config, sd)
+    except (TypeError, ValueError, AttributeError, KeyError) as e:
+        raise ModelLoadError(f"{config_file}: {type(e).__name__}: {e}") from e
     label = name or folder.name
     tok = HFTokenizer(load_tokenizer(folder), label)
     return _loaded(forward, tok, f"{label}#{weights_digest(folder)}")

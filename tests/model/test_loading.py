@@ -64,6 +64,35 @@ def test_load_folder_invalid_config(tmp_path: Path, content: bytes) -> None:
     assert "config.json" in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"hidden_act": "gelu"}, "llama: hidden_act 'gelu' is not supported"),
+        ({"rms_norm_eps": None}, "is not a valid llama config: StrictDataclassFieldValidation"),
+        ({"num_hidden_layers": True}, "is not a valid llama config: StrictDataclassField"),
+        ({"rope_parameters": {"rope_theta": -1.0, "rope_type": "default"}},
+         "rope_parameters.rope_theta must be a finite number > 0, got -1.0"),
+        ({"rms_norm_eps": float("inf")}, "rms_norm_eps must be a finite number > 0, got inf"),
+        ({"sliding_window": [4]}, "config.json: TypeError: int() argument must be"),
+    ],
+    ids=["gelu-act", "null-eps", "bool-layers", "negative-theta", "inf-eps", "list-window"],
+)  # fmt: skip
+def test_a_config_value_the_forward_cannot_run_is_named(
+    tmp_path: Path, change: dict[str, object], needle: str
+) -> None:
+    """A saved checkpoint's config.json edited to a value that transformers refuses with its
+    own error classes, or lets through and our reading cannot use, or that would run another
+    model (a gelu MLP as silu; a negative rotary base): a ModelLoadError naming it."""
+    from agentcache.testing import tiny_hf_model
+
+    folder = _save(tiny_hf_model(num_layers=2), tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | change))
+    with pytest.raises(ModelLoadError) as e:
+        load_folder(folder)
+    assert needle in str(e.value)
+
+
 def test_load_folder_with_unloadable_weights(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ModelLoadError, match="could not load"):

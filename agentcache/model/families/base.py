@@ -193,7 +193,14 @@ def hf_kv_heads(hf: Any) -> int:
 def llama_like(
     hf: Any, rotary: Callable[[int], str | None] = lambda i: GLOBAL_ROTARY, **kw: Any
 ) -> Structure:
-    """A Llama-shaped structure: one rotary, windows from the config, head_dim ** -0.5."""
+    """A Llama-shaped structure: one rotary, windows from the config, head_dim ** -0.5, and
+    a SwiGLU MLP (`hidden_act` silu: another would be run as silu, a different model)."""
+    act = getattr(hf, "hidden_act", "silu")
+    if act not in ("silu", "swish") and kw.get("activation", "silu") == "silu":
+        raise ModelLoadError(
+            f"{hf.model_type}: hidden_act {act!r} is not supported (this family's MLP gate "
+            "runs silu)"
+        )
     head_dim = hf_head_dim(hf)
     layers = tuple(
         LayerAttention(window=w, rotary=rotary(i)) for i, w in enumerate(layer_windows(hf))
