@@ -137,6 +137,27 @@ def test_a_folder_without_a_tokenizer_is_refused_naming_it(tmp_path: Path) -> No
         load_folder(folder)
 
 
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda t: {k: v for k, v in t.items() if k != "model"}, "Model missing"),
+        (lambda t: {**t, "added_tokens": [{"id": "x"}]}, "invalid type: string"),
+    ],
+    ids=["no-model", "bad-added-token"],
+)
+def test_a_malformed_tokenizer_file_is_refused_naming_the_folder(
+    tmp_path: Path, change: Any, needle: str
+) -> None:
+    """The tokenizers library raises a bare Exception for these: it is a ModelLoadError."""
+    _, folder = _folder(tmp_path, "smollm3")
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    (folder / "tokenizer.json").write_text(json.dumps(change(tok)))
+    with pytest.raises(ModelLoadError) as e:
+        load_folder(folder)
+    assert str(e.value).startswith(f"could not load the tokenizer in {folder}: ")
+    assert needle in str(e.value)
+
+
 def test_gemma_chat_markup_names_the_assistant_model() -> None:
     from agentcache.model.tokenizer import GEMMA, chat_format_for
 
