@@ -56,7 +56,7 @@ def optional_tensors(c: ModelConfig, family: ModelFamily) -> set[str]:
 
 def read_safetensors(folder: Path, config: ModelConfig, family: ModelFamily) -> dict[str, Tensor]:
     """Every tensor `family` reads, fp32, from `folder`'s *.safetensors, checked (see module)."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -68,16 +68,21 @@ def read_safetensors(folder: Path, config: ModelConfig, family: ModelFamily) -> 
     want = expected_tensors(config, family)
     out: dict[str, Tensor] = {}
     for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                if name.endswith(IGNORED_SUFFIXES):
-                    continue
-                if name not in want:
-                    raise ModelLoadError(
-                        f"{path}: tensor {name!r} is not one the {family.name} family reads "
-                        f"({config.model_type}); is the checkpoint of another architecture?"
-                    )
-                out[name] = _checked(path, name, f.get_tensor(name), want[name])
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    if name.endswith(IGNORED_SUFFIXES):
+                        continue
+                    if name not in want:
+                        raise ModelLoadError(
+                            f"{path}: tensor {name!r} is not one the {family.name} family reads "
+                            f"({config.model_type}); is the checkpoint of another architecture?"
+                        )
+                    out[name] = _checked(path, name, f.get_tensor(name), want[name])
+        except (SafetensorError, OSError) as e:  # a header or length that does not parse
+            raise ModelLoadError(
+                f"{path} is not a readable safetensors file ({e}); is it truncated or corrupted?"
+            ) from e
     missing = sorted(set(want) - set(out) - optional_tensors(config, family))
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""

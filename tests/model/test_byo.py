@@ -137,6 +137,19 @@ def test_a_folder_without_a_tokenizer_is_refused_naming_it(tmp_path: Path) -> No
         load_folder(folder)
 
 
+@pytest.mark.parametrize("cut", [0.5, 0.0001], ids=["half", "inside-the-header"])
+def test_a_truncated_weights_file_is_refused_naming_it(tmp_path: Path, cut: float) -> None:
+    """safetensors raises its own error class for a header or length that does not parse."""
+    _, folder = _folder(tmp_path, "qwen3")
+    weights = next(folder.glob("*.safetensors"))
+    data = weights.read_bytes()
+    weights.write_bytes(data[: max(9, int(len(data) * cut))])
+    with pytest.raises(ModelLoadError) as e:
+        load_folder(folder)
+    assert str(e.value).startswith(f"{weights} is not a readable safetensors file (")
+    assert str(e.value).endswith("is it truncated or corrupted?")
+
+
 @pytest.mark.parametrize(
     ("change", "needle"),
     [
