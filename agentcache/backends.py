@@ -93,5 +93,6 @@ def create_engine(
     if backend == "vllm":
         from agentcache.engines.vllm.backend import VLLMBackend, VLLMConfig
 
-        return VLLMBackend(VLLMConfig(model=model, strategy=strategy, **options), cache_dir)
+        folder = None if model is None else str(model)  # a Path too, as load_model takes it
+        return VLLMBackend(VLLMConfig(model=folder, strategy=strategy, **options), cache_dir)
     raise ConfigError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")

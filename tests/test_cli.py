@@ -132,13 +132,22 @@ def test_numbers_out_of_range_are_usage_errors(
     "argv",
     [
         ["serve", "--store-disk-dir", ""],
+        ["serve", "--store-dir", ""],
         ["bench-tiers", "w.jsonl", "--disk-dir", " "],
         ["bench", "w.jsonl", "--out", ""],
         ["demo", "--model", ""],
         ["demo", "--cache-dir", ""],
         ["replay-trace", ""],
     ],
-    ids=["serve-disk-dir", "bench-tiers-disk-dir", "bench-out", "model", "cache-dir", "trace"],
+    ids=[
+        "serve-disk-dir",
+        "serve-store-dir",
+        "bench-tiers-disk-dir",
+        "bench-out",
+        "model",
+        "cache-dir",
+        "trace",
+    ],
 )
 def test_an_empty_path_is_a_usage_error_and_writes_nothing(
     argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

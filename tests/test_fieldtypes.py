@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from agentcache.decode.config import DecodeConfig
+from agentcache.engines.vllm.config import ConnectorSettings, VLLMConfig
 from agentcache.errors import ConfigError
 from agentcache.fieldtypes import PLAIN, check_field_types
 from agentcache.runtime.config import EngineConfig
@@ -36,6 +37,11 @@ CASES: list[tuple[type, dict[str, Any], str]] = [
     (ServerConfig, {"stored_response_ttl_s": 0}, "stored_response_ttl_s > 0"),
     (ServerLimits, {"max_depth": "32"}, "max_depth must be an integer >= 1, got '32'"),
     (EngineConfig, {"kv_pages": None}, "kv_pages must be a whole number, got None"),
+    (ConnectorSettings, {"segments": "yes"}, "segments must be True or False, got 'yes'"),
+    (ConnectorSettings, {"min_reused_fraction": float("nan")}, "min_reused_fraction must be"),
+    (ConnectorSettings, {"store_dir": None}, "store_dir must be a string, got None"),
+    (VLLMConfig, {"max_num_seqs": "8"}, "max_num_seqs must be a whole number, got '8'"),
+    (VLLMConfig, {"in_process": 1}, "in_process must be True or False, got 1"),
 ]
 REQUIRED: dict[type, dict[str, Any]] = {ServerConfig: {"model_name": "m"}}
 
@@ -51,7 +57,8 @@ def test_a_field_of_another_type_is_named(
 
 
 def test_the_defaults_pass_and_a_str_path_is_kept_a_path() -> None:
-    for cls in (DecodeConfig, TierConfig, ServerLimits, EngineConfig):
+    for cls in (DecodeConfig, TierConfig, ServerLimits, EngineConfig, ConnectorSettings,
+                VLLMConfig):  # fmt: skip
         check_field_types(cls())
     check_field_types(ServerConfig("m"))
     assert TierConfig(disk_dir="kv") == TierConfig(disk_dir=Path("kv"))  # type: ignore[arg-type]
@@ -62,7 +69,8 @@ def test_every_plain_annotation_of_the_configs_is_known() -> None:
     fields are in PLAIN, the rest checked by the class (paths, nested configs, options)."""
     others = {"Path | None", "ServerLimits", "DecodeConfig", "TierConfig | None",
               "dict[str, Any]", "dict[str, dict[str, Any]]"}  # fmt: skip
-    for cls in (DecodeConfig, TierConfig, ServerLimits, ServerConfig, EngineConfig):
+    for cls in (DecodeConfig, TierConfig, ServerLimits, ServerConfig, EngineConfig,
+                ConnectorSettings, VLLMConfig):  # fmt: skip
         for f in dataclasses.fields(cls):
             assert str(f.type) in PLAIN or str(f.type) in others, (cls.__name__, f.name, f.type)
 

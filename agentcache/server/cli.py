@@ -17,6 +17,7 @@ from agentcache.argtypes import (
     fraction,
     non_negative_float,
     non_negative_int,
+    path_text,
     port_number,
     positive_float,
     positive_int,
@@ -84,6 +85,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    "(vLLM's prefix cache alone) or none (default: agentcache)")  # fmt: skip
     p.add_argument(
         "--store-dir",
+        type=path_text,
         default=None,
         help="vllm backend: the shared segment folder (default: <cache>/vllm-store)",
     )

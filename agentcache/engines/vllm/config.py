@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agentcache.fieldtypes import check_field_types
 from agentcache.model.loading import default_cache_dir
 from agentcache.reuse import DEFAULT_STRATEGY, StrategySpec
 from agentcache.units import GiB
@@ -50,6 +51,7 @@ class ConnectorSettings:
     scope_key: str = ""
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # plain fields by their declared types
         StrategySpec.parse(self.strategy)  # unknown names list the known ones
         if self.fill not in FILL_MODES:
             raise ValueError(f"fill must be one of {FILL_MODES}, got {self.fill!r}")
@@ -98,6 +100,7 @@ class VLLMConfig:
     min_stage_tokens: int = 64  # a reused run shorter than this is computed, not staged
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # plain fields by their declared types
         if self.reuse not in REUSE_MODES:
             raise ValueError(f"reuse must be one of {REUSE_MODES}, got {self.reuse!r}")
         if self.fill not in FILL_MODES:
