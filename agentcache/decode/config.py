@@ -77,9 +77,6 @@ class DecodeConfig:
                 if not isinstance(value, str | os.PathLike):
                     raise ValueError(f"{name} must be a path, got {value!r}")
                 object.__setattr__(self, name, Path(value))
-        for name in ("dense_fallback", "short_dense"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.budget_pages < 1:
             raise ValueError(
                 f"budget_pages must be >= 1 (got {self.budget_pages}); "

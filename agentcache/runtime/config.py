@@ -92,15 +92,12 @@ class EngineConfig:
         if self.prefill_order not in PREFILL_ORDERS:
             raise ConfigError(f"prefill_order must be one of {', '.join(PREFILL_ORDERS)}, got "
                               f"{self.prefill_order!r}")  # fmt: skip
-        burst = self.prefill_burst_tokens
-        if isinstance(burst, bool) or not isinstance(burst, int) or burst < 0:
+        burst = self.prefill_burst_tokens  # types: _check_types; here the ranges
+        if burst < 0:
             raise ConfigError(f"prefill_burst_tokens must be a whole number of tokens >= 0 (0: "
                               f"one prefill per decode step), got {burst!r}")  # fmt: skip
-        if not isinstance(self.share_pages, bool):
-            raise ConfigError(f"share_pages must be True or False, got {self.share_pages!r}")
         chunk = self.prefill_chunk_tokens
-        whole = isinstance(chunk, int) and not isinstance(chunk, bool)
-        if chunk is not None and not (whole and chunk >= 0):
+        if chunk is not None and chunk < 0:
             raise ConfigError(f"prefill_chunk_tokens must be a whole number of tokens >= 0 (0 or "
                               f"None: prefills run whole), got {chunk!r}")  # fmt: skip
         for name, options in self.strategy_options.items():  # here, not at the first request
