@@ -35,16 +35,11 @@ class ModelConfig:
                 f"model_type {self.model_type!r} is not supported; "
                 f"agentcache runs {', '.join(SUPPORTED_MODEL_TYPES)} checkpoints"
             )
-        eps = self.rms_norm_eps
-        if not isinstance(eps, int | float) or not math.isfinite(eps) or eps <= 0:
-            raise ModelLoadError(f"rms_norm_eps must be a finite number > 0, got {eps!r}")
-        for where, theta in rope_thetas(self.rope_parameters):
-            if (
-                isinstance(theta, bool)
-                or not isinstance(theta, int | float)
-                or not (math.isfinite(theta) and theta > 0)
-            ):
-                raise ModelLoadError(f"{where} must be a finite number > 0, got {theta!r}")
+        positive = [("rms_norm_eps", self.rms_norm_eps), *rope_thetas(self.rope_parameters)]
+        for where, value in positive:
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not (number and math.isfinite(value) and value > 0):
+                raise ModelLoadError(f"{where} must be a finite number > 0, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise ModelLoadError(
                 f"num_attention_heads={self.num_heads} is not a multiple of "
