@@ -92,12 +92,19 @@ _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _BRACKET = re.compile(rb"[\[\]{}]")
 
 
-def json_depth(data: bytes, limit: int) -> int:
+def blank_strings(data: bytes) -> bytes:
+    """The JSON text `data` with every string emptied (`""`): what the scans below read, so
+    that a bracket or a word inside text is not taken for JSON. `blanked=True` tells them
+    `data` is this already (one pass over a body for several scans)."""
+    return _STRING.sub(b'""', data)
+
+
+def json_depth(data: bytes, limit: int, blanked: bool = False) -> int:
     """Nesting depth of the JSON text `data`, counted up to `limit + 1` (no parsing, so a
     5000-deep value costs one scan, not 5000 frames of recursion). Brackets inside strings
     do not count."""
     depth = deepest = 0
-    for m in _BRACKET.finditer(_STRING.sub(b'""', data)):
+    for m in _BRACKET.finditer(data if blanked else blank_strings(data)):
         if m.group() in b"[{":
             depth += 1
             if depth > deepest:
@@ -113,13 +120,13 @@ _NONFINITE = re.compile(rb"-?(?:NaN|Infinity)")
 _EXPONENT = re.compile(rb"-?[0-9]+(?:\.[0-9]+)?[eE][+-]?[0-9]+")
 
 
-def nonfinite_number(data: bytes) -> str | None:
+def nonfinite_number(data: bytes, blanked: bool = False) -> str | None:
     """The first number of the JSON text `data` that is not a finite double, as written:
     `NaN` and `Infinity`, which JSON does not have but Python's parser reads, or an exponent
     past a double's range (`1E400`, read as infinity). Every later use of such a value (a
     comparison, a response that echoes it, a schema bound) goes wrong, so the body is refused
     as OpenAI's API refuses it. None when every number is finite; strings are skipped."""
-    plain = _STRING.sub(b'""', data)
+    plain = data if blanked else blank_strings(data)
     if m := _NONFINITE.search(plain):
         return m.group().decode()
     for m in _EXPONENT.finditer(plain):

@@ -20,6 +20,7 @@ from typing import Any
 from agentcache.server.config import ServerLimits, host_name, key_digest
 from agentcache.server.errors import ENDPOINTS, APIError, internal_error
 from agentcache.server.limits import (
+    blank_strings,
     json_depth,
     limit_error,
     lone_surrogate,
@@ -162,11 +163,12 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        if json_depth(body, self.limits.max_depth) > self.limits.max_depth:
+        plain = blank_strings(body)  # read by the depth and number scans
+        if json_depth(plain, self.limits.max_depth, blanked=True) > self.limits.max_depth:
             what = "the JSON nesting depth of the body"
             err = limit_error(self.limits, "max_depth", what, None)
             return await send_error(send, err, path=scope.get("path", ""))
-        if (number := nonfinite_number(body)) is not None:
+        if (number := nonfinite_number(plain, blanked=True)) is not None:
             err = APIError(400, f"request body is not valid JSON: {number} is not a finite "
                            "number", "invalid_json")  # fmt: skip
             return await send_error(send, err, path=scope.get("path", ""))

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from agentcache.server.limits import nonfinite_number
+from agentcache.server.limits import blank_strings, nonfinite_number
 from tests.server.conftest import MODEL
 
 URL = "/v1/chat/completions"
@@ -300,6 +300,8 @@ def test_a_bad_body_is_named(
 )  # fmt: skip
 def test_nonfinite_numbers_are_found_outside_strings_only(text: bytes, found: str | None) -> None:
     assert nonfinite_number(text) == found
+    # BodyLimit blanks a body's strings once for both scans: the same answer
+    assert nonfinite_number(blank_strings(text), blanked=True) == found
 
 
 def test_words_like_nan_in_text_are_served(client: TestClient) -> None:
@@ -381,4 +383,6 @@ def test_the_depth_scan_skips_strings_as_the_plain_pattern_does() -> None:
     for _ in range(5000):
         s = bytes(rng.choice(b'ab"\\{}[]\n') for _ in range(rng.randint(0, 30)))
         assert _STRING.sub(b'""', s) == plain.sub(b'""', s), s
-    assert json_depth(b'{"a": "[[[{{{\\"]]]", "b": [1]}', 10) == 2
+    deep = b'{"a": "[[[{{{\\"]]]", "b": [1]}'
+    assert json_depth(deep, 10) == 2
+    assert json_depth(blank_strings(deep), 10, blanked=True) == 2
