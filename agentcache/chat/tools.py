@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentcache.chat.messages import ToolCall, ToolSpec
+from agentcache.chat.messages import ToolCall, ToolSpec, json_problem
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -107,7 +107,7 @@ def parse_tool_calls(text: str) -> ParsedReply:
         # ValueError), an integer past Python's 4300 digits is a ValueError and brackets
         # nested past the parser's stack a RecursionError; each is an invalid call
         except (ValueError, KeyError, TypeError, RecursionError) as e:
-            invalid.append(InvalidToolCall(body, f"{type(e).__name__}: {e}"))
+            invalid.append(InvalidToolCall(body, f"{type(e).__name__}: {json_problem(e)}"))
             continue
         calls.append(ToolCall(call_id(text, i), name, args))
     if not calls and text.rfind(TOOL_CALL_OPEN) > text.rfind(TOOL_CALL_CLOSE):

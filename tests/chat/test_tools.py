@@ -45,6 +45,7 @@ def test_malformed_calls_are_reported_invalid(body: str) -> None:
     r = parse_tool_calls(f"ok <tool_call>{body}</tool_call>")
     assert r.tool_calls == () and len(r.invalid_tool_calls) == 1
     assert r.invalid_tool_calls[0].text == body
+    assert "sys." not in r.invalid_tool_calls[0].error  # as the server's JSON errors read
 
 
 def test_a_call_cut_inside_its_json_keeps_its_text() -> None:
